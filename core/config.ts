@@ -1,0 +1,275 @@
+/**
+ * Configuration: YAML -> ${NAME} expansion (scalar values only) -> ajv
+ * validation against schemas/config.schema.json (all errors, each naming its
+ * path) -> defaults -> deep freeze. Everything fails here, at start-up.
+ */
+import { readFile } from 'node:fs/promises'
+import { dirname, resolve } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { parseDocument, isScalar, visit, Scalar } from 'yaml'
+import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv'
+import addFormatsModule from 'ajv-formats'
+import { ProxyError } from './errors.ts'
+
+const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv
+
+export interface StdioTargetConfig { cmd: string; args: string[]; env: Record<string, string>; cwd?: string }
+export interface HttpTargetConfig { url: string; headers: Record<string, string> }
+export interface TargetConfig { name: string; stdio?: StdioTargetConfig; mcp?: HttpTargetConfig }
+export interface McpAuthenticationConfig {
+  mode: 'strict' | 'optional' | 'permissive'
+  issuer: string
+  audiences?: string[]
+  provider?: { oss_idp?: Record<string, never>; cloud_idp?: Record<string, never> }
+  clientId?: string
+  clientSecret?: string
+  jwks?: string
+  resourceMetadata: { resource: string; scopesSupported?: string[]; bearerMethodsSupported: string[] }
+  clockToleranceSeconds: number
+  tokenCache: { enabled: boolean; maxEntries: number }
+  keySet: { refreshSeconds: number; cooldownSeconds: number; timeoutMs: number; maxBytes: number }
+  discovery: { ttlSeconds: number; timeoutMs: number }
+}
+export interface CorsConfig {
+  allowOrigins: string[]; allowHeaders: string[]; exposeHeaders: string[]; allowMethods: string[]
+  allowCredentials: boolean; maxAgeSeconds: number
+}
+export interface AuthorizationConfig { rules: string[] }
+export interface PluginEntryConfig { builtin?: string; module?: string; options?: Record<string, unknown> }
+export interface GatewayConfig {
+  mcp: {
+    host: string
+    port: number
+    baseUrl?: string
+    policies: { cors?: CorsConfig; mcpAuthentication?: McpAuthenticationConfig; authorization?: AuthorizationConfig }
+    plugins?: PluginEntryConfig[]
+    targets: TargetConfig[]
+    failClosed: boolean
+    session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }
+    limits: { maxBodyBytes: number; maxLineBytes: number; headersTimeoutMs: number; requestTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number }
+  }
+  admin: { host: string; port: number; token?: string; enabled: boolean }
+  logging: { level: string; format: 'json' | 'pretty' }
+}
+
+export interface LoadedConfig {
+  readonly config: Readonly<GatewayConfig>
+  /** Directory of the config file; relative paths (plugin modules, cwd) resolve against it. */
+  readonly baseDir: string
+  /** Dotted paths whose value came from a ${NAME} reference: redacted in the UI. */
+  readonly secretPaths: ReadonlySet<string>
+}
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', fileURLToPath(import.meta.url).endsWith('.ts') ? '' : '..')
+const SCHEMA_ID = 'https://mcp-idp-gateway.invalid/schemas/config.schema.json'
+const PLUGIN_SCHEMAS: Record<string, string> = {
+  cors: 'plugins/cors/schema.json',
+  mcpAuthentication: 'plugins/mcp-authentication/schema.json',
+  authorization: 'plugins/authorization/schema.json',
+  providerBridge: 'plugins/provider-bridge/schema.json',
+  registration: 'plugins/registration/schema.json',
+}
+
+/** Path to a file shipped with the package (schemas/, plugins/x/schema.json). */
+export function packagePath (rel: string): string {
+  return resolve(ROOT, rel)
+}
+
+let validatorPromise: Promise<{ ajv: Ajv; validate: ValidateFunction }> | undefined
+
+/** A new ajv instance with our conventions; plugin option schemas are validated with it too. */
+export function createAjv (): Ajv {
+  const ajv = new Ajv({ allErrors: true, useDefaults: true, strict: false, verbose: true })
+  addFormats(ajv)
+  ajv.addKeyword({ keyword: 'errorMessage', schemaType: 'string' })
+  return ajv
+}
+
+async function getValidator (): Promise<{ ajv: Ajv; validate: ValidateFunction }> {
+  validatorPromise ??= (async () => {
+    const ajv = createAjv()
+    for (const rel of Object.values(PLUGIN_SCHEMAS)) {
+      const schema = JSON.parse(await readFile(packagePath(rel), 'utf8'))
+      ajv.addSchema(schema, new URL('../' + rel, SCHEMA_ID).href)
+    }
+    const root = JSON.parse(await readFile(packagePath('schemas/config.schema.json'), 'utf8'))
+    return { ajv, validate: ajv.compile(root) }
+  })()
+  return validatorPromise
+}
+
+/** `/mcp/targets/0/name` -> `mcp.targets[0].name` */
+export function toDotted (pointer: string, prefix = ''): string {
+  let out = prefix
+  for (const raw of pointer.split('/').slice(1)) {
+    const seg = raw.replace(/~1/g, '/').replace(/~0/g, '~')
+    out += /^\d+$/.test(seg) ? `[${seg}]` : (out === '' ? seg : '.' + seg)
+  }
+  return out
+}
+
+/** Turns ajv errors into `path: message` lines, one per problem, deduplicated. */
+export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): string[] {
+  const lines = new Set<string>()
+  const custom = new Set<string>()
+  // A schema with `errorMessage` speaks for every error under it at that path.
+  for (const e of errors) {
+    const parent = e.parentSchema as { errorMessage?: string } | undefined
+    if (parent?.errorMessage !== undefined && ['minProperties', 'maxProperties', 'oneOf', 'required'].includes(e.keyword)) {
+      const at = toDotted(e.instancePath, prefix) || '(root)'
+      custom.add(at)
+      lines.add(`${at}: ${parent.errorMessage}`)
+    }
+  }
+  for (const e of errors) {
+    let at = toDotted(e.instancePath, prefix)
+    if (custom.has(at || '(root)') && ['minProperties', 'maxProperties', 'oneOf', 'required'].includes(e.keyword)) continue
+    if (e.keyword === 'if') continue
+    let msg = e.message ?? 'is invalid'
+    if (e.keyword === 'additionalProperties') {
+      const key = (e.params as { additionalProperty: string }).additionalProperty
+      at = at === '' ? key : `${at}.${key}`
+      msg = 'unknown key'
+    } else if (e.keyword === 'required') {
+      const key = (e.params as { missingProperty: string }).missingProperty
+      at = at === '' ? key : `${at}.${key}`
+      msg = 'is required'
+    } else if (e.keyword === 'enum') {
+      msg = `must be one of ${((e.params as { allowedValues: unknown[] }).allowedValues).map(v => JSON.stringify(v)).join(', ')}`
+    } else if (e.keyword === 'pattern' && e.instancePath.endsWith('/resource')) {
+      msg = 'must be an http(s) URL ending in /mcp'
+    } else if (e.keyword === 'format') {
+      msg = `must be a valid ${(e.params as { format: string }).format}`
+    }
+    lines.add(`${at || '(root)'}: ${msg}`)
+  }
+  return [...lines]
+}
+
+const ENV_REF = /\$\$\{|\$\{([^}]*)\}/g
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
+
+/**
+ * Expands `${NAME}` in a string. `$${` stands for a literal `${`.
+ * Returns undefined when the string has no reference.
+ */
+export function expandString (value: string, env: NodeJS.ProcessEnv, where: string): string | undefined {
+  if (!value.includes('${')) return undefined
+  let used = false
+  const out = value.replace(ENV_REF, (match: string, name: string | undefined) => {
+    if (match === '$${') return '${'
+    const n = (name ?? '').trim()
+    if (!ENV_NAME.test(n)) {
+      throw new ProxyError('MCPP_ERR_CONFIG', 500, `${where}: invalid environment reference \${${name ?? ''}}`)
+    }
+    const v = env[n]
+    if (v === undefined) {
+      throw new ProxyError('MCPP_ERR_ENV_NOT_FOUND', 500, `environment variable not found: ${n} (referenced at ${where})`)
+    }
+    used = true
+    return v
+  })
+  return used || out !== value ? out : undefined
+}
+
+function pathOf (path: readonly unknown[]): string {
+  const segs: Array<string | number> = []
+  for (let i = 0; i < path.length; i++) {
+    const node = path[i] as { items?: unknown[] }
+    const next = path[i + 1]
+    if (next === undefined) break
+    if (node && Array.isArray(node.items)) {
+      const idx = node.items.indexOf(next)
+      if (idx >= 0) {
+        const pair = next as { key?: unknown }
+        if (pair && typeof pair === 'object' && 'key' in pair && isScalar(pair.key)) segs.push(String(pair.key.value))
+        else segs.push(idx)
+      }
+    }
+  }
+  return segs.reduce<string>((acc, s) => typeof s === 'number' ? `${acc}[${s}]` : (acc === '' ? s : `${acc}.${s}`), '')
+}
+
+const SCALAR_RE = /^(?:-?\d+(?:\.\d+)?|true|false|null)$/
+
+/** Parses YAML text and expands environment references in scalar values. */
+export function parseConfigText (text: string, env: NodeJS.ProcessEnv): { data: unknown; secretPaths: Set<string> } {
+  const doc = parseDocument(text, { prettyErrors: true, uniqueKeys: true })
+  if (doc.errors.length > 0) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid YAML:\n' + doc.errors.map(e => '  ' + e.message).join('\n'))
+  }
+  const secretPaths = new Set<string>()
+  visit(doc, {
+    Pair (_key, pair) {
+      // Keys are never expanded: `${X}: 1` stays literal and fails validation as an unknown key.
+      return undefined
+    },
+    Scalar (key, node, path) {
+      if (key === 'key' || typeof node.value !== 'string') return undefined
+      const where = pathOf([...path, node]) || '(root)'
+      const expanded = expandString(node.value, env, where)
+      if (expanded === undefined) return undefined
+      secretPaths.add(where)
+      // A plain (unquoted) scalar that was exactly one reference may become a
+      // number or boolean (`port: ${PORT}`); never a map or list.
+      const whole = /^\$\{[^}]*\}$/.test(node.value.trim())
+      if (whole && node.type === Scalar.PLAIN && SCALAR_RE.test(expanded.trim())) {
+        const t = expanded.trim()
+        node.value = t === 'true' ? true : t === 'false' ? false : t === 'null' ? null : Number(t)
+      } else {
+        node.value = expanded
+      }
+      return undefined
+    },
+  })
+  return { data: doc.toJS({ maxAliasCount: 50 }), secretPaths }
+}
+
+export function deepFreeze<T> (value: T): T {
+  if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
+    Object.freeze(value)
+    for (const v of Object.values(value as Record<string, unknown>)) deepFreeze(v)
+  }
+  return value
+}
+
+/** Validates already-parsed config data; throws one ProxyError listing every problem. */
+export async function validateConfig (data: unknown): Promise<GatewayConfig> {
+  const { validate } = await getValidator()
+  const copy = structuredClone(data ?? {})
+  if (!validate(copy)) {
+    const lines = formatAjvErrors(validate.errors ?? [])
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid configuration:\n' + lines.map(l => '  ' + l).join('\n'), { data: { problems: lines } })
+  }
+  const cfg = copy as GatewayConfig
+  const problems: string[] = []
+  const names = new Set<string>()
+  cfg.mcp.targets.forEach((t, i) => {
+    if (names.has(t.name)) problems.push(`mcp.targets[${i}].name: duplicate target name "${t.name}"`)
+    names.add(t.name)
+  })
+  const auth = cfg.mcp.policies.mcpAuthentication
+  if (auth?.provider?.cloud_idp !== undefined && auth.clientId === undefined) {
+    problems.push('mcp.policies.mcpAuthentication.clientId: is required for cloud_idp')
+  }
+  if (auth?.clientSecret !== undefined && auth.provider?.cloud_idp === undefined) {
+    problems.push('mcp.policies.mcpAuthentication.clientSecret: is only used with provider cloud_idp')
+  }
+  if (problems.length > 0) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid configuration:\n' + problems.map(l => '  ' + l).join('\n'), { data: { problems } })
+  }
+  return cfg
+}
+
+/** Reads, expands, validates and freezes a config file. */
+export async function loadConfig (file: string, env: NodeJS.ProcessEnv = process.env): Promise<LoadedConfig> {
+  let text: string
+  try {
+    text = await readFile(file, 'utf8')
+  } catch (err) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, `cannot read config file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`, { cause: err })
+  }
+  const { data, secretPaths } = parseConfigText(text, env)
+  const config = await validateConfig(data)
+  return { config: deepFreeze(config), baseDir: dirname(resolve(file)), secretPaths }
+}

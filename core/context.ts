@@ -1,0 +1,81 @@
+/**
+ * The per-request context every plugin hook and terminal handler receives.
+ * Built once per request by `core/server.ts`; plugins add what they learn
+ * (verified claims, MCP message) so later hooks never parse anything twice.
+ */
+import type { IncomingMessage, ServerResponse, OutgoingHttpHeaders } from 'node:http'
+import type { Logger } from 'pino'
+
+/** What the authentication plugin learned about the caller. */
+export interface AuthInfo {
+  /** The token's `sub` (or `oid`/`client_id` fallback); used to bind sessions. */
+  readonly subject: string
+  /** Verified JWT claims. Frozen. */
+  readonly claims: Readonly<Record<string, unknown>>
+  /** `exp` in seconds since the epoch, when present. */
+  readonly expiresAt?: number
+}
+
+/** The JSON-RPC message(s) of a POST /mcp, parsed once. */
+export interface McpMessageInfo {
+  /** The parsed body: one message, or an array for a JSON-RPC batch. */
+  readonly body: unknown
+  /** Method of the (first) request or notification, if any. */
+  readonly method?: string
+  /** `params.name` for tools/call and prompts/get; `params.uri` for resources/read. */
+  readonly name?: string
+}
+
+/** A ready answer a hook or route returns instead of going on. */
+export interface Reply {
+  status: number
+  headers?: OutgoingHttpHeaders
+  /** A string or Buffer is sent as is; anything else is sent as JSON. */
+  body?: unknown
+}
+
+export interface RequestContext {
+  readonly req: IncomingMessage
+  readonly res: ServerResponse
+  /** Request id, also on every log line of this request. */
+  readonly id: string
+  readonly method: string
+  /** Path without the query string. */
+  readonly path: string
+  /** Raw query string without `?`, or '' */
+  readonly query: string
+  /** Per-request child logger. */
+  readonly log: Logger
+  readonly startedAt: bigint
+  /** Which error body shape this path uses: JSON-RPC on /mcp, OAuth elsewhere. */
+  readonly kind: 'mcp' | 'oauth' | 'other'
+  /** Set by the authentication plugin after a token was verified. */
+  auth?: AuthInfo
+  /** Set by core the first time `readMcpMessage()` parses a POST /mcp body. */
+  mcp?: McpMessageInfo
+  /** Reason a request was denied, for the access log and admin UI (never secrets). */
+  denial?: string
+  /** Scratch space for plugins, keyed by plugin name. */
+  readonly state: Map<string, unknown>
+  /** Reads the whole body once (bounded by `limits.maxBodyBytes`); later calls share the result. */
+  readBody(): Promise<Buffer>
+  /**
+   * Reads and parses a POST /mcp body once; throws a ProxyError
+   * (-32700 / -32600) for invalid JSON or JSON-RPC.
+   */
+  readMcpMessage(): Promise<McpMessageInfo>
+  /**
+   * Runs the `onResponse` hooks (in reverse) and writes the status line and headers.
+   * Every writer (replies, errors, proxies, SSE streams) goes through here exactly once.
+   */
+  writeHead(status: number, headers?: OutgoingHttpHeaders): Promise<void>
+  /** True once `writeHead` ran. */
+  readonly headersSent: boolean
+}
+
+/** What an `onResponse` hook sees and may change: status and headers, never the body. */
+export interface ResponseContext {
+  readonly request: RequestContext
+  statusCode: number
+  readonly headers: OutgoingHttpHeaders
+}

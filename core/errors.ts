@@ -1,0 +1,97 @@
+/**
+ * One error type for everything the gateway answers with a non-2xx status.
+ *
+ * Every error carries a stable `code` (documented in the README, pinned by a
+ * test), an HTTP status and whether its message may be shown to the caller.
+ * `core/error-writer.ts` is the only place that turns one into a response.
+ */
+
+const kProxyError = Symbol.for('mcp-proxy.ProxyError')
+
+export const ERROR_CODES = {
+  MCPP_ERR_CONFIG: 'Configuration is invalid',
+  MCPP_ERR_ENV_NOT_FOUND: 'A ${NAME} reference names an unset environment variable',
+  MCPP_ERR_PLUGIN_LOAD: 'A plugin module could not be loaded or created',
+  MCPP_ERR_NOT_FOUND: 'No route for this path',
+  MCPP_ERR_METHOD_NOT_ALLOWED: 'HTTP method not allowed on this path',
+  MCPP_ERR_BODY_TOO_LARGE: 'Request body exceeds the configured limit',
+  MCPP_ERR_BAD_REQUEST: 'Malformed HTTP request',
+  MCPP_ERR_UNAUTHORIZED: 'Missing or invalid bearer token',
+  MCPP_ERR_FORBIDDEN: 'Authenticated but not allowed (authorization rule or origin)',
+  MCPP_ERR_KEYS_UNAVAILABLE: 'Signing keys of the identity provider could not be fetched',
+  MCPP_ERR_IDP_UNAVAILABLE: 'The identity provider\'s metadata could not be fetched',
+  MCPP_ERR_INVALID_CLIENT_METADATA: 'Client registration request is invalid',
+  MCPP_ERR_OAUTH_REQUEST: 'Proxied OAuth request is invalid',
+  MCPP_ERR_NOT_ACCEPTABLE: 'Accept header does not allow the response types MCP needs',
+  MCPP_ERR_UNSUPPORTED_MEDIA_TYPE: 'Content-Type is not application/json',
+  MCPP_ERR_PARSE: 'Body is not valid JSON',
+  MCPP_ERR_INVALID_REQUEST: 'Body is not a valid JSON-RPC request',
+  MCPP_ERR_SESSION_REQUIRED: 'Mcp-Session-Id header is required',
+  MCPP_ERR_SESSION_NOT_FOUND: 'Unknown or ended MCP session',
+  MCPP_ERR_PROTOCOL_VERSION: 'Unsupported MCP-Protocol-Version',
+  MCPP_ERR_HEADER_MISMATCH: 'Mcp-Method / Mcp-Name header does not match the body',
+  MCPP_ERR_TOO_MANY_SESSIONS: 'Session cap reached',
+  MCPP_ERR_RATE_LIMITED: 'Too many requests',
+  MCPP_ERR_UPSTREAM: 'Upstream MCP server failed',
+  MCPP_ERR_UPSTREAM_TIMEOUT: 'Upstream MCP server did not answer in time',
+  MCPP_ERR_INTERNAL: 'Unexpected internal error',
+} as const
+
+export type ErrorCode = keyof typeof ERROR_CODES
+
+export interface ProxyErrorOptions {
+  /** Extra response headers, e.g. `WWW-Authenticate` or `Retry-After`. */
+  headers?: Record<string, string>
+  /** OAuth `error` value; when set the body is `{error, error_description}` on every route. */
+  oauthError?: string
+  /** JSON-RPC error code used when the error is answered on `/mcp`. */
+  rpcCode?: number
+  /** Whether `message` may be sent to the caller. Defaults to `statusCode < 500`. */
+  expose?: boolean
+  /** Extra JSON fields merged into an OAuth-style body (never secrets). */
+  data?: Record<string, unknown>
+  cause?: unknown
+}
+
+export class ProxyError extends Error {
+  readonly code: ErrorCode
+  readonly statusCode: number
+  readonly expose: boolean
+  readonly headers: Readonly<Record<string, string>>
+  readonly oauthError: string | undefined
+  readonly rpcCode: number | undefined
+  readonly data: Readonly<Record<string, unknown>> | undefined
+
+  constructor (code: ErrorCode, statusCode: number, message: string, options: ProxyErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause })
+    this.name = 'ProxyError'
+    this.code = code
+    this.statusCode = statusCode
+    this.expose = options.expose ?? statusCode < 500
+    this.headers = options.headers ?? {}
+    this.oauthError = options.oauthError
+    this.rpcCode = options.rpcCode
+    this.data = options.data
+  }
+
+  get [kProxyError] (): true { return true }
+
+  /** Works across copies of this package (third-party plugins may bundle their own). */
+  static is (value: unknown): value is ProxyError {
+    return typeof value === 'object' && value !== null && (value as Record<symbol, unknown>)[kProxyError] === true
+  }
+}
+
+/** JSON-RPC 2.0 and MCP error codes used by the gateway. */
+export const RPC = {
+  PARSE_ERROR: -32700,
+  INVALID_REQUEST: -32600,
+  METHOD_NOT_FOUND: -32601,
+  INVALID_PARAMS: -32602,
+  INTERNAL_ERROR: -32603,
+  /** Implementation-defined server errors (-32000..-32099). */
+  SERVER_ERROR: -32000,
+  CONNECTION_CLOSED: -32000,
+  REQUEST_TIMEOUT: -32001,
+  RESOURCE_NOT_FOUND: -32002,
+} as const

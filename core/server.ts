@@ -1,0 +1,299 @@
+/**
+ * The MCP listener: a plain node:http server where one request is one
+ * pipeline pass. Builds the RequestContext, runs `onRequest` hooks, then the
+ * matching plugin route or the /mcp terminal handler, and writes errors
+ * through the one error writer.
+ */
+import { createServer, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
+import { randomUUID } from 'node:crypto'
+import type { Logger } from 'pino'
+import type { RequestContext, ResponseContext, Reply, McpMessageInfo } from './context.ts'
+import type { Pipeline } from './pipeline.ts'
+import type { RouteTable } from './routes.ts'
+import { ProxyError, RPC } from './errors.ts'
+import { writeError } from './error-writer.ts'
+import type { Metrics } from './metrics.ts'
+
+/** The terminal handler for /mcp (see core/mcp/). */
+export interface McpEndpoint {
+  handle(ctx: RequestContext): Promise<void>
+  close(): Promise<void>
+}
+
+export interface ServerLimits {
+  maxBodyBytes: number
+  headersTimeoutMs: number
+  requestTimeoutMs: number
+  keepAliveTimeoutMs: number
+}
+
+export interface AccessRecord {
+  id: string; method: string; path: string; status: number; durationMs: number
+  mcpMethod?: string; sessionId?: string; subject?: string; denial?: string; at: number
+}
+
+export interface GatewayServerOptions {
+  pipeline: Pipeline
+  routes: RouteTable
+  mcp: McpEndpoint
+  log: Logger
+  limits: ServerLimits
+  metrics: Metrics
+  /** Called once per finished request (admin UI's recent-requests list). */
+  onAccess?: (rec: AccessRecord) => void
+}
+
+/** Validates the shape of one JSON-RPC 2.0 message. */
+export function isJsonRpcMessage (m: unknown): boolean {
+  if (m === null || typeof m !== 'object' || Array.isArray(m)) return false
+  const o = m as Record<string, unknown>
+  if (o.jsonrpc !== '2.0') return false
+  const hasId = 'id' in o
+  if (hasId && typeof o.id !== 'string' && !(typeof o.id === 'number' && Number.isFinite(o.id)) && !(o.id === null && 'error' in o)) return false
+  if ('method' in o) {
+    if (typeof o.method !== 'string' || o.method === '') return false
+    if ('params' in o && (o.params === null || typeof o.params !== 'object')) return false
+    return !('result' in o) && !('error' in o)
+  }
+  if (!hasId) return false
+  return ('result' in o) !== ('error' in o)
+}
+
+export function parseMcpBody (buf: Buffer): McpMessageInfo {
+  let body: unknown
+  try {
+    body = JSON.parse(buf.toString('utf8'))
+  } catch {
+    throw new ProxyError('MCPP_ERR_PARSE', 400, 'Parse error: body is not valid JSON', { rpcCode: RPC.PARSE_ERROR })
+  }
+  const list = Array.isArray(body) ? body : [body]
+  if (list.length === 0 || !list.every(isJsonRpcMessage)) {
+    throw new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, 'Invalid Request: not a JSON-RPC 2.0 message', { rpcCode: RPC.INVALID_REQUEST })
+  }
+  const first = list.find(m => typeof (m as { method?: unknown }).method === 'string') as { method: string; params?: Record<string, unknown> } | undefined
+  const params = first?.params
+  const name = first === undefined
+    ? undefined
+    : typeof params?.name === 'string' ? params.name : typeof params?.uri === 'string' ? params.uri : undefined
+  return { body, method: first?.method, name }
+}
+
+function kindOf (path: string, routes: RouteTable): RequestContext['kind'] {
+  if (path === '/mcp') return 'mcp'
+  const r = routes.get(path)
+  return r === undefined ? 'other' : (r.kind ?? 'oauth')
+}
+
+class Context implements RequestContext {
+  readonly req: IncomingMessage
+  readonly res: ServerResponse
+  readonly id: string
+  readonly method: string
+  readonly path: string
+  readonly query: string
+  readonly log: Logger
+  readonly startedAt: bigint
+  readonly kind: RequestContext['kind']
+  readonly state = new Map<string, unknown>()
+  auth?: RequestContext['auth']
+  mcp?: McpMessageInfo
+  denial?: string
+  headersSent = false
+  ran = { count: 0 }
+  #body: Promise<Buffer> | undefined
+  #mcp: Promise<McpMessageInfo> | undefined
+  readonly #server: GatewayServer
+
+  constructor (server: GatewayServer, req: IncomingMessage, res: ServerResponse) {
+    this.#server = server
+    this.req = req
+    this.res = res
+    this.id = (req.headers['x-request-id'] as string | undefined)?.slice(0, 64).replace(/[^\w.-]/g, '') || randomUUID()
+    this.method = req.method ?? 'GET'
+    const url = req.url ?? '/'
+    const q = url.indexOf('?')
+    this.path = q === -1 ? url : url.slice(0, q)
+    this.query = q === -1 ? '' : url.slice(q + 1)
+    this.log = server.log.child({ reqId: this.id })
+    this.startedAt = process.hrtime.bigint()
+    this.kind = kindOf(this.path, server.routes)
+  }
+
+  readBody (): Promise<Buffer> {
+    this.#body ??= readBounded(this.req, this.#server.limits.maxBodyBytes)
+    return this.#body
+  }
+
+  readMcpMessage (): Promise<McpMessageInfo> {
+    this.#mcp ??= this.readBody().then(buf => {
+      const info = parseMcpBody(buf)
+      this.mcp = info
+      return info
+    })
+    return this.#mcp
+  }
+
+  async writeHead (status: number, headers: OutgoingHttpHeaders = {}): Promise<void> {
+    if (this.headersSent) throw new Error('writeHead called twice')
+    this.headersSent = true
+    const rctx: ResponseContext = { request: this, statusCode: status, headers }
+    await this.#server.pipeline.runResponse(rctx, this.ran.count)
+    if (!this.res.destroyed) this.res.writeHead(rctx.statusCode, rctx.headers)
+  }
+}
+
+function readBounded (req: IncomingMessage, limit: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers['content-length'])
+    if (Number.isFinite(declared) && declared > limit) {
+      req.resume()
+      reject(new ProxyError('MCPP_ERR_BODY_TOO_LARGE', 413, `request body exceeds ${limit} bytes`, { rpcCode: RPC.INVALID_REQUEST }))
+      return
+    }
+    const chunks: Buffer[] = []
+    let size = 0
+    req.on('data', (c: Buffer) => {
+      size += c.length
+      if (size > limit) {
+        req.removeAllListeners('data')
+        req.resume()
+        reject(new ProxyError('MCPP_ERR_BODY_TOO_LARGE', 413, `request body exceeds ${limit} bytes`, { rpcCode: RPC.INVALID_REQUEST }))
+        return
+      }
+      chunks.push(c)
+    })
+    req.once('end', () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
+    req.once('error', reject)
+  })
+}
+
+/** Sends a Reply through `writeHead` (so `onResponse` hooks run). */
+export async function sendReply (ctx: RequestContext, reply: Reply): Promise<void> {
+  const headers: OutgoingHttpHeaders = { ...reply.headers }
+  let payload: string | Buffer | undefined
+  if (reply.body === undefined) payload = undefined
+  else if (typeof reply.body === 'string' || Buffer.isBuffer(reply.body)) payload = reply.body
+  else {
+    payload = JSON.stringify(reply.body)
+    headers['content-type'] ??= 'application/json'
+  }
+  if (payload !== undefined) headers['content-length'] = Buffer.byteLength(payload)
+  await ctx.writeHead(reply.status, headers)
+  ctx.res.end(payload)
+}
+
+export class GatewayServer {
+  readonly server: Server
+  readonly pipeline: Pipeline
+  readonly routes: RouteTable
+  readonly log: Logger
+  readonly limits: ServerLimits
+  readonly #mcp: McpEndpoint
+  readonly #onAccess: ((rec: AccessRecord) => void) | undefined
+  readonly #requests: import('./metrics.ts').Counter
+  readonly #duration: import('./metrics.ts').Histogram
+  #inFlight = 0
+  #drained: (() => void) | undefined
+
+  constructor (opts: GatewayServerOptions) {
+    this.pipeline = opts.pipeline
+    this.routes = opts.routes
+    this.log = opts.log
+    this.limits = opts.limits
+    this.#mcp = opts.mcp
+    this.#onAccess = opts.onAccess
+    this.#requests = opts.metrics.counter('mcp_proxy_requests_total', 'Requests by route, status and MCP method')
+    this.#duration = opts.metrics.histogram('mcp_proxy_request_duration_seconds', 'Time to response end by route')
+    this.server = createServer({
+      headersTimeout: opts.limits.headersTimeoutMs,
+      requestTimeout: opts.limits.requestTimeoutMs,
+      keepAliveTimeout: opts.limits.keepAliveTimeoutMs,
+      maxHeaderSize: 16384,
+    }, (req, res) => { void this.handle(req, res) })
+    this.server.on('clientError', (err, socket) => {
+      this.log.debug({ err: (err as Error).message }, 'client error')
+      if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n')
+    })
+  }
+
+  get inFlight (): number { return this.#inFlight }
+
+  async handle (req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const ctx = new Context(this, req, res)
+    this.#inFlight++
+    res.once('close', () => this.#finish(ctx))
+    try {
+      const reply = await this.pipeline.runRequest(ctx, ctx.ran)
+      if (reply !== undefined) {
+        await sendReply(ctx, reply)
+        return
+      }
+      const route = this.routes.get(ctx.path)
+      if (route !== undefined) {
+        if (!route.methods.includes(ctx.method)) {
+          throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed`, {
+            headers: { allow: route.methods.join(', ') }, oauthError: 'invalid_request',
+          })
+        }
+        await sendReply(ctx, await route.handler(ctx))
+        return
+      }
+      if (ctx.path === '/mcp') {
+        await this.#mcp.handle(ctx)
+        return
+      }
+      throw new ProxyError('MCPP_ERR_NOT_FOUND', 404, `no route for ${ctx.path}`, { oauthError: 'not_found' })
+    } catch (err) {
+      try {
+        await writeError(ctx, err)
+      } catch (err2) {
+        ctx.log.error({ err: err2 }, 'failed to write error response')
+        res.destroy()
+      }
+    }
+  }
+
+  #finish (ctx: Context): void {
+    this.#inFlight--
+    const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
+    const status = ctx.res.headersSent ? ctx.res.statusCode : 0
+    const route = ctx.kind === 'mcp' ? '/mcp' : this.routes.has(ctx.path) ? ctx.path : 'other'
+    this.#requests.inc({ route, status, mcp_method: ctx.mcp?.method ?? '' })
+    this.#duration.observe(durationMs / 1000, { route })
+    const sessionId = ctx.state.get('sessionId') as string | undefined
+    ctx.log.info({
+      method: ctx.method, path: ctx.path, status, durationMs: Math.round(durationMs * 1000) / 1000,
+      mcpMethod: ctx.mcp?.method, sessionId: sessionId?.slice(0, 8), subject: ctx.auth?.subject, denial: ctx.denial,
+    }, 'request')
+    this.#onAccess?.({
+      id: ctx.id, method: ctx.method, path: ctx.path, status, durationMs, mcpMethod: ctx.mcp?.method,
+      sessionId: sessionId?.slice(0, 8), subject: ctx.auth?.subject, denial: ctx.denial, at: Date.now(),
+    })
+    if (this.#inFlight === 0) this.#drained?.()
+  }
+
+  listen (port: number, host: string): Promise<{ port: number; host: string }> {
+    return new Promise((resolve, reject) => {
+      this.server.once('error', reject)
+      this.server.listen(port, host, () => {
+        this.server.off('error', reject)
+        const a = this.server.address() as import('node:net').AddressInfo
+        resolve({ port: a.port, host: a.address })
+      })
+    })
+  }
+
+  /** Stops accepting, waits up to `graceMs` for in-flight requests, then closes every socket. */
+  async close (graceMs: number): Promise<void> {
+    const closed = new Promise<void>(resolve => this.server.close(() => resolve()))
+    this.server.closeIdleConnections()
+    if (this.#inFlight > 0) {
+      await Promise.race([
+        new Promise<void>(resolve => { this.#drained = resolve }),
+        new Promise<void>(resolve => setTimeout(resolve, graceMs).unref()),
+      ])
+    }
+    this.server.closeAllConnections()
+    await closed
+  }
+}
