@@ -1,0 +1,63 @@
+/**
+ * The contract between the MCP session layer (core/mcp/) and the upstream
+ * connectors (stdio children, remote streamable-HTTP servers). An Upstream
+ * carries whole JSON-RPC messages both ways; it knows nothing of sessions,
+ * prefixes or authentication.
+ */
+
+export type JsonRpcId = string | number
+
+/** Any JSON-RPC 2.0 message (request, notification, response). */
+export interface JsonRpcMessage {
+  jsonrpc: '2.0'
+  id?: JsonRpcId | null
+  method?: string
+  params?: Record<string, unknown>
+  result?: unknown
+  error?: { code: number; message: string; data?: unknown }
+}
+
+export interface UpstreamInfo {
+  /** Target name from the config. */
+  readonly target: string
+  readonly kind: 'stdio' | 'http'
+  /** Child pid (stdio) once started. */
+  readonly pid?: number
+  readonly startedAt?: number
+  readonly lastError?: string
+}
+
+export interface Upstream extends UpstreamInfo {
+  /**
+   * Spawns the child / checks the remote is reachable. Rejects with a
+   * ProxyError (MCPP_ERR_UPSTREAM) when it cannot start (e.g. ENOENT).
+   */
+  start(): Promise<void>
+  /**
+   * Sends one message. Throws ProxyError MCPP_ERR_UPSTREAM if the upstream is
+   * closed. For HTTP upstreams a request's answer (and any notifications sent
+   * on its stream) arrive through `onMessage` like stdio ones.
+   */
+  send(message: JsonRpcMessage): void
+  /** Called for every message from the upstream. Set by the session layer before start(). */
+  onMessage: (message: JsonRpcMessage) => void
+  /**
+   * Called once when the upstream ends for any reason (exit, crash, flood,
+   * remote session gone, close()). `error` is undefined for a clean close().
+   */
+  onClose: (error: Error | undefined) => void
+  /** Whether the upstream is running. */
+  readonly alive: boolean
+  /**
+   * Ends the upstream. stdio: end stdin, then SIGTERM, then SIGKILL to the
+   * whole process group. HTTP: DELETE the upstream session. Idempotent.
+   */
+  close(): Promise<void>
+}
+
+/** Creates upstreams for one configured target; one upstream per gateway session. */
+export interface UpstreamFactory {
+  readonly target: string
+  readonly kind: 'stdio' | 'http'
+  create(): Upstream
+}
