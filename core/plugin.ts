@@ -74,6 +74,11 @@ export interface PluginModule<O = unknown> {
   /** JSON Schema for the options; validated with the config path in every error. */
   readonly optionsSchema?: Record<string, unknown>
   create(options: O, env: PluginEnv): Plugin | Promise<Plugin>
+  /**
+   * Optional static check of the options for `mcp-proxy --check` (no network,
+   * no side effects), e.g. compiling rules. Throws a ProxyError naming the path.
+   */
+  check?(options: O, configPath: string): void
 }
 
 /** Version of the plugin API, checked against `PluginModule.engine`. */

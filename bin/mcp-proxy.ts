@@ -1,0 +1,116 @@
+#!/usr/bin/env node
+/**
+ * mcp-proxy CLI: argv -> loadConfig -> startGateway; signals; exit codes.
+ *
+ * Exit codes: 0 success (or clean shutdown), 1 invalid configuration
+ * (including `environment variable not found`), 2 usage error,
+ * 3 start-up failure (port in use, a plugin failed to start).
+ */
+import { parseArgs } from 'node:util'
+import { loadConfig } from '../core/config.ts'
+import { startGateway, VERSION } from '../core/gateway.ts'
+import { loadPlugins } from '../core/plugin-loader.ts'
+import { ProxyError } from '../core/errors.ts'
+import { createLogger } from '../core/logger.ts'
+import { Metrics } from '../core/metrics.ts'
+
+export const EXIT = { OK: 0, CONFIG: 1, USAGE: 2, STARTUP: 3 } as const
+
+const HELP = `Usage: mcp-proxy -f <config.yaml> [--check]
+
+An MCP gateway: one /mcp endpoint in front of stdio and HTTP MCP servers,
+with JWT authentication, OAuth metadata bridging and authorization rules.
+
+Options:
+  -f, --file <path>   configuration file (YAML; \${NAME} expands environment variables)
+      --check         validate the configuration, print a summary, and exit
+  -h, --help          show this help
+  -v, --version       print the version
+
+Exit codes: 0 ok, 1 invalid configuration, 2 usage error, 3 start-up failure.
+Docs: README.md`
+
+function fail (code: number, message: string): never {
+  process.stderr.write(`mcp-proxy: ${message}\n`)
+  process.exit(code)
+}
+
+async function main (): Promise<void> {
+  let args
+  try {
+    args = parseArgs({
+      options: {
+        file: { type: 'string', short: 'f' },
+        check: { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' },
+        version: { type: 'boolean', short: 'v' },
+      },
+      strict: true,
+      allowPositionals: false,
+    })
+  } catch (err) {
+    fail(EXIT.USAGE, `${(err as Error).message}\n\n${HELP}`)
+  }
+  const v = args.values
+  if (v.help === true) { process.stdout.write(HELP + '\n'); return }
+  if (v.version === true) { process.stdout.write(VERSION + '\n'); return }
+  if (v.file === undefined) fail(EXIT.USAGE, `missing -f <config.yaml>\n\n${HELP}`)
+
+  let loaded
+  try {
+    loaded = await loadConfig(v.file)
+  } catch (err) {
+    fail(EXIT.CONFIG, ProxyError.is(err) ? err.message : String(err))
+  }
+  const cfg = loaded.config
+
+  if (v.check === true) {
+    try {
+      const silent = createLogger({ level: 'silent' })
+      const names = await loadPlugins({ config: cfg, baseDir: loaded.baseDir, env: { log: silent, config: cfg as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
+      const auth = cfg.mcp.policies.mcpAuthentication
+      const lines = [
+        `config OK: ${v.file}`,
+        `  listen: ${cfg.mcp.host}:${cfg.mcp.port} (admin ${cfg.admin.enabled ? `${cfg.admin.host}:${cfg.admin.port}` : 'disabled'})`,
+        `  targets: ${cfg.mcp.targets.map(t => `${t.name} (${t.stdio !== undefined ? 'stdio' : 'http'})`).join(', ')}`,
+        `  pipeline: ${names.map(p => p.name).join(' -> ') || '(none)'}`,
+        `  authentication: ${auth === undefined ? 'off' : `${auth.mode}, issuer ${auth.issuer}${auth.provider !== undefined ? `, provider ${Object.keys(auth.provider)[0]}` : ''}`}`,
+      ]
+      process.stdout.write(lines.join('\n') + '\n')
+      return
+    } catch (err) {
+      fail(EXIT.CONFIG, ProxyError.is(err) ? err.message : String(err))
+    }
+  }
+
+  let gateway
+  try {
+    gateway = await startGateway(loaded)
+  } catch (err) {
+    const e = err as ProxyError & NodeJS.ErrnoException
+    const code = ProxyError.is(err) && err.code === 'MCPP_ERR_CONFIG' ? EXIT.CONFIG : EXIT.STARTUP
+    fail(code, e.code === 'EADDRINUSE' ? `cannot listen: address in use (${e.message})` : e.message)
+  }
+
+  let stopping = false
+  const stop = (signal: string): void => {
+    if (stopping) {
+      gateway.log.warn({ signal }, 'second signal: exiting now')
+      // core/targets/stdio.ts SIGKILLs remaining process groups on 'exit'.
+      process.exit(1)
+    }
+    stopping = true
+    gateway.log.info({ signal }, 'shutting down')
+    gateway.close().then(() => {
+      gateway.log.info('stopped')
+      process.exit(EXIT.OK)
+    }, (err: unknown) => {
+      gateway.log.error({ err }, 'shutdown failed')
+      process.exit(1)
+    })
+  }
+  process.on('SIGINT', () => stop('SIGINT'))
+  process.on('SIGTERM', () => stop('SIGTERM'))
+}
+
+void main()

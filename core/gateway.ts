@@ -1,0 +1,158 @@
+/**
+ * Assembles a running gateway from a loaded config: logger, metrics,
+ * plugins (in pipeline order), route table, upstream factories, the /mcp
+ * endpoint, the MCP listener and the admin listener. Owns shutdown order.
+ */
+import type { Server } from 'node:http'
+import type { Logger } from 'pino'
+import { createLogger } from './logger.ts'
+import { Metrics } from './metrics.ts'
+import type { LoadedConfig } from './config.ts'
+import { loadPlugins } from './plugin-loader.ts'
+import { Pipeline } from './pipeline.ts'
+import { RouteTable } from './routes.ts'
+import { GatewayServer, type AccessRecord, type McpEndpoint } from './server.ts'
+import { createAdminServer } from './admin.ts'
+import { redactConfig } from './redact.ts'
+import type { Plugin } from './plugin.ts'
+import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
+import { createHttpPassthrough } from './targets/http-passthrough.ts'
+import { createMcpEndpoint } from './mcp/index.ts'
+
+export const VERSION: string = '0.1.0'
+
+export interface StartOptions {
+  /** Logger to use (tests pass a silent one). Default: from config.logging. */
+  log?: Logger
+  /** Override listen ports (tests use 0). */
+  mcpPort?: number
+  adminPort?: number
+}
+
+export interface RunningGateway {
+  readonly mcpUrl: string
+  readonly adminUrl: string | undefined
+  readonly baseUrl: string
+  readonly plugins: readonly Plugin[]
+  readonly metrics: Metrics
+  readonly log: Logger
+  readonly endpoint: ReturnType<typeof createMcpEndpoint>
+  close(): Promise<void>
+}
+
+/** `{base_url}`: from resourceMetadata.resource (minus /mcp), else mcp.baseUrl, else the listen address. */
+export function computeBaseUrl (loaded: LoadedConfig, port: number): string {
+  const c = loaded.config.mcp
+  const resource = c.policies.mcpAuthentication?.resourceMetadata.resource
+  if (resource !== undefined) return resource.replace(/\/mcp$/, '')
+  if (c.baseUrl !== undefined) return c.baseUrl
+  return `http://localhost:${port}`
+}
+
+function listen (server: Server, port: number, host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(port, host, () => {
+      server.off('error', reject)
+      resolve((server.address() as import('node:net').AddressInfo).port)
+    })
+  })
+}
+
+function hostForUrl (host: string): string {
+  if (host === '0.0.0.0' || host === '::' || host === '127.0.0.1' || host === '::1') return 'localhost'
+  return host.includes(':') ? `[${host}]` : host
+}
+
+export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {}): Promise<RunningGateway> {
+  const { config } = loaded
+  const log = opts.log ?? createLogger(config.logging)
+  const metrics = new Metrics()
+  const mcpPort = opts.mcpPort ?? config.mcp.port
+  const baseUrl = computeBaseUrl(loaded, mcpPort)
+  const plugins = await loadPlugins({ config, baseDir: loaded.baseDir, env: { log, config: config as never, baseUrl, metrics } })
+  const cleanup: Array<() => Promise<unknown>> = [() => Promise.allSettled(plugins.map(p => p.close?.()))]
+  try {
+    const routes = new RouteTable(plugins)
+    const pipeline = new Pipeline(plugins)
+    const factories = config.mcp.targets.map(t => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics }))
+    const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
+    const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
+    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics }) : undefined
+    const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined })
+    cleanup.push(() => endpoint.close())
+
+    const recent: AccessRecord[] = []
+    const gw = new GatewayServer({
+      pipeline, routes, mcp: endpoint, log, limits: config.mcp.limits, metrics,
+      onAccess: rec => { recent.push(rec); if (recent.length > 200) recent.shift() },
+    })
+    const bound = await gw.listen(mcpPort, config.mcp.host)
+    cleanup.push(() => gw.close(0))
+    const mcpUrl = `http://${hostForUrl(config.mcp.host)}:${bound.port}/mcp`
+
+    let admin: Server | undefined
+    let adminUrl: string | undefined
+    if (config.admin.enabled) {
+      admin = createAdminServer({
+        log, metrics, token: config.admin.token,
+        state: {
+          config: () => redactConfig(config, loaded.secretPaths),
+          targets: () => config.mcp.targets.map(t => ({ name: t.name, kind: t.stdio !== undefined ? 'stdio' : 'http', state: endpoint.describeTargets?.().find((d: { name: string }) => d.name === t.name) })),
+          sessions: () => endpoint.sessions(),
+          endSession: id => endpoint.endSession(id),
+          requests: () => recent.slice().reverse(),
+          plugins: () => plugins.map(p => ({ name: p.name, state: p.describe?.() })),
+          oauth: async () => {
+            const out: Record<string, unknown> = {}
+            for (const path of routes.paths().filter(p => p.startsWith('/.well-known/') && !p.endsWith('client-registration'))) {
+              try {
+                const r = await fetch(`http://127.0.0.1:${bound.port}${path}`)
+                out[path] = r.ok ? await r.json() : { status: r.status }
+              } catch (err) { out[path] = { error: (err as Error).message } }
+            }
+            return out
+          },
+          ready: () => {
+            const reasons: string[] = []
+            for (const p of plugins) {
+              const r = p.ready?.()
+              if (r === undefined || r === true) continue
+              if (r === false) reasons.push(`${p.name}: not ready`)
+              else if (!r.ready) reasons.push(`${p.name}: ${r.reason ?? 'not ready'}`)
+            }
+            return { ready: reasons.length === 0, reasons }
+          },
+        },
+      })
+      const adminPort = await listen(admin, opts.adminPort ?? config.admin.port, config.admin.host)
+      adminUrl = `http://${hostForUrl(config.admin.host)}:${adminPort}`
+      cleanup.push(() => new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() }))
+      if (!['127.0.0.1', '::1', 'localhost'].includes(config.admin.host) && config.admin.token === undefined) {
+        log.warn({ host: config.admin.host }, 'admin listener is exposed beyond loopback without admin.token')
+      }
+    }
+    log.info({ mcp: mcpUrl, ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined, targets: config.mcp.targets.map(t => t.name), plugins: plugins.map(p => p.name) },
+      `mcp-proxy ${VERSION} listening on ${mcpUrl}` + (adminUrl !== undefined ? `; UI at ${adminUrl}/ui` : ''))
+
+    let closing: Promise<void> | undefined
+    const close = (): Promise<void> => {
+      closing ??= (async () => {
+        const grace = config.mcp.limits.shutdownGraceMs
+        const serverClosed = gw.close(grace)
+        endpoint.drain?.()
+        await serverClosed
+        await endpoint.close()
+        await Promise.allSettled(plugins.map(p => p.close?.()))
+        if (admin !== undefined) await new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() })
+        await killAllChildren()
+      })()
+      return closing
+    }
+    return { mcpUrl, adminUrl, baseUrl, plugins, metrics, log, endpoint, close }
+  } catch (err) {
+    for (const c of cleanup.reverse()) await c().catch(() => {})
+    await killAllChildren()
+    throw err
+  }
+}
