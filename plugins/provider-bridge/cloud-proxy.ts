@@ -1,0 +1,179 @@
+/**
+ * The cloud_idp authorize and token endpoints the gateway advertises.
+ *
+ * The IdP rejects the RFC 8707 `resource` parameter that MCP clients send
+ * (AADSTS9010010), so both endpoints strip it. The token endpoint can also
+ * add the operator's client secret for a confidential app registration
+ * (AADSTS7000218 otherwise), under narrow rules: see `shouldInjectSecret`.
+ */
+import type { Logger } from 'pino'
+import type { RequestContext, Reply } from '../../core/context.ts'
+import { ProxyError } from '../../core/errors.ts'
+import type { DiscoveryCache } from './discovery.ts'
+import { boundedFetch } from './discovery.ts'
+
+/** Scopes always allowed next to `scopesSupported` (OIDC and refresh tokens). */
+export const BASE_SCOPES = ['openid', 'profile', 'offline_access', 'email'] as const
+/** Grants the gateway's token endpoint forwards; every other grant is refused. */
+export const FORWARDED_GRANTS = ['authorization_code', 'refresh_token'] as const
+/** A token response with tokens is a few KiB. */
+export const TOKEN_RESPONSE_MAX_BYTES = 256 * 1024
+
+const PKCE_CHALLENGE_RE = /^[A-Za-z0-9._~-]{43,128}$/
+// CR, LF and the other C0 controls (and DEL) have no place in OAuth parameters.
+const CONTROL_RE = /[\u0000-\u001f\u007f]/
+
+export interface CloudProxyOptions {
+  clientId: string
+  clientSecret: string | undefined
+  /** Scopes a request that gets the secret may ask for. */
+  allowedScopes: ReadonlySet<string>
+  discovery: DiscoveryCache
+  fallbackAuthorize: string
+  fallbackToken: string
+  timeoutMs: number
+  log: Logger
+}
+
+function badRequest (message: string, oauthError = 'invalid_request'): ProxyError {
+  return new ProxyError('MCPP_ERR_OAUTH_REQUEST', 400, message, { oauthError })
+}
+
+/** Decoded parameters in order; rejects control characters in names and values. */
+function parseParams (raw: string): Array<[string, string]> {
+  const entries = [...new URLSearchParams(raw)]
+  for (const [k, v] of entries) {
+    if (CONTROL_RE.test(k) || CONTROL_RE.test(v)) throw badRequest('parameters must not contain control characters (CR, LF, ...)')
+  }
+  return entries
+}
+
+/**
+ * Drops every `resource` (after percent-decoding, so `reso%75rce` too; any
+ * number of them, RFC 8707 allows several) and rejects any other parameter
+ * given twice (RFC 6749 §3.1 and §3.2: parameters MUST NOT repeat).
+ */
+export function withoutResource (entries: ReadonlyArray<[string, string]>): Array<[string, string]> {
+  const seen = new Set<string>()
+  const out: Array<[string, string]> = []
+  for (const [k, v] of entries) {
+    if (k === 'resource') continue
+    if (seen.has(k)) throw badRequest(`parameter ${k} is repeated`)
+    seen.add(k)
+    out.push([k, v])
+  }
+  return out
+}
+
+/** Every scope of a space-delimited `scope` must be allowed. */
+export function checkScopes (scope: string | undefined, allowed: ReadonlySet<string>): void {
+  if (scope === undefined) return
+  const bad = scope.split(' ').filter(s => s !== '' && !allowed.has(s))
+  if (bad.length > 0) throw badRequest(`scope not allowed through this gateway: ${bad.join(' ')}`, 'invalid_scope')
+}
+
+/** Whether the request carries client authentication of its own. */
+export function hasOwnClientCredentials (params: ReadonlyMap<string, string>, authorization: string | undefined): boolean {
+  return params.has('client_secret') || params.has('client_assertion') || params.has('client_assertion_type') || authorization !== undefined
+}
+
+/**
+ * SPEC Authentication 6: the secret is added only for `authorization_code`
+ * and `refresh_token`, only for the configured client id, and only when the
+ * request brings no client credentials of its own.
+ */
+export function shouldInjectSecret (o: {
+  grantType: string | undefined; clientId: string | undefined; configuredClientId: string
+  secret: string | undefined; ownCredentials: boolean
+}): boolean {
+  return o.secret !== undefined &&
+    (o.grantType === 'authorization_code' || o.grantType === 'refresh_token') &&
+    o.clientId === o.configuredClientId &&
+    !o.ownCredentials
+}
+
+export function createCloudProxy (opts: CloudProxyOptions) {
+  async function authorizeHandler (ctx: RequestContext): Promise<Reply> {
+    const params = withoutResource(parseParams(ctx.query))
+    const map = new Map(params)
+    const challenge = map.get('code_challenge')
+    if (challenge === undefined || map.get('code_challenge_method') !== 'S256') {
+      throw badRequest('PKCE is required: code_challenge with code_challenge_method=S256')
+    }
+    if (!PKCE_CHALLENGE_RE.test(challenge)) throw badRequest('code_challenge is malformed')
+    if (opts.clientSecret !== undefined && map.get('client_id') === opts.clientId) {
+      // Codes for the confidential client can only be redeemed here, with the
+      // operator's secret: keep them to the configured scopes.
+      checkScopes(map.get('scope'), opts.allowedScopes)
+    }
+    const endpoint = endpointOf(opts.discovery, 'authorization_endpoint', opts.fallbackAuthorize)
+    const target = new URL(endpoint)
+    for (const [k, v] of params) target.searchParams.append(k, v)
+    return { status: 302, headers: { location: target.href, 'cache-control': 'no-store' } }
+  }
+
+  async function tokenHandler (ctx: RequestContext): Promise<Reply> {
+    const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
+    if (type !== 'application/x-www-form-urlencoded') {
+      throw badRequest('the token request must be application/x-www-form-urlencoded')
+    }
+    const body = (await ctx.readBody()).toString('utf8')
+    const params = withoutResource(parseParams(body))
+    const map = new Map(params)
+    const grantType = map.get('grant_type')
+    if (grantType === undefined) throw badRequest('grant_type is required')
+    if (!(FORWARDED_GRANTS as readonly string[]).includes(grantType)) {
+      // The gateway's token endpoint serves MCP clients' authorization code
+      // flow only; client credentials go to the IdP directly.
+      throw badRequest(`grant_type ${grantType} is not supported by this gateway`, 'unsupported_grant_type')
+    }
+    const authorization = ctx.req.headers.authorization
+    if (authorization !== undefined && !/^basic\s/i.test(authorization)) {
+      throw badRequest('only HTTP Basic client authentication is accepted at the token endpoint', 'invalid_client')
+    }
+    const own = hasOwnClientCredentials(map, authorization)
+    const inject = shouldInjectSecret({
+      grantType, clientId: map.get('client_id'), configuredClientId: opts.clientId, secret: opts.clientSecret, ownCredentials: own,
+    })
+    if (inject) {
+      checkScopes(map.get('scope'), opts.allowedScopes)
+      params.push(['client_secret', opts.clientSecret!])
+    }
+    const endpoint = endpointOf(opts.discovery, 'token_endpoint', opts.fallbackToken)
+    const headers: Record<string, string> = {
+      'content-type': 'application/x-www-form-urlencoded', accept: 'application/json',
+    }
+    // The client's own Basic credentials are for the IdP; nothing else is forwarded.
+    if (authorization !== undefined) headers.authorization = authorization
+    let res
+    try {
+      res = await boundedFetch(endpoint, {
+        method: 'POST', headers, body: new URLSearchParams(params).toString(), timeoutMs: opts.timeoutMs, maxBytes: TOKEN_RESPONSE_MAX_BYTES,
+      })
+    } catch (err) {
+      const timeout = (err as Error).name === 'TimeoutError'
+      ctx.log.warn({ grantType, reason: timeout ? 'timeout' : (err as Error).message }, 'token request to the identity provider failed')
+      throw new ProxyError('MCPP_ERR_IDP_UNAVAILABLE', timeout ? 504 : 502, 'the identity provider\'s token endpoint could not be reached', {
+        oauthError: 'temporarily_unavailable', expose: true, cause: err,
+      })
+    }
+    // grant_type, status and whether the secret was added: never codes, tokens or secrets.
+    ctx.log.info({ grantType, status: res.status, secretAdded: inject }, 'proxied token request')
+    const out: Record<string, string> = {
+      'content-type': res.headers.get('content-type') ?? 'application/json',
+      'cache-control': 'no-store',
+      pragma: 'no-cache',
+    }
+    const challenge = res.headers.get('www-authenticate')
+    if (challenge !== null) out['www-authenticate'] = challenge
+    return { status: res.status, headers: out, body: res.body }
+  }
+
+  return { authorizeHandler, tokenHandler }
+}
+
+function endpointOf (discovery: DiscoveryCache, field: 'authorization_endpoint' | 'token_endpoint', fallback: string): string {
+  const v = discovery.peek()?.[field]
+  if (discovery.peek() === undefined) void discovery.get().catch(() => undefined)
+  return typeof v === 'string' ? v : fallback
+}

@@ -1,0 +1,151 @@
+/**
+ * registration: answers RFC 7591 Dynamic Client Registration with the
+ * pre-registered `clientId` (SPEC "Client registration"). No client is created
+ * at the identity provider; MCP clients stay public clients using PKCE
+ * (`token_endpoint_auth_method: none`). Options come from
+ * `mcp.policies.mcpAuthentication`; without a provider there are no routes.
+ */
+import { definePlugin, type Plugin, type PluginEnv } from '../../core/plugin.ts'
+import type { GatewayConfig, McpAuthenticationConfig } from '../../core/config.ts'
+import type { RequestContext, Reply } from '../../core/context.ts'
+import { ProxyError } from '../../core/errors.ts'
+import schema from './schema.json' with { type: 'json' }
+
+export const REGISTRATION_PATH = '/.well-known/oauth-authorization-server/client-registration'
+export const MAX_REDIRECT_URIS = 20
+export const MAX_URI_LENGTH = 2048
+export const SUPPORTED_GRANTS = ['authorization_code', 'refresh_token'] as const
+
+// Schemes that must never be a redirect target (RFC 8252 §8.1 private-use schemes are fine).
+const FORBIDDEN_SCHEMES = new Set(['javascript:', 'data:', 'file:', 'vbscript:', 'blob:', 'about:', 'ftp:', 'ws:', 'wss:'])
+const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]'])
+const SCHEME_RE = /^[A-Za-z][A-Za-z0-9+.-]*:/
+// Any C0 control, DEL, whitespace.
+const BAD_CHARS_RE = /[\u0000-\u0020\u007f]/
+
+function invalid (message: string, oauthError = 'invalid_client_metadata'): ProxyError {
+  return new ProxyError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, message, { oauthError })
+}
+
+/**
+ * A redirect URI a registering client may use: absolute, no fragment
+ * (RFC 6749 §3.1.2), no user info, no whitespace or control characters;
+ * https, http on a loopback host (RFC 8252 §7.3), or a private-use scheme for
+ * native apps (RFC 8252 §7.1). Returns the reason it is not, or undefined.
+ */
+export function redirectUriProblem (uri: unknown): string | undefined {
+  if (typeof uri !== 'string' || uri === '') return 'must be a non-empty string'
+  if (uri.length > MAX_URI_LENGTH) return `must be at most ${MAX_URI_LENGTH} characters`
+  if (BAD_CHARS_RE.test(uri)) return 'must not contain whitespace or control characters'
+  if (uri.includes('#')) return 'must not contain a fragment'
+  if (!SCHEME_RE.test(uri)) return 'must be an absolute URI'
+  let u: URL
+  try { u = new URL(uri) } catch { return 'must be an absolute URI' }
+  if (FORBIDDEN_SCHEMES.has(u.protocol)) return `scheme ${u.protocol} is not allowed`
+  if (u.username !== '' || u.password !== '') return 'must not contain user information'
+  if (u.protocol === 'http:' && !LOOPBACK_HOSTS.has(u.hostname)) return 'http is only allowed for loopback hosts; use https'
+  if ((u.protocol === 'http:' || u.protocol === 'https:') && u.hostname === '') return 'must name a host'
+  return undefined
+}
+
+function stringList (v: unknown, field: string): string[] | undefined {
+  if (v === undefined) return undefined
+  if (!Array.isArray(v) || !v.every(x => typeof x === 'string')) throw invalid(`${field} must be an array of strings`)
+  return v as string[]
+}
+
+function optionalString (v: unknown, field: string): string | undefined {
+  if (v === undefined) return undefined
+  if (typeof v !== 'string' || v.length > 1000 || /[\u0000-\u001f\u007f]/.test(v)) throw invalid(`${field} must be a string without control characters`)
+  return v
+}
+
+/** Validates a registration request body and builds the RFC 7591 §3.2.1 response. */
+export function buildRegistrationResponse (body: unknown, clientId: string, now = Date.now()): Record<string, unknown> {
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw invalid('the request body must be a JSON object')
+  const req = body as Record<string, unknown>
+  const redirectUris = req.redirect_uris
+  if (!Array.isArray(redirectUris) || redirectUris.length === 0) {
+    throw invalid('redirect_uris must be a non-empty array', 'invalid_redirect_uri')
+  }
+  if (redirectUris.length > MAX_REDIRECT_URIS) throw invalid(`at most ${MAX_REDIRECT_URIS} redirect_uris`, 'invalid_redirect_uri')
+  redirectUris.forEach((u, i) => {
+    const problem = redirectUriProblem(u)
+    if (problem !== undefined) throw invalid(`redirect_uris[${i}] ${problem}`, 'invalid_redirect_uri')
+  })
+  // RFC 7591 §3.2.1: the server may replace requested values with the ones it supports.
+  const grants = stringList(req.grant_types, 'grant_types')
+  const grantTypes = grants === undefined
+    ? [...SUPPORTED_GRANTS]
+    : SUPPORTED_GRANTS.filter(g => grants.includes(g))
+  if (!grantTypes.includes('authorization_code')) throw invalid('grant_types must include authorization_code')
+  const responses = stringList(req.response_types, 'response_types')
+  if (responses !== undefined && !responses.includes('code')) throw invalid('response_types must include code')
+  const clientName = optionalString(req.client_name, 'client_name')
+  const scope = optionalString(req.scope, 'scope')
+  const out: Record<string, unknown> = {
+    client_id: clientId,
+    client_id_issued_at: Math.floor(now / 1000),
+    token_endpoint_auth_method: 'none',
+    redirect_uris: [...redirectUris],
+    grant_types: grantTypes,
+    response_types: ['code'],
+  }
+  if (clientName !== undefined) out.client_name = clientName
+  if (scope !== undefined) out.scope = scope
+  return out
+}
+
+function authConfigOf (env: PluginEnv): McpAuthenticationConfig | undefined {
+  return (env.config as unknown as Partial<GatewayConfig>).mcp?.policies?.mcpAuthentication
+}
+
+export function createRegistration (env: PluginEnv): Plugin {
+  const auth = authConfigOf(env)
+  const hasProvider = auth?.provider?.oss_idp !== undefined || auth?.provider?.cloud_idp !== undefined
+  if (auth === undefined || !hasProvider) return { name: 'registration', routes: [] }
+  // The config schema already rejects this; never answer a made-up client id.
+  if (auth.clientId === undefined) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'mcp.policies.mcpAuthentication.clientId: is required for client registration')
+  }
+  const clientId = auth.clientId
+
+  async function registerClient (ctx: RequestContext): Promise<Reply> {
+    if (ctx.method === 'OPTIONS') {
+      return {
+        status: 204,
+        headers: {
+          'access-control-allow-origin': '*', 'access-control-allow-methods': 'POST, OPTIONS',
+          'access-control-allow-headers': '*', 'access-control-max-age': '600',
+        },
+      }
+    }
+    const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
+    if (type !== 'application/json') throw invalid('the request must be application/json')
+    const raw = await ctx.readBody()
+    let body: unknown
+    try { body = JSON.parse(raw.toString('utf8')) } catch { throw invalid('the request body is not valid JSON') }
+    const out = buildRegistrationResponse(body, clientId)
+    ctx.log.info({ clientName: out.client_name, redirectUris: (out.redirect_uris as string[]).length }, 'client registration answered with the configured client id')
+    return {
+      status: 201,
+      headers: { 'cache-control': 'no-store', pragma: 'no-cache', 'access-control-allow-origin': '*' },
+      body: out,
+    }
+  }
+
+  return {
+    name: 'registration',
+    routes: [{ methods: ['POST', 'OPTIONS'], path: REGISTRATION_PATH, handler: registerClient }],
+    describe () { return { path: REGISTRATION_PATH, clientId } },
+  }
+}
+
+export default definePlugin<Record<string, never>>({
+  name: 'registration',
+  engine: '^1',
+  optionsSchema: schema as Record<string, unknown>,
+  create (_options, env) {
+    return createRegistration(env)
+  },
+})
