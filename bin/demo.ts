@@ -1,0 +1,69 @@
+#!/usr/bin/env node
+/**
+ * `npm run demo`: a development OpenID provider on 127.0.0.1 plus the
+ * gateway on examples/demo/config.yaml in front of server-everything.
+ * Development only: the IdP logs every authorize request in as a demo user.
+ */
+import { fileURLToPath } from 'node:url'
+import { dirname, resolve } from 'node:path'
+import { startDevIdp } from './dev-idp.ts'
+import { loadConfig } from '../core/config.ts'
+import { startGateway } from '../core/gateway.ts'
+import { ProxyError } from '../core/errors.ts'
+
+const here = dirname(fileURLToPath(import.meta.url))
+const root = here.endsWith('/dist/bin') || here.endsWith('\\dist\\bin') ? resolve(here, '../..') : resolve(here, '..')
+const configFile = resolve(root, 'examples/demo/config.yaml')
+const idpPort = Number(process.env.DEMO_IDP_PORT ?? 9400)
+
+async function main (): Promise<void> {
+  const idp = await startDevIdp({ port: idpPort, clientId: 'mcp-gateway-dev' })
+  process.env.DEMO_IDP_ISSUER = idp.issuer
+  let gateway
+  try {
+    gateway = await startGateway(await loadConfig(configFile))
+  } catch (err) {
+    await idp.close()
+    process.stderr.write(`mcp-proxy demo: ${ProxyError.is(err) ? err.message : String(err)}\n`)
+    process.exit(1)
+  }
+  const mcp = gateway.mcpUrl
+  process.stdout.write(`
+  mcp-proxy demo is running (development only)
+
+  MCP endpoint      ${mcp}
+  Management UI     ${gateway.adminUrl ?? '(disabled)'}/ui
+  Dev OpenID issuer ${idp.issuer}   (127.0.0.1 only; logs every authorize request in as "alice")
+  Config            examples/demo/config.yaml
+
+  Get a token by hand (the SPEC's client-credentials request with a service account):
+
+    TOKEN=$(curl -s -X POST ${idp.tokenEndpoint} \\
+      -d grant_type=client_credentials -d client_id=mcp-gateway-dev \\
+      -d username=mcp-service -d password=mcp-service-dev-password \\
+      -d 'scope=openid profile' | node -pe 'JSON.parse(require("fs").readFileSync(0)).access_token')
+
+    curl -s ${mcp} -H "authorization: Bearer $TOKEN" \\
+      -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' \\
+      -d '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}' -i
+
+  Without a token you get 401 with WWW-Authenticate pointing at
+  http://localhost:3000/.well-known/oauth-protected-resource/mcp
+
+  MCP Inspector: npx @modelcontextprotocol/inspector, choose "Streamable HTTP",
+  URL ${mcp}, then "Open Auth Settings" -> "Quick OAuth Flow": it discovers the
+  metadata, registers, and logs in through the dev provider without a password prompt.
+
+  Ctrl-C stops everything.
+`)
+  let stopping = false
+  const stop = (): void => {
+    if (stopping) process.exit(1)
+    stopping = true
+    void gateway.close().then(() => idp.close()).then(() => process.exit(0))
+  }
+  process.on('SIGINT', stop)
+  process.on('SIGTERM', stop)
+}
+
+void main()
