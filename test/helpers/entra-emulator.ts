@@ -1,0 +1,432 @@
+/**
+ * A loopback emulator of Microsoft Entra ID (SPEC's cloud_idp) for tests.
+ *
+ * Faithful where the gateway depends on it:
+ * - OIDC discovery only, at `/{tenant}/v2.0/.well-known/openid-configuration`:
+ *   no RFC 8414 document, no `code_challenge_methods_supported`, no
+ *   `registration_endpoint`;
+ * - keys at `/{tenant}/discovery/v2.0/keys`;
+ * - authorize `/{tenant}/oauth2/v2.0/authorize`: logs the configured user in
+ *   automatically and redirects to the redirect_uri with `code` and `state`;
+ *   a `resource` parameter gets `error=invalid_target` (AADSTS9010010);
+ * - token `/{tenant}/oauth2/v2.0/token`: `resource` -> 400 invalid_target
+ *   (AADSTS9010010); a confidential app without client_secret -> 401
+ *   invalid_client (AADSTS7000218); PKCE S256 verified; authorization_code,
+ *   refresh_token and client_credentials grants;
+ * - v2 tokens (iss `{origin}/{tenant}/v2.0`, aud = the client id GUID) or v1
+ *   tokens (iss `https://sts.windows.net/{tenant}/` by default, aud
+ *   `api://{client id}`), with `roles`, `scp`, `tid`, `oid`, `sub`.
+ *
+ * The single app registration is both the MCP client and the exposed API
+ * (the SPEC's setup: `api://<client_id>/mcp_access`).
+ */
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { createHash, randomBytes, randomUUID } from 'node:crypto'
+import { generateKeyPair, exportJWK, SignJWT, type CryptoKey, type JWK } from 'jose'
+
+export interface EntraUser {
+  readonly oid: string
+  readonly name: string
+  readonly preferredUsername: string
+  /** App roles assigned to the user on the app registration. */
+  readonly roles: readonly string[]
+}
+
+export interface EntraEmulatorOptions {
+  /** Tenant id. Default: a random GUID. */
+  tenant?: string
+  /** App registration (application) id. Default: a random GUID. */
+  clientId?: string
+  /** Set for a confidential (web platform) app: then token requests need it. */
+  clientSecret?: string
+  /** Exposed API scopes (short names). Default `['mcp_access']`. */
+  exposedScopes?: readonly string[]
+  /** App roles the app itself holds for client_credentials tokens. Default `['mcp.admin']`. */
+  appRoles?: readonly string[]
+  /** `accessTokenAcceptedVersion` of the app: 2 (default) or 1. */
+  tokenVersion?: 1 | 2
+  /** Issuer of v1 tokens. Default `https://sts.windows.net/{tenant}/`. */
+  v1Issuer?: string
+  /** The user logged in automatically. */
+  user?: Partial<EntraUser>
+  /**
+   * Registered redirect URIs. Loopback `http://127.0.0.1/...`/`http://localhost/...`
+   * entries match any port (Entra's rule for the mobile and desktop platform).
+   * Default: `http://127.0.0.1/callback` and `http://localhost/callback`.
+   */
+  redirectUris?: readonly string[]
+  accessTokenTtlSeconds?: number
+}
+
+export interface RecordedRequest {
+  readonly method: string
+  readonly path: string
+  /** Decoded query (GET) or form (POST) parameters, in order. */
+  readonly params: ReadonlyArray<[string, string]>
+  readonly authorization: string | undefined
+}
+
+export interface EntraEmulator {
+  readonly origin: string
+  readonly tenant: string
+  readonly clientId: string
+  /** `{origin}/{tenant}/v2.0` */
+  readonly issuerV2: string
+  readonly issuerV1: string
+  /** Issuer of the tokens this emulator issues (per `tokenVersion`). */
+  readonly tokenIssuer: string
+  /** Audience of the tokens it issues: the client id (v2) or `api://{client id}` (v1). */
+  readonly tokenAudience: string
+  readonly discoveryUrl: string
+  readonly jwksUrl: string
+  readonly authorizeUrl: string
+  readonly tokenUrl: string
+  /** `api://{clientId}/{scope}` for each exposed scope. */
+  readonly apiScopes: readonly string[]
+  readonly user: EntraUser
+  /** Every request received, in order (tests assert what the gateway forwarded). */
+  readonly requests: RecordedRequest[]
+  /** Requests per path. */
+  count(path: string): number
+  /** When false, discovery and keys answer 503. */
+  setAvailable(available: boolean): void
+  close(): Promise<void>
+}
+
+interface CodeGrant {
+  clientId: string; redirectUri: string; scope: string; challenge?: string; method?: string; nonce?: string; expires: number
+}
+interface RefreshGrant { clientId: string; scope: string }
+
+function isLoopback (u: URL): boolean {
+  return u.protocol === 'http:' && (u.hostname === '127.0.0.1' || u.hostname === 'localhost' || u.hostname === '[::1]')
+}
+
+function redirectAllowed (registered: readonly string[], value: string): boolean {
+  let v: URL
+  try { v = new URL(value) } catch { return false }
+  return registered.some(r => {
+    if (r === value) return true
+    const ru = new URL(r)
+    return isLoopback(ru) && isLoopback(v) && ru.hostname === v.hostname && ru.pathname === v.pathname && ru.search === v.search
+  })
+}
+
+function correlation (): string {
+  return `Trace ID: ${randomUUID()} Correlation ID: ${randomUUID()} Timestamp: ${new Date().toISOString().replace('T', ' ').slice(0, 19)}Z`
+}
+
+export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Promise<EntraEmulator> {
+  const tenant = opts.tenant ?? randomUUID()
+  const clientId = opts.clientId ?? randomUUID()
+  const exposed = opts.exposedScopes ?? ['mcp_access']
+  const tokenVersion = opts.tokenVersion ?? 2
+  const ttl = opts.accessTokenTtlSeconds ?? 3600
+  const user: EntraUser = {
+    oid: opts.user?.oid ?? randomUUID(),
+    name: opts.user?.name ?? 'Ada Admin',
+    preferredUsername: opts.user?.preferredUsername ?? 'ada@contoso.test',
+    roles: opts.user?.roles ?? ['mcp.admin'],
+  }
+  const registered = opts.redirectUris ?? ['http://127.0.0.1/callback', 'http://localhost/callback']
+  const { privateKey, publicKey } = await generateKeyPair('RS256', { extractable: true })
+  const kid = randomBytes(15).toString('base64url')
+  const publicJwk: JWK = { ...await exportJWK(publicKey), kid, use: 'sig', kty: 'RSA' }
+  const codes = new Map<string, CodeGrant>()
+  const refreshTokens = new Map<string, RefreshGrant>()
+  const requests: RecordedRequest[] = []
+  let available = true
+
+  let origin = ''
+  const issuerV2 = (): string => `${origin}/${tenant}/v2.0`
+  const issuerV1 = (): string => opts.v1Issuer ?? `https://sts.windows.net/${tenant}/`
+  const apiPrefix = `api://${clientId}/`
+
+  function discovery (): Record<string, unknown> {
+    const t = `${origin}/${tenant}`
+    return {
+      token_endpoint: `${t}/oauth2/v2.0/token`,
+      token_endpoint_auth_methods_supported: ['client_secret_post', 'private_key_jwt', 'client_secret_basic'],
+      jwks_uri: `${t}/discovery/v2.0/keys`,
+      response_modes_supported: ['query', 'fragment', 'form_post'],
+      subject_types_supported: ['pairwise'],
+      id_token_signing_alg_values_supported: ['RS256'],
+      response_types_supported: ['code', 'id_token', 'code id_token', 'id_token token'],
+      scopes_supported: ['openid', 'profile', 'email', 'offline_access'],
+      issuer: issuerV2(),
+      request_uri_parameter_supported: false,
+      userinfo_endpoint: `${origin}/oidc/userinfo`,
+      authorization_endpoint: `${t}/oauth2/v2.0/authorize`,
+      device_authorization_endpoint: `${t}/oauth2/v2.0/devicecode`,
+      http_logout_supported: true,
+      frontchannel_logout_supported: true,
+      end_session_endpoint: `${t}/oauth2/v2.0/logout`,
+      claims_supported: ['sub', 'iss', 'cloud_instance_name', 'cloud_instance_host_name', 'cloud_graph_host_name', 'msgraph_host', 'aud', 'exp', 'iat', 'auth_time', 'acr', 'nonce', 'preferred_username', 'name', 'tid', 'ver', 'at_hash', 'c_hash', 'email'],
+      kerberos_endpoint: `${t}/kerberos`,
+      tenant_region_scope: 'EU',
+      cloud_instance_name: 'microsoftonline.com',
+      cloud_graph_host_name: 'graph.windows.net',
+      msgraph_host: 'graph.microsoft.com',
+      rbac_url: 'https://pas.windows.net',
+    }
+  }
+
+  function send (res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+    const text = JSON.stringify(body)
+    res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store, no-cache', pragma: 'no-cache', 'content-length': Buffer.byteLength(text), ...headers })
+    res.end(text)
+  }
+
+  function oauthError (res: ServerResponse, status: number, error: string, aadsts: string, headers: Record<string, string> = {}): void {
+    const code = Number(aadsts.slice(6, aadsts.indexOf(':')))
+    send(res, status, {
+      error, error_description: `${aadsts} ${correlation()}`, error_codes: [code], timestamp: new Date().toISOString(),
+      trace_id: randomUUID(), correlation_id: randomUUID(),
+    }, headers)
+  }
+
+  /** Turns requested scopes into the API's short scope names; undefined when a scope is unknown. */
+  function apiScopesOf (scope: string): string[] | undefined {
+    const out: string[] = []
+    for (const s of scope.split(' ').filter(x => x !== '')) {
+      if (['openid', 'profile', 'email', 'offline_access'].includes(s)) continue
+      if (s.startsWith(apiPrefix) && exposed.includes(s.slice(apiPrefix.length))) out.push(s.slice(apiPrefix.length))
+      else if (s === `${apiPrefix}.default`) out.push(...exposed)
+      else return undefined
+    }
+    return out
+  }
+
+  async function accessToken (claims: Record<string, unknown>): Promise<string> {
+    const v1 = tokenVersion === 1
+    return new SignJWT({
+      ...claims,
+      tid: tenant,
+      ver: v1 ? '1.0' : '2.0',
+      ...(v1 ? { appid: clientId } : { azp: clientId }),
+    })
+      .setProtectedHeader({ alg: 'RS256', typ: 'JWT', kid })
+      .setIssuer(v1 ? issuerV1() : issuerV2())
+      .setAudience(v1 ? `api://${clientId}` : clientId)
+      .setIssuedAt()
+      .setNotBefore(Math.floor(Date.now() / 1000) - 5)
+      .setExpirationTime(`${ttl}s`)
+      .sign(privateKey as CryptoKey)
+  }
+
+  async function userTokens (grant: { scope: string; nonce?: string }): Promise<Record<string, unknown>> {
+    const scopes = grant.scope.split(' ').filter(s => s !== '')
+    const scp = apiScopesOf(grant.scope) ?? []
+    const out: Record<string, unknown> = {
+      token_type: 'Bearer',
+      scope: scopes.filter(s => s !== 'offline_access' && s !== 'openid' && s !== 'profile' && s !== 'email').join(' '),
+      expires_in: ttl,
+      ext_expires_in: ttl,
+      access_token: await accessToken({
+        sub: createHash('sha256').update(user.oid + clientId).digest('base64url').slice(0, 43),
+        oid: user.oid,
+        name: user.name,
+        ...(tokenVersion === 1 ? { upn: user.preferredUsername } : { preferred_username: user.preferredUsername }),
+        scp: scp.join(' '),
+        roles: [...user.roles],
+      }),
+    }
+    if (scopes.includes('offline_access')) {
+      const rt = randomBytes(48).toString('base64url')
+      refreshTokens.set(rt, { clientId, scope: grant.scope })
+      out.refresh_token = rt
+    }
+    if (scopes.includes('openid')) {
+      out.id_token = await new SignJWT({ oid: user.oid, tid: tenant, name: user.name, preferred_username: user.preferredUsername, ver: '2.0', ...(grant.nonce !== undefined ? { nonce: grant.nonce } : {}) })
+        .setProtectedHeader({ alg: 'RS256', typ: 'JWT', kid })
+        .setIssuer(issuerV2()).setAudience(clientId).setSubject(user.oid).setIssuedAt().setExpirationTime('1h')
+        .sign(privateKey as CryptoKey)
+    }
+    return out
+  }
+
+  function authorize (res: ServerResponse, q: URLSearchParams): void {
+    const cid = q.get('client_id')
+    const redirectUri = q.get('redirect_uri')
+    if (cid !== clientId) {
+      oauthError(res, 400, 'unauthorized_client', `AADSTS700016: Application with identifier '${cid ?? ''}' was not found in the directory.`)
+      return
+    }
+    if (redirectUri === null || !redirectAllowed(registered, redirectUri)) {
+      oauthError(res, 400, 'invalid_request', `AADSTS50011: The redirect URI '${redirectUri ?? ''}' specified in the request does not match the redirect URIs configured for the application '${clientId}'.`)
+      return
+    }
+    const back = new URL(redirectUri)
+    const state = q.get('state')
+    const fail = (error: string, description: string): void => {
+      back.searchParams.set('error', error)
+      back.searchParams.set('error_description', `${description}\r\n${correlation()}`)
+      if (state !== null) back.searchParams.set('state', state)
+      res.writeHead(302, { location: back.href }).end()
+    }
+    if (q.has('resource')) {
+      fail('invalid_target', 'AADSTS9010010: The resource parameter provided in the request doesn\'t match with the requested scopes.')
+      return
+    }
+    if (q.get('response_type') !== 'code') { fail('unsupported_response_type', 'AADSTS700054: response_type \'code\' is required.'); return }
+    const scope = q.get('scope') ?? ''
+    if (apiScopesOf(scope) === undefined) { fail('invalid_scope', `AADSTS70011: The provided value for the input parameter 'scope' is not valid. The scope '${scope}' does not exist.`); return }
+    const challenge = q.get('code_challenge') ?? undefined
+    const method = q.get('code_challenge_method') ?? (challenge !== undefined ? 'plain' : undefined)
+    if (challenge !== undefined && method !== 'S256' && method !== 'plain') { fail('invalid_request', 'AADSTS501491: Invalid code_challenge_method.'); return }
+    const code = randomBytes(64).toString('base64url')
+    codes.set(code, { clientId, redirectUri, scope, challenge, method, nonce: q.get('nonce') ?? undefined, expires: Date.now() + 600_000 })
+    back.searchParams.set('code', code)
+    if (state !== null) back.searchParams.set('state', state)
+    back.searchParams.set('session_state', randomUUID())
+    res.writeHead(302, { location: back.href }).end()
+  }
+
+  async function token (req: IncomingMessage, res: ServerResponse, form: URLSearchParams): Promise<void> {
+    if (form.has('resource')) {
+      oauthError(res, 400, 'invalid_target', 'AADSTS9010010: The resource parameter provided in the request doesn\'t match with the requested scopes.')
+      return
+    }
+    let cid = form.get('client_id')
+    let secret = form.get('client_secret')
+    const basic = /^basic\s+(.+)$/i.exec(req.headers.authorization ?? '')
+    if (basic !== null) {
+      const [u, p] = Buffer.from(basic[1]!, 'base64').toString('utf8').split(':')
+      cid = decodeURIComponent(u ?? '')
+      secret = decodeURIComponent(p ?? '')
+    }
+    if (cid !== clientId) {
+      oauthError(res, 400, 'unauthorized_client', `AADSTS700016: Application with identifier '${cid ?? ''}' was not found in the directory.`)
+      return
+    }
+    const grantType = form.get('grant_type')
+    if (opts.clientSecret !== undefined || grantType === 'client_credentials') {
+      if (secret === null) {
+        oauthError(res, 401, 'invalid_client', 'AADSTS7000218: The request body must contain the following parameter: \'client_assertion\' or \'client_secret\'.')
+        return
+      }
+      if (secret !== opts.clientSecret) {
+        oauthError(res, 401, 'invalid_client', `AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in the request is the client secret value, not the client secret ID, for a secret added to app '${clientId}'.`)
+        return
+      }
+    }
+    if (grantType === 'authorization_code') {
+      const code = form.get('code') ?? ''
+      const grant = codes.get(code)
+      codes.delete(code)
+      if (grant === undefined || grant.expires < Date.now()) {
+        oauthError(res, 400, 'invalid_grant', 'AADSTS70008: The provided authorization code or refresh token has expired due to inactivity.')
+        return
+      }
+      if (form.get('redirect_uri') !== grant.redirectUri) {
+        oauthError(res, 400, 'invalid_grant', 'AADSTS50148: The redirect_uri does not match the redirect_uri used to obtain the authorization code.')
+        return
+      }
+      if (grant.challenge !== undefined) {
+        const verifier = form.get('code_verifier')
+        const computed = verifier === null ? undefined : grant.method === 'S256' ? createHash('sha256').update(verifier).digest('base64url') : verifier
+        if (computed !== grant.challenge) {
+          oauthError(res, 400, 'invalid_grant', 'AADSTS501481: The Code_Verifier does not match the code_challenge supplied in the authorization request.')
+          return
+        }
+      }
+      const requested = form.get('scope')
+      send(res, 200, await userTokens({ scope: requested ?? grant.scope, nonce: grant.nonce }))
+      return
+    }
+    if (grantType === 'refresh_token') {
+      const grant = refreshTokens.get(form.get('refresh_token') ?? '')
+      if (grant === undefined) {
+        oauthError(res, 400, 'invalid_grant', 'AADSTS9002313: Invalid request. Request is malformed or invalid.')
+        return
+      }
+      const scope = form.get('scope') ?? grant.scope
+      if (apiScopesOf(scope) === undefined) {
+        oauthError(res, 400, 'invalid_scope', `AADSTS70011: The provided value for the input parameter 'scope' is not valid. The scope '${scope}' does not exist.`)
+        return
+      }
+      send(res, 200, await userTokens({ scope }))
+      return
+    }
+    if (grantType === 'client_credentials') {
+      const scope = form.get('scope') ?? ''
+      if (scope !== `${apiPrefix}.default`) {
+        oauthError(res, 400, 'invalid_scope', `AADSTS1002012: The provided value for scope ${scope} is not valid. Client credential flows must have a scope value with /.default suffixed to the resource identifier (application ID URI).`)
+        return
+      }
+      send(res, 200, {
+        token_type: 'Bearer', expires_in: ttl, ext_expires_in: ttl,
+        access_token: await accessToken({ sub: clientId, oid: randomUUID(), roles: [...(opts.appRoles ?? ['mcp.admin'])], idtyp: 'app' }),
+      })
+      return
+    }
+    oauthError(res, 400, 'unsupported_grant_type', `AADSTS70003: The app requested an unsupported grant type '${grantType ?? ''}'.`)
+  }
+
+  async function handle (req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = new URL(req.url ?? '/', 'http://emulator')
+    const chunks: Buffer[] = []
+    for await (const c of req) chunks.push(c as Buffer)
+    const body = Buffer.concat(chunks).toString('utf8')
+    const params = req.method === 'POST' ? new URLSearchParams(body) : url.searchParams
+    requests.push({ method: req.method ?? 'GET', path: url.pathname, params: [...params], authorization: req.headers.authorization })
+    const t = `/${tenant}`
+    switch (url.pathname) {
+      case `${t}/v2.0/.well-known/openid-configuration`:
+        if (!available) { send(res, 503, { error: 'temporarily_unavailable' }); return }
+        send(res, 200, discovery(), { 'cache-control': 'max-age=86400, private' })
+        return
+      case `${t}/discovery/v2.0/keys`:
+        if (!available) { send(res, 503, { error: 'temporarily_unavailable' }); return }
+        send(res, 200, { keys: [publicJwk] }, { 'cache-control': 'max-age=86400, private' })
+        return
+      case `${t}/oauth2/v2.0/authorize`:
+        if (req.method !== 'GET') { res.writeHead(405).end(); return }
+        authorize(res, url.searchParams)
+        return
+      case `${t}/oauth2/v2.0/token`:
+        if (req.method !== 'POST') { oauthError(res, 405, 'invalid_request', 'AADSTS900561: The endpoint only accepts POST requests.'); return }
+        if (!(req.headers['content-type'] ?? '').startsWith('application/x-www-form-urlencoded')) {
+          oauthError(res, 400, 'invalid_request', 'AADSTS900144: The request body must contain the following parameter: \'grant_type\'.')
+          return
+        }
+        await token(req, res, new URLSearchParams(body))
+        return
+      default:
+        // Entra serves no RFC 8414 document (and nothing else here).
+        send(res, 404, { error: 'not_found' })
+    }
+  }
+
+  const server = createServer((req, res) => {
+    handle(req, res).catch(err => { if (!res.headersSent) send(res, 500, { error: 'server_error', error_description: String(err) }) })
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+
+  return {
+    origin,
+    tenant,
+    clientId,
+    issuerV2: issuerV2(),
+    issuerV1: issuerV1(),
+    tokenIssuer: tokenVersion === 1 ? issuerV1() : issuerV2(),
+    tokenAudience: tokenVersion === 1 ? `api://${clientId}` : clientId,
+    discoveryUrl: `${origin}/${tenant}/v2.0/.well-known/openid-configuration`,
+    jwksUrl: `${origin}/${tenant}/discovery/v2.0/keys`,
+    authorizeUrl: `${origin}/${tenant}/oauth2/v2.0/authorize`,
+    tokenUrl: `${origin}/${tenant}/oauth2/v2.0/token`,
+    apiScopes: exposed.map(s => `${apiPrefix}${s}`),
+    user,
+    requests,
+    count (path: string) { return requests.filter(r => r.path === path).length },
+    setAvailable (v: boolean) { available = v },
+    close () {
+      return new Promise<void>(resolve => {
+        server.close(() => resolve())
+        server.closeAllConnections()
+      })
+    },
+  }
+}
