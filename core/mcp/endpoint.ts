@@ -1,0 +1,277 @@
+/**
+ * The /mcp terminal handler: HTTP rules of the streamable-HTTP transport
+ * (Accept, Content-Type, Mcp-Session-Id, MCP-Protocol-Version, batches),
+ * the session registry with its caps and idle expiry, and the era dispatch
+ * (session era now; the stateless 2026-07-28 era is a later issue and gets a
+ * clear 400 here until then).
+ */
+import { randomBytes } from 'node:crypto'
+import type { Logger } from 'pino'
+import type { RequestContext } from '../context.ts'
+import type { Plugin } from '../plugin.ts'
+import type { McpEndpoint } from '../server.ts'
+import type { GatewayConfig } from '../config.ts'
+import type { Metrics } from '../metrics.ts'
+import type { JsonRpcMessage, UpstreamFactory } from '../targets/types.ts'
+import { ProxyError, RPC } from '../errors.ts'
+import { SseStream, SSE_HEADERS } from './sse.ts'
+import { Session, type SessionEnv } from './session.ts'
+import { allowsBatch, eraOf, isSessionRevision, negotiateRevision, MODERN_REVISION } from './revision.ts'
+
+export interface McpEndpointOptions {
+  /** One factory per configured target, in config order. */
+  readonly targets: readonly UpstreamFactory[]
+  /** The pipeline's plugins; those with `allowMcpOperation` filter lists and refuse calls. */
+  readonly plugins: readonly Plugin[]
+  readonly config: Pick<GatewayConfig['mcp'], 'session' | 'failClosed'>
+  readonly log: Logger
+  readonly metrics: Metrics
+  /** When set (one HTTP target), session-era traffic is handed to it unchanged. */
+  readonly passthrough?: McpEndpoint
+}
+
+/** What the admin UI shows about one session. Never the whole id. */
+export interface SessionSummary {
+  /** First 8 characters of the session id. */
+  readonly id: string
+  readonly subject: string | undefined
+  readonly targets: readonly string[]
+  readonly protocolVersion: string
+  readonly createdAt: number
+  readonly lastActivityAt: number
+  readonly pids: readonly number[]
+  readonly getStream: boolean
+  readonly inFlight: number
+}
+
+export interface TargetSummary {
+  readonly name: string
+  readonly kind: 'stdio' | 'http'
+  /** Sessions with a running upstream of this target. */
+  readonly sessions: number
+}
+
+export interface GatewayMcpEndpoint extends McpEndpoint {
+  sessions(): SessionSummary[]
+  /** Ends the session whose id or unique 8+ character prefix is given. */
+  endSession(idOrPrefix: string): boolean
+  /** Stops accepting new sessions (initialize gets 503); existing ones keep working. */
+  drain(): void
+  describeTargets(): TargetSummary[]
+}
+
+const ANONYMOUS = '\u0000anonymous'
+const RETRY_AFTER_SECONDS = '10'
+const KEEPALIVE_MS = 15_000
+
+function sessionNotFound (): ProxyError {
+  return new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: RPC.REQUEST_TIMEOUT })
+}
+
+function badRequest (code: 'MCPP_ERR_INVALID_REQUEST' | 'MCPP_ERR_SESSION_REQUIRED' | 'MCPP_ERR_PROTOCOL_VERSION', message: string): ProxyError {
+  return new ProxyError(code, 400, message, { rpcCode: RPC.INVALID_REQUEST })
+}
+
+function header (ctx: RequestContext, name: string): string | undefined {
+  const v = ctx.req.headers[name]
+  return Array.isArray(v) ? v[0] : v
+}
+
+export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint {
+  const { config, log } = opts
+  const sessions = new Map<string, Session>()
+  const perSubject = new Map<string, number>()
+  const idleMs = config.session.idleTimeoutSeconds * 1000
+  let draining = false
+  let closed = false
+
+  const sessionGauge = opts.metrics.gauge('mcp_proxy_sessions', 'Open MCP sessions')
+  sessionGauge.collect = () => [[undefined, sessions.size]]
+  const sessionsEnded = opts.metrics.counter('mcp_proxy_sessions_ended_total', 'Ended MCP sessions by reason')
+
+  const env: SessionEnv = {
+    log,
+    requestTimeoutMs: config.session.requestTimeoutSeconds * 1000,
+    failClosed: config.failClosed,
+    checkers: opts.plugins.filter(p => typeof p.allowMcpOperation === 'function'),
+    onEnd (session, reason) {
+      if (sessions.get(session.id) !== session) return
+      sessions.delete(session.id)
+      const n = (perSubject.get(session.subjectKey) ?? 1) - 1
+      if (n <= 0) perSubject.delete(session.subjectKey)
+      else perSubject.set(session.subjectKey, n)
+      sessionsEnded.inc({ reason: reason.startsWith('upstream') ? 'upstream' : reason })
+    },
+  }
+
+  const sweeper = setInterval(function sweepIdleSessions () {
+    const now = Date.now()
+    for (const s of sessions.values()) {
+      // A busy session (request in flight, or GET stream open) is active by definition.
+      if (s.busy) s.lastActivityAt = now
+      else if (now - s.lastActivityAt >= idleMs) void s.end('idle')
+    }
+  }, Math.min(Math.max(Math.floor(idleMs / 4), 100), 30_000))
+  sweeper.unref()
+  const keepAlive = setInterval(function keepStreamsAlive () {
+    for (const s of sessions.values()) s.keepAlive()
+  }, KEEPALIVE_MS)
+  keepAlive.unref()
+
+  function subjectKeyOf (ctx: RequestContext): string {
+    return ctx.auth?.subject ?? ANONYMOUS
+  }
+
+  /** The caller's session, or 400/404. Another subject's session is "not found". */
+  function lookup (ctx: RequestContext): Session {
+    const sid = header(ctx, 'mcp-session-id')
+    if (sid === undefined || sid === '') throw badRequest('MCPP_ERR_SESSION_REQUIRED', 'Bad Request: Mcp-Session-Id header is required')
+    const s = sessions.get(sid)
+    if (s === undefined || s.ended || s.subjectKey !== subjectKeyOf(ctx)) throw sessionNotFound()
+    const v = header(ctx, 'mcp-protocol-version')
+    if (v !== undefined && !isSessionRevision(v)) throw badRequest('MCPP_ERR_PROTOCOL_VERSION', `Bad Request: unsupported MCP-Protocol-Version: ${v}`)
+    ctx.state.set('sessionId', sid)
+    return s
+  }
+
+  function modern (): never {
+    throw badRequest('MCPP_ERR_PROTOCOL_VERSION', `Bad Request: protocol revision ${MODERN_REVISION} is not supported yet; initialize with 2025-11-25`)
+  }
+
+  async function post (ctx: RequestContext): Promise<void> {
+    const accept = header(ctx, 'accept') ?? ''
+    if (!accept.includes('application/json') || !accept.includes('text/event-stream')) {
+      throw new ProxyError('MCPP_ERR_NOT_ACCEPTABLE', 406, 'Not Acceptable: Accept must list application/json and text/event-stream', { rpcCode: RPC.INVALID_REQUEST })
+    }
+    const ct = header(ctx, 'content-type') ?? ''
+    if (!ct.toLowerCase().startsWith('application/json')) {
+      throw new ProxyError('MCPP_ERR_UNSUPPORTED_MEDIA_TYPE', 415, 'Unsupported Media Type: Content-Type must be application/json', { rpcCode: RPC.INVALID_REQUEST })
+    }
+    const { body } = await ctx.readMcpMessage()
+    if (eraOf(ctx, body) === 'modern') modern()
+    if (Array.isArray(body)) {
+      const list = body as JsonRpcMessage[]
+      if (list.some(m => m.method === 'initialize')) throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must not be part of a batch')
+      const session = lookup(ctx)
+      if (!allowsBatch(session.version)) throw badRequest('MCPP_ERR_INVALID_REQUEST', `Invalid Request: JSON-RPC batches are not supported in protocol revision ${session.version}`)
+      await session.receive(ctx, list)
+      return
+    }
+    const msg = body as JsonRpcMessage
+    if (msg.method === 'initialize') {
+      if (header(ctx, 'mcp-session-id') !== undefined) throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must not carry an Mcp-Session-Id')
+      if (msg.id === undefined || msg.id === null) throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must be a request')
+      await initialize(ctx, msg)
+      return
+    }
+    await lookup(ctx).receive(ctx, msg)
+  }
+
+  async function initialize (ctx: RequestContext, msg: JsonRpcMessage): Promise<void> {
+    const retry = { 'retry-after': RETRY_AFTER_SECONDS }
+    if (draining || closed) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', { rpcCode: RPC.SERVER_ERROR, headers: retry, expose: true })
+    if (sessions.size >= config.session.maxSessions) {
+      throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: session limit reached', { rpcCode: RPC.SERVER_ERROR, headers: retry, expose: true })
+    }
+    const subjectKey = subjectKeyOf(ctx)
+    const mine = perSubject.get(subjectKey) ?? 0
+    if (mine >= config.session.maxSessionsPerSubject) {
+      throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 429, 'Too Many Requests: session limit for this subject reached', { rpcCode: RPC.SERVER_ERROR, headers: retry })
+    }
+    const params = (msg.params ?? {}) as Record<string, unknown>
+    const id = randomBytes(24).toString('base64url')
+    const session = new Session({
+      id, subject: ctx.auth?.subject, subjectKey, version: negotiateRevision(params.protocolVersion), factories: opts.targets, env,
+    })
+    // Registered before the upstream handshake so concurrent initializes count against the caps.
+    sessions.set(id, session)
+    perSubject.set(subjectKey, mine + 1)
+    ctx.state.set('sessionId', id)
+    const result = await session.start(params)
+    if (session.ended) throw new ProxyError('MCPP_ERR_UPSTREAM', 502, 'upstream closed during initialize', { rpcCode: RPC.SERVER_ERROR, expose: true })
+    ctx.log.debug({ session: id.slice(0, 8), protocolVersion: session.version }, 'session started')
+    await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': id })
+    new SseStream(ctx.res).end({ jsonrpc: '2.0', id: msg.id, result })
+  }
+
+  async function get (ctx: RequestContext): Promise<void> {
+    const accept = header(ctx, 'accept') ?? ''
+    if (!accept.includes('text/event-stream')) {
+      throw new ProxyError('MCPP_ERR_NOT_ACCEPTABLE', 406, 'Not Acceptable: Accept must list text/event-stream', { rpcCode: RPC.INVALID_REQUEST })
+    }
+    if (eraOf(ctx) === 'modern') modern()
+    const session = lookup(ctx)
+    if (session.hasGetStream) {
+      throw new ProxyError('MCPP_ERR_STREAM_CONFLICT', 409, 'Conflict: this session already has an open GET stream', { rpcCode: RPC.INVALID_REQUEST })
+    }
+    await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': session.id })
+    ctx.res.flushHeaders()
+    session.attachGetStream(new SseStream(ctx.res))
+  }
+
+  async function del (ctx: RequestContext): Promise<void> {
+    if (eraOf(ctx) === 'modern') modern()
+    const session = lookup(ctx)
+    await session.end('deleted')
+    await ctx.writeHead(200, { 'content-length': 0 })
+    ctx.res.end()
+  }
+
+  return {
+    async handle (ctx: RequestContext): Promise<void> {
+      if (opts.passthrough !== undefined && eraOf(ctx) === 'session') return opts.passthrough.handle(ctx)
+      switch (ctx.method) {
+        case 'POST': return post(ctx)
+        case 'GET': return get(ctx)
+        case 'DELETE': return del(ctx)
+        default:
+          throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed`, { headers: { allow: 'GET, POST, DELETE' }, rpcCode: RPC.INVALID_REQUEST })
+      }
+    },
+
+    async close (): Promise<void> {
+      closed = true
+      clearInterval(sweeper)
+      clearInterval(keepAlive)
+      await Promise.allSettled([...sessions.values()].map(s => s.end('gateway closing')))
+      await opts.passthrough?.close()
+    },
+
+    sessions (): SessionSummary[] {
+      return [...sessions.values()].map(s => ({
+        id: s.id.slice(0, 8),
+        subject: s.subject,
+        targets: s.links.filter(l => l.up).map(l => l.target),
+        protocolVersion: s.version,
+        createdAt: s.createdAt,
+        lastActivityAt: s.lastActivityAt,
+        pids: s.links.flatMap(l => l.upstream.pid === undefined || !l.up ? [] : [l.upstream.pid]),
+        getStream: s.hasGetStream,
+        inFlight: s.inFlight,
+      }))
+    },
+
+    endSession (idOrPrefix: string): boolean {
+      let found = sessions.get(idOrPrefix)
+      if (found === undefined && idOrPrefix.length >= 8) {
+        const matches = [...sessions.values()].filter(s => s.id.startsWith(idOrPrefix))
+        if (matches.length === 1) found = matches[0]
+      }
+      if (found === undefined) return false
+      void found.end('ended by admin')
+      return true
+    },
+
+    drain (): void {
+      draining = true
+    },
+
+    describeTargets (): TargetSummary[] {
+      return opts.targets.map(f => ({
+        name: f.target,
+        kind: f.kind,
+        sessions: [...sessions.values()].filter(s => s.links.some(l => l.target === f.target && l.up)).length,
+      }))
+    },
+  }
+}

@@ -1,0 +1,53 @@
+/**
+ * MCP protocol revisions and the one place that decides, per request, which
+ * era serves it: the session era (initialize + Mcp-Session-Id, revisions
+ * 2024-11-05 .. 2025-11-25) or the modern stateless era (2026-07-28: no
+ * initialize, protocol version in every request's `_meta` and in the
+ * `MCP-Protocol-Version` header). Everything else in core/mcp/ asks this file.
+ */
+import type { RequestContext } from '../context.ts'
+
+/** Session-era revisions we serve, newest first. */
+export const SESSION_REVISIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'] as const
+export type SessionRevision = typeof SESSION_REVISIONS[number]
+export const LATEST_SESSION_REVISION: SessionRevision = '2025-11-25'
+/** The stateless revision (served by a later issue). */
+export const MODERN_REVISION = '2026-07-28'
+/** Revision assumed when a session-era request carries no MCP-Protocol-Version (MCP 2025-06-18, transports). */
+export const DEFAULT_HEADER_REVISION: SessionRevision = '2025-03-26'
+
+const SESSION_SET: ReadonlySet<string> = new Set(SESSION_REVISIONS)
+const META_VERSION_KEY = 'io.modelcontextprotocol/protocolVersion'
+
+export function isSessionRevision (v: unknown): v is SessionRevision {
+  return typeof v === 'string' && SESSION_SET.has(v)
+}
+
+/** The lifecycle rule: the client's revision when we support it, else our latest. */
+export function negotiateRevision (requested: unknown): SessionRevision {
+  return isSessionRevision(requested) ? requested : LATEST_SESSION_REVISION
+}
+
+/** JSON-RPC batches exist only in 2025-03-26 (added there, removed in 2025-06-18). */
+export function allowsBatch (rev: SessionRevision): boolean {
+  return rev === '2025-03-26'
+}
+
+export type Era = 'session' | 'modern'
+
+/**
+ * Decides the era of one request. Uses the header when present, else (POST)
+ * the `_meta` protocol version of the body's first message. A body whose
+ * method is `initialize` is always session era.
+ */
+export function eraOf (ctx: RequestContext, body?: unknown): Era {
+  const header = ctx.req.headers['mcp-protocol-version']
+  if (header === MODERN_REVISION) return 'modern'
+  if (body !== undefined && !Array.isArray(body) && body !== null && typeof body === 'object') {
+    const m = body as { method?: unknown; params?: { _meta?: Record<string, unknown> } }
+    if (m.method === 'initialize') return 'session'
+    if (m.params?._meta?.[META_VERSION_KEY] === MODERN_REVISION) return 'modern'
+    if (m.method === 'server/discover' && header === undefined && ctx.req.headers['mcp-session-id'] === undefined) return 'modern'
+  }
+  return 'session'
+}

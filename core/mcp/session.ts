@@ -1,0 +1,630 @@
+/**
+ * One MCP session of the session era: its upstreams (one per target), the
+ * JSON-RPC id mapping both ways, the client's SSE streams (one per POST with
+ * requests, plus the standalone GET stream) and the routing of upstream
+ * messages onto them. Knows nothing of HTTP status codes; core/mcp/endpoint.ts
+ * does the HTTP side.
+ */
+import type { Logger } from 'pino'
+import type { RequestContext } from '../context.ts'
+import type { Plugin, McpOperation } from '../plugin.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
+import { ProxyError, RPC } from '../errors.ts'
+import { SseStream } from './sse.ts'
+import { isSessionRevision, type SessionRevision } from './revision.ts'
+import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities } from './naming.ts'
+
+export const GATEWAY_INFO = { name: 'mcp-proxy', version: '0.1.0' } as const
+
+/** What a session needs from its endpoint. */
+export interface SessionEnv {
+  readonly log: Logger
+  readonly requestTimeoutMs: number
+  readonly failClosed: boolean
+  /** Plugins that have `allowMcpOperation`; empty means no filtering. */
+  readonly checkers: readonly Plugin[]
+  /** Called once when the session ends, for any reason. */
+  readonly onEnd: (session: Session, reason: string) => void
+}
+
+type RpcError = { code: number; message: string; data?: unknown }
+
+/** One upstream request in flight; `done` gets its response (or a synthesized error). */
+interface UpstreamCall {
+  readonly link: Link
+  readonly id: number
+  readonly done: (msg: JsonRpcMessage) => void
+  timer: NodeJS.Timeout | undefined
+}
+
+/** One target's upstream within this session. */
+interface Link {
+  readonly target: string
+  readonly upstream: Upstream
+  seq: number
+  up: boolean
+  readonly pending: Map<number, UpstreamCall>
+  /** Client requests currently forwarded to this link, oldest first. */
+  readonly active: Set<Inflight>
+  initResult: Record<string, unknown> | undefined
+}
+
+/** One client request awaiting its answer. */
+interface Inflight {
+  readonly clientId: JsonRpcId
+  readonly exchange: Exchange
+  readonly progressToken: unknown
+  readonly calls: UpstreamCall[]
+  link: Link | undefined
+  finished: boolean
+}
+
+/** One POST carrying requests: its SSE stream stays open until each request is answered. */
+interface Exchange {
+  readonly ctx: RequestContext
+  readonly stream: SseStream
+  open: number
+}
+
+const BACKLOG_MAX = 256
+const LIST_KEYS: Record<string, 'tools' | 'prompts' | 'resources' | 'resourceTemplates'> = {
+  'tools/list': 'tools',
+  'prompts/list': 'prompts',
+  'resources/list': 'resources',
+  'resources/templates/list': 'resourceTemplates',
+}
+
+function rpcError (code: number, message: string): JsonRpcMessage {
+  return { jsonrpc: '2.0', error: { code, message } }
+}
+
+function isResponse (m: JsonRpcMessage): boolean {
+  return m.method === undefined
+}
+
+export class Session {
+  readonly id: string
+  readonly subject: string | undefined
+  readonly subjectKey: string
+  readonly createdAt = Date.now()
+  lastActivityAt = Date.now()
+  version: SessionRevision
+  readonly links: Link[]
+  /** More than one target configured: names and URIs are rewritten. */
+  readonly multi: boolean
+  ended = false
+  readonly #env: SessionEnv
+  readonly #log: Logger
+  /** Client request id -> request, for notifications/cancelled from the client. */
+  readonly #inflight = new Map<JsonRpcId, Inflight>()
+  readonly #progress = new Map<unknown, Inflight>()
+  /** Client-facing id of a server->client request -> where it came from. */
+  readonly #serverRequests = new Map<number, { link: Link; id: JsonRpcId }>()
+  #serverSeq = 0
+  readonly #exchanges = new Set<Exchange>()
+  #getStream: SseStream | undefined
+  #backlog: JsonRpcMessage[] = []
+  readonly #byTarget = new Map<string, Link>()
+
+  constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly UpstreamFactory[]; env: SessionEnv }) {
+    this.id = opts.id
+    this.subject = opts.subject
+    this.subjectKey = opts.subjectKey
+    this.version = opts.version
+    this.#env = opts.env
+    this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
+    this.multi = opts.factories.length > 1
+    this.links = opts.factories.map(f => {
+      const link: Link = { target: f.target, upstream: f.create(), seq: 0, up: false, pending: new Map(), active: new Set(), initResult: undefined }
+      link.upstream.onMessage = (msg) => this.#fromUpstream(link, msg)
+      link.upstream.onClose = (err) => this.#upstreamClosed(link, err)
+      this.#byTarget.set(f.target, link)
+      return link
+    })
+  }
+
+  get hasGetStream (): boolean { return this.#getStream?.open === true }
+  get inFlight (): number { return this.#inflight.size }
+  get busy (): boolean { return this.#inflight.size > 0 || this.hasGetStream }
+
+  /**
+   * Starts every upstream and runs the initialize handshake with each.
+   * Returns the initialize result for the client. Throws a ProxyError (502)
+   * when no target (or, fail-closed, any target) could be initialized.
+   */
+  async start (params: Record<string, unknown>): Promise<Record<string, unknown>> {
+    const upParams = { ...params, protocolVersion: this.version }
+    const results = await Promise.allSettled(this.links.map(async link => {
+      await link.upstream.start()
+      const res = await this.#request(link, 'initialize', upParams, undefined)
+      if (res.error !== undefined) throw new Error(res.error.message)
+      link.initResult = res.result as Record<string, unknown>
+      link.up = true
+    }))
+    const failed = results.flatMap((r, i) => r.status === 'rejected' ? [[this.links[i]!.target, (r.reason as Error).message] as const] : [])
+    for (const [target, message] of failed) this.#log.warn({ target, err: message }, 'upstream failed to initialize')
+    if (failed.length === this.links.length || (failed.length > 0 && this.#env.failClosed)) {
+      await this.end('initialize failed')
+      throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${failed.map(f => f[0]).join(', ')} failed to start`, { rpcCode: RPC.SERVER_ERROR, expose: true })
+    }
+    if (!this.multi) {
+      const r = this.links[0]!.initResult!
+      if (isSessionRevision(r.protocolVersion)) this.version = r.protocolVersion
+      return { ...r, protocolVersion: this.version }
+    }
+    const live = this.links.filter(l => l.up)
+    const instructions = live.flatMap(l => typeof l.initResult!.instructions === 'string' ? [`[${l.target}] ${l.initResult!.instructions}`] : [])
+    const result: Record<string, unknown> = {
+      protocolVersion: this.version,
+      capabilities: mergeCapabilities(live.map(l => (l.initResult!.capabilities ?? {}) as Record<string, unknown>)),
+      serverInfo: GATEWAY_INFO,
+    }
+    if (instructions.length > 0) result.instructions = instructions.join('\n\n')
+    return result
+  }
+
+  /**
+   * Handles the messages of one POST. Without requests: forwards and answers
+   * 202. With requests: answers 200 with an SSE stream that ends after the
+   * last result.
+   */
+  async receive (ctx: RequestContext, body: JsonRpcMessage | JsonRpcMessage[]): Promise<void> {
+    this.lastActivityAt = Date.now()
+    const list = Array.isArray(body) ? body : undefined
+    const single = Array.isArray(body) ? undefined : body
+    let requests = 0
+    if (single !== undefined) {
+      if (single.method !== undefined && single.id !== undefined) requests = 1
+      else this.#clientNotice(single)
+    } else {
+      for (const m of list!) {
+        if (m.method !== undefined && m.id !== undefined) requests++
+        else this.#clientNotice(m)
+      }
+    }
+    if (requests === 0) {
+      await ctx.writeHead(202, { 'content-length': 0 })
+      ctx.res.end()
+      return
+    }
+    await ctx.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'mcp-session-id': this.id })
+    const exchange: Exchange = { ctx, stream: new SseStream(ctx.res), open: requests }
+    this.#exchanges.add(exchange)
+    exchange.stream.onClose(() => this.#exchangeClosed(exchange))
+    if (single !== undefined) this.#clientRequest(exchange, single)
+    else for (const m of list!) if (m.method !== undefined && m.id !== undefined) this.#clientRequest(exchange, m)
+  }
+
+  /** Attaches the standalone GET stream; false when one is already open. */
+  attachGetStream (stream: SseStream): boolean {
+    if (this.#getStream?.open === true) return false
+    this.#getStream = stream
+    this.lastActivityAt = Date.now()
+    stream.onClose(() => {
+      if (this.#getStream === stream) this.#getStream = undefined
+      this.lastActivityAt = Date.now()
+    })
+    const backlog = this.#backlog
+    this.#backlog = []
+    for (const m of backlog) stream.send(m)
+    return true
+  }
+
+  keepAlive (): void {
+    this.#getStream?.keepAlive()
+  }
+
+  /** Ends the session: pending requests get an error, streams end, upstreams close (children die). */
+  async end (reason: string): Promise<void> {
+    if (this.ended) return
+    this.ended = true
+    this.#log.info({ reason }, 'session ended')
+    for (const link of this.links) this.#failPending(link, `session ended: ${reason}`)
+    this.#getStream?.end()
+    for (const ex of this.#exchanges) ex.stream.end()
+    this.#exchanges.clear()
+    this.#env.onEnd(this, reason)
+    await Promise.allSettled(this.links.map(l => { l.up = false; return l.upstream.close() }))
+  }
+
+  // ---- client -> upstream ------------------------------------------------
+
+  #clientNotice (msg: JsonRpcMessage): void {
+    if (isResponse(msg)) {
+      const entry = typeof msg.id === 'number' ? this.#serverRequests.get(msg.id) : undefined
+      if (entry === undefined) {
+        this.#log.debug({ id: msg.id }, 'client answered an unknown server request')
+        return
+      }
+      this.#serverRequests.delete(msg.id as number)
+      msg.id = entry.id
+      if (entry.link.up) entry.link.upstream.send(msg)
+      return
+    }
+    if (msg.method === 'notifications/cancelled') {
+      const reqId = msg.params?.requestId as JsonRpcId | undefined
+      const inflight = reqId === undefined ? undefined : this.#inflight.get(reqId)
+      if (inflight !== undefined) this.#abandon(inflight, true)
+      return
+    }
+    for (const link of this.links) if (link.up) link.upstream.send(msg)
+  }
+
+  #clientRequest (exchange: Exchange, msg: JsonRpcMessage): void {
+    const meta = msg.params?._meta as Record<string, unknown> | undefined
+    const inflight: Inflight = {
+      clientId: msg.id as JsonRpcId, exchange, progressToken: meta?.progressToken, calls: [], link: undefined, finished: false,
+    }
+    this.#inflight.set(inflight.clientId, inflight)
+    if (inflight.progressToken !== undefined) this.#progress.set(inflight.progressToken, inflight)
+    try {
+      this.#dispatch(inflight, msg)
+    } catch (err) {
+      this.#log.error({ err, method: msg.method }, 'failed to dispatch request')
+      this.#reply(inflight, rpcError(RPC.INTERNAL_ERROR, 'internal error'))
+    }
+  }
+
+  #dispatch (inflight: Inflight, msg: JsonRpcMessage): void {
+    const method = msg.method!
+    if (method === 'ping') {
+      this.#reply(inflight, { jsonrpc: '2.0', result: {} })
+      return
+    }
+    if (method === 'initialize') {
+      this.#reply(inflight, rpcError(RPC.INVALID_REQUEST, 'session already initialized'))
+      return
+    }
+    if (!this.multi) {
+      this.#dispatchSingle(inflight, msg, method)
+      return
+    }
+    const params = msg.params ?? {}
+    switch (method) {
+      case 'tools/list': case 'prompts/list': case 'resources/list': case 'resources/templates/list':
+        void this.#fanOutList(inflight, method)
+        return
+      case 'logging/setLevel':
+        void this.#fanOutSetLevel(inflight, msg)
+        return
+      case 'tools/call': case 'prompts/get': {
+        const kind = method === 'tools/call' ? 'tool' : 'prompt'
+        const unknown = rpcError(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(params.name)}`)
+        const split = typeof params.name === 'string' ? splitName(params.name) : undefined
+        const link = split === undefined ? undefined : this.#byTarget.get(split[0])
+        if (link === undefined || !this.#allowed(inflight, method, kind, split![1], link.target)) {
+          this.#reply(inflight, unknown)
+          return
+        }
+        params.name = split![1]
+        this.#forward(inflight, link, msg, undefined)
+        return
+      }
+      case 'resources/read': case 'resources/subscribe': case 'resources/unsubscribe': {
+        const uri = params.uri
+        const split = typeof uri === 'string' ? unmarkUri(uri) : undefined
+        const link = split === undefined ? undefined : this.#byTarget.get(split[0])
+        if (link === undefined || (method === 'resources/read' && !this.#allowed(inflight, 'resources/read', 'resource', split![1], link.target))) {
+          this.#reply(inflight, rpcError(RPC.RESOURCE_NOT_FOUND, `Resource not found: ${String(uri)}`))
+          return
+        }
+        params.uri = split![1]
+        this.#forward(inflight, link, msg, method === 'resources/read' ? (r) => this.#markContents(link.target, r) : undefined)
+        return
+      }
+      case 'completion/complete': {
+        const ref = params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined
+        let link: Link | undefined
+        if (ref?.type === 'ref/prompt' && typeof ref.name === 'string') {
+          const split = splitName(ref.name)
+          link = split === undefined ? undefined : this.#byTarget.get(split[0])
+          if (link !== undefined) ref.name = split![1]
+        } else if (ref?.type === 'ref/resource' && typeof ref.uri === 'string') {
+          const split = unmarkUri(ref.uri)
+          link = split === undefined ? undefined : this.#byTarget.get(split[0])
+          if (link !== undefined) ref.uri = split![1]
+        }
+        if (link === undefined) {
+          this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
+          return
+        }
+        this.#forward(inflight, link, msg, undefined)
+        return
+      }
+      default:
+        this.#reply(inflight, rpcError(RPC.METHOD_NOT_FOUND, `Method not found: ${method}`))
+    }
+  }
+
+  #dispatchSingle (inflight: Inflight, msg: JsonRpcMessage, method: string): void {
+    const link = this.links[0]!
+    if (this.#env.checkers.length === 0) {
+      this.#forward(inflight, link, msg, undefined)
+      return
+    }
+    const params = msg.params ?? {}
+    if (method === 'tools/call' || method === 'prompts/get') {
+      const kind = method === 'tools/call' ? 'tool' : 'prompt'
+      if (!this.#allowed(inflight, method, kind, String(params.name), link.target)) {
+        this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(params.name)}`))
+        return
+      }
+    } else if (method === 'resources/read') {
+      if (!this.#allowed(inflight, method, 'resource', String(params.uri), link.target)) {
+        this.#reply(inflight, rpcError(RPC.RESOURCE_NOT_FOUND, `Resource not found: ${String(params.uri)}`))
+        return
+      }
+    }
+    const key = LIST_KEYS[method]
+    this.#forward(inflight, link, msg, key === undefined ? undefined : (r) => {
+      const result = r.result as Record<string, unknown> | undefined
+      const items = result?.[key]
+      if (Array.isArray(items)) result![key] = this.#filterItems(inflight, method, items, link.target)
+      return r
+    })
+  }
+
+  #allowed (inflight: Inflight, method: string, kind: 'tool' | 'prompt' | 'resource', name: string, target: string): boolean {
+    const checkers = this.#env.checkers
+    if (checkers.length === 0) return true
+    const op: McpOperation = kind === 'tool'
+      ? { method, tool: { name, target } }
+      : kind === 'prompt' ? { method, prompt: { name, target } } : { method, resource: { uri: name, target } }
+    const ctx = inflight.exchange.ctx
+    for (const p of checkers) if (!p.allowMcpOperation!(ctx, op)) return false
+    return true
+  }
+
+  /** Items of a list result the caller may see (rules see upstream names and the target). */
+  #filterItems (inflight: Inflight, listMethod: string, items: unknown[], target: string): unknown[] {
+    if (this.#env.checkers.length === 0) return items
+    switch (listMethod) {
+      case 'tools/list': return items.filter(t => this.#allowed(inflight, 'tools/call', 'tool', (t as { name: string }).name, target))
+      case 'prompts/list': return items.filter(p => this.#allowed(inflight, 'prompts/get', 'prompt', (p as { name: string }).name, target))
+      case 'resources/list': return items.filter(r => this.#allowed(inflight, 'resources/read', 'resource', (r as { uri: string }).uri, target))
+      default: return items.filter(r => this.#allowed(inflight, 'resources/read', 'resource', (r as { uriTemplate: string }).uriTemplate, target))
+    }
+  }
+
+  #markContents (target: string, r: JsonRpcMessage): JsonRpcMessage {
+    const contents = (r.result as { contents?: Array<{ uri?: unknown }> } | undefined)?.contents
+    if (Array.isArray(contents)) for (const c of contents) if (typeof c.uri === 'string') c.uri = markUri(target, c.uri)
+    return r
+  }
+
+  async #fanOutList (inflight: Inflight, method: string): Promise<void> {
+    const key = LIST_KEYS[method]!
+    const parts = await Promise.all(this.links.map(async (link): Promise<unknown[] | RpcError> => {
+      if (!link.up) return []
+      const out: unknown[] = []
+      let cursor: unknown
+      const seen = new Set<unknown>()
+      do {
+        const r = await this.#request(link, method, cursor === undefined ? {} : { cursor }, inflight)
+        if (r.error !== undefined) return r.error
+        const result = r.result as Record<string, unknown> | undefined
+        const items = result?.[key]
+        if (Array.isArray(items)) for (const it of this.#filterItems(inflight, method, items, link.target)) out.push(this.#rename(link.target, key, it))
+        seen.add(cursor)
+        cursor = result?.nextCursor
+        // A cursor seen before would loop forever: stop there.
+      } while (typeof cursor === 'string' && !seen.has(cursor) && !inflight.finished)
+      return out
+    }))
+    const merged: unknown[] = []
+    for (let i = 0; i < parts.length; i++) {
+      const p = parts[i]!
+      if (Array.isArray(p)) {
+        for (const it of p) merged.push(it)
+      } else {
+        this.#log.warn({ target: this.links[i]!.target, method, err: p.message }, 'target failed during list')
+        if (this.#env.failClosed) {
+          this.#reply(inflight, rpcError(p.code, `target ${this.links[i]!.target}: ${p.message}`))
+          return
+        }
+      }
+    }
+    this.#reply(inflight, { jsonrpc: '2.0', result: { [key]: merged } })
+  }
+
+  #rename (target: string, key: string, item: unknown): unknown {
+    const it = item as Record<string, unknown>
+    switch (key) {
+      case 'tools': case 'prompts': it.name = prefixName(target, it.name as string); break
+      case 'resources': it.uri = markUri(target, it.uri as string); break
+      default: it.uriTemplate = markUri(target, it.uriTemplate as string)
+    }
+    return it
+  }
+
+  async #fanOutSetLevel (inflight: Inflight, msg: JsonRpcMessage): Promise<void> {
+    const rs = await Promise.all(this.links.filter(l => l.up).map(l => this.#request(l, 'logging/setLevel', msg.params ?? {}, inflight)))
+    const err = rs.find(r => r.error !== undefined)
+    this.#reply(inflight, err !== undefined && (this.#env.failClosed || rs.every(r => r.error !== undefined)) ? rpcError(err.error!.code, err.error!.message) : { jsonrpc: '2.0', result: {} })
+  }
+
+  /** Sends a client request upstream under a fresh upstream id; the answer goes back under the client's id. */
+  #forward (inflight: Inflight, link: Link, msg: JsonRpcMessage, post: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined): void {
+    if (!link.up) {
+      this.#reply(inflight, rpcError(RPC.SERVER_ERROR, `upstream ${link.target} unavailable`))
+      return
+    }
+    inflight.link = link
+    link.active.add(inflight)
+    const call = this.#send(link, msg, (r) => this.#reply(inflight, post === undefined || r.error !== undefined ? r : post(r)))
+    if (call !== undefined) inflight.calls.push(call)
+  }
+
+  /** A request of the gateway's own (initialize, list pages, fan-outs). */
+  #request (link: Link, method: string, params: Record<string, unknown>, inflight: Inflight | undefined): Promise<JsonRpcMessage> {
+    return new Promise(resolve => {
+      const call = this.#send(link, { jsonrpc: '2.0', method, params }, resolve)
+      if (call !== undefined) inflight?.calls.push(call)
+    })
+  }
+
+  #send (link: Link, msg: JsonRpcMessage, done: (r: JsonRpcMessage) => void): UpstreamCall | undefined {
+    const id = ++link.seq
+    msg.id = id
+    const call: UpstreamCall = { link, id, done, timer: undefined }
+    link.pending.set(id, call)
+    try {
+      link.upstream.send(msg)
+    } catch (err) {
+      link.pending.delete(id)
+      done(rpcError(RPC.CONNECTION_CLOSED, `upstream ${link.target} closed`))
+      return undefined
+    }
+    call.timer = setTimeout(() => this.#timedOut(call), this.#env.requestTimeoutMs)
+    return call
+  }
+
+  #timedOut (call: UpstreamCall): void {
+    const { link, id } = call
+    if (link.pending.get(id) !== call) return
+    link.pending.delete(id)
+    this.#cancelUpstream(link, id, 'request timed out')
+    call.done(rpcError(RPC.REQUEST_TIMEOUT, 'Request timed out'))
+  }
+
+  #cancelUpstream (link: Link, id: number, reason: string): void {
+    if (!link.up) return
+    try {
+      link.upstream.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: id, reason } })
+    } catch { /* closed meanwhile */ }
+  }
+
+  /** Stops waiting for a client request (client cancelled or went away): cancels its upstream calls. */
+  #abandon (inflight: Inflight, replyless: boolean): void {
+    if (inflight.finished) return
+    for (const call of inflight.calls) {
+      if (call.link.pending.get(call.id) !== call) continue
+      call.link.pending.delete(call.id)
+      clearTimeout(call.timer)
+      this.#cancelUpstream(call.link, call.id, replyless ? 'cancelled by client' : 'client disconnected')
+    }
+    this.#finish(inflight)
+    const ex = inflight.exchange
+    if (--ex.open === 0) this.#closeExchange(ex)
+  }
+
+  #finish (inflight: Inflight): void {
+    inflight.finished = true
+    this.#inflight.delete(inflight.clientId)
+    if (inflight.progressToken !== undefined) this.#progress.delete(inflight.progressToken)
+    inflight.link?.active.delete(inflight)
+    this.lastActivityAt = Date.now()
+  }
+
+  #reply (inflight: Inflight, msg: JsonRpcMessage): void {
+    if (inflight.finished) return
+    this.#finish(inflight)
+    msg.id = inflight.clientId
+    const ex = inflight.exchange
+    if (--ex.open === 0) {
+      ex.stream.end(msg)
+      this.#exchanges.delete(ex)
+    } else {
+      ex.stream.send(msg)
+    }
+  }
+
+  #closeExchange (ex: Exchange): void {
+    this.#exchanges.delete(ex)
+    ex.stream.end()
+  }
+
+  #exchangeClosed (ex: Exchange): void {
+    this.#exchanges.delete(ex)
+    if (ex.open === 0) return
+    for (const inflight of [...this.#inflight.values()]) {
+      if (inflight.exchange === ex) this.#abandon(inflight, false)
+    }
+  }
+
+  // ---- upstream -> client ------------------------------------------------
+
+  #fromUpstream (link: Link, msg: JsonRpcMessage): void {
+    if (this.ended) return
+    if (msg.method === undefined) {
+      const call = typeof msg.id === 'number' ? link.pending.get(msg.id) : undefined
+      if (call === undefined) {
+        this.#log.debug({ target: link.target, id: msg.id }, 'upstream answered an unknown request')
+        return
+      }
+      link.pending.delete(call.id)
+      clearTimeout(call.timer)
+      call.done(msg)
+      return
+    }
+    if (msg.id !== undefined && msg.id !== null) {
+      const cid = ++this.#serverSeq
+      this.#serverRequests.set(cid, { link, id: msg.id })
+      msg.id = cid
+      this.#deliver(msg, this.#relatedStream(link))
+      return
+    }
+    switch (msg.method) {
+      case 'notifications/progress': {
+        const inflight = this.#progress.get(msg.params?.progressToken)
+        if (inflight !== undefined && inflight.exchange.stream.send(msg)) return
+        break
+      }
+      case 'notifications/cancelled': {
+        const rid = msg.params?.requestId
+        let found: number | undefined
+        for (const [cid, e] of this.#serverRequests) if (e.link === link && e.id === rid) { found = cid; break }
+        if (found === undefined) return
+        this.#serverRequests.delete(found)
+        msg.params!.requestId = found
+        break
+      }
+      case 'notifications/resources/updated':
+        if (this.multi && typeof msg.params?.uri === 'string') msg.params.uri = markUri(link.target, msg.params.uri)
+        break
+    }
+    this.#deliver(msg, undefined)
+  }
+
+  /**
+   * A server->client request over stdio carries no link to the client
+   * request that caused it; the latest client request in flight on the same
+   * target is the best guess (MCP: related messages SHOULD use that stream).
+   */
+  #relatedStream (link: Link): SseStream | undefined {
+    let found: SseStream | undefined
+    for (const inflight of link.active) if (inflight.exchange.stream.open) found = inflight.exchange.stream
+    return found
+  }
+
+  /** Preferred stream, else the GET stream, else the newest open POST stream, else the backlog. */
+  #deliver (msg: JsonRpcMessage, preferred: SseStream | undefined): void {
+    if (preferred?.send(msg) === true) return
+    if (this.#getStream?.send(msg) === true) return
+    let last: Exchange | undefined
+    for (const ex of this.#exchanges) if (ex.stream.open) last = ex
+    if (last?.stream.send(msg) === true) return
+    if (this.#backlog.length >= BACKLOG_MAX) this.#backlog.shift()
+    this.#backlog.push(msg)
+  }
+
+  #failPending (link: Link, message: string): void {
+    const calls = [...link.pending.values()]
+    link.pending.clear()
+    for (const call of calls) {
+      clearTimeout(call.timer)
+      call.done(rpcError(RPC.CONNECTION_CLOSED, message))
+    }
+  }
+
+  #upstreamClosed (link: Link, err: Error | undefined): void {
+    const wasUp = link.up
+    link.up = false
+    if (this.ended) return
+    this.#log.warn({ target: link.target, err: err?.message }, 'upstream closed')
+    this.#failPending(link, `upstream ${link.target} closed`)
+    for (const [cid, e] of this.#serverRequests) if (e.link === link) this.#serverRequests.delete(cid)
+    if (!wasUp) return // still starting: start() reports it
+    if (!this.multi || this.#env.failClosed || !this.links.some(l => l.up)) void this.end(`upstream ${link.target} closed`)
+  }
+}
