@@ -1,0 +1,62 @@
+import { spawn, type ChildProcess } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+import { createServer } from 'node:net'
+
+export const ROOT = fileURLToPath(new URL('../..', import.meta.url))
+export const CLI = fileURLToPath(new URL('../../bin/mcp-proxy.ts', import.meta.url))
+
+export interface CliResult { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }
+
+/** Runs the real CLI from source (through tsx) as a child process. */
+export function runCli (args: string[], env: NodeJS.ProcessEnv = {}, timeoutMs = 30000): Promise<CliResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.on('data', d => { stdout += d })
+    child.stderr.on('data', d => { stderr += d })
+    const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`CLI did not exit: ${args.join(' ')}\n${stderr}`)) }, timeoutMs)
+    child.on('exit', (code, signal) => { clearTimeout(timer); resolve({ code, signal, stdout, stderr }) })
+  })
+}
+
+/** Starts the CLI and resolves once its start-up log line says it listens. */
+export function startCli (args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ child: ChildProcess; output: () => string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+    let out = ''
+    const onData = (d: Buffer): void => {
+      out += d
+      if (out.includes('listening on')) resolve({ child, output: () => out })
+    }
+    child.stdout!.on('data', onData)
+    child.stderr!.on('data', onData)
+    child.on('exit', code => reject(new Error(`CLI exited with ${code} before listening:\n${out}`)))
+  })
+}
+
+/** A port that was free a moment ago. */
+export function freePort (): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer()
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address() as import('node:net').AddressInfo
+      s.close(() => resolve(port))
+    })
+    s.on('error', reject)
+  })
+}
+
+export function isAlive (pid: number): boolean {
+  try { process.kill(pid, 0); return true } catch { return false }
+}
+
+/** Polls `check` up to `tries` times, `everyMs` apart; resolves with its last value. */
+export async function eventually<T> (check: () => T | Promise<T>, ok: (v: T) => boolean, tries = 100, everyMs = 50): Promise<T> {
+  let v = await check()
+  for (let i = 0; i < tries && !ok(v); i++) {
+    await new Promise(resolve => setTimeout(resolve, everyMs))
+    v = await check()
+  }
+  return v
+}
