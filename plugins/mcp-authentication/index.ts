@@ -1,0 +1,234 @@
+/**
+ * mcpAuthentication: bearer-token authentication for /mcp and the OAuth
+ * protected resource metadata (RFC 9728) that tells clients where to log in.
+ *
+ * Modes: `strict` (a valid token on every /mcp request), `optional` (a
+ * missing token passes, a bad one is rejected), `permissive` (never rejects
+ * a token; verified claims are passed on when present). In every mode a
+ * token in the query string or two Authorization headers get 400, and the
+ * Authorization header is removed once read so nothing forwards it.
+ */
+import { readFileSync } from 'node:fs'
+import { packagePath } from '../../core/config.ts'
+import type { IncomingMessage } from 'node:http'
+import { definePlugin, type Plugin, type RouteDef } from '../../core/plugin.ts'
+import type { AuthInfo, Reply, RequestContext } from '../../core/context.ts'
+import type { McpAuthenticationConfig } from '../../core/config.ts'
+import { ProxyError } from '../../core/errors.ts'
+import { baseUrlOf, deriveKeySetSource } from './issuer.ts'
+import { acquireKeySet } from './key-set.ts'
+import { AuthFailure, createVerifier } from './verifier.ts'
+import { TokenCache } from './token-cache.ts'
+import { KeysUnavailableError } from './key-set.ts'
+
+const optionsSchema = JSON.parse(readFileSync(packagePath('plugins/mcp-authentication/schema.json'), 'utf8')) as Record<string, unknown>
+
+/** The MCP protocol version the protected resource metadata advertises (SPEC "Versioning"). */
+export const PRM_PROTOCOL_VERSION = '2025-06-18'
+export const PRM_PATH = '/.well-known/oauth-protected-resource/mcp'
+export const PRM_ROOT_PATH = '/.well-known/oauth-protected-resource'
+
+/** Options as validated by schema.json (defaults applied); nested blocks may be missing when built by hand. */
+export type McpAuthenticationOptions = Omit<McpAuthenticationConfig, 'tokenCache' | 'keySet' | 'clockToleranceSeconds' | 'discovery' | 'resourceMetadata'> & {
+  resourceMetadata: { resource: string; scopesSupported?: string[]; bearerMethodsSupported?: string[] }
+  clockToleranceSeconds?: number
+  tokenCache?: { enabled?: boolean; maxEntries?: number; ttlSeconds?: number }
+  keySet?: { refreshSeconds?: number; cooldownSeconds?: number; timeoutMs?: number; maxBytes?: number; retryAfterSeconds?: number }
+  discovery?: { ttlSeconds?: number; timeoutMs?: number }
+}
+
+/** Extracts the bearer token: `undefined` when there is none; throws 400 for ambiguous requests. */
+export function readBearer (req: IncomingMessage, query: string, challenge: (extra: string) => string): string | undefined {
+  if (query !== '' && new URLSearchParams(query).has('access_token')) {
+    // RFC 6750 §2.3 tokens in URIs leak into logs and referrers; MCP forbids them.
+    throw new ProxyError('MCPP_ERR_BAD_REQUEST', 400, 'access tokens in the query string are not accepted', {
+      oauthError: 'invalid_request', headers: { 'www-authenticate': challenge('error="invalid_request"') },
+    })
+  }
+  const all = req.headersDistinct.authorization
+  if (all !== undefined && all.length > 1) {
+    throw new ProxyError('MCPP_ERR_BAD_REQUEST', 400, 'more than one Authorization header', {
+      oauthError: 'invalid_request', headers: { 'www-authenticate': challenge('error="invalid_request"') },
+    })
+  }
+  const value = all?.[0]
+  if (value === undefined) return undefined
+  const m = /^([A-Za-z]+)(?:[ \t]+(.*))?$/.exec(value.trim())
+  if (m === null || m[1]!.toLowerCase() !== 'bearer') return undefined
+  return (m[2] ?? '').trim()
+}
+
+/** Removes every Authorization header from the request so nothing downstream can forward it. */
+export function stripAuthorization (req: IncomingMessage): void {
+  delete req.headers.authorization
+  const raw = req.rawHeaders
+  for (let i = raw.length - 2; i >= 0; i -= 2) {
+    if (raw[i]!.toLowerCase() === 'authorization') raw.splice(i, 2)
+  }
+}
+
+function subjectOf (claims: Record<string, unknown>): string {
+  for (const c of ['sub', 'oid', 'client_id', 'azp']) {
+    const v = claims[c]
+    if (typeof v === 'string' && v !== '') return v
+  }
+  return '(unknown)'
+}
+
+function quote (s: string): string {
+  return s.replace(/[\\"]/g, '\\$&')
+}
+
+export default definePlugin<McpAuthenticationOptions>({
+  name: 'mcpAuthentication',
+  engine: '^1',
+  optionsSchema,
+  async create (options, env) {
+    const mode = options.mode
+    const baseUrl = env.baseUrl !== '' && env.baseUrl !== undefined ? env.baseUrl : baseUrlOf(options.resourceMetadata.resource)
+    const prmUrl = `${baseUrl}${PRM_PATH}`
+    const scopes = options.resourceMetadata.scopesSupported
+    const bearerMethods = options.resourceMetadata.bearerMethodsSupported ?? ['header']
+    const challengeBase = `Bearer resource_metadata="${quote(prmUrl)}"` +
+      (scopes !== undefined && scopes.length > 0 ? `, scope="${quote(scopes.join(' '))}"` : '')
+    const challenge = (extra: string): string => extra === '' ? challengeBase : `${challengeBase}, ${extra}`
+
+    const ks = options.keySet ?? {}
+    const cooldownMs = (ks.cooldownSeconds ?? 30) * 1000
+    const retryAfter = String(ks.retryAfterSeconds ?? Math.max(1, Math.ceil(cooldownMs / 1000)))
+    const failures = env.metrics.counter('mcp_proxy_auth_failures_total', 'Rejected or unverifiable bearer tokens by reason')
+    const fetches = env.metrics.counter('mcp_proxy_keyset_fetches_total', 'Key set fetch attempts by result')
+    const verifications = env.metrics.counter('mcp_proxy_token_verifications_total', 'Signature verifications (token cache misses)')
+    let lastLoggedError: string | undefined
+
+    const { set: keySet, release } = await acquireKeySet({
+      source: deriveKeySetSource(options),
+      refreshMs: (ks.refreshSeconds ?? 300) * 1000,
+      cooldownMs,
+      timeoutMs: ks.timeoutMs ?? 5000,
+      maxBytes: ks.maxBytes ?? 524288,
+      onFetch (result, error) {
+        fetches.inc({ result })
+        if (result === 'error' && error !== lastLoggedError) env.log.warn({ error }, 'identity provider key set fetch failed')
+        lastLoggedError = result === 'error' ? error : undefined
+      },
+    })
+    if (!keySet.loaded) {
+      env.log.error({ url: keySet.state().url, error: keySet.state().lastError }, 'no signing keys could be fetched; /mcp answers 503 until they can')
+    }
+
+    const verify = createVerifier({
+      issuer: options.issuer,
+      audiences: options.audiences,
+      clockToleranceSeconds: options.clockToleranceSeconds ?? 30,
+      keySet,
+    })
+    const tc = options.tokenCache ?? {}
+    const cache = tc.enabled === false ? undefined : new TokenCache(tc.maxEntries ?? 10000, tc.ttlSeconds ?? 300)
+    let verified = 0
+
+    const unauthorized = (ctx: RequestContext, f: AuthFailure): ProxyError => {
+      failures.inc({ reason: f.reason })
+      ctx.denial = `invalid_token: ${f.message}`
+      return new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, f.message, {
+        oauthError: 'invalid_token',
+        headers: { 'www-authenticate': challenge(`error="invalid_token", error_description="${quote(f.message)}"`) },
+      })
+    }
+
+    async function authenticate (token: string): Promise<AuthInfo> {
+      const hit = cache?.get(token, kid => keySet.hasKid(kid))
+      if (hit !== undefined) return hit
+      verified++
+      verifications.inc()
+      const { payload, kid } = await verify(token)
+      const claims = Object.freeze(structuredClone(payload) as Record<string, unknown>)
+      const auth: AuthInfo = { subject: subjectOf(claims), claims, expiresAt: typeof payload.exp === 'number' ? payload.exp : undefined }
+      cache?.set(token, auth, kid)
+      return auth
+    }
+
+    const prmDocument = Object.freeze({
+      resource: options.resourceMetadata.resource,
+      authorization_servers: [`${baseUrl}/mcp`],
+      mcp_protocol_version: PRM_PROTOCOL_VERSION,
+      resource_type: 'mcp-server',
+      bearer_methods_supported: [...bearerMethods],
+      ...(scopes !== undefined ? { scopes_supported: [...scopes] } : {}),
+    })
+    const prmBody = JSON.stringify(prmDocument)
+    function protectedResourceMetadata (): Reply {
+      return {
+        status: 200,
+        headers: { 'content-type': 'application/json', 'access-control-allow-origin': '*', 'cache-control': 'public, max-age=300' },
+        body: prmBody,
+      }
+    }
+    const routes: RouteDef[] = [
+      { methods: ['GET'], path: PRM_PATH, kind: 'oauth', handler: protectedResourceMetadata },
+      { methods: ['GET'], path: PRM_ROOT_PATH, kind: 'oauth', handler: protectedResourceMetadata },
+    ]
+
+    const plugin: Plugin = {
+      name: 'mcpAuthentication',
+      routes,
+      async onRequest (ctx) {
+        if (ctx.path !== '/mcp' || ctx.method === 'OPTIONS') return undefined
+        let token: string | undefined
+        try {
+          token = readBearer(ctx.req, ctx.query, challenge)
+        } finally {
+          stripAuthorization(ctx.req)
+        }
+        if (token === undefined) {
+          if (mode !== 'strict') return undefined
+          failures.inc({ reason: 'missing' })
+          ctx.denial = 'unauthorized: no token'
+          throw new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, 'JWT token required', {
+            oauthError: 'unauthorized', headers: { 'www-authenticate': challenge('') },
+          })
+        }
+        try {
+          ctx.auth = await authenticate(token)
+          return undefined
+        } catch (err) {
+          if (mode === 'permissive') {
+            if (err instanceof AuthFailure) failures.inc({ reason: err.reason })
+            return undefined
+          }
+          if (err instanceof KeysUnavailableError) {
+            failures.inc({ reason: 'keys_unavailable' })
+            ctx.denial = 'keys unavailable'
+            // Not 401: a client would go back to its login, get a new token and fail again, in a loop.
+            throw new ProxyError('MCPP_ERR_KEYS_UNAVAILABLE', 503, 'signing keys of the identity provider are unavailable; retry later', {
+              oauthError: 'temporarily_unavailable', expose: true, headers: { 'retry-after': retryAfter }, cause: err,
+            })
+          }
+          if (err instanceof AuthFailure) throw unauthorized(ctx, err)
+          throw err
+        }
+      },
+      ready () {
+        return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}` }
+      },
+      describe () {
+        return {
+          mode,
+          issuer: options.issuer,
+          audiences: options.audiences ?? [],
+          provider: options.provider?.oss_idp !== undefined ? 'oss_idp' : options.provider?.cloud_idp !== undefined ? 'cloud_idp' : undefined,
+          clientId: options.clientId,
+          resourceMetadataUrl: prmUrl,
+          keySet: keySet.state(),
+          verifications: verified,
+          tokenCache: cache === undefined ? { enabled: false } : { enabled: true, size: cache.size, hits: cache.hits, misses: cache.misses },
+        }
+      },
+      async close () {
+        cache?.clear()
+        release()
+      },
+    }
+    return plugin
+  },
+})

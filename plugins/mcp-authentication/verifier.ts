@@ -1,0 +1,102 @@
+/**
+ * JWT access-token verification with jose, pinned to asymmetric algorithms.
+ * Every failure becomes an AuthFailure with a short metric `reason` and a
+ * generic description that never contains the token.
+ */
+import { jwtVerify, errors as joseErrors, type JWTPayload } from 'jose'
+import { KeysUnavailableError, NoMatchingKeyError, type RemoteKeySet } from './key-set.ts'
+
+/** Never `none`, never HMAC (RFC 8725 §3.1: the verifier, not the token, picks the algorithms). */
+export const ALLOWED_ALGORITHMS: readonly string[] = ['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA']
+
+/** Header parameters that point at keys the token chooses itself; refused without fetching anything. */
+const KEY_BEARING_HEADERS = ['jwk', 'jku', 'x5u', 'x5c']
+
+export class AuthFailure extends Error {
+  /** Metric label, e.g. `expired`. */
+  readonly reason: string
+  constructor (reason: string, description: string) {
+    super(description)
+    this.name = 'AuthFailure'
+    this.reason = reason
+  }
+}
+
+export interface VerifierOptions {
+  readonly issuer: string
+  readonly audiences: readonly string[] | undefined
+  readonly clockToleranceSeconds: number
+  readonly keySet: RemoteKeySet
+}
+
+export interface Verified {
+  readonly payload: JWTPayload
+  readonly kid: string | undefined
+}
+
+function decodeHeader (segment: string): Record<string, unknown> {
+  let header: unknown
+  try {
+    header = JSON.parse(Buffer.from(segment, 'base64url').toString('utf8'))
+  } catch {
+    throw new AuthFailure('malformed', 'malformed token')
+  }
+  if (header === null || typeof header !== 'object' || Array.isArray(header)) throw new AuthFailure('malformed', 'malformed token')
+  return header as Record<string, unknown>
+}
+
+function mapJoseError (err: unknown): Error {
+  if (err instanceof KeysUnavailableError || err instanceof AuthFailure) return err
+  if (err instanceof NoMatchingKeyError) return new AuthFailure('unknown_key', 'token signing key not found')
+  if (err instanceof joseErrors.JWTExpired) return new AuthFailure('expired', 'token expired')
+  if (err instanceof joseErrors.JWTClaimValidationFailed) {
+    switch (err.claim) {
+      case 'iss': return new AuthFailure('issuer', 'token issuer not accepted')
+      case 'aud': return new AuthFailure('audience', 'token audience not accepted')
+      case 'nbf': return new AuthFailure('not_yet_valid', 'token not yet valid')
+      case 'exp': return new AuthFailure('no_expiry', 'token has no valid expiry')
+      case 'iat': return new AuthFailure('issued_in_future', 'token issue time not accepted')
+      default: return new AuthFailure('claims', 'token claims not accepted')
+    }
+  }
+  if (err instanceof joseErrors.JWSSignatureVerificationFailed) return new AuthFailure('signature', 'token signature invalid')
+  if (err instanceof joseErrors.JOSEAlgNotAllowed) return new AuthFailure('algorithm', 'token algorithm not accepted')
+  if (err instanceof joseErrors.JOSENotSupported) return new AuthFailure('algorithm', 'token algorithm not accepted')
+  return new AuthFailure('malformed', 'malformed token')
+}
+
+export function createVerifier (opts: VerifierOptions): (token: string) => Promise<Verified> {
+  const audience = opts.audiences === undefined ? undefined : [...opts.audiences]
+  const getKey = opts.keySet.getKey.bind(opts.keySet)
+  return async function verifyToken (token: string): Promise<Verified> {
+    const parts = token.split('.')
+    if (parts.length !== 3 || parts.some(p => p === '' || !/^[A-Za-z0-9_-]+$/.test(p))) {
+      throw new AuthFailure('malformed', 'malformed token')
+    }
+    const header = decodeHeader(parts[0]!)
+    if (typeof header.alg !== 'string' || !ALLOWED_ALGORITHMS.includes(header.alg)) {
+      throw new AuthFailure('algorithm', 'token algorithm not accepted')
+    }
+    if (KEY_BEARING_HEADERS.some(h => h in header)) {
+      throw new AuthFailure('header', 'token header not accepted')
+    }
+    const now = Math.floor(Date.now() / 1000)
+    let payload: JWTPayload
+    try {
+      ({ payload } = await jwtVerify(token, getKey, {
+        algorithms: [...ALLOWED_ALGORITHMS],
+        issuer: opts.issuer,
+        audience,
+        requiredClaims: ['exp'],
+        clockTolerance: opts.clockToleranceSeconds,
+        currentDate: new Date(now * 1000),
+      }))
+    } catch (err) {
+      throw mapJoseError(err)
+    }
+    if (typeof payload.iat === 'number' && payload.iat > now + opts.clockToleranceSeconds) {
+      throw new AuthFailure('issued_in_future', 'token issue time not accepted')
+    }
+    return { payload, kid: typeof header.kid === 'string' ? header.kid : undefined }
+  }
+}
