@@ -8,6 +8,7 @@ import type { TargetConfig } from '../config.ts'
 import type { Metrics } from '../metrics.ts'
 import { ProxyError } from '../errors.ts'
 import { StdioUpstream } from './stdio.ts'
+import { HttpUpstream } from './http.ts'
 import type { Upstream, UpstreamFactory } from './types.ts'
 
 export interface UpstreamFactoryOptions {
@@ -31,8 +32,22 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
       },
     }
   }
+  if (target.mcp !== undefined) {
+    const { url, headers } = target.mcp
+    return {
+      target: name,
+      kind: 'http',
+      create (): Upstream {
+        return new HttpUpstream({ target: name, url, headers, log: opts.log, metrics: opts.metrics })
+      },
+    }
+  }
   throw new ProxyError('MCPP_ERR_CONFIG', 500, `mcp.targets: target ${name} has no supported kind`)
 }
 
 export { killAllChildren, liveChildCount, childEnv, CHILD_ENV_ALLOW_LIST, StdioUpstream } from './stdio.ts'
 export type { StdioUpstreamOptions } from './stdio.ts'
+export { HttpUpstream, SseParser } from './http.ts'
+export type { HttpUpstreamOptions, SseEvent } from './http.ts'
+export { createHttpPassthrough, newSessionId } from './http-passthrough.ts'
+export type { HttpPassthrough, HttpPassthroughOptions, PassthroughSession } from './http-passthrough.ts'

@@ -1,0 +1,187 @@
+/**
+ * Passthrough for a single remote streamable-HTTP target: /mcp is forwarded
+ * with `http-proxy`, bodies and SSE streams piped, never buffered.
+ *
+ * What it rewrites (and nothing else): the session header both ways (the
+ * client only ever sees gateway session ids, bound to the caller's subject),
+ * the request's credentials (`Authorization` and `Cookie` are dropped, MCP
+ * forbids token passthrough; the target's static headers are added), and the
+ * response goes through `ctx.writeHead` so plugins' `onResponse` hooks run.
+ */
+import { randomBytes } from 'node:crypto'
+import type { IncomingMessage, ServerResponse, ClientRequest, OutgoingHttpHeaders } from 'node:http'
+import { Readable } from 'node:stream'
+import httpProxy from 'http-proxy'
+import type { Logger } from 'pino'
+import type { RequestContext } from '../context.ts'
+import type { TargetConfig } from '../config.ts'
+import { ProxyError, RPC } from '../errors.ts'
+import type { Metrics, Counter } from '../metrics.ts'
+
+export interface PassthroughSession {
+  /** First 8 characters of the gateway session id (never the whole id). */
+  readonly id: string
+  readonly subject: string | undefined
+  readonly createdAt: number
+  readonly lastSeenAt: number
+}
+
+export interface HttpPassthrough {
+  /** The /mcp terminal handler (McpEndpoint.handle). */
+  handle(ctx: RequestContext): Promise<void>
+  /** Live sessions, for the admin UI (no full ids, no upstream ids). */
+  sessions(): PassthroughSession[]
+  /** Best-effort DELETE of every upstream session, then forgets them. */
+  close(): Promise<void>
+}
+
+export interface HttpPassthroughOptions {
+  log: Logger
+  metrics?: Metrics
+  /** Sessions unused for this long are forgotten. Default 3600 s. */
+  idleTimeoutSeconds?: number
+  /** Upstream response-header timeout in ms. Default 30000. */
+  proxyTimeoutMs?: number
+}
+
+interface Mapping { upstream: string; subject: string | undefined; createdAt: number; lastSeenAt: number }
+
+interface Exchange {
+  ctx: RequestContext
+  /** Gateway session id the client presented, if any. */
+  gatewayId: string | undefined
+  /** Upstream session id sent upstream, if any. */
+  upstreamId: string | undefined
+  resolve: () => void
+  reject: (err: unknown) => void
+}
+
+/** Response headers that belong to one hop only (RFC 9110 §7.6.1). */
+const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade'])
+
+/** A gateway session id: 32 random bytes, base64url (visible ASCII per MCP). */
+export function newSessionId (): string {
+  return randomBytes(32).toString('base64url')
+}
+
+export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthroughOptions): HttpPassthrough {
+  if (target.mcp === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `mcp.targets: target ${target.name} is not an HTTP target`)
+  const { url, headers: staticHeaders = {} } = target.mcp
+  const log = opts.log.child({ target: target.name })
+  const idleMs = (opts.idleTimeoutSeconds ?? 3600) * 1000
+  const sessions = new Map<string, Mapping>()
+  const exchanges = new WeakMap<IncomingMessage, Exchange>()
+  const open = new Set<IncomingMessage>()
+  const errors: Counter | undefined = opts.metrics?.counter('mcp_proxy_upstream_http_errors_total', 'Failed HTTP exchanges with remote MCP targets')
+  const proxy = httpProxy.createProxyServer({
+    target: url,
+    ignorePath: true,
+    changeOrigin: true,
+    selfHandleResponse: true,
+    proxyTimeout: opts.proxyTimeoutMs ?? 30000,
+    xfwd: false,
+  })
+
+  const sweep = setInterval(function sweepIdleSessions () {
+    const now = Date.now()
+    for (const [id, m] of sessions) if (now - m.lastSeenAt > idleMs) sessions.delete(id)
+  }, Math.min(idleMs, 60000))
+  sweep.unref()
+
+  proxy.on('proxyReq', function rewriteRequest (proxyReq: ClientRequest, req: IncomingMessage) {
+    const ex = exchanges.get(req)
+    // Never forward the caller's credentials (MCP: no token passthrough).
+    proxyReq.removeHeader('authorization')
+    proxyReq.removeHeader('cookie')
+    proxyReq.removeHeader('proxy-authorization')
+    proxyReq.removeHeader('mcp-session-id')
+    if (ex?.upstreamId !== undefined) proxyReq.setHeader('mcp-session-id', ex.upstreamId)
+    for (const [k, v] of Object.entries(staticHeaders)) proxyReq.setHeader(k, v)
+  })
+
+  proxy.on('proxyRes', function forwardResponse (proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse) {
+    const ex = exchanges.get(req)
+    if (ex === undefined) { proxyRes.resume(); return }
+    void (async () => {
+      const status = proxyRes.statusCode ?? 502
+      const out: OutgoingHttpHeaders = {}
+      for (const [k, v] of Object.entries(proxyRes.headers)) {
+        if (v !== undefined && !HOP.has(k) && k !== 'mcp-session-id') out[k] = v
+      }
+      const upstreamSid = proxyRes.headers['mcp-session-id']
+      if (ex.gatewayId !== undefined) {
+        if (status === 404 || ex.ctx.method === 'DELETE') sessions.delete(ex.gatewayId)
+        else out['mcp-session-id'] = ex.gatewayId
+      } else if (typeof upstreamSid === 'string' && upstreamSid !== '') {
+        const id = newSessionId()
+        const now = Date.now()
+        sessions.set(id, { upstream: upstreamSid, subject: ex.ctx.auth?.subject, createdAt: now, lastSeenAt: now })
+        ex.ctx.state.set('sessionId', id)
+        out['mcp-session-id'] = id
+      }
+      await ex.ctx.writeHead(status, out)
+      // SSE: send headers now, then pipe each chunk as it comes.
+      res.flushHeaders()
+      proxyRes.pipe(res)
+      proxyRes.once('error', () => res.destroy())
+      res.once('close', () => { if (!proxyRes.complete) proxyRes.destroy() })
+      await new Promise<void>(resolve => { res.once('close', resolve); res.once('finish', resolve) })
+    })().then(ex.resolve, ex.reject)
+  })
+
+  proxy.on('error', function upstreamError (err: Error, req: IncomingMessage) {
+    const ex = exchanges.get(req)
+    errors?.inc({ target: target.name })
+    log.warn({ err: err.message }, 'upstream request failed')
+    ex?.reject(new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${target.name} is unreachable`, { rpcCode: RPC.INTERNAL_ERROR, expose: true, cause: err }))
+  })
+
+  async function handle (ctx: RequestContext): Promise<void> {
+    const presented = ctx.req.headers['mcp-session-id']
+    let gatewayId: string | undefined
+    let upstreamId: string | undefined
+    if (typeof presented === 'string' && presented !== '') {
+      const m = sessions.get(presented)
+      // Another subject presenting an id is told the same as for an unknown id.
+      if (m === undefined || m.subject !== ctx.auth?.subject) {
+        throw new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: -32001 } /* as the MCP SDK servers answer */)
+      }
+      m.lastSeenAt = Date.now()
+      gatewayId = presented
+      upstreamId = m.upstream
+      ctx.state.set('sessionId', presented)
+    }
+    const done = new Promise<void>((resolve, reject) => {
+      exchanges.set(ctx.req, { ctx, gatewayId, upstreamId, resolve, reject })
+    })
+    open.add(ctx.req)
+    try {
+      // core may already have read the body (a plugin parsed the MCP message):
+      // then it is replayed from the cached Buffer; otherwise req is piped.
+      const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead
+      const buffered = consumed ? await ctx.readBody() : undefined
+      proxy.web(ctx.req, ctx.res, buffered !== undefined ? { buffer: Readable.from([buffered]) } : {})
+      await done
+    } finally {
+      open.delete(ctx.req)
+      exchanges.delete(ctx.req)
+    }
+  }
+
+  return {
+    handle,
+    sessions () {
+      return [...sessions].map(([id, m]) => ({ id: id.slice(0, 8), subject: m.subject, createdAt: m.createdAt, lastSeenAt: m.lastSeenAt }))
+    },
+    async close () {
+      clearInterval(sweep)
+      const all = [...sessions.values()]
+      sessions.clear()
+      await Promise.allSettled(all.map(async m => {
+        const res = await fetch(url, { method: 'DELETE', headers: { ...staticHeaders, 'mcp-session-id': m.upstream }, signal: AbortSignal.timeout(2000) })
+        await res.body?.cancel()
+      }))
+      proxy.close()
+    },
+  }
+}

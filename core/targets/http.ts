@@ -1,0 +1,406 @@
+/**
+ * HTTP upstream: a streamable-HTTP MCP client (MCP 2025-03-26+ transport) for
+ * a remote server, one upstream session per gateway session.
+ *
+ * Each message is POSTed; JSON answers and SSE streams are delivered message
+ * by message through `onMessage` as they arrive (never buffering a whole
+ * stream). The upstream's `Mcp-Session-Id` and negotiated protocol version
+ * are captured from the initialize exchange and sent on every later request.
+ * Only the target's static headers are sent: the client's Authorization
+ * header never reaches this module (MCP forbids token passthrough).
+ *
+ * start() does no network I/O: the initialize POST is the reachability check,
+ * and its failure reaches the client as a JSON-RPC error for that request.
+ */
+import type { Logger } from 'pino'
+import { ProxyError, RPC } from '../errors.ts'
+import type { Metrics, Counter } from '../metrics.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream } from './types.ts'
+
+export interface SseEvent { event: string; data: string; id?: string }
+
+/**
+ * Incremental text/event-stream parser (WHATWG HTML §9.2). Feed decoded text
+ * in any chunking; `onEvent` runs once per dispatched event. An event larger
+ * than `maxEventBytes` throws.
+ */
+export class SseParser {
+  readonly #onEvent: (e: SseEvent) => void
+  readonly #max: number
+  #buf = ''
+  #data: string[] = []
+  #dataLen = 0
+  #event = ''
+  /** Last event id seen (for Last-Event-ID on reconnect). */
+  lastEventId: string | undefined
+  /** Reconnection delay the server asked for, in ms. */
+  retry: number | undefined
+
+  constructor (onEvent: (e: SseEvent) => void, maxEventBytes = 16 * 1024 * 1024) {
+    this.#onEvent = onEvent
+    this.#max = maxEventBytes
+  }
+
+  feed (text: string): void {
+    this.#buf += text
+    let start = 0
+    for (;;) {
+      const cr = this.#buf.indexOf('\r', start)
+      const lf = this.#buf.indexOf('\n', start)
+      if (cr === -1 && lf === -1) break
+      let end: number
+      let next: number
+      if (cr !== -1 && (lf === -1 || cr < lf)) {
+        // A lone CR at the very end may be the first half of CRLF: wait.
+        if (cr === this.#buf.length - 1) break
+        end = cr
+        next = this.#buf[cr + 1] === '\n' ? cr + 2 : cr + 1
+      } else {
+        end = lf
+        next = lf + 1
+      }
+      this.#line(this.#buf.slice(start, end))
+      start = next
+    }
+    this.#buf = this.#buf.slice(start)
+    if (this.#buf.length + this.#dataLen > this.#max) throw new Error(`SSE event larger than ${this.#max} bytes`)
+  }
+
+  #line (line: string): void {
+    if (line === '') {
+      if (this.#data.length > 0) {
+        const ev: SseEvent = { event: this.#event || 'message', data: this.#data.join('\n') }
+        if (this.lastEventId !== undefined) ev.id = this.lastEventId
+        this.#data = []
+        this.#dataLen = 0
+        this.#event = ''
+        this.#onEvent(ev)
+      } else {
+        this.#event = ''
+      }
+      return
+    }
+    if (line.startsWith(':')) return
+    const colon = line.indexOf(':')
+    const field = colon === -1 ? line : line.slice(0, colon)
+    let value = colon === -1 ? '' : line.slice(colon + 1)
+    if (value.startsWith(' ')) value = value.slice(1)
+    switch (field) {
+      case 'data':
+        this.#data.push(value)
+        this.#dataLen += value.length + 1
+        if (this.#dataLen > this.#max) throw new Error(`SSE event larger than ${this.#max} bytes`)
+        break
+      case 'event': this.#event = value; break
+      case 'id': if (!value.includes('\0')) this.lastEventId = value; break
+      case 'retry': if (/^\d+$/.test(value)) this.retry = Number(value); break
+      default: break
+    }
+  }
+}
+
+export interface HttpUpstreamOptions {
+  target: string
+  /** The remote MCP endpoint. */
+  url: string
+  /** Static headers of the target (a gateway-owned credential, say). */
+  headers?: Readonly<Record<string, string>>
+  log: Logger
+  metrics?: Metrics
+  /** Largest SSE event / JSON body accepted from the upstream. Default 16 MiB. */
+  maxMessageBytes?: number
+  /** How often the server-to-client GET stream is reopened after it drops. Default 5. */
+  maxReconnects?: number
+}
+
+/** Request headers the gateway never lets a target's static headers override. */
+const RESERVED = new Set(['mcp-session-id', 'mcp-protocol-version', 'content-type', 'accept', 'content-length', 'host', 'connection', 'transfer-encoding', 'last-event-id'])
+
+function isRequest (m: JsonRpcMessage): m is JsonRpcMessage & { id: JsonRpcId; method: string } {
+  return typeof m.method === 'string' && (typeof m.id === 'string' || typeof m.id === 'number')
+}
+
+export class HttpUpstream implements Upstream {
+  readonly target: string
+  readonly kind = 'http' as const
+  readonly pid = undefined
+  onMessage: (message: JsonRpcMessage) => void = () => {}
+  onClose: (error: Error | undefined) => void = () => {}
+
+  readonly #opts: HttpUpstreamOptions
+  readonly #log: Logger
+  readonly #static: Record<string, string>
+  readonly #max: number
+  readonly #aborts = new Set<AbortController>()
+  #state: 'new' | 'running' | 'closed' = 'new'
+  #sessionId: string | undefined
+  #protocolVersion: string | undefined
+  #initializeId: JsonRpcId | undefined
+  #startedAt: number | undefined
+  #lastError: string | undefined
+  #closeReported = false
+  #getStreamOpen = false
+  #closing: Promise<void> | undefined
+  readonly #errors: Counter | undefined
+
+  constructor (opts: HttpUpstreamOptions) {
+    this.#opts = opts
+    this.target = opts.target
+    this.#log = opts.log.child({ target: opts.target })
+    this.#max = opts.maxMessageBytes ?? 16 * 1024 * 1024
+    this.#static = {}
+    for (const [k, v] of Object.entries(opts.headers ?? {})) {
+      if (!RESERVED.has(k.toLowerCase())) this.#static[k.toLowerCase()] = v
+    }
+    this.#errors = opts.metrics?.counter('mcp_proxy_upstream_http_errors_total', 'Failed HTTP exchanges with remote MCP targets')
+  }
+
+  get startedAt (): number | undefined { return this.#startedAt }
+  get lastError (): string | undefined { return this.#lastError }
+  get alive (): boolean { return this.#state === 'running' }
+  /** The upstream's own session id (never shown to clients). */
+  get upstreamSessionId (): string | undefined { return this.#sessionId }
+  get protocolVersion (): string | undefined { return this.#protocolVersion }
+
+  async start (): Promise<void> {
+    if (this.#state !== 'new') throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
+    try {
+      const u = new URL(this.#opts.url)
+      if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http(s)')
+    } catch (err) {
+      this.#state = 'closed'
+      this.#lastError = 'invalid url'
+      throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} failed to start: invalid url`, { cause: err })
+    }
+    this.#state = 'running'
+    this.#startedAt = Date.now()
+  }
+
+  #headers (extra: Record<string, string>): Record<string, string> {
+    const h: Record<string, string> = { ...this.#static, ...extra }
+    if (this.#sessionId !== undefined) h['mcp-session-id'] = this.#sessionId
+    if (this.#protocolVersion !== undefined) h['mcp-protocol-version'] = this.#protocolVersion
+    return h
+  }
+
+  send (message: JsonRpcMessage): void {
+    if (this.#state !== 'running') throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
+    if (message.method === 'initialize' && isRequest(message)) this.#initializeId = message.id
+    void this.#post(message)
+  }
+
+  #deliver (m: unknown): void {
+    if (m === null || typeof m !== 'object' || (m as { jsonrpc?: unknown }).jsonrpc !== '2.0') {
+      this.#log.warn('dropped upstream message that is not JSON-RPC')
+      return
+    }
+    const msg = m as JsonRpcMessage
+    if (this.#initializeId !== undefined && msg.id === this.#initializeId && msg.method === undefined) {
+      const v = (msg.result as { protocolVersion?: unknown } | undefined)?.protocolVersion
+      if (typeof v === 'string') this.#protocolVersion = v
+      this.#initializeId = undefined
+    }
+    try {
+      this.onMessage(msg)
+    } catch (err) {
+      this.#log.error({ err }, 'onMessage handler threw')
+    }
+  }
+
+  #fail (message: JsonRpcMessage, detail: string, code: number = RPC.INTERNAL_ERROR): void {
+    this.#errors?.inc({ target: this.target })
+    this.#lastError = detail
+    this.#log.warn({ method: message.method, detail }, 'upstream request failed')
+    if (isRequest(message) && this.#state === 'running') {
+      this.#deliver({ jsonrpc: '2.0', id: message.id, error: { code, message: `target ${this.target}: ${detail}` } })
+    }
+  }
+
+  async #post (message: JsonRpcMessage): Promise<void> {
+    const ac = new AbortController()
+    this.#aborts.add(ac)
+    let answered = false
+    try {
+      const hadSession = this.#sessionId !== undefined
+      const res = await fetch(this.#opts.url, {
+        method: 'POST',
+        headers: this.#headers({ accept: 'application/json, text/event-stream', 'content-type': 'application/json' }),
+        body: JSON.stringify(message),
+        signal: ac.signal,
+      })
+      const sid = res.headers.get('mcp-session-id')
+      if (sid !== null && message.method === 'initialize') this.#sessionId = sid
+      if (res.status === 404 && hadSession) {
+        await res.body?.cancel().catch(() => {})
+        this.#fail(message, 'upstream session not found', RPC.CONNECTION_CLOSED)
+        this.#gone(new Error(`target ${this.target}: upstream session ended (HTTP 404)`))
+        return
+      }
+      if (!res.ok) {
+        await res.body?.cancel().catch(() => {})
+        this.#fail(message, `upstream answered HTTP ${res.status}`)
+        return
+      }
+      const type = (res.headers.get('content-type') ?? '').toLowerCase()
+      if (res.status === 202 || res.body === null) {
+        await res.body?.cancel().catch(() => {})
+        if (isRequest(message)) this.#fail(message, `upstream answered HTTP ${res.status} without a response`)
+        else if (message.method === 'notifications/initialized') void this.#openGetStream()
+        return
+      }
+      if (type.startsWith('text/event-stream')) {
+        answered = await this.#readSse(res, isRequest(message) ? message.id : undefined)
+        if (!answered && isRequest(message) && this.#state === 'running') {
+          this.#fail(message, 'upstream stream ended before the response')
+        }
+        return
+      }
+      if (type.startsWith('application/json')) {
+        const text = await this.#readBounded(res)
+        const body = text.trim() === '' ? undefined : JSON.parse(text) as unknown
+        if (Array.isArray(body)) for (const m of body) this.#deliver(m)
+        else if (body !== undefined) this.#deliver(body)
+        else if (isRequest(message)) this.#fail(message, 'upstream answered an empty body')
+        return
+      }
+      await res.body?.cancel().catch(() => {})
+      this.#fail(message, `upstream answered unexpected content-type ${type.slice(0, 60) || '(none)'}`)
+    } catch (err) {
+      if (ac.signal.aborted) return
+      this.#fail(message, `upstream request failed: ${(err as Error).message}`)
+    } finally {
+      this.#aborts.delete(ac)
+    }
+  }
+
+  async #readBounded (res: Response): Promise<string> {
+    const decoder = new TextDecoder()
+    let out = ''
+    let size = 0
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      size += chunk.byteLength
+      if (size > this.#max) throw new Error(`upstream body larger than ${this.#max} bytes`)
+      out += decoder.decode(chunk, { stream: true })
+    }
+    return out + decoder.decode()
+  }
+
+  /** Streams SSE events to onMessage; true when a response to `waitFor` arrived. */
+  async #readSse (res: Response, waitFor: JsonRpcId | undefined, parser?: SseParser): Promise<boolean> {
+    let answered = false
+    const p = parser ?? new SseParser(ev => {
+      if (ev.event !== 'message' || ev.data.trim() === '') return
+      let body: unknown
+      try {
+        body = JSON.parse(ev.data)
+      } catch {
+        this.#log.warn({ data: ev.data.slice(0, 200) }, 'dropped SSE event that is not JSON')
+        return
+      }
+      const list = Array.isArray(body) ? body : [body]
+      for (const m of list) {
+        const msg = m as JsonRpcMessage
+        if (waitFor !== undefined && msg?.id === waitFor && msg.method === undefined) answered = true
+        this.#deliver(m)
+      }
+    }, this.#max)
+    const decoder = new TextDecoder()
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      p.feed(decoder.decode(chunk, { stream: true }))
+      // The request's stream may stay open after its answer; we're done with it.
+      if (answered) {
+        await res.body?.cancel().catch(() => {})
+        break
+      }
+    }
+    return answered
+  }
+
+  /** Opens the server-to-client GET stream (MCP streamable HTTP); 405 means the server has none. */
+  async #openGetStream (): Promise<void> {
+    if (this.#getStreamOpen || this.#state !== 'running') return
+    this.#getStreamOpen = true
+    const parser = new SseParser(ev => {
+      if (ev.event !== 'message' || ev.data.trim() === '') return
+      try {
+        const body = JSON.parse(ev.data) as unknown
+        for (const m of Array.isArray(body) ? body : [body]) this.#deliver(m)
+      } catch {
+        this.#log.warn('dropped SSE event that is not JSON')
+      }
+    }, this.#max)
+    const max = this.#opts.maxReconnects ?? 5
+    try {
+      for (let attempt = 0; attempt <= max && this.#state === 'running'; attempt++) {
+        if (attempt > 0) await new Promise(resolve => setTimeout(resolve, Math.min(parser.retry ?? 1000, 30000)))
+        if (this.#state !== 'running') return
+        const ac = new AbortController()
+        this.#aborts.add(ac)
+        try {
+          const extra: Record<string, string> = { accept: 'text/event-stream' }
+          if (parser.lastEventId !== undefined) extra['last-event-id'] = parser.lastEventId
+          const res = await fetch(this.#opts.url, { method: 'GET', headers: this.#headers(extra), signal: ac.signal })
+          if (res.status === 405) { await res.body?.cancel().catch(() => {}); return }
+          if (res.status === 404) {
+            await res.body?.cancel().catch(() => {})
+            this.#gone(new Error(`target ${this.target}: upstream session ended (HTTP 404)`))
+            return
+          }
+          if (!res.ok || !(res.headers.get('content-type') ?? '').startsWith('text/event-stream')) {
+            await res.body?.cancel().catch(() => {})
+            this.#log.info({ status: res.status }, 'upstream offers no server-to-client stream')
+            return
+          }
+          attempt = 0
+          await this.#readSse(res, undefined, parser)
+        } catch (err) {
+          if (ac.signal.aborted) return
+          this.#log.debug({ err: (err as Error).message }, 'server-to-client stream dropped')
+        } finally {
+          this.#aborts.delete(ac)
+        }
+      }
+    } finally {
+      this.#getStreamOpen = false
+    }
+  }
+
+  /** The upstream session ended on its own. */
+  #gone (error: Error): void {
+    if (this.#state !== 'running') return
+    this.#state = 'closed'
+    this.#lastError = error.message
+    for (const ac of this.#aborts) ac.abort()
+    this.#reportClose(error)
+  }
+
+  #reportClose (error: Error | undefined): void {
+    if (this.#closeReported) return
+    this.#closeReported = true
+    try {
+      this.onClose(error)
+    } catch (err) {
+      this.#log.error({ err }, 'onClose handler threw')
+    }
+  }
+
+  close (): Promise<void> {
+    this.#closing ??= (async () => {
+      const wasRunning = this.#state === 'running'
+      this.#state = 'closed'
+      for (const ac of this.#aborts) ac.abort()
+      this.#aborts.clear()
+      if (wasRunning && this.#sessionId !== undefined) {
+        // Ends the upstream session; 405 means the server does not allow it (fine).
+        try {
+          const res = await fetch(this.#opts.url, { method: 'DELETE', headers: this.#headers({}), signal: AbortSignal.timeout(5000) })
+          await res.body?.cancel().catch(() => {})
+        } catch (err) {
+          this.#log.debug({ err: (err as Error).message }, 'DELETE of the upstream session failed')
+        }
+      }
+      this.#reportClose(undefined)
+    })()
+    return this.#closing
+  }
+}
