@@ -214,6 +214,12 @@ t.test('a bad rule fails create() with its config path and position', async t =>
   t.match(err.message, /"b" in jwt\.groups &&/)
 })
 
+t.test('check() (mcp-proxy --check) compiles the rules without creating anything', async t => {
+  t.doesNotThrow(() => authorization.check!({ rules: ['"a" in jwt.groups'] }, 'mcp.policies.authorization'))
+  t.throws(() => authorization.check!({ rules: ['"a" in jwt.groups', 'jwt.groups =='] }, 'mcp.policies.authorization'),
+    { code: 'MCPP_ERR_CONFIG', message: /^mcp\.policies\.authorization\.rules\[1\]: syntax error/ })
+})
+
 t.test('the options schema is exported', async t => {
   t.match(authorization.optionsSchema, { type: 'object', properties: { rules: { type: 'array' } } })
   t.equal(authorization.engine, '^1')

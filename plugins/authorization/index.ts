@@ -56,6 +56,9 @@ export default definePlugin<AuthorizationConfig>({
   name: NAME,
   engine: '^1',
   optionsSchema,
+  check (options: AuthorizationConfig, configPath: string): void {
+    compileRules(options.rules ?? [], `${configPath}.rules`)
+  },
   create (options: AuthorizationConfig, env: PluginEnv): Plugin {
     const set = compileRules(options.rules ?? [], `${env.configPath}.rules`)
     const denials = env.metrics.counter('mcp_proxy_authorization_denials_total', 'Authorization denials by rule')
