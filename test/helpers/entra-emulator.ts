@@ -46,8 +46,12 @@ export interface EntraEmulatorOptions {
   appRoles?: readonly string[]
   /** `accessTokenAcceptedVersion` of the app: 2 (default) or 1. */
   tokenVersion?: 1 | 2
-  /** Issuer of v1 tokens. Default `https://sts.windows.net/{tenant}/`. */
-  v1Issuer?: string
+  /**
+   * Issuer of v1 tokens. Default `https://sts.windows.net/{tenant}/` (a host
+   * tests cannot reach: pair it with the gateway's `jwks` setting). A function
+   * gets the emulator's origin, e.g. to issue `{origin}/{tenant}/`.
+   */
+  v1Issuer?: string | ((origin: string, tenant: string) => string)
   /** The user logged in automatically. */
   user?: Partial<EntraUser>
   /**
@@ -140,7 +144,9 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
 
   let origin = ''
   const issuerV2 = (): string => `${origin}/${tenant}/v2.0`
-  const issuerV1 = (): string => opts.v1Issuer ?? `https://sts.windows.net/${tenant}/`
+  const issuerV1 = (): string => typeof opts.v1Issuer === 'function'
+    ? opts.v1Issuer(origin, tenant)
+    : opts.v1Issuer ?? `https://sts.windows.net/${tenant}/`
   const apiPrefix = `api://${clientId}/`
 
   function discovery (): Record<string, unknown> {
