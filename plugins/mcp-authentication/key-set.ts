@@ -15,7 +15,7 @@ export interface KeySetOptions {
   readonly source: KeySetSource
   /** Background refresh interval. */
   readonly refreshMs: number
-  /** Minimum time between two fetches caused by unknown kids (or by missing keys). */
+  /** Minimum time between two fetches caused by requests (unknown kid, or no keys yet). */
   readonly cooldownMs: number
   readonly timeoutMs: number
   readonly maxBytes: number
@@ -119,6 +119,7 @@ export class RemoteKeySet {
   #loaded = false
   #inflight: Promise<void> | undefined
   #lastAttempt = 0
+  #lastOnDemand = 0
   #lastSuccess = 0
   #lastError: string | undefined
   #fetches = 0
@@ -203,7 +204,9 @@ export class RemoteKeySet {
 
   async #refetchIfCool (): Promise<void> {
     if (this.#inflight !== undefined) return this.#inflight
-    if (Date.now() - this.#lastAttempt < this.#opts.cooldownMs) return
+    // Only fetches caused by requests count: a scheduled refresh must not delay picking up a rotated key.
+    if (Date.now() - this.#lastOnDemand < this.#opts.cooldownMs) return
+    this.#lastOnDemand = Date.now()
     return this.refresh()
   }
 

@@ -1,0 +1,88 @@
+/**
+ * Test wrappers around bin/dev-idp.ts and a minimal authenticated gateway:
+ * a real GatewayServer on 127.0.0.1:0 whose pipeline is [cors, mcpAuthentication]
+ * and whose /mcp endpoint answers 200 with what authentication learned.
+ */
+import type { Test } from 'tap'
+import { startDevIdp, type DevIdp, type DevIdpOptions } from '../../bin/dev-idp.ts'
+import { GatewayServer, sendReply, type McpEndpoint } from '../../core/server.ts'
+import { Pipeline } from '../../core/pipeline.ts'
+import { RouteTable } from '../../core/routes.ts'
+import { Metrics } from '../../core/metrics.ts'
+import { createAjv } from '../../core/config.ts'
+import type { Plugin, PluginEnv } from '../../core/plugin.ts'
+import mcpAuthentication, { type McpAuthenticationOptions } from '../../plugins/mcp-authentication/index.ts'
+import cors, { type CorsOptions } from '../../plugins/cors/index.ts'
+import { memoryLogger } from './logger.ts'
+
+export async function devIdp (t: Test, opts: DevIdpOptions = {}): Promise<DevIdp> {
+  const idp = await startDevIdp(opts)
+  t.teardown(() => idp.close())
+  return idp
+}
+
+/** Validates options against the plugin's schema (defaults applied), like the plugin loader does. */
+export function validated<O> (schema: Record<string, unknown> | undefined, options: O): O {
+  const copy = structuredClone(options)
+  const validate = createAjv().compile(schema ?? {})
+  if (!validate(copy)) throw new Error('invalid options: ' + JSON.stringify(validate.errors))
+  return copy
+}
+
+export interface AuthGateway {
+  url: string
+  origin: string
+  auth: Plugin
+  metrics: Metrics
+  logText: () => string
+  /** What the /mcp endpoint saw on its last request. */
+  lastSeen: () => { authorization: string | undefined; rawAuthorization: boolean; subject: string | undefined } | undefined
+}
+
+/** The mcpAuthentication options of an oss_idp configuration for `idp`. */
+export function ossOptions (idp: DevIdp, extra: Partial<McpAuthenticationOptions> = {}): McpAuthenticationOptions {
+  return {
+    mode: 'strict',
+    issuer: idp.issuer,
+    audiences: [idp.clientId],
+    provider: { oss_idp: {} },
+    clientId: idp.clientId,
+    resourceMetadata: { resource: `${BASE}/mcp`, scopesSupported: ['openid', 'profile'] },
+    ...extra,
+  }
+}
+
+/** Public base URL of the test gateway: deliberately not its listen address ({base_url} never comes from Host). */
+export const BASE = 'https://gateway.example.test'
+
+/** Starts the gateway on 127.0.0.1:0 with [cors?, mcpAuthentication]. */
+export async function authGateway (t: Test, authOptions: McpAuthenticationOptions, corsOptions?: CorsOptions): Promise<AuthGateway> {
+  const { log, text } = memoryLogger('debug')
+  const metrics = new Metrics()
+  let seen: ReturnType<AuthGateway['lastSeen']>
+  const endpoint: McpEndpoint = {
+    async handle (ctx) {
+      seen = {
+        authorization: ctx.req.headers.authorization,
+        rawAuthorization: ctx.req.rawHeaders.some(h => h.toLowerCase() === 'authorization'),
+        subject: ctx.auth?.subject,
+      }
+      await sendReply(ctx, { status: 200, body: { subject: ctx.auth?.subject ?? null, groups: ctx.auth?.claims.groups ?? null } })
+    },
+    async close () {},
+  }
+  const env = (configPath: string): PluginEnv => ({ log, config: {}, baseUrl: BASE, configPath, metrics })
+  const plugins: Plugin[] = []
+  t.teardown(async () => { for (const p of plugins) await p.close?.() })
+  if (corsOptions !== undefined) plugins.push(await cors.create(validated(cors.optionsSchema, corsOptions), env('mcp.policies.cors')))
+  const authPlugin = await mcpAuthentication.create(validated(mcpAuthentication.optionsSchema, authOptions), env('mcp.policies.mcpAuthentication'))
+  plugins.push(authPlugin)
+  const server = new GatewayServer({
+    pipeline: new Pipeline(plugins), routes: new RouteTable(plugins), mcp: endpoint, log, metrics,
+    limits: { maxBodyBytes: 1 << 20, headersTimeoutMs: 10000, requestTimeoutMs: 30000, keepAliveTimeoutMs: 5000 },
+  })
+  const { port } = await server.listen(0, '127.0.0.1')
+  t.teardown(() => server.close(100))
+  const origin = `http://127.0.0.1:${port}`
+  return { url: `${origin}/mcp`, origin, auth: authPlugin, metrics, logText: text, lastSeen: () => seen }
+}

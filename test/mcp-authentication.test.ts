@@ -1,0 +1,290 @@
+/**
+ * mcpAuthentication against the real development OpenID provider
+ * (oidc-provider, oss_idp-like): every 401 case, modes, the token cache,
+ * header removal, protected resource metadata and the key-set drills.
+ */
+import t from 'tap'
+import { createServer, request as httpRequest } from 'node:http'
+import { createHash, randomBytes, randomUUID, createPublicKey } from 'node:crypto'
+import type { AddressInfo } from 'node:net'
+import { generateKeyPair, exportJWK, type JWK } from 'jose'
+import { devIdp, authGateway, ossOptions, BASE } from './helpers/idp.ts'
+
+const PRM_URL = `${BASE}/.well-known/oauth-protected-resource/mcp`
+const CHALLENGE = `Bearer resource_metadata="${PRM_URL}", scope="openid profile"`
+
+async function call (url: string, token?: string, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; body: Record<string, unknown>; text: string }> {
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...(token === undefined ? {} : { authorization: `Bearer ${token}` }), ...headers },
+    body: '{"jsonrpc":"2.0","id":1,"method":"ping"}',
+  })
+  const text = await res.text()
+  let body: Record<string, unknown> = {}
+  try { body = JSON.parse(text) as Record<string, unknown> } catch {}
+  return { status: res.status, headers: res.headers, body, text }
+}
+
+/** A raw request that can send the same header twice. */
+function rawPost (url: string, rawHeaders: string[]): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const body = '{"jsonrpc":"2.0","id":1,"method":"ping"}'
+    const headers = ['host', new URL(url).host, 'content-type', 'application/json', 'content-length', String(body.length), ...rawHeaders]
+    const req = httpRequest(url, { method: 'POST', headers: headers as unknown as Record<string, string> }, res => {
+      let text = ''
+      res.setEncoding('utf8')
+      res.on('data', c => { text += c })
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }))
+    })
+    req.on('error', reject)
+    req.end(body)
+  })
+}
+
+const b64 = (v: unknown): string => Buffer.from(JSON.stringify(v)).toString('base64url')
+
+async function authCodeToken (idp: Awaited<ReturnType<typeof devIdp>>): Promise<string> {
+  const verifier = randomBytes(32).toString('base64url')
+  const redirect = 'http://127.0.0.1:1/callback'
+  const u = new URL(idp.authorizationEndpoint)
+  u.search = new URLSearchParams({
+    response_type: 'code', client_id: idp.clientId, redirect_uri: redirect, scope: 'openid profile', state: 's1',
+    code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256',
+    resource: `${BASE}/mcp`,
+  }).toString()
+  const res = await fetch(u, { redirect: 'manual' })
+  const loc = new URL(res.headers.get('location') ?? '')
+  const code = loc.searchParams.get('code')
+  if (code === null) throw new Error(`no code in ${loc.origin}${loc.pathname}: ${loc.searchParams.get('error')}`)
+  const tok = await fetch(idp.tokenEndpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri: redirect, client_id: idp.clientId, code_verifier: verifier }),
+  })
+  const body = await tok.json() as { access_token: string }
+  return body.access_token
+}
+
+t.test('strict mode against the dev IdP', async t => {
+  const idp = await devIdp(t)
+  const gw = await authGateway(t, ossOptions(idp, { keySet: { cooldownSeconds: 600 } }))
+  const now = Math.floor(Date.now() / 1000)
+
+  t.test('missing token: 401 with the SPEC body and challenge', async t => {
+    const r = await call(gw.url)
+    t.equal(r.status, 401)
+    t.same(r.body, { error: 'unauthorized', error_description: 'JWT token required' })
+    t.equal(r.headers.get('www-authenticate'), CHALLENGE)
+    const basic = await call(gw.url, undefined, { authorization: 'Basic YWxpY2U6cHc=' })
+    t.equal(basic.status, 401, 'another scheme counts as no bearer token')
+    t.equal(basic.body.error_description, 'JWT token required')
+  })
+
+  t.test('tokens from real flows are accepted', async t => {
+    const cc = await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password')
+    const r1 = await call(gw.url, cc)
+    t.equal(r1.status, 200)
+    t.same(r1.body, { subject: 'mcp-service', groups: ['mcp-users'] })
+    const code = await authCodeToken(idp)
+    const r2 = await call(gw.url, code)
+    t.equal(r2.status, 200)
+    t.same(r2.body, { subject: 'alice', groups: ['mcp-users'] })
+    const lower = await call(gw.url, undefined, { authorization: `bEaReR ${cc}` })
+    t.equal(lower.status, 200, 'the scheme is case-insensitive')
+  })
+
+  t.test('aud array with one accepted value', async t => {
+    const r = await call(gw.url, await idp.mintToken({ sub: 'u1', aud: ['other-api', idp.clientId] }))
+    t.equal(r.status, 200)
+  })
+
+  t.test('every bad token gets 401 invalid_token without echoing the token', async t => {
+    const jku = createServer((_req, res) => { jkuHits++; res.end('{"keys":[]}') })
+    let jkuHits = 0
+    await new Promise<void>(resolve => jku.listen(0, '127.0.0.1', resolve))
+    t.teardown(() => new Promise<void>(resolve => jku.close(() => resolve())))
+    const jkuUrl = `http://127.0.0.1:${(jku.address() as AddressInfo).port}/jwks`
+
+    const attacker = await generateKeyPair('RS256', { extractable: true })
+    const attackerJwk: JWK = await exportJWK(attacker.publicKey)
+    const jwks = await (await fetch(idp.jwksUrl)).json() as { keys: JWK[] }
+    const pem = createPublicKey({ key: jwks.keys[0] as never, format: 'jwk' }).export({ type: 'spki', format: 'pem' }) as string
+    const good = { sub: 'u1' }
+    const payload = b64({ iss: idp.issuer, aud: idp.clientId, sub: 'u1', exp: now + 600 })
+
+    const cases: Array<[string, string, string?]> = [
+      ['garbage', 'not-a-jwt', 'malformed token'],
+      ['two segments', `${b64({ alg: 'RS256' })}.${payload}`, 'malformed token'],
+      ['four segments', `${await idp.mintToken(good)}.AAAA`, 'malformed token'],
+      ['alg none, empty signature', `${b64({ alg: 'none', typ: 'JWT' })}.${payload}.`],
+      ['alg HS256 with the RSA public key as secret', await idp.mintToken(good, { alg: 'HS256', key: Buffer.from(pem) }), 'token algorithm not accepted'],
+      ['embedded jwk header', await idp.mintToken(good, { key: attacker.privateKey, kid: null, header: { jwk: attackerJwk } }), 'token header not accepted'],
+      ['jku header', await idp.mintToken(good, { key: attacker.privateKey, kid: 'attacker', header: { jku: jkuUrl } }), 'token header not accepted'],
+      ['x5u header', await idp.mintToken(good, { key: attacker.privateKey, kid: 'attacker', header: { x5u: jkuUrl } }), 'token header not accepted'],
+      ['x5c header', await idp.mintToken(good, { key: attacker.privateKey, kid: 'attacker', header: { x5c: ['MIIB'] } }), 'token header not accepted'],
+      ['unknown kid', await idp.mintToken(good, { key: attacker.privateKey, kid: randomUUID() }), 'token signing key not found'],
+      ['wrong signature', await idp.mintToken(good, { key: attacker.privateKey }), 'token signature invalid'],
+      ['expired', await idp.mintToken({ sub: 'u1', iat: now - 7200, exp: now - 3600 }), 'token expired'],
+      ['nbf in the future', await idp.mintToken({ sub: 'u1', nbf: now + 3600 }), 'token not yet valid'],
+      ['no exp', await idp.mintToken({ sub: 'u1', iss: idp.issuer, aud: idp.clientId }, { defaults: false }), 'token has no valid expiry'],
+      ['iss without the trailing slash', await idp.mintToken({ sub: 'u1', iss: idp.issuer.slice(0, -1) }), 'token issuer not accepted'],
+      ['iss with an extra trailing slash', await idp.mintToken({ sub: 'u1', iss: idp.issuer + '/' }), 'token issuer not accepted'],
+      ['another issuer', await idp.mintToken({ sub: 'u1', iss: 'https://evil.example/application/o/mcp/' }), 'token issuer not accepted'],
+      ['wrong aud', await idp.mintToken({ sub: 'u1', aud: 'another-client' }), 'token audience not accepted'],
+      ['aud array without an accepted value', await idp.mintToken({ sub: 'u1', aud: ['a', 'b'] }), 'token audience not accepted'],
+    ]
+    for (const casing of ['none', 'None', 'NONE', 'nOnE']) {
+      cases.push([`alg ${casing} with a signature`, `${b64({ alg: casing, typ: 'JWT' })}.${payload}.c2ln`, 'token algorithm not accepted'])
+    }
+    for (const [name, token, description] of cases) {
+      const r = await call(gw.url, token)
+      t.equal(r.status, 401, `${name}: 401`)
+      t.equal(r.body.error, 'invalid_token', `${name}: invalid_token`)
+      if (description !== undefined) t.equal(r.body.error_description, description, `${name}: description`)
+      t.equal(r.headers.get('www-authenticate'), `${CHALLENGE}, error="invalid_token", error_description="${r.body.error_description as string}"`, `${name}: challenge`)
+      t.notOk(r.text.includes(token.slice(0, 40)) && token.length > 20, `${name}: token not echoed`)
+    }
+    t.equal(jkuHits, 0, 'no request ever went to the jku/x5u URL')
+    t.notOk(gw.logText().includes(cases[10]![1].split('.')[2]!), 'no token signature in the logs')
+    t.ok(gw.metrics.counter('mcp_proxy_auth_failures_total', '').get({ reason: 'expired' }) >= 1, 'failures counted by reason')
+  })
+
+  t.test('query tokens and duplicate Authorization headers: 400', async t => {
+    const token = await idp.mintToken({ sub: 'u1' })
+    const q = await call(`${gw.url}?access_token=${token}`)
+    t.equal(q.status, 400)
+    t.equal(q.body.error, 'invalid_request')
+    const dup = await rawPost(gw.url, ['authorization', `Bearer ${token}`, 'authorization', `Bearer ${token}`])
+    t.equal(dup.status, 400)
+    t.equal(JSON.parse(dup.body).error, 'invalid_request')
+  })
+
+  t.test('the Authorization header is removed before the endpoint', async t => {
+    const r = await call(gw.url, await idp.mintToken({ sub: 'strip-me' }))
+    t.equal(r.status, 200)
+    t.same(gw.lastSeen(), { authorization: undefined, rawAuthorization: false, subject: 'strip-me' })
+  })
+
+  t.test('token cache: a repeat skips verification, one byte different does not', async t => {
+    const token = await idp.mintToken({ sub: 'cached' })
+    const before = (gw.auth.describe?.() as { verifications: number }).verifications
+    t.equal((await call(gw.url, token)).status, 200)
+    t.equal((await call(gw.url, token)).status, 200)
+    const after = gw.auth.describe?.() as { verifications: number; tokenCache: { hits: number } }
+    t.equal(after.verifications, before + 1, 'verified once')
+    t.ok(after.tokenCache.hits >= 1)
+    // One character inside the signature (the last base64url character may carry only padding bits).
+    const i = token.length - 10
+    const altered = token.slice(0, i) + (token[i] === 'A' ? 'B' : 'A') + token.slice(i + 1)
+    const r = await call(gw.url, altered)
+    t.equal(r.status, 401, 'a token differing in one byte is verified (and fails)')
+    t.equal((gw.auth.describe?.() as { verifications: number }).verifications, before + 2)
+  })
+
+  t.test('protected resource metadata', async t => {
+    for (const path of ['/.well-known/oauth-protected-resource/mcp', '/.well-known/oauth-protected-resource']) {
+      const res = await fetch(gw.origin + path)
+      t.equal(res.status, 200)
+      t.equal(res.headers.get('access-control-allow-origin'), '*')
+      t.same(await res.json(), {
+        resource: `${BASE}/mcp`,
+        authorization_servers: [`${BASE}/mcp`],
+        mcp_protocol_version: '2025-06-18',
+        resource_type: 'mcp-server',
+        bearer_methods_supported: ['header'],
+        scopes_supported: ['openid', 'profile'],
+      })
+    }
+  })
+
+  t.test('describe and ready carry no secrets', async t => {
+    t.same(gw.auth.ready?.(), { ready: true })
+    const d = gw.auth.describe?.() as { keySet: { kids: string[]; url: string } }
+    t.equal(d.keySet.url, idp.jwksUrl, 'oss_idp key set at {issuer}jwks/')
+    t.ok(d.keySet.kids.includes(idp.currentKid))
+  })
+})
+
+t.test('optional and permissive modes', async t => {
+  const idp = await devIdp(t)
+  const optional = await authGateway(t, ossOptions(idp, { mode: 'optional' }))
+  const permissive = await authGateway(t, ossOptions(idp, { mode: 'permissive' }))
+  const good = await idp.mintToken({ sub: 'u2' })
+  const bad = await idp.mintToken({ sub: 'u2', aud: 'nope' })
+
+  const o1 = await call(optional.url)
+  t.equal(o1.status, 200, 'optional: a missing token passes')
+  t.same(o1.body.subject, null)
+  t.equal((await call(optional.url, bad)).status, 401, 'optional: a bad token is rejected')
+  t.same((await call(optional.url, good)).body.subject, 'u2')
+
+  t.equal((await call(permissive.url)).status, 200)
+  const p2 = await call(permissive.url, bad)
+  t.equal(p2.status, 200, 'permissive: a bad token passes')
+  t.same(p2.body.subject, null, 'without claims')
+  t.same((await call(permissive.url, good)).body.subject, 'u2', 'verified claims are passed on')
+  t.equal(permissive.lastSeen()?.authorization, undefined, 'header removed in permissive mode too')
+})
+
+t.test('token cache disabled: every request is verified', async t => {
+  const idp = await devIdp(t)
+  const gw = await authGateway(t, ossOptions(idp, { tokenCache: { enabled: false } }))
+  const token = await idp.mintToken({ sub: 'u3' })
+  await call(gw.url, token)
+  await call(gw.url, token)
+  t.equal((gw.auth.describe?.() as { verifications: number }).verifications, 2)
+})
+
+t.test('key set drills', async t => {
+  t.test('unreachable at start: 503 with Retry-After and not ready, recovers', async t => {
+    const idp = await devIdp(t)
+    idp.setJwksAvailable(false)
+    const gw = await authGateway(t, ossOptions(idp, { keySet: { cooldownSeconds: 1, retryAfterSeconds: 7 } }))
+    const ready = gw.auth.ready?.() as { ready: boolean; reason: string }
+    t.equal(ready.ready, false)
+    t.match(ready.reason, /signing keys not loaded: HTTP 503/)
+    const r = await call(gw.url, await idp.mintToken({ sub: 'u4' }))
+    t.equal(r.status, 503)
+    t.equal(r.headers.get('retry-after'), '7')
+    t.equal(r.body.error, 'temporarily_unavailable')
+    t.equal((await call(gw.url)).status, 401, 'no token is still a 401 challenge')
+    idp.setJwksAvailable(true)
+    let status = 0
+    for (let i = 0; i < 40 && status !== 200; i++) {
+      await new Promise(resolve => setTimeout(resolve, 250))
+      status = (await call(gw.url, await idp.mintToken({ sub: 'u4' }))).status
+    }
+    t.equal(status, 200, 'recovers once the key set is reachable')
+    t.same(gw.auth.ready?.(), { ready: true })
+  })
+
+  t.test('unreachable after start: cached keys keep working', async t => {
+    const idp = await devIdp(t)
+    const gw = await authGateway(t, ossOptions(idp, { keySet: { cooldownSeconds: 600 } }))
+    idp.setJwksAvailable(false)
+    // An unknown kid forces a refetch, which fails.
+    const attacker = await generateKeyPair('RS256')
+    t.equal((await call(gw.url, await idp.mintToken({ sub: 'x' }, { key: attacker.privateKey, kid: 'new-kid' }))).status, 401)
+    const d = gw.auth.describe?.() as { keySet: { lastError: string; loaded: boolean } }
+    t.match(d.keySet.lastError, /HTTP 503/)
+    t.equal(d.keySet.loaded, true)
+    t.equal((await call(gw.url, await idp.mintToken({ sub: 'still-fine' }))).status, 200, 'last good keys are kept')
+    t.same(gw.auth.ready?.(), { ready: true })
+  })
+
+  t.test('rotation: a new kid is accepted after one refetch; a flood of random kids causes no fetch storm', async t => {
+    const idp = await devIdp(t)
+    const gw = await authGateway(t, ossOptions(idp, { keySet: { cooldownSeconds: 600 } }))
+    const start = idp.jwksRequests
+    const kid = await idp.rotateKeys()
+    const r = await call(gw.url, await idp.mintToken({ sub: 'rotated' }))
+    t.equal(r.status, 200, 'token signed with the new key accepted')
+    t.equal(idp.jwksRequests, start + 1, 'exactly one refetch')
+    t.ok((gw.auth.describe?.() as { keySet: { kids: string[] } }).keySet.kids.includes(kid))
+    const attacker = await generateKeyPair('RS256')
+    const flood = await Promise.all(Array.from({ length: 40 }, async () =>
+      (await call(gw.url, await idp.mintToken({ sub: 'f' }, { key: attacker.privateKey, kid: randomUUID() }))).status))
+    t.ok(flood.every(s => s === 401))
+    t.equal(idp.jwksRequests, start + 1, 'no fetch for random kids within the cooldown')
+  })
+})
