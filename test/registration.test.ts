@@ -1,0 +1,154 @@
+/**
+ * registration: RFC 7591 answers with the configured client id, request
+ * validation (content type, JSON object, redirect URIs, grants, size), and
+ * acceptance of the answer by the official SDK's schema.
+ */
+import t, { type Test } from 'tap'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { OAuthClientInformationFullSchema } from '@modelcontextprotocol/sdk/shared/auth.js'
+import { validateConfig } from '../core/config.ts'
+import { ProxyError } from '../core/errors.ts'
+import registrationModule, { buildRegistrationResponse, redirectUriProblem } from '../plugins/registration/index.ts'
+import { startBridgeServer, makeEnv, type BridgeServer } from './helpers/bridge-server.ts'
+import { memoryLogger } from './helpers/logger.ts'
+
+const PATH = '/.well-known/oauth-authorization-server/client-registration'
+const CLIENT_ID = 'pre-registered-client'
+
+async function idpStub (t: Test): Promise<string> {
+  const server = createServer((_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
+      issuer: 'https://idp.example/app/', authorization_endpoint: 'https://idp.example/authorize', token_endpoint: 'https://idp.example/token', registration_endpoint: null,
+    }))
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}/app/`
+}
+
+async function ossServer (t: Test, maxBodyBytes?: number): Promise<BridgeServer> {
+  const issuer = await idpStub(t)
+  const s = await startBridgeServer({ issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } }, { maxBodyBytes })
+  t.teardown(() => s.close())
+  return s
+}
+
+function register (s: BridgeServer, body: unknown, contentType = 'application/json'): Promise<Response> {
+  return fetch(s.url + PATH, { method: 'POST', headers: { 'content-type': contentType }, body: typeof body === 'string' ? body : JSON.stringify(body) })
+}
+
+t.test('redirect URI rules', async t => {
+  const good = [
+    'https://app.example.com/callback',
+    'http://127.0.0.1:33418/callback',
+    'http://localhost:6274/oauth/callback',
+    'http://[::1]:3000/cb',
+    'com.example.app:/oauth2redirect',
+    'cursor://anysphere.cursor-retrieval/oauth/user-mcp/callback',
+    'https://app.example.com/cb?x=1',
+  ]
+  for (const u of good) t.equal(redirectUriProblem(u), undefined, u)
+  const bad: Array<[unknown, RegExp]> = [
+    ['', /non-empty/], [42, /non-empty string/], ['/relative/callback', /absolute/], ['callback', /absolute/],
+    ['https://app.example.com/cb#frag', /fragment/], ['https://app.example.com/cb\r\nSet-Cookie: x=1', /control/],
+    ['https://app.example.com/c b', /whitespace/], ['javascript:alert(1)', /not allowed/], ['data:text/html,hi', /not allowed/],
+    ['file:///etc/passwd', /not allowed/], ['http://app.example.com/cb', /loopback/], ['https://user:pw@app.example.com/cb', /user information/],
+    ['https://app.example.com/' + 'a'.repeat(3000), /at most/],
+  ]
+  for (const [u, reason] of bad) t.match(redirectUriProblem(u), reason, String(u).slice(0, 40))
+})
+
+t.test('registration answers with the configured client id', async t => {
+  const s = await ossServer(t)
+  const req = {
+    client_name: 'MCP Inspector', redirect_uris: ['http://localhost:6274/oauth/callback', 'com.example.app:/cb'],
+    grant_types: ['authorization_code', 'refresh_token'], response_types: ['code'], token_endpoint_auth_method: 'client_secret_basic',
+    scope: 'openid profile',
+  }
+  const res = await register(s, req)
+  t.equal(res.status, 201)
+  t.equal(res.headers.get('cache-control'), 'no-store')
+  const body = await res.json() as Record<string, unknown>
+  t.equal(body.client_id, CLIENT_ID)
+  t.equal(body.token_endpoint_auth_method, 'none', 'public client even when another method was asked for')
+  t.same(body.redirect_uris, req.redirect_uris)
+  t.same(body.grant_types, ['authorization_code', 'refresh_token'])
+  t.same(body.response_types, ['code'])
+  t.equal(body.client_name, 'MCP Inspector')
+  t.equal(body.scope, 'openid profile')
+  t.ok(Number.isInteger(body.client_id_issued_at) && (body.client_id_issued_at as number) <= Math.floor(Date.now() / 1000))
+  t.notOk('client_secret' in body)
+  t.ok(OAuthClientInformationFullSchema.safeParse(body).success, 'the SDK accepts the answer')
+
+  const minimal = await register(s, { redirect_uris: ['http://127.0.0.1:1234/cb'] }, 'application/json; charset=utf-8')
+  t.equal(minimal.status, 201)
+  const m = await minimal.json() as Record<string, unknown>
+  t.same(m.grant_types, ['authorization_code', 'refresh_token'], 'defaulted')
+  t.same(m.response_types, ['code'], 'defaulted')
+  t.notOk('client_name' in m)
+
+  const extra = await register(s, { redirect_uris: ['https://a.example/cb'], grant_types: ['authorization_code', 'client_credentials', 'urn:x'] })
+  t.same((await extra.json() as Record<string, unknown>).grant_types, ['authorization_code'], 'unsupported grants replaced (RFC 7591 §3.2.1)')
+})
+
+t.test('invalid registration requests', async t => {
+  const s = await ossServer(t, 4096)
+  const cases: Array<[string, unknown, string, string?]> = [
+    ['not JSON', '{redirect_uris:', 'invalid_client_metadata'],
+    ['array body', [], 'invalid_client_metadata'],
+    ['null body', 'null', 'invalid_client_metadata'],
+    ['string body', '"x"', 'invalid_client_metadata'],
+    ['form content type', 'redirect_uris=https://a', 'invalid_client_metadata', 'application/x-www-form-urlencoded'],
+    ['text content type', JSON.stringify({ redirect_uris: ['https://a.example/cb'] }), 'invalid_client_metadata', 'text/plain'],
+    ['no redirect_uris', { client_name: 'x' }, 'invalid_redirect_uri'],
+    ['empty redirect_uris', { redirect_uris: [] }, 'invalid_redirect_uri'],
+    ['redirect_uris not an array', { redirect_uris: 'https://a.example/cb' }, 'invalid_redirect_uri'],
+    ['relative redirect', { redirect_uris: ['/cb'] }, 'invalid_redirect_uri'],
+    ['fragment', { redirect_uris: ['https://a.example/cb#x'] }, 'invalid_redirect_uri'],
+    ['CR/LF', { redirect_uris: ['https://a.example/cb\r\nx'] }, 'invalid_redirect_uri'],
+    ['one bad among good', { redirect_uris: ['https://a.example/cb', 'javascript:alert(1)'] }, 'invalid_redirect_uri'],
+    ['too many', { redirect_uris: Array.from({ length: 21 }, (_, i) => `https://a.example/cb${i}`) }, 'invalid_redirect_uri'],
+    ['grant_types not strings', { redirect_uris: ['https://a.example/cb'], grant_types: [1] }, 'invalid_client_metadata'],
+    ['no authorization_code', { redirect_uris: ['https://a.example/cb'], grant_types: ['client_credentials'] }, 'invalid_client_metadata'],
+    ['no code response type', { redirect_uris: ['https://a.example/cb'], response_types: ['token'] }, 'invalid_client_metadata'],
+    ['client_name not a string', { redirect_uris: ['https://a.example/cb'], client_name: { a: 1 } }, 'invalid_client_metadata'],
+  ]
+  for (const [name, body, error, type] of cases) {
+    const res = await register(s, body, type)
+    t.equal(res.status, 400, name)
+    const b = await res.json() as Record<string, unknown>
+    t.equal(b.error, error, name)
+    t.type(b.error_description, 'string', name)
+  }
+  const big = await register(s, { redirect_uris: ['https://a.example/cb'], client_name: 'x'.repeat(8000) })
+  t.equal(big.status, 413, 'size-limited by core')
+  const get = await fetch(s.url + PATH)
+  t.equal(get.status, 405)
+  t.match(get.headers.get('allow'), /POST/)
+  const pre = await fetch(s.url + PATH, { method: 'OPTIONS', headers: { origin: 'http://localhost:6274', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' } })
+  t.equal(pre.status, 204)
+  t.equal(pre.headers.get('access-control-allow-origin'), '*')
+})
+
+t.test('buildRegistrationResponse never answers without the configured id', async t => {
+  t.equal(buildRegistrationResponse({ redirect_uris: ['https://a.example/cb'] }, 'abc', 5000).client_id_issued_at, 5)
+  t.throws(() => buildRegistrationResponse({}, 'abc'))
+})
+
+t.test('configuration', async t => {
+  const log = memoryLogger().log
+  const { env: none } = await makeEnv({ issuer: 'https://idp.example/', audiences: ['x'] }, log)
+  t.same((await registrationModule.create({}, none)).routes, [], 'no provider: no routes')
+  await t.rejects(validateConfig({
+    mcp: { port: 1, targets: [{ name: 'a', stdio: { cmd: 'node' } }], policies: { mcpAuthentication: { mode: 'strict', issuer: 'https://idp.example/app/', provider: { oss_idp: {} }, resourceMetadata: { resource: 'https://gw.example/mcp' } } } },
+  }), /clientId/, 'oss_idp without clientId is rejected at start-up, naming the field')
+  // Guard in create() for configs that bypass the validator.
+  const { env } = await makeEnv({ issuer: 'https://idp.example/app/', audiences: ['x'], clientId: 'x', provider: { oss_idp: {} } }, log)
+  const auth = (env.config as { mcp: { policies: { mcpAuthentication: Record<string, unknown> } } }).mcp.policies.mcpAuthentication
+  const bypass = { ...env, config: { mcp: { policies: { mcpAuthentication: { ...auth, clientId: undefined } } } } }
+  let err: unknown
+  try { await registrationModule.create({}, bypass) } catch (e) { err = e }
+  t.ok(ProxyError.is(err))
+  t.match((err as ProxyError).message, /clientId/)
+})
