@@ -164,12 +164,21 @@ t.test('per-operation rules: not evaluated in onRequest, filter via allowMcpOper
   t.equal(plugin.onRequest!(user), undefined, 'operation rules do not gate the endpoint')
   t.equal(user.denial, undefined)
 
-  const tools = ['read_file', 'delete_file', 'write_file'].map(name => ({ method: 'tools/list', tool: { name, target: 'fs' } }))
+  // The MCP layer filters `tools/list` by asking about `tools/call` for each item.
+  const listing = (ctx: RequestContext): RequestContext => Object.assign(ctx, { mcp: { body: {}, method: 'tools/list' } })
+  listing(user)
+  listing(admin)
+  const tools = ['read_file', 'delete_file', 'write_file'].map(name => ({ method: 'tools/call', tool: { name, target: 'fs' } }))
   t.same(tools.filter(op => plugin.allowMcpOperation!(user, op)).map(op => op.tool.name), ['read_file', 'write_file'])
   t.same(tools.filter(op => plugin.allowMcpOperation!(admin, op)).map(op => op.tool.name), ['read_file', 'delete_file', 'write_file'])
   t.equal(user.denial, undefined, 'filtering a list is not a denial')
   t.equal(metrics.counter('mcp_proxy_authorization_denials_total', '').get({ rule: '1' }), 0)
   t.ok(lines.some(l => l.level === 20 && l.rule === 1 && l.item === 'delete_file'), 'filtered items are logged at debug')
+  t.notOk(lines.some(l => l.level === 30 && l.rule === 1), 'and not at info')
+  t.equal(plugin.allowMcpOperation!(user, { method: 'tools/list', tool: { name: 'delete_file', target: 'fs' } }), false, 'a list-method operation is filtered too')
+  t.equal(user.denial, undefined)
+
+  Object.assign(user, { mcp: { body: {}, method: 'tools/call' } })
 
   t.equal(plugin.allowMcpOperation!(user, { method: 'tools/call', tool: { name: 'delete_file', target: 'fs' } }), false)
   t.equal(user.denial, 'rule[1]')
@@ -188,7 +197,9 @@ t.test('no rules: everything allowed', async t => {
   const { plugin, env } = await make([])
   const ctx = fakeCtx({ log: env.log })
   t.equal(plugin.onRequest!(ctx), undefined)
-  t.equal(plugin.allowMcpOperation!(ctx, { method: 'tools/call', tool: { name: 'x', target: 'y' } }), true)
+  t.equal(plugin.allowMcpOperation, undefined, 'no per-operation hook without mcp.* rules')
+  const withEndpointRule = (await make(['"a" in jwt.groups'])).plugin
+  t.equal(withEndpointRule.allowMcpOperation, undefined, 'endpoint rules alone do not need per-operation checks')
 })
 
 t.test('describe() lists the rules and their kind', async t => {

@@ -106,8 +106,9 @@ export default definePlugin<AuthorizationConfig>({
         throw new ProxyError('MCPP_ERR_FORBIDDEN', 403, DENIED, { oauthError: 'forbidden' })
       },
 
-      allowMcpOperation: function authorizeMcpOperation (ctx: RequestContext, op: McpOperation): boolean {
-        if (set.operation.length === 0) return true
+      // Only present when some rule reads `mcp.*`: without it the gateway may pass a
+      // single HTTP target through untouched instead of inspecting every message.
+      allowMcpOperation: set.operation.length === 0 ? undefined : function authorizeMcpOperation (ctx: RequestContext, op: McpOperation): boolean {
         const base = requestVars(ctx)
         const vars: RuleVariables = {
           jwt: base.jwt,
@@ -117,8 +118,11 @@ export default definePlugin<AuthorizationConfig>({
         const failure = set.firstFailure(set.operation, vars)
         if (failure === undefined) return true
         const what = op.tool?.name ?? op.prompt?.name ?? op.resource?.uri
-        // Filtering a list is routine and per item: debug, not counted as a denial.
-        if (op.method.endsWith('/list')) {
+        // The MCP layer filters list results by asking about the call each item allows
+        // (op.method `tools/call` while answering `tools/list`), so the request's own
+        // method tells a list filter from a refused call. Filtering is routine and per
+        // item: debug, not counted as a denial.
+        if (op.method.endsWith('/list') || ctx.mcp?.method?.endsWith('/list') === true) {
           logDenial(ctx, failure, 'debug', { method: op.method, item: what })
         } else {
           logDenial(ctx, failure, 'info', { method: op.method, item: what })
