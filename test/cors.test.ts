@@ -1,0 +1,92 @@
+/**
+ * CORS with real HTTP requests through a gateway whose pipeline is
+ * [cors, mcpAuthentication]: preflights need no token, 401s carry the CORS
+ * headers, a disallowed Origin on /mcp gets 403, public routes keep `*`.
+ */
+import t from 'tap'
+import { devIdp, authGateway, ossOptions } from './helpers/idp.ts'
+
+t.test('listed origins', async t => {
+  const idp = await devIdp(t)
+  const gw = await authGateway(t, ossOptions(idp), { allowOrigins: ['https://app.example.com'], exposeHeaders: ['Mcp-Session-Id', 'X-Custom'] })
+  const origin = 'https://app.example.com'
+
+  t.test('preflight answered 204 without a token', async t => {
+    const res = await fetch(gw.url, { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type, mcp-session-id' } })
+    t.equal(res.status, 204)
+    t.equal(res.headers.get('access-control-allow-origin'), origin)
+    t.match(res.headers.get('access-control-allow-methods'), /POST/)
+    t.match(res.headers.get('access-control-allow-headers'), /Authorization/)
+    t.match(res.headers.get('access-control-allow-headers'), /Mcp-Session-Id/)
+    t.equal(res.headers.get('access-control-max-age'), '600')
+    t.match(res.headers.get('vary'), /Origin/)
+    t.equal(res.headers.get('access-control-allow-credentials'), null)
+  })
+
+  t.test('401 carries the CORS headers and exposes WWW-Authenticate', async t => {
+    const res = await fetch(gw.url, { method: 'POST', headers: { origin, 'content-type': 'application/json' }, body: '{}' })
+    t.equal(res.status, 401)
+    t.equal(res.headers.get('access-control-allow-origin'), origin)
+    const exposed = (res.headers.get('access-control-expose-headers') ?? '').split(',').map(s => s.trim().toLowerCase())
+    t.ok(exposed.includes('www-authenticate'))
+    t.ok(exposed.includes('mcp-session-id'))
+    t.ok(exposed.includes('x-custom'))
+  })
+
+  t.test('a successful request is decorated too', async t => {
+    const res = await fetch(gw.url, { method: 'POST', headers: { origin, authorization: `Bearer ${await idp.mintToken({ sub: 'c1' })}`, 'content-type': 'application/json' }, body: '{}' })
+    t.equal(res.status, 200)
+    t.equal(res.headers.get('access-control-allow-origin'), origin)
+  })
+
+  t.test('disallowed origin: 403 on /mcp, preflight refused, no CORS headers', async t => {
+    const res = await fetch(gw.url, { method: 'POST', headers: { origin: 'https://evil.example', authorization: `Bearer ${await idp.mintToken({ sub: 'c1' })}`, 'content-type': 'application/json' }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' })
+    t.equal(res.status, 403)
+    t.equal(res.headers.get('access-control-allow-origin'), null)
+    t.match(res.headers.get('content-type'), /application\/json/)
+    const body = await res.json() as { error: { message: string } }
+    t.equal(body.error.message, 'origin not allowed')
+    const pre = await fetch(gw.url, { method: 'OPTIONS', headers: { origin: 'https://evil.example', 'access-control-request-method': 'POST' } })
+    t.equal(pre.status, 403)
+    t.equal(pre.headers.get('access-control-allow-origin'), null)
+  })
+
+  t.test('no Origin header: no CORS processing', async t => {
+    const res = await fetch(gw.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })
+    t.equal(res.status, 401)
+    t.equal(res.headers.get('access-control-allow-origin'), null)
+  })
+
+  t.test('protected resource metadata keeps `*` for any origin', async t => {
+    const res = await fetch(`${gw.origin}/.well-known/oauth-protected-resource/mcp`, { headers: { origin: 'https://elsewhere.example' } })
+    t.equal(res.status, 200)
+    t.equal(res.headers.get('access-control-allow-origin'), '*')
+    const ok = await fetch(`${gw.origin}/.well-known/oauth-protected-resource/mcp`, { headers: { origin } })
+    t.equal(ok.headers.get('access-control-allow-origin'), '*')
+  })
+})
+
+t.test('`*` never reflects an origin with credentials', async t => {
+  const idp = await devIdp(t)
+  const gw = await authGateway(t, ossOptions(idp), { allowOrigins: ['*'], allowCredentials: true, allowHeaders: ['*'] })
+  const origin = 'https://any.example'
+  const pre = await fetch(gw.url, { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, x-trace-id' } })
+  t.equal(pre.status, 204)
+  t.equal(pre.headers.get('access-control-allow-origin'), '*')
+  t.equal(pre.headers.get('access-control-allow-credentials'), null)
+  t.match(pre.headers.get('access-control-allow-headers'), /x-trace-id/, '`*` headers: the requested ones are listed (a literal * would not cover Authorization)')
+  const res = await fetch(gw.url, { method: 'POST', headers: { origin, 'content-type': 'application/json' }, body: '{}' })
+  t.equal(res.status, 401)
+  t.equal(res.headers.get('access-control-allow-origin'), '*')
+  t.equal(res.headers.get('access-control-allow-credentials'), null)
+})
+
+t.test('listed origins with credentials reflect the origin and vary on it', async t => {
+  const idp = await devIdp(t)
+  const gw = await authGateway(t, ossOptions(idp), { allowOrigins: ['https://app.example.com/'], allowCredentials: true })
+  const res = await fetch(gw.url, { method: 'POST', headers: { origin: 'https://APP.example.com', 'content-type': 'application/json' }, body: '{}' })
+  t.equal(res.status, 401)
+  t.equal(res.headers.get('access-control-allow-origin'), 'https://APP.example.com')
+  t.equal(res.headers.get('access-control-allow-credentials'), 'true')
+  t.match(res.headers.get('vary'), /Origin/)
+})
