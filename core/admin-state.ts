@@ -1,0 +1,403 @@
+/**
+ * What the admin listener reports, gathered from the running gateway:
+ * upstream tracking wrapped around the target factories (child pids, starts,
+ * failures, last error, upstream latency), the recent-request ring with
+ * per-second traffic stats, scrape-time gauges (children, key set,
+ * discovery), the redacted config and the "try it" client.
+ */
+import type { Logger } from 'pino'
+import type { LoadedConfig } from './config.ts'
+import type { Metrics, Counter, Histogram } from './metrics.ts'
+import type { Plugin } from './plugin.ts'
+import type { RouteTable } from './routes.ts'
+import type { AccessRecord } from './server.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from './targets/types.ts'
+import type { AdminState, TryInput } from './admin.ts'
+import type { SessionSummary, TargetSummary } from './mcp/index.ts'
+import { liveChildCount } from './targets/index.ts'
+import { redactConfig, secretValues, createScrubber } from './redact.ts'
+import { runTry } from './admin-try.ts'
+
+// ---- upstream tracking -----------------------------------------------------
+
+interface TargetStats {
+  readonly target: string
+  readonly kind: 'stdio' | 'http'
+  readonly live: Set<TrackedUpstream>
+  started: number
+  failures: number
+  lastError: string | undefined
+  lastErrorAt: number | undefined
+}
+
+/** Upstream requests awaiting an answer, per upstream; bounded so a silent upstream cannot grow it. */
+const MAX_PENDING = 10_000
+
+interface Meters { duration: Histogram; requests: Counter; starts: Counter; failures: Counter }
+
+class TrackedUpstream implements Upstream {
+  onMessage: (message: JsonRpcMessage) => void = () => {}
+  onClose: (error: Error | undefined) => void = () => {}
+  readonly #inner: Upstream
+  readonly #stats: TargetStats
+  readonly #pending = new Map<JsonRpcId, { method: string; t0: bigint }>()
+  readonly #meters: Meters
+  #didFail = false
+
+  constructor (inner: Upstream, stats: TargetStats, meters: Meters) {
+    this.#inner = inner
+    this.#stats = stats
+    this.#meters = meters
+    inner.onMessage = (msg) => {
+      if (msg.method === undefined && msg.id !== undefined && msg.id !== null) this.#answered(msg.id, msg.error === undefined ? 'ok' : 'error')
+      this.onMessage(msg)
+    }
+    inner.onClose = (err) => {
+      this.#stats.live.delete(this)
+      if (err !== undefined) this.#failed(err)
+      for (const id of [...this.#pending.keys()]) this.#answered(id, 'closed')
+      this.onClose(err)
+    }
+  }
+
+  get target (): string { return this.#inner.target }
+  get kind (): 'stdio' | 'http' { return this.#inner.kind }
+  get pid (): number | undefined { return this.#inner.pid }
+  get startedAt (): number | undefined { return this.#inner.startedAt }
+  get lastError (): string | undefined { return this.#inner.lastError }
+  get alive (): boolean { return this.#inner.alive }
+
+  async start (): Promise<void> {
+    this.#stats.started++
+    this.#meters.starts.inc({ target: this.#stats.target })
+    this.#stats.live.add(this)
+    try {
+      await this.#inner.start()
+    } catch (err) {
+      this.#stats.live.delete(this)
+      this.#failed(err as Error)
+      throw err
+    }
+  }
+
+  send (message: JsonRpcMessage): void {
+    const { id, method } = message
+    const timed = method !== undefined && id !== undefined && id !== null
+    if (timed) {
+      if (this.#pending.size >= MAX_PENDING) this.#pending.clear()
+      this.#pending.set(id, { method, t0: process.hrtime.bigint() })
+    }
+    try {
+      this.#inner.send(message)
+    } catch (err) {
+      if (timed) this.#answered(id, 'closed')
+      throw err
+    }
+  }
+
+  close (): Promise<void> { return this.#inner.close() }
+
+  #answered (id: JsonRpcId, outcome: 'ok' | 'error' | 'closed'): void {
+    const p = this.#pending.get(id)
+    if (p === undefined) return
+    this.#pending.delete(id)
+    const labels = { target: this.#stats.target, method: p.method }
+    this.#meters.duration.observe(Number(process.hrtime.bigint() - p.t0) / 1e9, labels)
+    this.#meters.requests.inc({ ...labels, outcome })
+  }
+
+  #failed (err: Error): void {
+    // A start failure may also be reported through onClose: count it once.
+    if (this.#didFail) return
+    this.#didFail = true
+    this.#stats.failures++
+    this.#meters.failures.inc({ target: this.#stats.target })
+    this.#stats.lastError = err.message
+    this.#stats.lastErrorAt = Date.now()
+  }
+}
+
+export interface TargetState {
+  readonly name: string
+  readonly kind: 'stdio' | 'http'
+  /** Upstreams (one per session) running now. */
+  readonly live: ReadonlyArray<{ pid: number | undefined; startedAt: number | undefined }>
+  /** Upstreams started since the gateway started (each session starts its own). */
+  readonly started: number
+  /** Upstreams that failed to start or ended with an error. */
+  readonly failures: number
+  readonly lastError: string | null
+  readonly lastErrorAt: number | null
+}
+
+export interface UpstreamTracker {
+  /** The factories to hand to the MCP endpoint instead of the originals. */
+  readonly factories: UpstreamFactory[]
+  describe(): TargetState[]
+}
+
+/**
+ * Wraps each target factory so every upstream it creates is counted and
+ * timed: `mcp_proxy_upstream_duration_seconds{target,method}`,
+ * `mcp_proxy_upstream_requests_total{target,method,outcome}`, and the live
+ * upstream gauges. The wrapper is transparent to the session layer.
+ */
+export function trackUpstreams (factories: readonly UpstreamFactory[], metrics: Metrics): UpstreamTracker {
+  const meters: Meters = {
+    duration: metrics.histogram('mcp_proxy_upstream_duration_seconds', 'Time from forwarding a request to an upstream to its answer, by target and MCP method'),
+    requests: metrics.counter('mcp_proxy_upstream_requests_total', 'Requests forwarded to upstreams by target, MCP method and outcome (ok, error, closed)'),
+    starts: metrics.counter('mcp_proxy_upstream_starts_total', 'Upstreams started by target (each session starts its own)'),
+    failures: metrics.counter('mcp_proxy_upstream_failures_total', 'Upstreams that failed to start or ended with an error, by target'),
+  }
+  const all: TargetStats[] = factories.map(f => ({ target: f.target, kind: f.kind, live: new Set(), started: 0, failures: 0, lastError: undefined, lastErrorAt: undefined }))
+  metrics.gauge('mcp_proxy_upstreams', 'Running upstreams (one per session and target) by target').collect = () => all.map(s => [{ target: s.target }, s.live.size])
+  metrics.gauge('mcp_proxy_child_processes', 'Live stdio child processes').collect = () => [[undefined, liveChildCount()]]
+  return {
+    factories: factories.map((f, i): UpstreamFactory => {
+      const stats = all[i]!
+      return {
+        target: f.target,
+        kind: f.kind,
+        create (): Upstream {
+          return new TrackedUpstream(f.create(), stats, meters)
+        },
+      }
+    }),
+    describe (): TargetState[] {
+      return all.map(s => ({
+        name: s.target,
+        kind: s.kind,
+        live: [...s.live].map(u => ({ pid: u.pid, startedAt: u.startedAt })),
+        started: s.started,
+        failures: s.failures,
+        lastError: s.lastError ?? null,
+        lastErrorAt: s.lastErrorAt ?? null,
+      }))
+    },
+  }
+}
+
+// ---- recent requests and traffic stats --------------------------------------
+
+const RECENT_MAX = 200
+const STATS_SECONDS = 300
+const BUCKET_SECONDS = 10
+
+interface Second { t: number; count: number; errors: number; sumMs: number; maxMs: number }
+
+/** The last requests of the MCP listener and per-second counts for the chart. */
+export class RequestLog {
+  readonly #recent: AccessRecord[] = []
+  readonly #seconds: Second[] = []
+
+  add (rec: AccessRecord): void {
+    this.#recent.push(rec)
+    if (this.#recent.length > RECENT_MAX) this.#recent.shift()
+    const t = Math.floor(rec.at / 1000)
+    let last = this.#seconds[this.#seconds.length - 1]
+    if (last === undefined || last.t !== t) {
+      last = { t, count: 0, errors: 0, sumMs: 0, maxMs: 0 }
+      this.#seconds.push(last)
+      while (this.#seconds.length > 0 && this.#seconds[0]!.t <= t - STATS_SECONDS) this.#seconds.shift()
+    }
+    last.count++
+    if (rec.status >= 400 || rec.status === 0) last.errors++
+    last.sumMs += rec.durationMs
+    if (rec.durationMs > last.maxMs) last.maxMs = rec.durationMs
+  }
+
+  /** Newest first. */
+  recent (): AccessRecord[] {
+    return this.#recent.slice().reverse()
+  }
+
+  /** Requests, errors and latency over the last five minutes in ten-second buckets, oldest first. */
+  stats (now = Date.now()): { bucketSeconds: number; buckets: Array<{ start: number; count: number; errors: number; avgMs: number | null; maxMs: number | null }> } {
+    const end = Math.floor(now / 1000 / BUCKET_SECONDS) * BUCKET_SECONDS + BUCKET_SECONDS
+    const n = STATS_SECONDS / BUCKET_SECONDS
+    const start = end - n * BUCKET_SECONDS
+    const acc = Array.from({ length: n }, (_, i) => ({ start: (start + i * BUCKET_SECONDS) * 1000, count: 0, errors: 0, sumMs: 0, maxMs: 0 }))
+    for (const s of this.#seconds) {
+      const i = Math.floor((s.t - start) / BUCKET_SECONDS)
+      const b = acc[i]
+      if (b === undefined) continue
+      b.count += s.count
+      b.errors += s.errors
+      b.sumMs += s.sumMs
+      if (s.maxMs > b.maxMs) b.maxMs = s.maxMs
+    }
+    return {
+      bucketSeconds: BUCKET_SECONDS,
+      buckets: acc.map(b => ({ start: b.start, count: b.count, errors: b.errors, avgMs: b.count === 0 ? null : b.sumMs / b.count, maxMs: b.count === 0 ? null : b.maxMs })),
+    }
+  }
+}
+
+/** How a request ended, for the UI: allowed, or which check refused it and why. */
+export function decisionOf (rec: AccessRecord, ruleText: (index: number) => string | undefined): { decision: string; reason: string | null } {
+  const rule = rec.denial !== undefined ? /^rule\[(\d+)\]$/.exec(rec.denial) : null
+  const reason = rec.denial === undefined
+    ? null
+    : rule !== null ? `${rec.denial}${ruleText(Number(rule[1])) !== undefined ? `: ${ruleText(Number(rule[1]))}` : ''}` : rec.denial
+  if (rec.status === 401) return { decision: 'unauthenticated', reason: reason ?? 'no or invalid token' }
+  if (rec.status === 403) return { decision: 'forbidden', reason }
+  if (rec.denial !== undefined && rec.status < 400) return { decision: 'denied', reason }
+  if (rec.status >= 400 || rec.status === 0) return { decision: 'error', reason }
+  return { decision: 'allowed', reason: null }
+}
+
+// ---- the admin state ----------------------------------------------------------
+
+/** The part of the MCP endpoint the admin state reads (core/mcp/endpoint.ts). */
+export interface AdminEndpointView {
+  sessions(): readonly SessionSummary[]
+  endSession(idOrPrefix: string): boolean
+  describeTargets(): readonly TargetSummary[]
+}
+
+export interface AdminStateOptions {
+  readonly loaded: LoadedConfig
+  readonly plugins: readonly Plugin[]
+  readonly routes: RouteTable
+  readonly endpoint: AdminEndpointView
+  readonly tracker: UpstreamTracker
+  readonly requests: RequestLog
+  readonly metrics: Metrics
+  readonly log: Logger
+  /** Origin of the MCP listener reachable from this process, e.g. `http://127.0.0.1:8080`. */
+  readonly mcpOrigin: string
+  readonly version: string
+}
+
+interface KeySetView { kids?: readonly string[]; loaded?: boolean; lastSuccessAt?: string; lastError?: string }
+interface DiscoveryView { state?: { fetchedAt?: number; lastError?: string; fetches?: number; doc?: unknown } }
+
+function ruleTexts (plugins: readonly Plugin[]): (index: number) => string | undefined {
+  const authz = plugins.find(p => p.name === 'authorization')
+  const rules = (authz?.describe?.() as { rules?: Array<{ index: number; text: string }> } | undefined)?.rules ?? []
+  return i => rules.find(r => r.index === i)?.text
+}
+
+export function createAdminState (opts: AdminStateOptions): AdminState {
+  const { loaded, plugins, routes, endpoint, tracker, requests, metrics } = opts
+  const scrub = createScrubber(secretValues(loaded.config, loaded.secretPaths))
+  const redacted = redactConfig(loaded.config, loaded.secretPaths)
+  const startedAt = Date.now()
+  const ruleText = ruleTexts(plugins)
+
+  const keySetOf = (): KeySetView | undefined => {
+    const d = plugins.find(p => p.name === 'mcpAuthentication')?.describe?.() as { keySet?: KeySetView } | undefined
+    return d?.keySet
+  }
+  // The provider bridge plugin exposes its DiscoveryCache as `discovery` (plugins/provider-bridge/index.ts).
+  const bridge = plugins.find(p => p.name === 'providerBridge') as (Plugin & { discovery?: DiscoveryView }) | undefined
+  const discoveryOf = (): DiscoveryView | undefined => bridge?.discovery
+
+  metrics.gauge('mcp_proxy_keyset_keys', 'Signing keys currently loaded from the identity provider').collect = () => {
+    const ks = keySetOf()
+    return ks === undefined ? [] : [[undefined, ks.kids?.length ?? 0]]
+  }
+  metrics.gauge('mcp_proxy_keyset_last_success_timestamp_seconds', 'When the key set was last fetched successfully').collect = () => {
+    const at = keySetOf()?.lastSuccessAt
+    return at === undefined ? [] : [[undefined, Date.parse(at) / 1000]]
+  }
+  const discoveryFetches = metrics.counter('mcp_proxy_discovery_fetches_total', 'Fetches of the identity provider\'s OIDC discovery document')
+  metrics.gauge('mcp_proxy_discovery_up', '1 when the last discovery fetch succeeded, 0 when it failed').collect = () => {
+    const s = discoveryOf()?.state
+    return s === undefined ? [] : [[undefined, s.doc !== undefined && s.lastError === undefined ? 1 : 0]]
+  }
+  metrics.gauge('mcp_proxy_discovery_last_success_timestamp_seconds', 'When the discovery document was last fetched successfully').collect = () => {
+    const at = discoveryOf()?.state?.fetchedAt
+    return at === undefined ? [] : [[undefined, at / 1000]]
+  }
+  metrics.gauge('mcp_proxy_build_info', 'Gateway version').collect = () => [[{ version: opts.version }, 1]]
+
+  function ready (): { ready: boolean; reasons: string[] } {
+    const reasons: string[] = []
+    for (const p of plugins) {
+      let r: ReturnType<NonNullable<Plugin['ready']>> | undefined
+      try { r = p.ready?.() } catch (err) { r = { ready: false, reason: (err as Error).message } }
+      if (r === undefined || r === true) continue
+      if (r === false) reasons.push(`${p.name}: not ready`)
+      else if (!r.ready) reasons.push(`${p.name}: ${r.reason ?? 'not ready'}`)
+    }
+    return { ready: reasons.length === 0, reasons: scrub(reasons) as string[] }
+  }
+  metrics.gauge('mcp_proxy_ready', '1 when every plugin reports ready (see /readyz)').collect = () => [[undefined, ready().ready ? 1 : 0]]
+
+  return {
+    scrub,
+    config: () => redacted,
+    overview: () => {
+      const r = ready()
+      return {
+        version: opts.version,
+        startedAt,
+        uptimeSeconds: Math.round((Date.now() - startedAt) / 1000),
+        ready: r.ready,
+        reasons: r.reasons,
+        sessions: endpoint.sessions().length,
+        children: liveChildCount(),
+      }
+    },
+    targets: () => {
+      const sessionsByTarget = new Map(endpoint.describeTargets().map(d => [d.name, d.sessions]))
+      const tracked = new Map(tracker.describe().map(d => [d.name, d]))
+      const cfg = redacted as { mcp: { targets: Array<Record<string, unknown> & { name: string }> } }
+      return cfg.mcp.targets.map(t => {
+        const s = tracked.get(t.name)
+        const stdio = t.stdio as { cmd: string; args?: string[] } | undefined
+        const http = t.mcp as { url: string } | undefined
+        return {
+          name: t.name,
+          kind: stdio !== undefined ? 'stdio' : 'http',
+          command: stdio !== undefined ? [stdio.cmd, ...(stdio.args ?? [])].join(' ') : http?.url,
+          sessions: sessionsByTarget.get(t.name) ?? 0,
+          pids: s?.live.flatMap(l => l.pid === undefined ? [] : [l.pid]) ?? [],
+          started: s?.started ?? 0,
+          failures: s?.failures ?? 0,
+          lastError: s?.lastError ?? null,
+          lastErrorAt: s?.lastErrorAt ?? null,
+        }
+      })
+    },
+    sessions: () => {
+      const now = Date.now()
+      return endpoint.sessions().map(s => ({
+        ...s,
+        handle: s.id,
+        ageSeconds: Math.round((now - s.createdAt) / 1000),
+        idleSeconds: Math.round((now - s.lastActivityAt) / 1000),
+      }))
+    },
+    endSession: handle => endpoint.endSession(handle),
+    requests: () => requests.recent().map(r => ({ ...r, ...decisionOf(r, ruleText) })),
+    stats: () => requests.stats(),
+    plugins: () => plugins.map(p => {
+      let state: unknown
+      try { state = p.describe?.() } catch (err) { state = { error: (err as Error).message } }
+      return { name: p.name, routes: (p.routes ?? []).map(r => ({ path: r.path, methods: r.methods })), state: state ?? null }
+    }),
+    oauth: async () => {
+      const documents: Record<string, unknown> = {}
+      for (const path of routes.paths().filter(p => p.startsWith('/.well-known/') && !p.endsWith('client-registration'))) {
+        try {
+          const r = await fetch(`${opts.mcpOrigin}${path}`, { signal: AbortSignal.timeout(5000), headers: { accept: 'application/json' } })
+          documents[path] = r.ok ? await r.json() : { status: r.status, body: await r.text().then(t => t.slice(0, 2000)) }
+        } catch (err) { documents[path] = { error: (err as Error).message } }
+      }
+      const keySet = keySetOf() ?? null
+      const d = discoveryOf()?.state
+      const discovery = d === undefined
+        ? null
+        : { fetchedAt: d.fetchedAt ?? null, lastError: d.lastError ?? null, fetches: d.fetches ?? 0, loaded: d.doc !== undefined }
+      return { documents, keySet, discovery }
+    },
+    ready,
+    beforeScrape: () => {
+      const n = discoveryOf()?.state?.fetches
+      if (n !== undefined) discoveryFetches.values.set('', n)
+    },
+    tryIt: (input: TryInput) => runTry(`${opts.mcpOrigin}/mcp`, input),
+  }
+}
