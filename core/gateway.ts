@@ -11,9 +11,9 @@ import type { LoadedConfig } from './config.ts'
 import { loadPlugins } from './plugin-loader.ts'
 import { Pipeline } from './pipeline.ts'
 import { RouteTable } from './routes.ts'
-import { GatewayServer, type AccessRecord, type McpEndpoint } from './server.ts'
+import { GatewayServer, type McpEndpoint } from './server.ts'
 import { createAdminServer } from './admin.ts'
-import { redactConfig } from './redact.ts'
+import { createAdminState, trackUpstreams, RequestLog } from './admin-state.ts'
 import type { Plugin } from './plugin.ts'
 import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
 import { createHttpPassthrough } from './targets/http-passthrough.ts'
@@ -59,6 +59,13 @@ function listen (server: Server, port: number, host: string): Promise<number> {
   })
 }
 
+/** An address this process can reach its own listener on. */
+function loopbackFor (boundHost: string): string {
+  if (boundHost === '0.0.0.0' || boundHost === '') return '127.0.0.1'
+  if (boundHost === '::') return '[::1]'
+  return boundHost.includes(':') ? `[${boundHost}]` : boundHost
+}
+
 function hostForUrl (host: string): string {
   if (host === '0.0.0.0' || host === '::' || host === '127.0.0.1' || host === '::1') return 'localhost'
   return host.includes(':') ? `[${host}]` : host
@@ -75,17 +82,19 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   try {
     const routes = new RouteTable(plugins)
     const pipeline = new Pipeline(plugins)
-    const factories = config.mcp.targets.map(t => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics }))
+    // Wrapped for the admin UI and metrics: child pids, failures, upstream latency per target and method.
+    const tracker = trackUpstreams(config.mcp.targets.map(t => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics })), metrics)
+    const factories = tracker.factories
     const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
     const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics }) : undefined
     const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined })
     cleanup.push(() => endpoint.close())
 
-    const recent: AccessRecord[] = []
+    const requestLog = new RequestLog()
     const gw = new GatewayServer({
       pipeline, routes, mcp: endpoint, log, limits: config.mcp.limits, metrics,
-      onAccess: rec => { recent.push(rec); if (recent.length > 200) recent.shift() },
+      onAccess: rec => requestLog.add(rec),
     })
     const bound = await gw.listen(mcpPort, config.mcp.host)
     cleanup.push(() => gw.close(0))
@@ -95,35 +104,11 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     let adminUrl: string | undefined
     if (config.admin.enabled) {
       admin = createAdminServer({
-        log, metrics, token: config.admin.token,
-        state: {
-          config: () => redactConfig(config, loaded.secretPaths),
-          targets: () => config.mcp.targets.map(t => ({ name: t.name, kind: t.stdio !== undefined ? 'stdio' : 'http', state: endpoint.describeTargets?.().find((d: { name: string }) => d.name === t.name) })),
-          sessions: () => endpoint.sessions(),
-          endSession: id => endpoint.endSession(id),
-          requests: () => recent.slice().reverse(),
-          plugins: () => plugins.map(p => ({ name: p.name, state: p.describe?.() })),
-          oauth: async () => {
-            const out: Record<string, unknown> = {}
-            for (const path of routes.paths().filter(p => p.startsWith('/.well-known/') && !p.endsWith('client-registration'))) {
-              try {
-                const r = await fetch(`http://127.0.0.1:${bound.port}${path}`)
-                out[path] = r.ok ? await r.json() : { status: r.status }
-              } catch (err) { out[path] = { error: (err as Error).message } }
-            }
-            return out
-          },
-          ready: () => {
-            const reasons: string[] = []
-            for (const p of plugins) {
-              const r = p.ready?.()
-              if (r === undefined || r === true) continue
-              if (r === false) reasons.push(`${p.name}: not ready`)
-              else if (!r.ready) reasons.push(`${p.name}: ${r.reason ?? 'not ready'}`)
-            }
-            return { ready: reasons.length === 0, reasons }
-          },
-        },
+        log, metrics, token: config.admin.token, host: config.admin.host,
+        state: createAdminState({
+          loaded, plugins, routes, endpoint, tracker, requests: requestLog, metrics, log, version: VERSION,
+          mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`,
+        }),
       })
       const adminPort = await listen(admin, opts.adminPort ?? config.admin.port, config.admin.host)
       adminUrl = `http://${hostForUrl(config.admin.host)}:${adminPort}`
