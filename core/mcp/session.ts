@@ -67,6 +67,8 @@ interface Exchange {
 }
 
 const BACKLOG_MAX = 256
+/** A child's start-up (node, npx) may be slow on a busy host: initialize waits at least this long. */
+const INIT_TIMEOUT_MIN_MS = 15_000
 const LIST_KEYS: Record<string, 'tools' | 'prompts' | 'resources' | 'resourceTemplates'> = {
   'tools/list': 'tools',
   'prompts/list': 'prompts',
@@ -105,6 +107,7 @@ export class Session {
   #getStream: SseStream | undefined
   #backlog: JsonRpcMessage[] = []
   readonly #byTarget = new Map<string, Link>()
+  #starting = true
 
   constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly UpstreamFactory[]; env: SessionEnv }) {
     this.id = opts.id
@@ -125,7 +128,8 @@ export class Session {
 
   get hasGetStream (): boolean { return this.#getStream?.open === true }
   get inFlight (): number { return this.#inflight.size }
-  get busy (): boolean { return this.#inflight.size > 0 || this.hasGetStream }
+  /** Starting, a request in flight, or a GET stream open: not idle. */
+  get busy (): boolean { return this.#starting || this.#inflight.size > 0 || this.hasGetStream }
 
   /**
    * Starts every upstream and runs the initialize handshake with each.
@@ -136,11 +140,13 @@ export class Session {
     const upParams = { ...params, protocolVersion: this.version }
     const results = await Promise.allSettled(this.links.map(async link => {
       await link.upstream.start()
-      const res = await this.#request(link, 'initialize', upParams, undefined)
+      const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS))
       if (res.error !== undefined) throw new Error(res.error.message)
       link.initResult = res.result as Record<string, unknown>
       link.up = true
     }))
+    this.#starting = false
+    this.lastActivityAt = Date.now()
     const failed = results.flatMap((r, i) => r.status === 'rejected' ? [[this.links[i]!.target, (r.reason as Error).message] as const] : [])
     for (const [target, message] of failed) this.#log.warn({ target, err: message }, 'upstream failed to initialize')
     if (failed.length === this.links.length || (failed.length > 0 && this.#env.failClosed)) {
@@ -238,7 +244,7 @@ export class Session {
       }
       this.#serverRequests.delete(msg.id as number)
       msg.id = entry.id
-      if (entry.link.up) entry.link.upstream.send(msg)
+      this.#sendQuietly(entry.link, msg)
       return
     }
     if (msg.method === 'notifications/cancelled') {
@@ -247,7 +253,17 @@ export class Session {
       if (inflight !== undefined) this.#abandon(inflight, true)
       return
     }
-    for (const link of this.links) if (link.up) link.upstream.send(msg)
+    for (const link of this.links) this.#sendQuietly(link, msg)
+  }
+
+  /** Fire-and-forget send: a closed upstream reports itself through onClose. */
+  #sendQuietly (link: Link, msg: JsonRpcMessage): void {
+    if (!link.up) return
+    try {
+      link.upstream.send(msg)
+    } catch (err) {
+      this.#log.debug({ target: link.target, err: (err as Error).message }, 'send to a closed upstream')
+    }
   }
 
   #clientRequest (exchange: Exchange, msg: JsonRpcMessage): void {
@@ -456,14 +472,14 @@ export class Session {
   }
 
   /** A request of the gateway's own (initialize, list pages, fan-outs). */
-  #request (link: Link, method: string, params: Record<string, unknown>, inflight: Inflight | undefined): Promise<JsonRpcMessage> {
+  #request (link: Link, method: string, params: Record<string, unknown>, inflight: Inflight | undefined, timeoutMs = this.#env.requestTimeoutMs): Promise<JsonRpcMessage> {
     return new Promise(resolve => {
-      const call = this.#send(link, { jsonrpc: '2.0', method, params }, resolve)
+      const call = this.#send(link, { jsonrpc: '2.0', method, params }, resolve, timeoutMs)
       if (call !== undefined) inflight?.calls.push(call)
     })
   }
 
-  #send (link: Link, msg: JsonRpcMessage, done: (r: JsonRpcMessage) => void): UpstreamCall | undefined {
+  #send (link: Link, msg: JsonRpcMessage, done: (r: JsonRpcMessage) => void, timeoutMs = this.#env.requestTimeoutMs): UpstreamCall | undefined {
     const id = ++link.seq
     msg.id = id
     const call: UpstreamCall = { link, id, done, timer: undefined }
@@ -475,7 +491,7 @@ export class Session {
       done(rpcError(RPC.CONNECTION_CLOSED, `upstream ${link.target} closed`))
       return undefined
     }
-    call.timer = setTimeout(() => this.#timedOut(call), this.#env.requestTimeoutMs)
+    call.timer = setTimeout(() => this.#timedOut(call), timeoutMs)
     return call
   }
 
@@ -488,10 +504,7 @@ export class Session {
   }
 
   #cancelUpstream (link: Link, id: number, reason: string): void {
-    if (!link.up) return
-    try {
-      link.upstream.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: id, reason } })
-    } catch { /* closed meanwhile */ }
+    this.#sendQuietly(link, { jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: id, reason } })
   }
 
   /** Stops waiting for a client request (client cancelled or went away): cancels its upstream calls. */

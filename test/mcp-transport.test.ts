@@ -1,0 +1,335 @@
+/**
+ * The /mcp endpoint (core/mcp/) in front of real MCP servers over stdio:
+ * the official SDK client against server-everything and server-memory, raw
+ * HTTP for the transport rules, session caps, idle expiry, upstream faults
+ * (test/fixtures/faulty-server.mjs), multiplexing and per-operation filtering.
+ */
+import t from 'tap'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
+import type { Plugin } from '../core/plugin.ts'
+import {
+  startGateway, everythingTarget, memoryTarget, faultyTarget, processGone, until, sseMessages, rawInitialize, INIT_HEADERS,
+} from './helpers/gateway-harness.ts'
+
+type Msg = Record<string, any> // eslint-disable-line @typescript-eslint/no-explicit-any
+
+async function rawPost (url: string, sessionId: string | null, body: unknown, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<{ status: number; headers: Headers; text: string; messages: Msg[] }> {
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { ...INIT_HEADERS, ...(sessionId === null ? {} : { 'mcp-session-id': sessionId }), ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+    signal,
+  })
+  const text = await res.text()
+  const ct = res.headers.get('content-type') ?? ''
+  const messages = text === '' ? [] : ct.startsWith('text/event-stream') ? sseMessages(text) : [JSON.parse(text) as Msg]
+  return { status: res.status, headers: res.headers, text, messages }
+}
+
+function ping (id: number): Msg {
+  return { jsonrpc: '2.0', id, method: 'ping' }
+}
+
+function textOf (result: unknown): string {
+  return ((result as { content: Array<{ type: string; text?: string }> }).content).map(c => c.text ?? '').join('\n')
+}
+
+/** Denies one tool of each target and one prompt; rules see upstream names and the target. */
+const denyPlugin: Plugin = {
+  name: 'deny-some',
+  allowMcpOperation (_ctx, op) {
+    if (op.tool !== undefined) return !((op.tool.target === 'everything' && op.tool.name === 'get-env') || (op.tool.target === 'memory' && op.tool.name === 'delete_entities'))
+    if (op.prompt !== undefined) return op.prompt.name !== 'args-prompt'
+    return true
+  },
+}
+
+/** Sets the caller's subject from a test header (stands in for the authentication plugin). */
+const subjectPlugin: Plugin = {
+  name: 'test-subject',
+  onRequest (ctx) {
+    const s = ctx.req.headers['x-test-subject']
+    if (typeof s === 'string') ctx.auth = { subject: s, claims: {} }
+  },
+}
+
+t.test('SDK client through the gateway to server-everything (one target)', async t => {
+  const gw = await startGateway(t, { targets: [everythingTarget()], plugins: [denyPlugin] })
+  const client = new Client({ name: 'transport-test', version: '1.0.0' }, { capabilities: { sampling: {}, elicitation: {}, roots: { listChanged: true } } })
+  client.setRequestHandler(CreateMessageRequestSchema, async (req) => ({
+    model: 'test-model', role: 'assistant', content: { type: 'text', text: `sampled: ${(req.params.messages[0]!.content as { text: string }).text.slice(-10)}` },
+  }))
+  client.setRequestHandler(ElicitRequestSchema, async () => ({ action: 'accept', content: { name: 'Ada Lovelace' } }))
+  client.setRequestHandler(ListRootsRequestSchema, async () => ({ roots: [{ uri: 'file:///tmp/gateway-root', name: 'gateway-root' }] }))
+  const transport = new StreamableHTTPClientTransport(new URL(gw.url))
+  await client.connect(transport)
+  t.teardown(() => client.close())
+
+  t.match(client.getServerVersion(), { name: 'mcp-servers/everything' }, 'one target: the upstream serverInfo passes through')
+  t.ok(transport.sessionId !== undefined && /^[\x21-\x7e]{32,}$/.test(transport.sessionId), 'session id is long visible ASCII')
+  t.equal(gw.endpoint.sessions().length, 1)
+  t.equal(gw.endpoint.sessions()[0]!.id, transport.sessionId!.slice(0, 8), 'admin summary shows only the id prefix')
+
+  const { tools } = await client.listTools()
+  const names = tools.map(x => x.name)
+  for (const n of ['echo', 'get-sum', 'trigger-long-running-operation']) t.ok(names.includes(n), `lists ${n}`)
+  t.notOk(names.includes('get-env'), 'a denied tool is filtered out of tools/list')
+  t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'hello gateway' } })), 'Echo: hello gateway')
+  t.match(textOf(await client.callTool({ name: 'get-sum', arguments: { a: 2, b: 40 } })), /is 42/)
+  await t.rejects(client.callTool({ name: 'get-env', arguments: {} }), /Unknown tool: get-env/, 'a denied call gets the unknown-tool error')
+
+  const progress: number[] = []
+  let resultSeen = false
+  const long = await client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 0.3, steps: 3 } }, undefined, {
+    onprogress: (p) => { t.notOk(resultSeen, 'progress arrives before the result'); progress.push(p.progress) },
+  })
+  resultSeen = true
+  t.same(progress, [1, 2, 3], 'every progress notification arrived on the request stream')
+  t.match(textOf(long), /Long running operation completed/)
+
+  const { resources } = await client.listResources()
+  t.ok(resources.length > 0, 'resources listed')
+  const first = resources[0]!
+  const read = await client.readResource({ uri: first.uri })
+  t.equal(read.contents[0]!.uri, first.uri, 'resource read by its unchanged URI')
+  const { resourceTemplates } = await client.listResourceTemplates()
+  t.ok(resourceTemplates.length > 0, 'resource templates listed')
+  t.same(await client.subscribeResource({ uri: first.uri }), {}, 'subscribe answered')
+  t.same(await client.unsubscribeResource({ uri: first.uri }), {}, 'unsubscribe answered')
+
+  const { prompts } = await client.listPrompts()
+  t.ok(prompts.some(p => p.name === 'simple-prompt'), 'prompts listed')
+  t.notOk(prompts.some(p => p.name === 'args-prompt'), 'a denied prompt is filtered out')
+  const prompt = await client.getPrompt({ name: 'simple-prompt' })
+  t.ok(prompt.messages.length > 0, 'prompt fetched')
+  await t.rejects(client.getPrompt({ name: 'args-prompt', arguments: { city: 'x' } }), /Unknown prompt: args-prompt/)
+
+  // Conditional tools are registered once the upstream saw the client's capabilities.
+  const sampled = await client.callTool({ name: 'trigger-sampling-request', arguments: { prompt: 'ping-pong', maxTokens: 5 } })
+  t.match(textOf(sampled), /sampled: /, 'sampling request reached the client and its answer reached the upstream')
+  const elicited = await client.callTool({ name: 'trigger-elicitation-request', arguments: {} })
+  t.match(textOf(elicited), /Ada Lovelace/, 'elicitation round trip')
+  const roots = await client.callTool({ name: 'get-roots-list', arguments: {} })
+  t.match(textOf(roots), /gateway-root/, 'roots/list (sent on the GET stream after initialize) was answered')
+  t.same(await client.ping(), {}, 'ping')
+})
+
+t.test('raw HTTP: negotiation, transport rules, batches, DELETE', async t => {
+  const gw = await startGateway(t, { targets: [faultyTarget()] })
+  const url = gw.url
+
+  const old = await rawInitialize(url, '2024-11-05')
+  t.equal(old.status, 200)
+  t.match(old.response.headers.get('content-type'), /^text\/event-stream/)
+  t.ok(old.sessionId !== null, 'mcp-session-id header')
+  const [oldResult] = sseMessages(old.body)
+  t.match(oldResult, { jsonrpc: '2.0', id: 1, result: { protocolVersion: '2024-11-05', serverInfo: { name: 'faulty-server' } } }, '2024-11-05 is answered with 2024-11-05')
+  const unknown = await rawInitialize(url, '1999-01-01')
+  t.equal((sseMessages(unknown.body)[0] as Msg).result.protocolVersion, '2025-11-25', 'an unknown revision gets our latest')
+  t.not(unknown.sessionId, old.sessionId, 'a new session per initialize')
+
+  // Accept / Content-Type / body rules (no session needed).
+  let r = await rawPost(url, null, ping(1), { accept: 'application/json' })
+  t.equal(r.status, 406, 'Accept without text/event-stream -> 406')
+  t.equal(r.messages[0]!.error.code, -32600)
+  r = await rawPost(url, null, ping(1), { 'content-type': 'text/plain' })
+  t.equal(r.status, 415, 'non-JSON Content-Type -> 415')
+  r = await rawPost(url, null, '{"jsonrpc": "2.0", "id": 1, "method": ')
+  t.equal(r.status, 400)
+  t.equal(r.messages[0]!.error.code, -32700, 'invalid JSON -> -32700')
+  r = await rawPost(url, null, { jsonrpc: '1.0', id: 1, method: 'ping' })
+  t.equal(r.status, 400)
+  t.equal(r.messages[0]!.error.code, -32600, 'not JSON-RPC 2.0 -> -32600')
+  r = await rawPost(url, null, ping(7))
+  t.equal(r.status, 400, 'a non-initialize request without a session id -> 400')
+  t.equal(r.messages[0]!.id, 7)
+  r = await rawPost(url, 'no-such-session', ping(8))
+  t.equal(r.status, 404, 'unknown session -> 404')
+  t.match(r.messages[0], { id: 8, error: { code: -32001, message: 'Session not found' } })
+  r = await rawPost(url, old.sessionId, { jsonrpc: '2.0', id: 2, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } } })
+  t.equal(r.status, 400, 'initialize with a session id -> 400')
+  r = await rawPost(url, null, { jsonrpc: '2.0', method: 'notifications/initialized' })
+  t.equal(r.status, 400, 'a notification without a session id -> 400')
+
+  // Within a session.
+  const sid = old.sessionId!
+  r = await rawPost(url, sid, { jsonrpc: '2.0', method: 'notifications/initialized' })
+  t.equal(r.status, 202, 'notification -> 202')
+  t.equal(r.text, '', '202 has no body')
+  r = await rawPost(url, sid, ping(3), { 'mcp-protocol-version': '2099-01-01' })
+  t.equal(r.status, 400, 'unsupported MCP-Protocol-Version -> 400')
+  r = await rawPost(url, sid, ping(3), { 'mcp-protocol-version': '2026-07-28' })
+  t.equal(r.status, 400, 'the stateless revision is refused clearly for now')
+  t.match(r.messages[0]!.error.message, /2026-07-28/)
+  r = await rawPost(url, sid, ping(4), { 'mcp-protocol-version': '2024-11-05' })
+  t.equal(r.status, 200)
+  t.match(r.messages, [{ jsonrpc: '2.0', id: 4, result: {} }], 'ping answered on an SSE stream')
+  r = await rawPost(url, sid, { jsonrpc: '2.0', id: 'call-1', method: 'tools/call', params: { name: 'echo', arguments: { message: 'through' } } })
+  t.match(r.messages, [{ id: 'call-1', result: { content: [{ text: 'through' }] } }], 'the client id comes back unchanged')
+  r = await rawPost(url, sid, [ping(5), ping(6)])
+  t.equal(r.status, 400, 'batches are rejected after 2025-03-26 (and before)')
+  t.equal(r.messages[0]!.error.code, -32600)
+
+  // 2025-03-26 allows batches.
+  const b = await rawInitialize(url, '2025-03-26')
+  const bsid = b.sessionId!
+  r = await rawPost(url, bsid, [{ jsonrpc: '2.0', method: 'notifications/initialized' }, ping(10), { jsonrpc: '2.0', id: 11, method: 'tools/call', params: { name: 'echo', arguments: { message: 'b' } } }])
+  t.equal(r.status, 200)
+  t.same(r.messages.map(m => m.id).sort(), [10, 11], 'every request of the batch answered on one stream')
+  r = await rawPost(url, bsid, [{ jsonrpc: '2.0', method: 'notifications/roots/list_changed' }])
+  t.equal(r.status, 202, 'a batch of notifications -> 202')
+  r = await rawPost(url, bsid, [{ jsonrpc: '2.0', id: 1, method: 'initialize', params: {} }])
+  t.equal(r.status, 400, 'initialize inside a batch -> 400')
+
+  // GET stream: one at a time.
+  const ac = new AbortController()
+  const get1 = await fetch(url, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid }, signal: ac.signal })
+  t.equal(get1.status, 200)
+  t.match(get1.headers.get('content-type'), /^text\/event-stream/)
+  const get2 = await fetch(url, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid } })
+  t.equal(get2.status, 409, 'a second GET stream -> 409')
+  await get2.text()
+  const get3 = await fetch(url, { headers: { accept: 'application/json', 'mcp-session-id': sid } })
+  t.equal(get3.status, 406, 'GET without text/event-stream -> 406')
+  await get3.text()
+  ac.abort()
+  t.ok(await until(() => gw.endpoint.sessions().every(s => !s.getStream)), 'GET stream released when the client goes away')
+
+  // DELETE ends the session and its child.
+  const summary = gw.endpoint.sessions().find(s => sid.startsWith(s.id))!
+  const [pid] = summary.pids
+  t.ok(pid !== undefined && !processGone(pid), 'the session has a running child')
+  const del = await fetch(url, { method: 'DELETE', headers: { 'mcp-session-id': sid } })
+  t.equal(del.status, 200, 'DELETE -> 200')
+  t.ok(await until(() => processGone(pid!)), 'the child is gone')
+  r = await rawPost(url, sid, ping(12))
+  t.equal(r.status, 404, 'an ended session -> 404')
+  const del2 = await fetch(url, { method: 'DELETE', headers: { 'mcp-session-id': sid } })
+  t.equal(del2.status, 404, 'DELETE of an unknown session -> 404')
+  r = await rawPost(url, bsid, ping(13))
+  t.equal(r.status, 200, 'other sessions are untouched')
+})
+
+t.test('session caps and subject binding', async t => {
+  const gw = await startGateway(t, { targets: [faultyTarget()], plugins: [subjectPlugin], session: { maxSessions: 2, maxSessionsPerSubject: 1 } })
+  const a = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'alice' })
+  t.equal(a.status, 200)
+  const a2 = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'alice' })
+  t.equal(a2.status, 429, 'per-subject cap -> 429')
+  t.ok(Number(a2.response.headers.get('retry-after')) > 0, 'with Retry-After')
+  const b = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'bob' })
+  t.equal(b.status, 200)
+  const c = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'carol' })
+  t.equal(c.status, 503, 'global cap -> 503')
+  t.ok(Number(c.response.headers.get('retry-after')) > 0, 'with Retry-After')
+
+  let r = await rawPost(gw.url, a.sessionId, ping(1), { 'x-test-subject': 'bob' })
+  t.equal(r.status, 404, "another subject presenting alice's session id -> 404")
+  r = await rawPost(gw.url, a.sessionId, ping(2), { 'x-test-subject': 'alice' })
+  t.equal(r.status, 200, "alice's session keeps working")
+  t.equal(gw.endpoint.sessions().find(s => a.sessionId!.startsWith(s.id))?.subject, 'alice')
+
+  const del = await fetch(gw.url, { method: 'DELETE', headers: { 'mcp-session-id': b.sessionId!, 'x-test-subject': 'bob' } })
+  t.equal(del.status, 200)
+  const again = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'carol' })
+  t.equal(again.status, 200, 'caps free up when sessions end')
+})
+
+t.test('idle sessions expire', async t => {
+  const gw = await startGateway(t, { targets: [faultyTarget()], session: { idleTimeoutSeconds: 1 } })
+  const a = await rawInitialize(gw.url, '2025-06-18')
+  t.equal(a.status, 200)
+  const pids = gw.endpoint.sessions().flatMap(s => s.pids)
+  t.equal(pids.length, 1)
+  t.ok(await until(() => gw.endpoint.sessions().length === 0, 200, 50), 'the idle session is ended')
+  const r = await rawPost(gw.url, a.sessionId, ping(3))
+  t.equal(r.status, 404, 'an expired session -> 404')
+  t.ok(await until(() => pids.every(processGone)), 'expired sessions leave no child behind')
+})
+
+t.test('upstream faults: crash mid-request, timeout, client disconnect', async t => {
+  const gw = await startGateway(t, { targets: [faultyTarget()], session: { requestTimeoutSeconds: 1 } })
+  const s = await rawInitialize(gw.url, '2025-11-25')
+  const sid = s.sessionId!
+  await rawPost(gw.url, sid, { jsonrpc: '2.0', method: 'notifications/initialized' })
+
+  const timedOut = await rawPost(gw.url, sid, { jsonrpc: '2.0', id: 20, method: 'tools/call', params: { name: 'hang', arguments: {} } })
+  t.match(timedOut.messages, [{ id: 20, error: { code: -32001, message: 'Request timed out' } }], 'a hung request times out with a JSON-RPC error')
+
+  const ac = new AbortController()
+  const abandoned = rawPost(gw.url, sid, { jsonrpc: '2.0', id: 21, method: 'tools/call', params: { name: 'hang', arguments: {} } }, {}, ac.signal).catch(() => undefined)
+  t.ok(await until(() => gw.endpoint.sessions()[0]?.inFlight === 1), 'request in flight')
+  ac.abort()
+  await abandoned
+  t.ok(await until(() => gw.endpoint.sessions()[0]?.inFlight === 0), 'a client disconnect abandons (and cancels) the request')
+
+  const [pid] = gw.endpoint.sessions()[0]!.pids
+  const hanging = rawPost(gw.url, sid, { jsonrpc: '2.0', id: 22, method: 'tools/call', params: { name: 'hang', arguments: {} } })
+  t.ok(await until(() => gw.endpoint.sessions()[0]?.inFlight === 1), 'request in flight')
+  const crashing = await rawPost(gw.url, sid, { jsonrpc: '2.0', id: 23, method: 'tools/call', params: { name: 'crash', arguments: {} } })
+  t.match(crashing.messages, [{ id: 23, error: { code: -32000, message: 'upstream faulty closed' } }], 'the crashing call gets an error')
+  t.match((await hanging).messages, [{ id: 22, error: { code: -32000, message: 'upstream faulty closed' } }], 'the other pending call too')
+  const after = await rawPost(gw.url, sid, ping(24))
+  t.equal(after.status, 404, 'the session ended with its upstream')
+  t.ok(await until(() => processGone(pid!)), 'no child left')
+})
+
+t.test('two targets multiplexed: everything + memory', async t => {
+  const gw = await startGateway(t, { targets: [everythingTarget(), memoryTarget()], plugins: [denyPlugin] })
+  const client = new Client({ name: 'multi-test', version: '1.0.0' }, { capabilities: {} })
+  const updates: string[] = []
+  client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => { updates.push(n.params.uri) })
+  const transport = new StreamableHTTPClientTransport(new URL(gw.url))
+  await client.connect(transport)
+  t.teardown(() => client.close())
+
+  t.match(client.getServerVersion(), { name: 'mcp-proxy' }, 'the gateway speaks for several targets')
+  const caps = client.getServerCapabilities()!
+  t.ok(caps.tools !== undefined && caps.resources?.subscribe === true && caps.prompts !== undefined, 'capabilities are the union')
+  t.equal(gw.endpoint.sessions()[0]!.pids.length, 2, 'one child per target')
+
+  const names = (await client.listTools()).tools.map(x => x.name)
+  t.ok(names.includes('everything_echo') && names.includes('memory_read_graph') && names.includes('memory_create_entities'), 'prefixed names from both targets')
+  t.notOk(names.includes('everything_get-env') || names.includes('memory_delete_entities'), 'denied tools filtered per target')
+  t.notOk(names.some(n => !n.startsWith('everything_') && !n.startsWith('memory_')), 'every name is prefixed')
+  t.equal(textOf(await client.callTool({ name: 'everything_echo', arguments: { message: 'routed' } })), 'Echo: routed')
+  await client.callTool({ name: 'memory_create_entities', arguments: { entities: [{ name: 'gateway', entityType: 'software', observations: ['multiplexes'] }] } })
+  const graph = await client.callTool({ name: 'memory_read_graph', arguments: {} })
+  t.match(JSON.stringify(graph), /multiplexes/, 'calls routed to the memory target')
+  await t.rejects(client.callTool({ name: 'memory_delete_entities', arguments: { entityNames: ['gateway'] } }), /Unknown tool: memory_delete_entities/)
+  await t.rejects(client.callTool({ name: 'nosuch_echo', arguments: {} }), /Unknown tool: nosuch_echo/)
+
+  const { resources } = await client.listResources()
+  t.ok(resources.length > 0 && resources.every(r => /^mcp-proxy:\/\/(everything|memory)\//.test(r.uri)), 'resource URIs carry the target marker: ' + resources.filter(r => !r.uri.startsWith('mcp-proxy://everything/')).map(r => r.uri).join())
+  const read = await client.readResource({ uri: resources[0]!.uri })
+  t.equal(read.contents[0]!.uri, resources[0]!.uri, 'read by marked URI; contents marked back')
+  const { resourceTemplates } = await client.listResourceTemplates()
+  t.ok(resourceTemplates.length > 0 && resourceTemplates.every(r => r.uriTemplate.startsWith('mcp-proxy://everything/')), 'templates marked')
+  t.same(await client.subscribeResource({ uri: resources[0]!.uri }), {}, 'subscribe routed by marker')
+
+  const prompts = (await client.listPrompts()).prompts.map(p => p.name)
+  t.ok(prompts.includes('everything_simple-prompt') && !prompts.includes('everything_args-prompt'), 'prompts prefixed and filtered')
+  t.ok((await client.getPrompt({ name: 'everything_simple-prompt' })).messages.length > 0)
+  t.same(await client.setLoggingLevel('error'), {}, 'logging/setLevel fanned out')
+  t.same(await client.ping(), {}, 'ping answered by the gateway')
+})
+
+t.test('several targets: one failing target does not take the others down unless failClosed', async t => {
+  const broken = { name: 'broken', stdio: { cmd: '/nonexistent/mcp-server', args: [], env: {} } }
+  const open = await startGateway(t, { targets: [faultyTarget(), broken] })
+  const s = await rawInitialize(open.url, '2025-06-18')
+  t.equal(s.status, 200, 'initialize succeeds with the healthy target')
+  const r = await rawPost(open.url, s.sessionId, { jsonrpc: '2.0', id: 2, method: 'tools/list' })
+  const names = (r.messages[0]!.result.tools as Array<{ name: string }>).map(x => x.name)
+  t.ok(names.includes('faulty_echo') && names.every(n => n.startsWith('faulty_')), 'the healthy target serves')
+  const b = await rawPost(open.url, s.sessionId, { jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'broken_x', arguments: {} } })
+  t.match(b.messages[0], { id: 3, error: { code: -32000, message: 'upstream broken unavailable' } })
+
+  const closed = await startGateway(t, { targets: [faultyTarget(), broken], failClosed: true })
+  const c = await rawInitialize(closed.url, '2025-06-18')
+  t.equal(c.status, 502, 'fail-closed: initialize fails')
+  t.match(JSON.parse(c.body), { jsonrpc: '2.0', id: 1, error: { message: /broken/ } })
+  t.equal(closed.endpoint.sessions().length, 0, 'no session left behind')
+})
