@@ -33,7 +33,9 @@ function walk (v: unknown, path: string, parentKey: string, leaf: (value: unknow
     const out: Record<string, unknown> = {}
     for (const [k, x] of Object.entries(v)) {
       const p = path === '' ? k : `${path}.${k}`
-      if (isSecretKey(k) || SECRET_PARENTS.has(parentKey)) out[k] = secretLeaves(x, p, leaf)
+      // A secret-named key holding a map is a section (`mcp.policies.authorization`), not a credential: walk into it.
+      const section = x !== null && typeof x === 'object' && !Array.isArray(x)
+      if ((isSecretKey(k) && !section) || SECRET_PARENTS.has(parentKey)) out[k] = secretLeaves(x, p, leaf)
       else out[k] = walk(x, p, k, leaf)
     }
     return out
