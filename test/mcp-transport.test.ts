@@ -5,6 +5,7 @@
  * (test/fixtures/faulty-server.mjs), multiplexing and per-operation filtering.
  */
 import t from 'tap'
+import { rm } from 'node:fs/promises'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
@@ -277,7 +278,9 @@ t.test('upstream faults: crash mid-request, timeout, client disconnect', async t
 })
 
 t.test('two targets multiplexed: everything + memory', async t => {
-  const gw = await startGateway(t, { targets: [everythingTarget(), memoryTarget()], plugins: [denyPlugin] })
+  const memory = memoryTarget()
+  t.teardown(() => rm(memory.stdio!.env.MEMORY_FILE_PATH!, { force: true }))
+  const gw = await startGateway(t, { targets: [everythingTarget(), memory], plugins: [denyPlugin] })
   const client = new Client({ name: 'multi-test', version: '1.0.0' }, { capabilities: {} })
   const updates: string[] = []
   client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => { updates.push(n.params.uri) })
@@ -326,6 +329,18 @@ t.test('several targets: one failing target does not take the others down unless
   t.ok(names.includes('faulty_echo') && names.every(n => n.startsWith('faulty_')), 'the healthy target serves')
   const b = await rawPost(open.url, s.sessionId, { jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'broken_x', arguments: {} } })
   t.match(b.messages[0], { id: 3, error: { code: -32000, message: 'upstream broken unavailable' } })
+
+  // A target that crashes mid-session: its calls fail, the other target keeps serving.
+  const two = await startGateway(t, { targets: [faultyTarget('one'), faultyTarget('two')] })
+  const m = await rawInitialize(two.url, '2025-11-25')
+  const crash = await rawPost(two.url, m.sessionId, { jsonrpc: '2.0', id: 4, method: 'tools/call', params: { name: 'one_crash', arguments: {} } })
+  t.match(crash.messages[0], { id: 4, error: { code: -32000, message: 'upstream one closed' } })
+  const still = await rawPost(two.url, m.sessionId, { jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'two_echo', arguments: { message: 'alive' } } })
+  t.match(still.messages[0], { id: 5, result: { content: [{ text: 'alive' }] } }, 'the other target keeps serving')
+  const gone = await rawPost(two.url, m.sessionId, { jsonrpc: '2.0', id: 6, method: 'tools/call', params: { name: 'one_echo', arguments: {} } })
+  t.match(gone.messages[0], { id: 6, error: { code: -32000, message: 'upstream one unavailable' } })
+  const list = await rawPost(two.url, m.sessionId, { jsonrpc: '2.0', id: 7, method: 'tools/list' })
+  t.ok((list.messages[0]!.result.tools as Array<{ name: string }>).every(x => x.name.startsWith('two_')), 'lists omit the crashed target')
 
   const closed = await startGateway(t, { targets: [faultyTarget(), broken], failClosed: true })
   const c = await rawInitialize(closed.url, '2025-06-18')
