@@ -334,6 +334,25 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
     }
   })
 
+  provider.use(async function noIssInAuthorizationResponse (ctx, next) {
+    await next()
+    // Like Authentik, the redirect back to the client carries no RFC 9207 `iss`.
+    // The gateway serves this IdP's metadata under its own issuer
+    // ({base_url}/mcp), so an `iss` naming the IdP would make 2.x SDK clients
+    // refuse every callback.
+    const location = ctx.response.get('location')
+    if (ctx.status >= 300 && ctx.status < 400 && location !== '' && /[?&#]iss=/.test(location)) {
+      const u = new URL(location)
+      u.searchParams.delete('iss')
+      if (u.hash.includes('iss=')) {
+        const h = new URLSearchParams(u.hash.slice(1))
+        h.delete('iss')
+        u.hash = h.toString()
+      }
+      ctx.redirect(u.href)
+    }
+  })
+
   const callback = provider.callback()
   handler = function devIdpRequest (req, res) {
     const url = req.url ?? '/'

@@ -87,9 +87,10 @@ async function main (): Promise<void> {
   try {
     gateway = await startGateway(loaded)
   } catch (err) {
-    const e = err as ProxyError & NodeJS.ErrnoException
     const code = ProxyError.is(err) && err.code === 'MCPP_ERR_CONFIG' ? EXIT.CONFIG : EXIT.STARTUP
-    fail(code, e.code === 'EADDRINUSE' ? `cannot listen: address in use (${e.message})` : e.message)
+    const errno = (err as NodeJS.ErrnoException).code as string | undefined
+    const message = (err as Error).message
+    fail(code, errno === 'EADDRINUSE' ? `cannot listen: address in use (${message})` : message)
   }
 
   let stopping = false

@@ -72,7 +72,7 @@ t.test('bad options are validated against the module schema, with the config pat
 })
 
 t.test('a throwing create() is reported and plugins created before it are closed', async t => {
-  const closes = await import('./fixtures/plugins/closes.js') as { closed: string[] }
+  const closes = await import('./fixtures/plugins/closes.js' as string) as { closed: string[] }
   await t.rejects(load(await configWith([
     { module: './plugins/closes.js', options: { tag: 'first' } },
     { module: './plugins/throws-on-create.js' },
