@@ -1,0 +1,64 @@
+/**
+ * Runs our gateway as its own process (bin/mcp-proxy.ts through tsx) from a
+ * generated config, so its RSS and CPU are its own and the load generator
+ * does not share its event loop.
+ */
+import { mkdtemp, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { freePort, startService, type Service } from './procs.ts'
+
+export interface AuthSettings {
+  readonly issuer: string
+  readonly clientId: string
+  readonly tokenCache?: boolean
+}
+
+export interface GatewayTarget {
+  readonly stdio?: { readonly cmd: string; readonly args: readonly string[] }
+  readonly url?: string
+}
+
+export interface RunningGatewayProcess {
+  readonly url: string
+  readonly service: Service
+}
+
+export async function startGatewayProcess (root: string, target: GatewayTarget, auth: AuthSettings | undefined, logLevel = 'warn'): Promise<RunningGatewayProcess> {
+  const port = await freePort()
+  const dir = await mkdtemp(join(tmpdir(), 'mcp-proxy-bench-'))
+  const config = {
+    mcp: {
+      host: '127.0.0.1',
+      port,
+      ...(auth !== undefined
+        ? {
+            policies: {
+              mcpAuthentication: {
+                mode: 'strict',
+                issuer: auth.issuer,
+                audiences: [auth.clientId],
+                provider: { oss_idp: {} },
+                clientId: auth.clientId,
+                resourceMetadata: { resource: `http://127.0.0.1:${port}/mcp` },
+                tokenCache: { enabled: auth.tokenCache ?? true },
+              },
+            },
+          }
+        : {}),
+      targets: [target.stdio !== undefined
+        ? { name: 'everything', stdio: { cmd: target.stdio.cmd, args: [...target.stdio.args] } }
+        : { name: 'upstream', mcp: { url: target.url } }],
+      session: { maxSessions: 2000, maxSessionsPerSubject: 2000 },
+    },
+    admin: { enabled: false },
+    logging: { level: logLevel },
+  }
+  const file = join(dir, 'gateway.yaml')
+  // JSON is YAML.
+  await writeFile(file, JSON.stringify(config, null, 2))
+  // BENCH_CPU_PROF=<dir>: profile the gateway (node --cpu-prof), written when it exits on SIGTERM.
+  const prof = process.env.BENCH_CPU_PROF !== undefined && process.env.BENCH_CPU_PROF !== '' ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : []
+  const service = await startService('gateway', process.execPath, [...prof, '--import', 'tsx', join(root, 'bin/mcp-proxy.ts'), '-f', file], { cwd: root, port })
+  return { url: `http://127.0.0.1:${port}/mcp`, service }
+}

@@ -1,0 +1,389 @@
+/**
+ * `npm run bench`: the gateway against its peers and the limits, side by
+ * side in one run, reported as ratios (absolute numbers on a shared 2-core
+ * box are noise). Loads 127.0.0.1 only; every phase is bounded in time and
+ * in requests; the whole run stays under five minutes.
+ *
+ * Workloads (issue 8): a. gateway with JWT + sessions to server-everything
+ * over stdio at 1/16/64 sessions; b. supergateway and punkpeye's mcp-proxy
+ * in front of the same server; c. limits: raw stdio client, the server's
+ * own streamableHttp mode, a bare HTTP->stdio bridge; d. HTTP target:
+ * gateway vs nginx vs direct, SSE answers; e. session churn; f. idle-session
+ * memory and token verification with the cache on and off.
+ *
+ * Environment: BENCH_DURATION_MS (per measured phase, default 1500),
+ * BENCH_WARMUP_MS (default 500), BENCH_ONLY (comma list of a,b,c,d,e,f
+ * letters; b and c run with a), BENCH_CPU_PROF=<dir> (profile the gateway).
+ */
+import { mkdir, writeFile, readFile } from 'node:fs/promises'
+import { existsSync } from 'node:fs'
+import { cpus, totalmem } from 'node:os'
+import { join, dirname } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { performance } from 'node:perf_hooks'
+import { startDevIdp } from '../bin/dev-idp.ts'
+import { runClosedLoop, summarize, type Sample, type Summary } from './lib/load.ts'
+import { makeAgent, McpHttpSession } from './lib/http-client.ts'
+import { rssOf, sleep, stopAll } from './lib/procs.ts'
+import { startGatewayProcess, type AuthSettings } from './lib/gateway.ts'
+import { findNginx, startNginx } from './lib/nginx.ts'
+import { benchVerifier, type VerifyResult } from './lib/verifier-bench.ts'
+import {
+  paths, gatewaySystem, supergatewaySystem, punkpeyeSystem, bareBridgeSystem, everythingHttpSystem, rawStdioSystem,
+  sseUpstream, openWorkers, closeWorkers, type System, type Worker,
+} from './lib/systems.ts'
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..')
+const P = paths(ROOT)
+const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 1500)
+const WARMUP_MS = Number(process.env.BENCH_WARMUP_MS ?? 500)
+/** Bound on recorded requests per phase, whatever the speed. */
+const MAX_REQUESTS = 100_000
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'a,b,c,d,e,f').split(',').map(s => s.trim()))
+const T0 = performance.now()
+
+function say (s: string): void {
+  process.stdout.write(`[${((performance.now() - T0) / 1000).toFixed(1).padStart(5)}s] ${s}\n`)
+}
+
+export interface Row {
+  readonly workload: string
+  readonly system: string
+  readonly role: string
+  readonly sessions: number
+  readonly reqPerSec: number
+  readonly p50Ms: number
+  readonly p99Ms: number
+  readonly rssMB: number | undefined
+  readonly requests: number
+  readonly errors: number
+  readonly note?: string
+}
+
+const rows: Row[] = []
+
+function rowOf (workload: string, sys: { name: string; role: string }, sessions: number, s: Summary, rss: number | undefined, note?: string): Row {
+  const row: Row = {
+    workload, system: sys.name, role: sys.role, sessions,
+    reqPerSec: s.reqPerSec, p50Ms: s.p50Ms, p99Ms: s.p99Ms,
+    rssMB: rss === undefined ? undefined : rss / 1048576,
+    requests: s.requests, errors: s.errors,
+    ...(note !== undefined || s.firstError !== undefined ? { note: [note, s.firstError].filter(Boolean).join('; ') } : {}),
+  }
+  rows.push(row)
+  say(`  ${workload} ${sys.name} x${sessions}: ${row.reqPerSec.toFixed(0)} req/s, p50 ${row.p50Ms.toFixed(2)} ms, p99 ${row.p99Ms.toFixed(2)} ms` +
+    (row.rssMB !== undefined ? `, RSS ${row.rssMB.toFixed(1)} MB` : '') + (row.errors > 0 ? `, ${row.errors} errors (${s.firstError})` : ''))
+  return row
+}
+
+async function rssOrUndefined (pid: number | undefined): Promise<number | undefined> {
+  if (pid === undefined) return undefined
+  try { return await rssOf(pid) } catch { return undefined }
+}
+
+function measure (workers: readonly Worker[]): Promise<Sample> {
+  return runClosedLoop({ workers: workers.length, op: w => workers[w]!.echo(), warmupMs: WARMUP_MS, durationMs: DURATION_MS, maxRequests: MAX_REQUESTS })
+}
+
+/** a, b, c at one level: all systems' sessions open at once, two rounds in alternating order. */
+async function throughputAlternating (systems: readonly System[], n: number): Promise<void> {
+  say(`throughput with ${n} concurrent session(s): opening sessions`)
+  const open = new Map<System, { agent: ReturnType<typeof makeAgent>; workers: Worker[]; samples: Sample[] }>()
+  try {
+    for (const sys of systems) {
+      const agent = makeAgent(n)
+      open.set(sys, { agent, workers: await openWorkers(sys, agent, n), samples: [] })
+    }
+    for (let round = 0; round < 2; round++) {
+      const order = round % 2 === 0 ? systems : [...systems].reverse()
+      for (const sys of order) {
+        const o = open.get(sys)!
+        o.samples.push(await measure(o.workers))
+      }
+    }
+    for (const sys of systems) {
+      const o = open.get(sys)!
+      rowOf('a-c echo', sys, n, summarize(o.samples), await rssOrUndefined(sys.pid))
+    }
+  } finally {
+    for (const o of open.values()) { await closeWorkers(o.workers); o.agent.destroy() }
+  }
+}
+
+/** a, b, c at a level too heavy to hold every system's children at once: one system at a time. */
+async function throughputSequential (systems: readonly System[], n: number): Promise<void> {
+  say(`throughput with ${n} concurrent sessions (one system at a time: ${n} Node children each)`)
+  for (const sys of systems) {
+    const agent = makeAgent(n)
+    let workers: Worker[] = []
+    try {
+      workers = await openWorkers(sys, agent, n)
+      const s = await measure(workers)
+      rowOf('a-c echo', sys, n, summarize([s]), await rssOrUndefined(sys.pid))
+    } finally {
+      await closeWorkers(workers)
+      agent.destroy()
+    }
+  }
+}
+
+/** d: POST with an SSE answer through gateway / nginx / nothing, 16 connections. */
+async function httpTarget (auth: AuthSettings, token: string): Promise<Record<string, number> | undefined> {
+  const n = 16
+  say('d. HTTP target (SSE answers), 16 connections')
+  const up = await sseUpstream(P)
+  const gwAuth = await startGatewayProcess(ROOT, { url: up.url }, auth)
+  const gwOpen = await startGatewayProcess(ROOT, { url: up.url }, undefined)
+  const nginxBin = await findNginx(say)
+  const ngx = nginxBin === undefined ? undefined : await startNginx(nginxBin, up.port)
+  const bearer = { authorization: `Bearer ${token}` }
+  const systems: Array<{ name: string; role: string; url: string; headers: Record<string, string>; pid: number | undefined }> = [
+    { name: 'direct (no proxy)', role: 'limit', url: up.url, headers: {}, pid: up.service.pid },
+    { name: 'gateway (JWT)', role: 'gateway', url: gwAuth.url, headers: bearer, pid: gwAuth.service.pid },
+    { name: 'gateway (no auth)', role: 'gateway', url: gwOpen.url, headers: {}, pid: gwOpen.service.pid },
+    ...(ngx !== undefined ? [{ name: 'nginx proxy_pass', role: 'peer', url: ngx.url, headers: {}, pid: ngx.service.pid }] : []),
+  ]
+  const state = new Map<string, { workers: McpHttpSession[]; agent: ReturnType<typeof makeAgent>; samples: Sample[] }>()
+  try {
+    for (const s of systems) {
+      const agent = makeAgent(n)
+      const workers = await Promise.all(Array.from({ length: n }, async () => {
+        const w = new McpHttpSession(s.url, agent, s.headers)
+        await w.initialize()
+        return w
+      }))
+      state.set(s.name, { workers, agent, samples: [] })
+    }
+    for (let round = 0; round < 2; round++) {
+      for (const s of round === 0 ? systems : [...systems].reverse()) {
+        const st = state.get(s.name)!
+        st.samples.push(await measure(st.workers))
+      }
+    }
+    const out: Record<string, number> = {}
+    let direct: Summary | undefined
+    for (const s of systems) {
+      const sum = summarize(state.get(s.name)!.samples)
+      if (s.name.startsWith('direct')) direct = sum
+      const note = direct === undefined || s === systems[0] ? undefined : `added p50 ${(sum.p50Ms - direct.p50Ms).toFixed(3)} ms, p99 ${(sum.p99Ms - direct.p99Ms).toFixed(3)} ms`
+      rowOf('d http target', s, n, sum, await rssOrUndefined(s.pid), note)
+      if (direct !== undefined && s !== systems[0]) {
+        out[`${s.name} added p50 ms`] = sum.p50Ms - direct.p50Ms
+        out[`${s.name} added p99 ms`] = sum.p99Ms - direct.p99Ms
+      }
+    }
+    return out
+  } finally {
+    for (const st of state.values()) { await closeWorkers(st.workers); st.agent.destroy() }
+    await Promise.allSettled([up.service.stop(), gwAuth.service.stop(), gwOpen.service.stop(), ngx?.service.stop()])
+  }
+}
+
+/** e: initialize + initialized + one call + DELETE per session, 4 at a time, bounded. */
+async function churn (systems: readonly System[]): Promise<void> {
+  const n = 4
+  say('e. session churn (initialize + call + DELETE), 4 concurrent')
+  for (const sys of systems) {
+    const agent = makeAgent(n)
+    const phases = { open: 0, call: 0, del: 0, n: 0 }
+    try {
+      const s = await runClosedLoop({
+        workers: n,
+        op: async () => {
+          const t0 = performance.now()
+          const w = await sys.open(agent)
+          const t1 = performance.now()
+          await w.echo()
+          const t2 = performance.now()
+          await w.close()
+          const t3 = performance.now()
+          phases.open += t1 - t0; phases.call += t2 - t1; phases.del += t3 - t2; phases.n++
+        },
+        warmupMs: 300,
+        durationMs: Math.min(DURATION_MS * 1.5, 3000),
+        maxRequests: 500,
+      })
+      const k = Math.max(phases.n, 1)
+      const note = `mean ms: initialize+initialized ${(phases.open / k).toFixed(1)}, call ${(phases.call / k).toFixed(1)}, DELETE ${(phases.del / k).toFixed(1)}`
+      rowOf('e churn (sessions/s)', sys, n, summarize([s]), await rssOrUndefined(sys.pid), note)
+      say(`    ${note}`)
+    } finally {
+      agent.destroy()
+    }
+  }
+}
+
+interface MemoryResult {
+  readonly rss0MB: number
+  readonly rss100MB: number
+  readonly rss500MB: number
+  readonly kbPerSession100: number
+  readonly kbPerSession500: number
+}
+
+/** f: gateway RSS (its own pid, children excluded) with 0, 100 and 500 idle sessions on a cheap awk stdio target. */
+async function memory (auth: AuthSettings, token: string): Promise<MemoryResult> {
+  say('f. idle-session memory (target: bench/lib/echo-server.awk, children excluded)')
+  const script = join(ROOT, 'bench/lib/echo-server.awk')
+  // mawk (Debian's awk) block-buffers a pipe unless interactive.
+  const target = existsSync('/usr/bin/mawk') ? { cmd: '/usr/bin/mawk', args: ['-W', 'interactive', '-f', script] } : { cmd: 'awk', args: ['-f', script] }
+  const gw = await startGatewayProcess(ROOT, { stdio: target }, auth)
+  const agent = makeAgent(16)
+  const sessions: McpHttpSession[] = []
+  const openN = async (k: number): Promise<void> => {
+    let left = k
+    await Promise.all(Array.from({ length: 16 }, async () => {
+      while (left > 0) {
+        left--
+        const s = new McpHttpSession(gw.url, agent, { authorization: `Bearer ${token}` })
+        await s.initialize()
+        await s.echo()
+        sessions.push(s)
+      }
+    }))
+  }
+  const settle = async (): Promise<number> => { await sleep(1000); return rssOf(gw.service.pid) }
+  try {
+    // Warm the code paths (a session opened, used and closed) before the baseline.
+    for (let i = 0; i < 20; i++) {
+      const s = new McpHttpSession(gw.url, agent, { authorization: `Bearer ${token}` })
+      await s.initialize()
+      await s.echo()
+      await s.close()
+    }
+    const rss0 = await settle()
+    await openN(100)
+    const rss100 = await settle()
+    await openN(400)
+    const rss500 = await settle()
+    const r: MemoryResult = {
+      rss0MB: rss0 / 1048576,
+      rss100MB: rss100 / 1048576,
+      rss500MB: rss500 / 1048576,
+      kbPerSession100: (rss100 - rss0) / 1024 / 100,
+      kbPerSession500: (rss500 - rss0) / 1024 / 500,
+    }
+    say(`  RSS 0: ${r.rss0MB.toFixed(1)} MB, 100: ${r.rss100MB.toFixed(1)} MB, 500: ${r.rss500MB.toFixed(1)} MB -> ${r.kbPerSession500.toFixed(1)} KB per idle session (500), ${r.kbPerSession100.toFixed(1)} KB (100)`)
+    return r
+  } finally {
+    await closeWorkers(sessions)
+    agent.destroy()
+    await gw.service.stop()
+  }
+}
+
+function ratio (a: Row | undefined, b: Row | undefined): number | undefined {
+  return a === undefined || b === undefined || b.reqPerSec === 0 ? undefined : a.reqPerSec / b.reqPerSec
+}
+
+function fmt (v: number | undefined, digits = 2): string {
+  return v === undefined || Number.isNaN(v) ? '-' : v.toFixed(digits)
+}
+
+function table (): string {
+  const head = '| workload | system | sessions | req/s | p50 ms | p99 ms | RSS MB |'
+  const lines = [head, '|---|---|---:|---:|---:|---:|---:|']
+  for (const r of rows) {
+    lines.push(`| ${r.workload} | ${r.system} | ${r.sessions} | ${r.reqPerSec.toFixed(0)} | ${fmt(r.p50Ms)} | ${fmt(r.p99Ms)} | ${fmt(r.rssMB, 1)} |` + (r.errors > 0 ? ` ${r.errors} errors` : ''))
+  }
+  return lines.join('\n')
+}
+
+async function machine (): Promise<Record<string, unknown>> {
+  const cpuinfo = await readFile('/proc/cpuinfo', 'utf8').catch(() => '')
+  const model = /^model name\s*:\s*(.*)$/m.exec(cpuinfo)?.[1] ?? cpus()[0]?.model ?? 'unknown'
+  return { nproc: cpus().length, cpu: model, node: process.version, memGB: Math.round(totalmem() / 2 ** 30) }
+}
+
+async function main (): Promise<void> {
+  const mach = await machine()
+  say(`mcp-proxy bench: ${JSON.stringify(mach)}; phases ${WARMUP_MS} ms warm-up + ${DURATION_MS} ms measured`)
+  const idp = await startDevIdp({ accessTokenTtlSeconds: 3600 })
+  const token = await idp.mintToken({ sub: 'bench-user' })
+  const auth: AuthSettings = { issuer: idp.issuer, clientId: idp.clientId }
+  const results: Record<string, unknown> = {}
+  const ratios: Record<string, number | undefined> = {}
+  const targets: Array<{ target: string; measured: string; met: boolean | undefined }> = []
+  try {
+    if (ONLY.has('a') || ONLY.has('b') || ONLY.has('c') || ONLY.has('e')) {
+      say('starting systems: gateway, supergateway, punkpeye mcp-proxy, bare bridge, server-everything streamableHttp')
+      const [gw, sg, pp, bare, direct] = await Promise.all([
+        gatewaySystem(P, auth, () => token), supergatewaySystem(P), punkpeyeSystem(P), bareBridgeSystem(P), everythingHttpSystem(P),
+      ])
+      const raw = rawStdioSystem(P)
+      if (ONLY.has('a') || ONLY.has('b') || ONLY.has('c')) {
+        const all = [gw, sg, pp, bare, direct, raw]
+        await throughputAlternating(all, 1)
+        await throughputAlternating(all, 16)
+        await throughputSequential([gw, sg, pp, bare, direct], 64)
+        for (const n of [1, 16, 64]) {
+          const find = (s: System): Row | undefined => rows.find(r => r.workload === 'a-c echo' && r.system === s.name && r.sessions === n)
+          ratios[`x${n} gateway/supergateway`] = ratio(find(gw), find(sg))
+          ratios[`x${n} gateway/punkpeye`] = ratio(find(gw), find(pp))
+          ratios[`x${n} gateway/bare bridge`] = ratio(find(gw), find(bare))
+          ratios[`x${n} gateway/server-everything http`] = ratio(find(gw), find(direct))
+          ratios[`x${n} gateway/raw stdio`] = ratio(find(gw), find(raw))
+        }
+        const r16 = (k: string): number | undefined => ratios[`x16 ${k}`]
+        targets.push({ target: 'throughput >= 3x supergateway (16 sessions)', measured: fmt(r16('gateway/supergateway')), met: r16('gateway/supergateway') === undefined ? undefined : r16('gateway/supergateway')! >= 3 })
+        targets.push({ target: 'throughput >= 2x punkpeye mcp-proxy (16 sessions)', measured: fmt(r16('gateway/punkpeye')), met: r16('gateway/punkpeye') === undefined ? undefined : r16('gateway/punkpeye')! >= 2 })
+        targets.push({ target: 'throughput >= 0.5x bare bridge (16 sessions)', measured: fmt(r16('gateway/bare bridge')), met: r16('gateway/bare bridge') === undefined ? undefined : r16('gateway/bare bridge')! >= 0.5 })
+      }
+      if (ONLY.has('e')) await churn([gw, sg, pp, direct])
+      await Promise.allSettled([gw, sg, pp, bare, direct].map(s => s.stop()))
+    }
+    if (ONLY.has('d')) {
+      const d = await httpTarget(auth, token)
+      results.httpTarget = d
+      if (d !== undefined) {
+        const p50 = d['gateway (JWT) added p50 ms']
+        const p99 = d['gateway (JWT) added p99 ms']
+        targets.push({ target: 'HTTP target added latency <= 0.5 ms p50 (16 conns, JWT)', measured: `${fmt(p50, 3)} ms`, met: p50 === undefined ? undefined : p50 <= 0.5 })
+        targets.push({ target: 'HTTP target added latency <= 2 ms p99 (16 conns, JWT)', measured: `${fmt(p99, 3)} ms`, met: p99 === undefined ? undefined : p99 <= 2 })
+      }
+    }
+    if (ONLY.has('f')) {
+      const m = await memory(auth, token)
+      results.memory = m
+      targets.push({ target: '<= 256 KB per idle session (500 sessions)', measured: `${fmt(m.kbPerSession500, 1)} KB`, met: m.kbPerSession500 <= 256 })
+      say('f. token verification, cache on vs off (in process, the plugin hook)')
+      const v: VerifyResult = await benchVerifier(idp.issuer, idp.clientId, token, Math.max(DURATION_MS, 1000))
+      results.verifier = v
+      say(`  cache hit ${v.usPerOpCacheHit.toFixed(1)} us/op, full verification ${v.usPerOpFullVerify.toFixed(1)} us/op -> ${v.speedup.toFixed(1)}x`)
+      targets.push({ target: 'cache hit >= 5x faster than full verification', measured: `${fmt(v.speedup, 1)}x`, met: v.speedup >= 5 })
+    }
+  } finally {
+    await stopAll()
+    await idp.close()
+  }
+
+  const md = [
+    `Date: ${new Date().toISOString()}  `,
+    `Machine: ${mach.nproc} CPUs (${String(mach.cpu)}), ${String(mach.memGB)} GB, Node ${String(mach.node)}  `,
+    `Phases: ${WARMUP_MS} ms warm-up + ${DURATION_MS} ms measured per system and round; closed loops, one request in flight per session.`,
+    '',
+    table(),
+    '',
+    '| ratio (req/s) | value |',
+    '|---|---:|',
+    ...Object.entries(ratios).map(([k, v]) => `| ${k} | ${fmt(v)} |`),
+    '',
+    '| target | measured | met |',
+    '|---|---:|---|',
+    ...targets.map(t => `| ${t.target} | ${t.measured} | ${t.met === undefined ? '-' : t.met ? 'yes' : 'NO'} |`),
+  ].join('\n')
+  process.stdout.write('\n' + md + '\n')
+  const dir = join(ROOT, 'bench/results')
+  await mkdir(dir, { recursive: true })
+  const stamp = new Date().toISOString().replace(/[:.]/g, '-')
+  const file = join(dir, `${stamp}.json`)
+  await writeFile(file, JSON.stringify({ date: new Date().toISOString(), machine: mach, warmupMs: WARMUP_MS, durationMs: DURATION_MS, rows, ratios, targets, ...results }, null, 2))
+  await writeFile(join(dir, 'latest.md'), md + '\n')
+  say(`written ${file} (and bench/results/latest.md)`)
+}
+
+main().then(() => process.exit(0), async (err: unknown) => {
+  process.stderr.write(`bench failed: ${(err as Error).stack ?? String(err)}\n`)
+  await stopAll()
+  process.exit(1)
+})
