@@ -62,7 +62,8 @@ const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-sr
 const BASE_HEADERS = {
   'cache-control': 'no-store',
   'x-content-type-options': 'nosniff',
-  'referrer-policy': 'no-referrer',
+  // Not `no-referrer`: with it, browsers send `Origin: null` on same-origin POSTs and the Origin check could not tell them apart.
+  'referrer-policy': 'same-origin',
   'x-frame-options': 'DENY',
   'cross-origin-resource-policy': 'same-origin',
   'cross-origin-opener-policy': 'same-origin',
@@ -188,7 +189,8 @@ export function createAdminServer (opts: AdminOptions): Server {
       return
     }
     if (!authorized(req)) {
-      if (method === 'GET' && (path === '/ui' || path === '/ui/' || path === '/')) return send(res, 401, loginPage(), 'text/html; charset=utf-8')
+      // The sign-in form holds no data; 200 so a browser does not report a failed load.
+      if (method === 'GET' && (path === '/ui' || path === '/ui/' || path === '/')) return send(res, 200, loginPage(), 'text/html; charset=utf-8')
       return apiError(res, 401, 'unauthorized', 'admin token required', { 'www-authenticate': 'Bearer realm="mcp-proxy-admin"' })
     }
     if (method !== 'GET' && method !== 'HEAD' && !sameOrigin(req)) return apiError(res, 403, 'forbidden', 'cross-origin request refused')

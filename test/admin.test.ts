@@ -100,8 +100,10 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
     t.equal((await fetch(g.admin + '/api/config', { headers: { authorization: 'Bearer short' } })).status, 401, 'a wrong token of another length')
     t.equal((await fetch(g.admin + '/api/config?token=' + SECRETS.adminToken)).status, 401, 'a token in the URL is not accepted')
     const login = await fetch(g.admin + '/ui')
-    t.equal(login.status, 401)
-    t.match(await login.text(), /<form method="post" action="\/ui\/login">/, 'the page offers a sign-in form')
+    t.equal(login.status, 200, 'the sign-in form')
+    const form = await login.text()
+    t.match(form, /<form method="post" action="\/ui\/login">/, 'the page offers a sign-in form')
+    t.notMatch(form, /app\.js/, 'and nothing else')
     t.equal((await g.call('/api/config')).status, 200, 'the Bearer token works')
   })
 

@@ -39,6 +39,13 @@ function setStatus (text, isError) {
   s.className = isError ? 'error' : 'muted'
 }
 
+/** A message about something the operator did; stays until the next one. */
+function notice (text, isError) {
+  const n = $('#notice')
+  n.textContent = text
+  n.className = isError ? 'error' : 'notice'
+}
+
 async function api (path, init) {
   const res = await fetch(path, { credentials: 'same-origin', headers: { accept: 'application/json' }, ...init })
   if (res.status === 401) {
@@ -129,9 +136,9 @@ async function endSession (handle, button) {
   button.disabled = true
   try {
     await api(`/api/sessions/${encodeURIComponent(handle)}`, { method: 'DELETE' })
-    setStatus(`session ${handle}… ended`)
+    notice(`session ${handle}… ended`)
   } catch (err) {
-    setStatus(`could not end session ${handle}…: ${err.message}`, true)
+    notice(`could not end session ${handle}…: ${err.message}`, true)
   }
   await refreshFast()
 }

@@ -1,0 +1,117 @@
+/**
+ * The management page in a real browser: headless Debian chromium driven by
+ * playwright-core, against a whole gateway (server-everything over stdio,
+ * the dev IdP, admin.token set). One browser launch for the whole file.
+ */
+import t from 'tap'
+import { mkdir } from 'node:fs/promises'
+import { fileURLToPath } from 'node:url'
+import { dirname, join } from 'node:path'
+import { chromium, type Browser, type Page } from 'playwright-core'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { adminGateway, SECRETS, RULE } from './helpers/admin.ts'
+
+const ARTIFACTS = join(dirname(fileURLToPath(import.meta.url)), 'artifacts')
+const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync']
+
+t.test('management page in chromium', async t => {
+  const g = await adminGateway(t)
+  const browser: Browser = await chromium.launch({ executablePath: '/usr/bin/chromium', args: CHROMIUM_ARGS })
+  t.teardown(() => browser.close())
+  const context = await browser.newContext({ viewport: { width: 1400, height: 1800 } })
+  const page: Page = await context.newPage()
+  page.setDefaultTimeout(20_000)
+  const problems: string[] = []
+  page.on('console', msg => { if (msg.type() === 'error' || msg.type() === 'warning') problems.push(`console.${msg.type()}: ${msg.text()}`) })
+  page.on('pageerror', err => problems.push(`pageerror: ${err.message}`))
+
+  // A live session from a real SDK client, plus a denied request for the requests table.
+  const aliceToken = await g.aliceToken()
+  const client = new Client({ name: 'ui-browser-test', version: '1' })
+  const transport = new StreamableHTTPClientTransport(new URL(g.mcp), { requestInit: { headers: { authorization: `Bearer ${aliceToken}` } } })
+  await client.connect(transport)
+  t.teardown(() => client.close().catch(() => {}))
+  await client.callTool({ name: 'echo', arguments: { message: 'from the browser test' } })
+  const bobToken = await g.bobToken()
+  const denied = await fetch(g.mcp, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${bobToken}` },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } } }),
+  })
+  t.equal(denied.status, 403)
+  const handle = transport.sessionId!.slice(0, 8)
+
+  await t.test('sign in with admin.token through the form', async t => {
+    const res = await page.goto(g.admin + '/ui')
+    t.equal(res?.status(), 200)
+    t.equal(await page.locator('#token').count(), 1, 'the page asks for the admin token first')
+    await page.fill('#token', SECRETS.adminToken)
+    await Promise.all([page.waitForURL(g.admin + '/ui'), page.click('button[type=submit]')])
+    await page.waitForSelector('#targets tr[data-target="everything"]')
+    t.equal(await page.title(), 'mcp-proxy', 'the management page itself, not the sign-in form')
+  })
+
+  await t.test('shows the target and the live session', async t => {
+    const target = page.locator('#targets tr[data-target="everything"]')
+    await target.locator('td:nth-child(4)').filter({ hasText: /^1$/ }).waitFor()
+    t.match(await target.innerText(), /everything\s+stdio/)
+    const row = page.locator(`#sessions tr[data-handle="${handle}"]`)
+    await row.waitFor()
+    const text = await row.innerText()
+    t.match(text, new RegExp(`${handle}…`))
+    t.match(text, /alice/)
+    t.match(text, /everything/)
+    t.notOk(text.includes(transport.sessionId!), 'only the id prefix is shown')
+  })
+
+  await t.test('requests table shows the decisions, the chart is drawn', async t => {
+    await page.locator('#requests td.decision.forbidden').first().waitFor()
+    const forbidden = await page.locator('#requests tr', { has: page.locator('td.decision.forbidden') }).first().innerText()
+    t.match(forbidden, /403/)
+    t.ok(forbidden.includes(RULE), 'the failing rule is named')
+    t.ok(await page.locator('#requests td.decision.allowed').count() >= 1)
+    t.ok(await page.locator('#chart rect.bar').count() >= 1, 'the chart has bars')
+    await page.locator('#keyset dd').first().waitFor()
+    t.match(await page.locator('#keyset').innerText(), new RegExp(g.idp!.currentKid))
+    t.match(await page.locator('#oauth-docs').innerText(), /oauth-protected-resource\/mcp/)
+    t.match(await page.locator('#ready').innerText(), /^ready$/)
+  })
+
+  await t.test('try it runs initialize, tools/list, tools/call', async t => {
+    await page.fill('#try-token', aliceToken)
+    await page.click('#try-run')
+    await page.locator('#try-tool option[value="echo"]').waitFor({ state: 'attached' })
+    await page.selectOption('#try-tool', 'echo')
+    await page.fill('#try-args', '{"message":"typed in the page"}')
+    await page.click('#try-run')
+    await page.locator('#try-output li', { hasText: 'tools/call' }).waitFor()
+    const out = await page.locator('#try-output').innerText()
+    t.match(out, /initialize\s+HTTP 200/)
+    t.match(out, /tools\/call\s+HTTP 200/)
+    t.match(out, /typed in the page/)
+  })
+
+  await t.test('no secret in the page', async t => {
+    const html = await page.content()
+    const text = await page.evaluate(() => document.body.innerText)
+    for (const [name, secret] of Object.entries(SECRETS)) {
+      t.notOk(html.includes(secret), `page HTML does not contain ${name}`)
+      t.notOk(text.includes(secret), `page text does not contain ${name}`)
+    }
+    t.notOk(html.includes(transport.sessionId!), 'nor the whole session id')
+    t.notOk(text.includes(aliceToken), 'the pasted token is not rendered as text')
+    await mkdir(ARTIFACTS, { recursive: true })
+    await page.screenshot({ path: join(ARTIFACTS, 'admin-ui.png'), fullPage: true })
+  })
+
+  await t.test('ending the session from the page: the client gets 404', async t => {
+    await page.click(`#sessions button[data-handle="${handle}"]`)
+    await page.locator(`#sessions tr[data-handle="${handle}"]`).waitFor({ state: 'detached' })
+    const err = await client.listTools().then(() => undefined, (e: unknown) => e) as { code?: unknown } | undefined
+    t.equal(err?.code, 404, 'the SDK client sees HTTP 404 for the ended session')
+    t.match(await page.locator('#notice').innerText(), new RegExp(`session ${handle}… ended`))
+  })
+
+  t.same(problems, [], 'no console errors or warnings, no uncaught page errors (CSP included)')
+})
