@@ -94,7 +94,7 @@ t.test('management page in chromium', async t => {
 
   await t.test('no secret in the page', async t => {
     const html = await page.content()
-    const text = await page.evaluate(() => document.body.innerText)
+    const text = await page.locator('body').innerText()
     for (const [name, secret] of Object.entries(SECRETS)) {
       t.notOk(html.includes(secret), `page HTML does not contain ${name}`)
       t.notOk(text.includes(secret), `page text does not contain ${name}`)
