@@ -141,6 +141,7 @@ export class HttpUpstream implements Upstream {
   #closeReported = false
   #getStreamOpen = false
   #closing: Promise<void> | undefined
+  #closedByUs = false
   readonly #errors: Counter | undefined
 
   constructor (opts: HttpUpstreamOptions) {
@@ -211,7 +212,8 @@ export class HttpUpstream implements Upstream {
     this.#errors?.inc({ target: this.target })
     this.#lastError = detail
     this.#log.warn({ method: message.method, detail }, 'upstream request failed')
-    if (isRequest(message) && this.#state === 'running') {
+    // Also after the upstream ended on its own: the pending call fails fast.
+    if (isRequest(message) && !this.#closedByUs) {
       this.#deliver({ jsonrpc: '2.0', id: message.id, error: { code, message: `target ${this.target}: ${detail}` } })
     }
   }
@@ -231,26 +233,26 @@ export class HttpUpstream implements Upstream {
       const sid = res.headers.get('mcp-session-id')
       if (sid !== null && message.method === 'initialize') this.#sessionId = sid
       if (res.status === 404 && hadSession) {
-        await res.body?.cancel().catch(() => {})
+        void res.body?.cancel().catch(() => {})
         this.#fail(message, 'upstream session not found', RPC.CONNECTION_CLOSED)
         this.#gone(new Error(`target ${this.target}: upstream session ended (HTTP 404)`))
         return
       }
       if (!res.ok) {
-        await res.body?.cancel().catch(() => {})
+        void res.body?.cancel().catch(() => {})
         this.#fail(message, `upstream answered HTTP ${res.status}`)
         return
       }
       const type = (res.headers.get('content-type') ?? '').toLowerCase()
       if (res.status === 202 || res.body === null) {
-        await res.body?.cancel().catch(() => {})
+        void res.body?.cancel().catch(() => {})
         if (isRequest(message)) this.#fail(message, `upstream answered HTTP ${res.status} without a response`)
         else if (message.method === 'notifications/initialized') void this.#openGetStream()
         return
       }
       if (type.startsWith('text/event-stream')) {
         answered = await this.#readSse(res, isRequest(message) ? message.id : undefined)
-        if (!answered && isRequest(message) && this.#state === 'running') {
+        if (!answered && isRequest(message)) {
           this.#fail(message, 'upstream stream ended before the response')
         }
         return
@@ -263,7 +265,7 @@ export class HttpUpstream implements Upstream {
         else if (isRequest(message)) this.#fail(message, 'upstream answered an empty body')
         return
       }
-      await res.body?.cancel().catch(() => {})
+      void res.body?.cancel().catch(() => {})
       this.#fail(message, `upstream answered unexpected content-type ${type.slice(0, 60) || '(none)'}`)
     } catch (err) {
       if (ac.signal.aborted) return
@@ -309,7 +311,7 @@ export class HttpUpstream implements Upstream {
       p.feed(decoder.decode(chunk, { stream: true }))
       // The request's stream may stay open after its answer; we're done with it.
       if (answered) {
-        await res.body?.cancel().catch(() => {})
+        void res.body?.cancel().catch(() => {})
         break
       }
     }
@@ -340,14 +342,14 @@ export class HttpUpstream implements Upstream {
           const extra: Record<string, string> = { accept: 'text/event-stream' }
           if (parser.lastEventId !== undefined) extra['last-event-id'] = parser.lastEventId
           const res = await fetch(this.#opts.url, { method: 'GET', headers: this.#headers(extra), signal: ac.signal })
-          if (res.status === 405) { await res.body?.cancel().catch(() => {}); return }
+          if (res.status === 405) { void res.body?.cancel().catch(() => {}); return }
           if (res.status === 404) {
-            await res.body?.cancel().catch(() => {})
+            void res.body?.cancel().catch(() => {})
             this.#gone(new Error(`target ${this.target}: upstream session ended (HTTP 404)`))
             return
           }
           if (!res.ok || !(res.headers.get('content-type') ?? '').startsWith('text/event-stream')) {
-            await res.body?.cancel().catch(() => {})
+            void res.body?.cancel().catch(() => {})
             this.#log.info({ status: res.status }, 'upstream offers no server-to-client stream')
             return
           }
@@ -388,13 +390,14 @@ export class HttpUpstream implements Upstream {
     this.#closing ??= (async () => {
       const wasRunning = this.#state === 'running'
       this.#state = 'closed'
+      this.#closedByUs = true
       for (const ac of this.#aborts) ac.abort()
       this.#aborts.clear()
       if (wasRunning && this.#sessionId !== undefined) {
         // Ends the upstream session; 405 means the server does not allow it (fine).
         try {
           const res = await fetch(this.#opts.url, { method: 'DELETE', headers: this.#headers({}), signal: AbortSignal.timeout(5000) })
-          await res.body?.cancel().catch(() => {})
+          void res.body?.cancel().catch(() => {})
         } catch (err) {
           this.#log.debug({ err: (err as Error).message }, 'DELETE of the upstream session failed')
         }
