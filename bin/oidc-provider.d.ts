@@ -11,6 +11,8 @@ declare module 'oidc-provider' {
     method: string
     status: number
     body: unknown
+    response: { get (field: string): string }
+    redirect (url: string): void
     oidc: {
       route: string
       client?: { clientId: string }

@@ -32,9 +32,7 @@ export const ERROR_CODES = {
   MCPP_ERR_HEADER_MISMATCH: 'Mcp-Method / Mcp-Name header does not match the body',
   MCPP_ERR_TOO_MANY_SESSIONS: 'Session cap reached',
   MCPP_ERR_STREAM_CONFLICT: 'The session already has an open GET stream',
-  MCPP_ERR_RATE_LIMITED: 'Too many requests',
   MCPP_ERR_UPSTREAM: 'Upstream MCP server failed',
-  MCPP_ERR_UPSTREAM_TIMEOUT: 'Upstream MCP server did not answer in time',
   MCPP_ERR_INTERNAL: 'Unexpected internal error',
 } as const
 
