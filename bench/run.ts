@@ -13,11 +13,13 @@
  *
  * Environment: BENCH_DURATION_MS (per measured phase, default 1500),
  * BENCH_WARMUP_MS (default 500), BENCH_ONLY (comma list of a,b,c,d,e,f
- * letters; b and c run with a), BENCH_CPU_PROF=<dir> (profile the gateway).
+ * letters; b and c run with a), BENCH_LEVELS (sessions for a-c, default
+ * 1,16,64), BENCH_CPU_PROF=<dir> (profile the gateway; summarise with
+ * bench/lib/cpuprofile.ts).
  */
 import { mkdir, writeFile, readFile } from 'node:fs/promises'
 import { existsSync } from 'node:fs'
-import { cpus, totalmem } from 'node:os'
+import { cpus, totalmem, loadavg } from 'node:os'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { performance } from 'node:perf_hooks'
@@ -39,6 +41,7 @@ const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 1500)
 const WARMUP_MS = Number(process.env.BENCH_WARMUP_MS ?? 500)
 /** Bound on recorded requests per phase, whatever the speed. */
 const MAX_REQUESTS = 100_000
+const LEVELS = (process.env.BENCH_LEVELS ?? '1,16,64').split(',').map(Number)
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'a,b,c,d,e,f').split(',').map(s => s.trim()))
 const T0 = performance.now()
 
@@ -284,7 +287,7 @@ function table (): string {
   const head = '| workload | system | sessions | req/s | p50 ms | p99 ms | RSS MB |'
   const lines = [head, '|---|---|---:|---:|---:|---:|---:|']
   for (const r of rows) {
-    lines.push(`| ${r.workload} | ${r.system} | ${r.sessions} | ${r.reqPerSec.toFixed(0)} | ${fmt(r.p50Ms)} | ${fmt(r.p99Ms)} | ${fmt(r.rssMB, 1)} |` + (r.errors > 0 ? ` ${r.errors} errors` : ''))
+    lines.push(`| ${r.workload} | ${r.system} | ${r.sessions} | ${r.reqPerSec.toFixed(r.reqPerSec < 100 ? 1 : 0)} | ${fmt(r.p50Ms)} | ${fmt(r.p99Ms)} | ${fmt(r.rssMB, 1)} |` + (r.errors > 0 ? ` ${r.errors} errors` : ''))
   }
   return lines.join('\n')
 }
@@ -292,7 +295,7 @@ function table (): string {
 async function machine (): Promise<Record<string, unknown>> {
   const cpuinfo = await readFile('/proc/cpuinfo', 'utf8').catch(() => '')
   const model = /^model name\s*:\s*(.*)$/m.exec(cpuinfo)?.[1] ?? cpus()[0]?.model ?? 'unknown'
-  return { nproc: cpus().length, cpu: model, node: process.version, memGB: Math.round(totalmem() / 2 ** 30) }
+  return { nproc: cpus().length, cpu: model, node: process.version, memGB: Math.round(totalmem() / 2 ** 30), loadavgAtStart: loadavg().map(v => Number(v.toFixed(2))) }
 }
 
 async function main (): Promise<void> {
@@ -307,20 +310,21 @@ async function main (): Promise<void> {
   try {
     if (ONLY.has('a') || ONLY.has('b') || ONLY.has('c') || ONLY.has('e')) {
       say('starting systems: gateway, supergateway, punkpeye mcp-proxy, bare bridge, server-everything streamableHttp')
-      const [gw, sg, pp, bare, direct] = await Promise.all([
-        gatewaySystem(P, auth, () => token), supergatewaySystem(P), punkpeyeSystem(P), bareBridgeSystem(P), everythingHttpSystem(P),
+      const [gw, sg, pp, bare, barePer, direct] = await Promise.all([
+        gatewaySystem(P, auth, () => token), supergatewaySystem(P), punkpeyeSystem(P), bareBridgeSystem(P), bareBridgeSystem(P, true), everythingHttpSystem(P),
       ])
       const raw = rawStdioSystem(P)
       if (ONLY.has('a') || ONLY.has('b') || ONLY.has('c')) {
-        const all = [gw, sg, pp, bare, direct, raw]
-        await throughputAlternating(all, 1)
-        await throughputAlternating(all, 16)
-        await throughputSequential([gw, sg, pp, bare, direct], 64)
-        for (const n of [1, 16, 64]) {
+        const all = [gw, sg, pp, bare, barePer, direct, raw]
+        if (LEVELS.includes(1)) await throughputAlternating(all, 1)
+        if (LEVELS.includes(16)) await throughputAlternating(all, 16)
+        if (LEVELS.includes(64)) await throughputSequential([gw, sg, pp, bare, direct], 64)
+        for (const n of LEVELS) {
           const find = (s: System): Row | undefined => rows.find(r => r.workload === 'a-c echo' && r.system === s.name && r.sessions === n)
           ratios[`x${n} gateway/supergateway`] = ratio(find(gw), find(sg))
           ratios[`x${n} gateway/punkpeye`] = ratio(find(gw), find(pp))
           ratios[`x${n} gateway/bare bridge`] = ratio(find(gw), find(bare))
+          ratios[`x${n} gateway/bare bridge child per client`] = ratio(find(gw), find(barePer))
           ratios[`x${n} gateway/server-everything http`] = ratio(find(gw), find(direct))
           ratios[`x${n} gateway/raw stdio`] = ratio(find(gw), find(raw))
         }
@@ -328,9 +332,10 @@ async function main (): Promise<void> {
         targets.push({ target: 'throughput >= 3x supergateway (16 sessions)', measured: fmt(r16('gateway/supergateway')), met: r16('gateway/supergateway') === undefined ? undefined : r16('gateway/supergateway')! >= 3 })
         targets.push({ target: 'throughput >= 2x punkpeye mcp-proxy (16 sessions)', measured: fmt(r16('gateway/punkpeye')), met: r16('gateway/punkpeye') === undefined ? undefined : r16('gateway/punkpeye')! >= 2 })
         targets.push({ target: 'throughput >= 0.5x bare bridge (16 sessions)', measured: fmt(r16('gateway/bare bridge')), met: r16('gateway/bare bridge') === undefined ? undefined : r16('gateway/bare bridge')! >= 0.5 })
+        targets.push({ target: '(informative) >= 0.5x bare bridge with a child per client, the gateway\'s shape (16 sessions)', measured: fmt(r16('gateway/bare bridge child per client')), met: r16('gateway/bare bridge child per client') === undefined ? undefined : r16('gateway/bare bridge child per client')! >= 0.5 })
       }
       if (ONLY.has('e')) await churn([gw, sg, pp, direct])
-      await Promise.allSettled([gw, sg, pp, bare, direct].map(s => s.stop()))
+      await Promise.allSettled([gw, sg, pp, bare, barePer, direct].map(s => s.stop()))
     }
     if (ONLY.has('d')) {
       const d = await httpTarget(auth, token)
@@ -359,7 +364,7 @@ async function main (): Promise<void> {
 
   const md = [
     `Date: ${new Date().toISOString()}  `,
-    `Machine: ${mach.nproc} CPUs (${String(mach.cpu)}), ${String(mach.memGB)} GB, Node ${String(mach.node)}  `,
+    `Machine: ${mach.nproc} CPUs (${String(mach.cpu)}), ${String(mach.memGB)} GB, Node ${String(mach.node)}; load average at start ${JSON.stringify(mach.loadavgAtStart)}, at end ${JSON.stringify(loadavg().map(v => Number(v.toFixed(2))))} (other work on this shared box skews absolute numbers; compare ratios)  `,
     `Phases: ${WARMUP_MS} ms warm-up + ${DURATION_MS} ms measured per system and round; closed loops, one request in flight per session.`,
     '',
     table(),

@@ -5,7 +5,7 @@
  */
 import { join } from 'node:path'
 import type { Agent } from 'node:http'
-import { McpHttpSession } from './http-client.ts'
+import { McpHttpSession, send } from './http-client.ts'
 import { StdioClient } from './stdio-client.ts'
 import { freePort, startService, type Service } from './procs.ts'
 import { startGatewayProcess, type AuthSettings } from './gateway.ts'
@@ -71,10 +71,27 @@ export async function punkpeyeSystem (p: Paths): Promise<System> {
   return httpSystem('punkpeye mcp-proxy', 'peer', 'one shared stdio child', `http://127.0.0.1:${port}/mcp`, svc)
 }
 
-export async function bareBridgeSystem (p: Paths): Promise<System> {
+export async function bareBridgeSystem (p: Paths, childPerSession = false): Promise<System> {
   const port = await freePort()
-  const svc = await startService('bare bridge', process.execPath, ['--import', 'tsx', join(p.root, 'bench/lib/bare-bridge.ts'), String(port), process.execPath, p.everything, 'stdio'], { port, cwd: p.root })
-  return httpSystem('bare HTTP->stdio bridge', 'limit', 'one shared stdio child, no sessions/SSE', `http://127.0.0.1:${port}/mcp`, svc, { sessionless: true })
+  const svc = await startService('bare bridge', process.execPath, ['--import', 'tsx', join(p.root, 'bench/lib/bare-bridge.ts'), String(port), process.execPath, p.everything, 'stdio'],
+    { port, cwd: p.root, env: { BARE_CHILD_PER_KEY: childPerSession ? '1' : '0' } })
+  const url = `http://127.0.0.1:${port}/mcp`
+  if (!childPerSession) return httpSystem('bare HTTP->stdio bridge', 'limit', 'one shared stdio child, no sessions/SSE', url, svc, { sessionless: true })
+  let key = 0
+  return {
+    name: 'bare bridge, child per client', role: 'limit', shape: 'stdio child per client, no sessions/SSE', pid: svc.pid,
+    async open (agent) {
+      const headers = { 'x-bench-key': String(++key) }
+      const s = new McpHttpSession(url, agent, headers)
+      // The first call spawns the client's child: done here so spawning is not measured.
+      await s.echo()
+      return {
+        echo: () => s.echo(),
+        async close () { await send(agent, s.url, 'DELETE', headers) },
+      }
+    },
+    stop: () => svc.stop(),
+  }
 }
 
 export async function everythingHttpSystem (p: Paths): Promise<System> {
