@@ -16,7 +16,9 @@ import type { JsonRpcMessage, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
 import { SseStream, SSE_HEADERS } from './sse.ts'
 import { Session, type SessionEnv } from './session.ts'
-import { allowsBatch, eraOf, isSessionRevision, negotiateRevision, MODERN_REVISION } from './revision.ts'
+import { allowsBatch, eraOf, isSessionRevision, negotiateRevision } from './revision.ts'
+import { createModernHandler } from './modern.ts'
+import { UpstreamPool, type PooledSummary } from './modern-pool.ts'
 
 export interface McpEndpointOptions {
   /** One factory per configured target, in config order. */
@@ -28,6 +30,13 @@ export interface McpEndpointOptions {
   readonly metrics: Metrics
   /** When set (one HTTP target), session-era traffic is handed to it unchanged. */
   readonly passthrough?: McpEndpoint
+  /** Upstream pool of the stateless revision 2026-07-28 (see README-modern.md). */
+  readonly modern?: {
+    /** Upstreams per (target, subject). Default 2. */
+    readonly perSubjectUpstreams?: number
+    /** Idle pooled upstreams are closed after this long. Default: `session.idleTimeoutSeconds`. */
+    readonly idleTimeoutMs?: number
+  }
 }
 
 /** What the admin UI shows about one session. Never the whole id. */
@@ -58,6 +67,8 @@ export interface GatewayMcpEndpoint extends McpEndpoint {
   /** Stops accepting new sessions (initialize gets 503); existing ones keep working. */
   drain(): void
   describeTargets(): TargetSummary[]
+  /** Pooled upstreams serving revision 2026-07-28, per (target, subject). */
+  pooled(): PooledSummary[]
 }
 
 const ANONYMOUS = '\u0000anonymous'
@@ -118,6 +129,16 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   }, KEEPALIVE_MS)
   keepAlive.unref()
 
+  // Revision 2026-07-28: stateless requests served by pooled upstreams, never shared across subjects.
+  const pool = new UpstreamPool({
+    log,
+    perKeyMax: opts.modern?.perSubjectUpstreams ?? 2,
+    globalMax: config.session.maxSessions,
+    idleMs: opts.modern?.idleTimeoutMs ?? idleMs,
+    requestTimeoutMs: env.requestTimeoutMs,
+  })
+  const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed })
+
   function subjectKeyOf (ctx: RequestContext): string {
     return ctx.auth?.subject ?? ANONYMOUS
   }
@@ -134,8 +155,9 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     return s
   }
 
-  function modern (): never {
-    throw badRequest('MCPP_ERR_PROTOCOL_VERSION', `Bad Request: protocol revision ${MODERN_REVISION} is not supported yet; initialize with 2025-11-25`)
+  /** GET and DELETE belong to sessions; revision 2026-07-28 answers them 405 (Streamable HTTP, Backward Compatibility). */
+  function modernNotAllowed (ctx: RequestContext): never {
+    throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed in protocol revision 2026-07-28`, { headers: { allow: 'POST' }, rpcCode: RPC.INVALID_REQUEST })
   }
 
   async function post (ctx: RequestContext): Promise<void> {
@@ -148,7 +170,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       throw new ProxyError('MCPP_ERR_UNSUPPORTED_MEDIA_TYPE', 415, 'Unsupported Media Type: Content-Type must be application/json', { rpcCode: RPC.INVALID_REQUEST })
     }
     const { body } = await ctx.readMcpMessage()
-    if (eraOf(ctx, body) === 'modern') modern()
+    if (eraOf(ctx, body) === 'modern') return modernHandler.post(ctx, body)
     if (Array.isArray(body)) {
       const list = body as JsonRpcMessage[]
       if (list.some(m => m.method === 'initialize')) throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must not be part of a batch')
@@ -195,11 +217,11 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   }
 
   async function get (ctx: RequestContext): Promise<void> {
+    if (eraOf(ctx) === 'modern') modernNotAllowed(ctx)
     const accept = header(ctx, 'accept') ?? ''
     if (!accept.includes('text/event-stream')) {
       throw new ProxyError('MCPP_ERR_NOT_ACCEPTABLE', 406, 'Not Acceptable: Accept must list text/event-stream', { rpcCode: RPC.INVALID_REQUEST })
     }
-    if (eraOf(ctx) === 'modern') modern()
     const session = lookup(ctx)
     if (session.hasGetStream) {
       throw new ProxyError('MCPP_ERR_STREAM_CONFLICT', 409, 'Conflict: this session already has an open GET stream', { rpcCode: RPC.INVALID_REQUEST })
@@ -210,7 +232,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   }
 
   async function del (ctx: RequestContext): Promise<void> {
-    if (eraOf(ctx) === 'modern') modern()
+    if (eraOf(ctx) === 'modern') modernNotAllowed(ctx)
     const session = lookup(ctx)
     await session.end('deleted')
     await ctx.writeHead(200, { 'content-length': 0 })
@@ -233,7 +255,9 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       closed = true
       clearInterval(sweeper)
       clearInterval(keepAlive)
+      modernHandler.close()
       await Promise.allSettled([...sessions.values()].map(s => s.end('gateway closing')))
+      await pool.close()
       await opts.passthrough?.close()
     },
 
@@ -264,6 +288,10 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
 
     drain (): void {
       draining = true
+    },
+
+    pooled (): PooledSummary[] {
+      return pool.describe()
     },
 
     describeTargets (): TargetSummary[] {

@@ -8,3 +8,8 @@ export { SESSION_REVISIONS, LATEST_SESSION_REVISION, MODERN_REVISION, eraOf, neg
 export type { Era, SessionRevision } from './revision.ts'
 export { prefixName, splitName, markUri, unmarkUri, URI_SCHEME } from './naming.ts'
 export { GATEWAY_INFO } from './session.ts'
+export { createModernHandler, META, MODERN_RPC, SUPPORTED_VERSIONS } from './modern.ts'
+export type { ModernHandler, ModernOptions } from './modern.ts'
+export { UpstreamPool } from './modern-pool.ts'
+export type { PooledSummary, PoolOptions } from './modern-pool.ts'
+export { allowOperation, filterListItems } from './policy.ts'

@@ -36,18 +36,29 @@ export function allowsBatch (rev: SessionRevision): boolean {
 export type Era = 'session' | 'modern'
 
 /**
- * Decides the era of one request. Uses the header when present, else (POST)
- * the `_meta` protocol version of the body's first message. A body whose
- * method is `initialize` is always session era.
+ * Decides the era of one request (MCP 2026-07-28, Versioning: a dual-era
+ * server selects its behaviour from how the client opens). Modern when the
+ * `MCP-Protocol-Version` header says 2026-07-28; or (POST) the body's first
+ * message carries a `_meta` protocol version — a modern envelope, whatever
+ * version it names, so that an unknown one gets the revision's
+ * UnsupportedProtocolVersion error — without a session id (with one, only
+ * 2026-07-28 itself counts: the session id is then ignored); or the body is
+ * `server/discover` without session and version headers; or the header names
+ * no session-era revision and there is no session id. `initialize` is
+ * always session era.
  */
 export function eraOf (ctx: RequestContext, body?: unknown): Era {
   const header = ctx.req.headers['mcp-protocol-version']
   if (header === MODERN_REVISION) return 'modern'
+  const sid = ctx.req.headers['mcp-session-id']
   if (body !== undefined && !Array.isArray(body) && body !== null && typeof body === 'object') {
     const m = body as { method?: unknown; params?: { _meta?: Record<string, unknown> } }
     if (m.method === 'initialize') return 'session'
-    if (m.params?._meta?.[META_VERSION_KEY] === MODERN_REVISION) return 'modern'
-    if (m.method === 'server/discover' && header === undefined && ctx.req.headers['mcp-session-id'] === undefined) return 'modern'
+    const v = m.params?._meta?.[META_VERSION_KEY]
+    if (v === MODERN_REVISION) return 'modern'
+    if (typeof v === 'string' && sid === undefined) return 'modern'
+    if (m.method === 'server/discover' && header === undefined && sid === undefined) return 'modern'
   }
+  if (typeof header === 'string' && !isSessionRevision(header) && sid === undefined) return 'modern'
   return 'session'
 }

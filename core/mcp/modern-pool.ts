@@ -1,0 +1,368 @@
+/**
+ * Upstream processes for the stateless MCP revision (2026-07-28). Upstream
+ * servers speak the session era (initialize handshake, one conversation per
+ * stdio process), so the gateway keeps a small pool of initialized upstreams
+ * per (target, subject) and sends each stateless client request to one of
+ * them. An upstream is never shared across subjects: its state (resource
+ * subscriptions, log level, anything the server keeps per connection) stays
+ * with the subject that created it. Idle upstreams are closed after a
+ * timeout; a cap per (target, subject) and a global cap bound the processes.
+ */
+import type { Logger } from 'pino'
+import type { JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
+import { ProxyError, RPC } from '../errors.ts'
+import { LATEST_SESSION_REVISION } from './revision.ts'
+import { GATEWAY_INFO } from './session.ts'
+
+export interface PoolOptions {
+  readonly log: Logger
+  /** Upstreams per (target, subject); further concurrent requests share the least busy one. */
+  readonly perKeyMax: number
+  /** Upstreams in total; beyond it an idle upstream of another key is evicted, else 503. */
+  readonly globalMax: number
+  /** An upstream without requests in flight for this long is closed. */
+  readonly idleMs: number
+  readonly requestTimeoutMs: number
+}
+
+/** Hooks of one forwarded request. */
+export interface CallHooks {
+  /** `notifications/progress` for this request (token already mapped back). */
+  onProgress?: (msg: JsonRpcMessage) => void
+  /** `notifications/message` while this request is the only one in flight on its upstream. */
+  onLog?: (msg: JsonRpcMessage) => void
+  timeoutMs?: number
+}
+
+export interface PoolCall {
+  readonly done: Promise<JsonRpcMessage>
+  /** Stops waiting: `notifications/cancelled` goes upstream; `done` resolves with an error. */
+  cancel(reason: string): void
+}
+
+interface Pending {
+  readonly id: number
+  readonly resolve: (msg: JsonRpcMessage) => void
+  readonly hooks: CallHooks
+  readonly token: string | undefined
+  readonly clientToken: unknown
+  timer: NodeJS.Timeout | undefined
+}
+
+/** What the admin side may see of a pooled upstream. */
+export interface PooledSummary {
+  readonly target: string
+  readonly subject: string | undefined
+  readonly pid: number | undefined
+  readonly inFlight: number
+  readonly leases: number
+  readonly createdAt: number
+  readonly lastUsedAt: number
+}
+
+const INIT_TIMEOUT_MIN_MS = 15_000
+
+function rpcError (code: number, message: string): JsonRpcMessage {
+  return { jsonrpc: '2.0', error: { code, message } }
+}
+
+/** One initialized upstream owned by one (target, subject). */
+export class PooledUpstream {
+  readonly target: string
+  readonly key: string
+  readonly subject: string | undefined
+  readonly upstream: Upstream
+  readonly createdAt = Date.now()
+  lastUsedAt = Date.now()
+  /** Requests (and listen streams) currently holding this upstream. */
+  leases = 0
+  up = false
+  closed = false
+  initResult: Record<string, unknown> | undefined
+  readonly ready: Promise<void>
+  /** Change notifications (list_changed, resources/updated) go to these (subscriptions/listen). */
+  readonly listeners = new Set<(msg: JsonRpcMessage) => void>()
+  /** Called once when this upstream ends (crash, idle close, gateway close). */
+  readonly onGone = new Set<() => void>()
+  readonly #pending = new Map<number, Pending>()
+  readonly #progress = new Map<string, Pending>()
+  readonly #log: Logger
+  readonly #timeoutMs: number
+  readonly #unregister: (entry: PooledUpstream) => void
+  #seq = 0
+
+  constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void) {
+    this.target = factory.target
+    this.key = key
+    this.subject = subject
+    this.#log = log.child({ target: factory.target, pooled: true })
+    this.#timeoutMs = timeoutMs
+    this.#unregister = onGone
+    this.upstream = factory.create()
+    this.upstream.onMessage = (msg) => this.#fromUpstream(msg)
+    this.upstream.onClose = (err) => this.#closedByUpstream(err)
+    this.ready = this.#start()
+  }
+
+  get inFlight (): number { return this.#pending.size }
+
+  async #start (): Promise<void> {
+    try {
+      await this.upstream.start()
+      // The gateway is the session-era client here: it declares no client
+      // capabilities, because a stateless request cannot answer a
+      // server-to-client request over this connection (see README-modern.md).
+      const res = await this.call({
+        jsonrpc: '2.0', method: 'initialize', params: { protocolVersion: LATEST_SESSION_REVISION, capabilities: {}, clientInfo: GATEWAY_INFO },
+      }, { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS) }).done
+      if (res.error !== undefined) throw new Error(res.error.message)
+      this.initResult = (res.result ?? {}) as Record<string, unknown>
+      this.upstream.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
+      this.up = true
+    } catch (err) {
+      this.#log.warn({ err: (err as Error).message }, 'pooled upstream failed to start')
+      void this.close()
+      throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${this.target} failed to start`, { rpcCode: RPC.SERVER_ERROR, expose: true, cause: err })
+    }
+  }
+
+  /**
+   * Sends one request upstream under a fresh id (the message is mutated:
+   * id, and a progress token mapped to one unique on this upstream).
+   */
+  call (msg: JsonRpcMessage, hooks: CallHooks = {}): PoolCall {
+    const id = ++this.#seq
+    msg.id = id
+    const meta = msg.params?._meta as Record<string, unknown> | undefined
+    const clientToken = meta?.progressToken
+    let token: string | undefined
+    if (clientToken !== undefined && meta !== undefined) {
+      // Two requests of one subject may carry the same token: make it unique upstream.
+      token = `mcpp-${id}`
+      meta.progressToken = token
+    }
+    let resolve!: (m: JsonRpcMessage) => void
+    const done = new Promise<JsonRpcMessage>(r => { resolve = r })
+    const pending: Pending = { id, resolve, hooks, token, clientToken, timer: undefined }
+    this.lastUsedAt = Date.now()
+    if (this.closed) {
+      resolve(rpcError(RPC.CONNECTION_CLOSED, `upstream ${this.target} closed`))
+      return { done, cancel () {} }
+    }
+    this.#pending.set(id, pending)
+    if (token !== undefined) this.#progress.set(token, pending)
+    try {
+      this.upstream.send(msg)
+    } catch {
+      this.#settle(pending, rpcError(RPC.CONNECTION_CLOSED, `upstream ${this.target} closed`))
+      return { done, cancel () {} }
+    }
+    pending.timer = setTimeout(() => {
+      if (this.#pending.get(id) !== pending) return
+      this.#cancelUpstream(id, 'request timed out')
+      this.#settle(pending, rpcError(RPC.REQUEST_TIMEOUT, 'Request timed out'))
+    }, hooks.timeoutMs ?? this.#timeoutMs)
+    return {
+      done,
+      cancel: (reason: string) => {
+        if (this.#pending.get(id) !== pending) return
+        this.#cancelUpstream(id, reason)
+        this.#settle(pending, rpcError(RPC.REQUEST_TIMEOUT, 'Request cancelled'))
+      },
+    }
+  }
+
+  /** Fire-and-forget request whose answer is not needed (e.g. resources/unsubscribe on close). */
+  notify (msg: JsonRpcMessage): void {
+    if (!this.up || this.closed) return
+    try { this.upstream.send(msg) } catch { /* reported through onClose */ }
+  }
+
+  #settle (p: Pending, msg: JsonRpcMessage): void {
+    this.#pending.delete(p.id)
+    if (p.token !== undefined) this.#progress.delete(p.token)
+    clearTimeout(p.timer)
+    this.lastUsedAt = Date.now()
+    p.resolve(msg)
+  }
+
+  #cancelUpstream (id: number, reason: string): void {
+    this.notify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: id, reason } })
+  }
+
+  #fromUpstream (msg: JsonRpcMessage): void {
+    if (msg.method === undefined) {
+      const p = typeof msg.id === 'number' ? this.#pending.get(msg.id) : undefined
+      if (p === undefined) {
+        this.#log.debug({ id: msg.id }, 'upstream answered an unknown request')
+        return
+      }
+      this.#settle(p, msg)
+      return
+    }
+    if (msg.id !== undefined && msg.id !== null) {
+      // Server-to-client request (sampling, elicitation, roots): the gateway
+      // declared none of these capabilities, so it refuses.
+      this.notify({ jsonrpc: '2.0', id: msg.id, error: { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' } })
+      return
+    }
+    switch (msg.method) {
+      case 'notifications/progress': {
+        const p = this.#progress.get(msg.params?.progressToken as string)
+        if (p === undefined) return
+        msg.params!.progressToken = p.clientToken
+        p.hooks.onProgress?.(msg)
+        return
+      }
+      case 'notifications/message': {
+        if (this.#pending.size !== 1) return
+        const only = this.#pending.values().next().value as Pending
+        only.hooks.onLog?.(msg)
+        return
+      }
+      case 'notifications/cancelled':
+        return
+      default:
+        for (const l of this.listeners) l(msg)
+    }
+  }
+
+  #failAll (message: string): void {
+    for (const p of [...this.#pending.values()]) this.#settle(p, rpcError(RPC.CONNECTION_CLOSED, message))
+  }
+
+  #closedByUpstream (err: Error | undefined): void {
+    const wasClosed = this.closed
+    this.closed = true
+    this.up = false
+    if (!wasClosed) this.#log.warn({ err: err?.message }, 'pooled upstream closed')
+    this.#failAll(`upstream ${this.target} closed`)
+    this.#gone()
+  }
+
+  #gone (): void {
+    this.#unregister(this)
+    const hs = [...this.onGone]
+    this.onGone.clear()
+    for (const h of hs) h()
+  }
+
+  async close (): Promise<void> {
+    if (!this.closed) {
+      this.closed = true
+      this.up = false
+      this.#failAll(`upstream ${this.target} closed`)
+      this.#gone()
+    }
+    await this.upstream.close()
+  }
+}
+
+/** The pool: (target, subject) -> upstreams. */
+export class UpstreamPool {
+  readonly #opts: PoolOptions
+  readonly #byKey = new Map<string, PooledUpstream[]>()
+  readonly #sweeper: NodeJS.Timeout
+  #size = 0
+  #closed = false
+
+  constructor (opts: PoolOptions) {
+    this.#opts = opts
+    this.#sweeper = setInterval(() => this.#sweep(), Math.min(Math.max(Math.floor(opts.idleMs / 4), 100), 30_000))
+    this.#sweeper.unref()
+  }
+
+  get size (): number { return this.#size }
+
+  /**
+   * An initialized upstream of `factory` for `subjectKey`, leased: the caller
+   * must call `release()` when its request (or listen stream) is over.
+   */
+  async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined): Promise<PooledUpstream> {
+    if (this.#closed) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
+    const key = factory.target + '\u0000' + subjectKey
+    const list = this.#byKey.get(key) ?? []
+    const live = list.filter(e => !e.closed)
+    let entry: PooledUpstream | undefined
+    // Least busy first; a new upstream only when every one is busy and the cap allows.
+    for (const e of live) if (entry === undefined || e.leases < entry.leases) entry = e
+    if (entry === undefined || (entry.leases > 0 && live.length < this.#opts.perKeyMax)) {
+      if (this.#size >= this.#opts.globalMax && !this.#evictIdle()) {
+        if (entry === undefined) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: upstream process limit reached', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
+      } else {
+        entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e))
+        live.push(entry)
+        this.#byKey.set(key, live)
+        this.#size++
+      }
+    }
+    entry.leases++
+    entry.lastUsedAt = Date.now()
+    try {
+      await entry.ready
+    } catch (err) {
+      entry.leases--
+      throw err
+    }
+    if (entry.closed) {
+      entry.leases--
+      throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${factory.target} closed`, { rpcCode: RPC.SERVER_ERROR, expose: true })
+    }
+    return entry
+  }
+
+  release (entry: PooledUpstream): void {
+    if (entry.leases > 0) entry.leases--
+    entry.lastUsedAt = Date.now()
+  }
+
+  describe (): PooledSummary[] {
+    const out: PooledSummary[] = []
+    for (const list of this.#byKey.values()) {
+      for (const e of list) {
+        out.push({ target: e.target, subject: e.subject, pid: e.upstream.pid, inFlight: e.inFlight, leases: e.leases, createdAt: e.createdAt, lastUsedAt: e.lastUsedAt })
+      }
+    }
+    return out
+  }
+
+  async close (): Promise<void> {
+    this.#closed = true
+    clearInterval(this.#sweeper)
+    const all = [...this.#byKey.values()].flat()
+    await Promise.allSettled(all.map(e => e.close()))
+  }
+
+  #remove (e: PooledUpstream): void {
+    const list = this.#byKey.get(e.key)
+    if (list === undefined) return
+    const i = list.indexOf(e)
+    if (i < 0) return
+    list.splice(i, 1)
+    this.#size--
+    if (list.length === 0) this.#byKey.delete(e.key)
+  }
+
+  /** Closes the longest-idle upstream without leases; false when there is none. */
+  #evictIdle (): boolean {
+    let victim: PooledUpstream | undefined
+    for (const list of this.#byKey.values()) {
+      for (const e of list) if (e.leases === 0 && e.up && (victim === undefined || e.lastUsedAt < victim.lastUsedAt)) victim = e
+    }
+    if (victim === undefined) return false
+    void victim.close()
+    return true
+  }
+
+  #sweep (): void {
+    const now = Date.now()
+    for (const list of [...this.#byKey.values()]) {
+      for (const e of [...list]) {
+        if (e.leases === 0 && e.up && now - e.lastUsedAt >= this.#opts.idleMs) {
+          this.#opts.log.debug({ target: e.target }, 'closing idle pooled upstream')
+          void e.close()
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,555 @@
+/**
+ * The stateless MCP revision 2026-07-28 on /mcp: no initialize, no
+ * Mcp-Session-Id; each POST carries one request whose `_meta` holds the
+ * protocol version and client capabilities, mirrored in the
+ * `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers (checked here,
+ * MCP 2026-07-28 "Streamable HTTP: Server Validation"). Requests are served
+ * by pooled session-era upstreams (modern-pool.ts) with the same naming
+ * (naming.ts) and per-operation authorization (policy.ts) as the session
+ * era. endpoint.ts decides the era (revision.ts) and calls `post()` here.
+ */
+import type { Logger } from 'pino'
+import type { RequestContext } from '../context.ts'
+import type { Plugin } from '../plugin.ts'
+import type { JsonRpcId, JsonRpcMessage, UpstreamFactory } from '../targets/types.ts'
+import { RPC } from '../errors.ts'
+import { SseStream, SSE_HEADERS } from './sse.ts'
+import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
+import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities } from './naming.ts'
+import { allowOperation, filterListItems } from './policy.ts'
+import { GATEWAY_INFO } from './session.ts'
+import type { PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
+
+/** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`). */
+export const META = {
+  protocolVersion: 'io.modelcontextprotocol/protocolVersion',
+  clientInfo: 'io.modelcontextprotocol/clientInfo',
+  clientCapabilities: 'io.modelcontextprotocol/clientCapabilities',
+  logLevel: 'io.modelcontextprotocol/logLevel',
+  serverInfo: 'io.modelcontextprotocol/serverInfo',
+  subscriptionId: 'io.modelcontextprotocol/subscriptionId',
+} as const
+
+/** Error codes the revision defines (MCP 2026-07-28 basic: Error Codes). */
+export const MODERN_RPC = {
+  HEADER_MISMATCH: -32020,
+  MISSING_REQUIRED_CLIENT_CAPABILITY: -32021,
+  UNSUPPORTED_PROTOCOL_VERSION: -32022,
+} as const
+
+/** Every revision /mcp serves, newest first (what `supported` lists). */
+export const SUPPORTED_VERSIONS: readonly string[] = [MODERN_REVISION, ...SESSION_REVISIONS]
+
+const LIST_KEYS: Record<string, 'tools' | 'prompts' | 'resources' | 'resourceTemplates'> = {
+  'tools/list': 'tools',
+  'prompts/list': 'prompts',
+  'resources/list': 'resources',
+  'resources/templates/list': 'resourceTemplates',
+}
+const CACHEABLE = new Set(['server/discover', 'tools/list', 'prompts/list', 'resources/list', 'resources/templates/list', 'resources/read'])
+/** Methods whose `Mcp-Name` header is required, and the param it mirrors. */
+const NAME_SOURCE: Record<string, 'name' | 'uri'> = { 'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri' }
+const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency']
+const KEEPALIVE_MS = 15_000
+const SENTINEL = /^=\?base64\?([A-Za-z0-9+/]*={0,2})\?=$/
+
+export interface ModernOptions {
+  readonly targets: readonly UpstreamFactory[]
+  /** Plugins with `allowMcpOperation`; empty means no filtering. */
+  readonly checkers: readonly Plugin[]
+  readonly pool: UpstreamPool
+  readonly log: Logger
+  readonly failClosed: boolean
+}
+
+export interface ModernHandler {
+  /** Serves one POST whose era is modern; `body` is the parsed JSON. */
+  post(ctx: RequestContext, body: unknown): Promise<void>
+  /** Open subscriptions/listen streams. */
+  readonly listening: number
+  /** Ends listen streams gracefully (a result, then the stream ends). */
+  close(): void
+}
+
+/** A JSON-RPC error answered with an HTTP status of its own. */
+class RpcFailure extends Error {
+  readonly status: number
+  readonly rpcCode: number
+  readonly data: unknown
+  constructor (status: number, rpcCode: number, message: string, data?: unknown) {
+    super(message)
+    this.status = status
+    this.rpcCode = rpcCode
+    this.data = data
+  }
+}
+
+function header (ctx: RequestContext, name: string): string | undefined {
+  const v = ctx.req.headers[name]
+  return Array.isArray(v) ? v.join(', ') : v
+}
+
+function mismatch (message: string): RpcFailure {
+  return new RpcFailure(400, MODERN_RPC.HEADER_MISMATCH, 'Header mismatch: ' + message)
+}
+
+/** `Mcp-Name` as the client meant it: the Base64 sentinel form decoded (MCP 2026-07-28 "Value Encoding"). */
+function decodeHeaderValue (v: string): string | undefined {
+  if (!v.startsWith('=?base64?')) return v
+  const m = SENTINEL.exec(v)
+  if (m === null) return undefined
+  return Buffer.from(m[1]!, 'base64').toString('utf8')
+}
+
+/** Checks the request metadata headers against the body (MCP 2026-07-28 "Server Validation"). */
+function validate (ctx: RequestContext, msg: JsonRpcMessage): void {
+  const version = header(ctx, 'mcp-protocol-version')
+  if (version === undefined || version === '') throw mismatch('required MCP-Protocol-Version header is missing')
+  if (version !== MODERN_REVISION) {
+    throw new RpcFailure(400, MODERN_RPC.UNSUPPORTED_PROTOCOL_VERSION, 'Unsupported protocol version', { supported: SUPPORTED_VERSIONS, requested: version })
+  }
+  const meta = msg.params?._meta as Record<string, unknown> | undefined
+  const metaVersion = meta?.[META.protocolVersion]
+  if (typeof metaVersion !== 'string') throw new RpcFailure(400, RPC.INVALID_PARAMS, `Invalid params: _meta["${META.protocolVersion}"] is required`)
+  if (metaVersion !== version) throw mismatch(`MCP-Protocol-Version header value '${version}' does not match body value '${metaVersion}'`)
+  const caps = meta![META.clientCapabilities]
+  if (caps === null || typeof caps !== 'object' || Array.isArray(caps)) throw new RpcFailure(400, RPC.INVALID_PARAMS, `Invalid params: _meta["${META.clientCapabilities}"] is required`)
+  const method = header(ctx, 'mcp-method')
+  if (method === undefined) throw mismatch('required Mcp-Method header is missing')
+  if (method !== msg.method) throw mismatch(`Mcp-Method header value '${method}' does not match body value '${String(msg.method)}'`)
+  const source = NAME_SOURCE[msg.method!]
+  if (source !== undefined) {
+    const raw = header(ctx, 'mcp-name')
+    if (raw === undefined) throw mismatch('required Mcp-Name header is missing')
+    const name = decodeHeaderValue(raw)
+    if (name === undefined) throw mismatch('Mcp-Name header is not a valid Base64 sentinel value')
+    const body = msg.params?.[source]
+    if (name !== body) throw mismatch(`Mcp-Name header value '${name}' does not match body value '${String(body)}'`)
+  }
+}
+
+/** Params for the session-era upstream: the revision's own `_meta` keys removed. */
+function upstreamParams (params: Record<string, unknown> | undefined): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...(params ?? {}) }
+  const meta = out._meta as Record<string, unknown> | undefined
+  if (meta !== undefined) {
+    const rest: Record<string, unknown> = {}
+    for (const k of Object.keys(meta)) if (!k.startsWith('io.modelcontextprotocol/')) rest[k] = meta[k]
+    if (Object.keys(rest).length === 0) delete out._meta
+    else out._meta = rest
+  }
+  return out
+}
+
+/** One client request: where its answer goes (JSON, or SSE once a notification must go first). */
+class Exchange {
+  readonly ctx: RequestContext
+  readonly id: JsonRpcId
+  readonly subjectKey: string
+  readonly calls = new Set<PoolCall>()
+  readonly logLevel: string | undefined
+  stream: SseStream | undefined
+  finished = false
+  aborted = false
+  #queue: Promise<void> = Promise.resolve()
+
+  constructor (ctx: RequestContext, id: JsonRpcId, subjectKey: string, logLevel: string | undefined) {
+    this.ctx = ctx
+    this.id = id
+    this.subjectKey = subjectKey
+    this.logLevel = logLevel
+    ctx.res.once('close', () => {
+      if (this.finished) return
+      // Closing the response is the cancellation signal (MCP 2026-07-28 "Cancellation").
+      this.aborted = true
+      for (const c of this.calls) c.cancel('client disconnected')
+    })
+  }
+
+  get subject (): string | undefined { return this.ctx.auth?.subject }
+
+  /** Writes in order: the first notification turns the answer into an SSE stream. */
+  #enqueue (fn: () => Promise<void> | void): Promise<void> {
+    this.#queue = this.#queue.then(fn).catch(err => { this.ctx.log.debug({ err }, 'write failed') })
+    return this.#queue
+  }
+
+  notify (msg: JsonRpcMessage): void {
+    if (this.finished || this.aborted) return
+    void this.#enqueue(async () => {
+      if (this.finished) return
+      if (this.stream === undefined) {
+        await this.ctx.writeHead(200, { ...SSE_HEADERS })
+        this.stream = new SseStream(this.ctx.res)
+      }
+      this.stream.send(msg)
+    })
+  }
+
+  answer (msg: JsonRpcMessage, status = 200): Promise<void> {
+    msg.id = this.id
+    return this.#enqueue(async () => {
+      if (this.finished) return
+      this.finished = true
+      if (this.stream !== undefined) {
+        this.stream.end(msg)
+        return
+      }
+      if (this.ctx.res.destroyed) return
+      const body = JSON.stringify(msg)
+      await this.ctx.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) })
+      this.ctx.res.end(body)
+    })
+  }
+
+  fail (code: number, message: string, status = 200, data?: unknown): Promise<void> {
+    return this.answer({ jsonrpc: '2.0', error: data === undefined ? { code, message } : { code, message, data } }, status)
+  }
+}
+
+export function createModernHandler (opts: ModernOptions): ModernHandler {
+  const { pool, checkers, log } = opts
+  const multi = opts.targets.length > 1
+  const byTarget = new Map(opts.targets.map(f => [f.target, f]))
+  const listens = new Set<() => void>()
+
+  function subjectKeyOf (ctx: RequestContext): string {
+    return ctx.auth?.subject ?? '\u0000anonymous'
+  }
+
+  /** Results of this revision: `resultType`, caching hints, serverInfo (MCP 2026-07-28 Caching, `_meta`). */
+  function decorate (ex: Exchange, method: string, result: Record<string, unknown>, serverInfo: unknown): Record<string, unknown> {
+    if (result.resultType === undefined) result.resultType = 'complete'
+    if (CACHEABLE.has(method) && result.resultType === 'complete') {
+      // The gateway cannot know how long an upstream's answer stays fresh.
+      if (typeof result.ttlMs !== 'number' || result.ttlMs < 0) result.ttlMs = 0
+      // Authenticated callers get results of their own upstreams, filtered by their rules.
+      result.cacheScope = checkers.length > 0 || ex.ctx.auth !== undefined || result.cacheScope === 'private' ? 'private' : 'public'
+    }
+    const meta = (result._meta ?? {}) as Record<string, unknown>
+    result._meta = { ...meta, [META.serverInfo]: serverInfo }
+    return result
+  }
+
+  function serverInfoOf (entry: PooledUpstream | undefined): unknown {
+    if (multi || entry === undefined) return GATEWAY_INFO
+    return entry.initResult?.serverInfo ?? GATEWAY_INFO
+  }
+
+  /** Leases an upstream of `target` for the request, forwards one request, releases. */
+  async function forward (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>): Promise<{ res: JsonRpcMessage; entry: PooledUpstream }> {
+    const entry = await pool.acquire(factory, ex.subjectKey, ex.subject)
+    try {
+      const caps = entry.initResult?.capabilities as Record<string, unknown> | undefined
+      if (ex.logLevel !== undefined && caps?.logging !== undefined) {
+        // The session-era upstream keeps one level per process; set it for this request.
+        await entry.call({ jsonrpc: '2.0', method: 'logging/setLevel', params: { level: ex.logLevel } }).done
+      }
+      const min = ex.logLevel === undefined ? -1 : LOG_LEVELS.indexOf(ex.logLevel)
+      const call = entry.call({ jsonrpc: '2.0', method, params }, {
+        onProgress: (m) => ex.notify(m),
+        onLog: min < 0 ? undefined : (m) => { if (LOG_LEVELS.indexOf(String(m.params?.level)) >= min) ex.notify(m) },
+      })
+      ex.calls.add(call)
+      const res = await call.done
+      ex.calls.delete(call)
+      // -32002 (resource not found) is reserved from 2026-07-28 on; the revision uses -32602.
+      if (res.error?.code === RPC.RESOURCE_NOT_FOUND) res.error.code = RPC.INVALID_PARAMS
+      return { res, entry }
+    } finally {
+      pool.release(entry)
+    }
+  }
+
+  async function discover (ex: Exchange): Promise<void> {
+    const parts = await Promise.allSettled(opts.targets.map(f => pool.acquire(f, ex.subjectKey, ex.subject)))
+    const live: PooledUpstream[] = []
+    const failed: string[] = []
+    parts.forEach((p, i) => {
+      if (p.status === 'fulfilled') { live.push(p.value); pool.release(p.value) } else failed.push(opts.targets[i]!.target)
+    })
+    if (live.length === 0 || (failed.length > 0 && opts.failClosed)) {
+      await ex.fail(RPC.SERVER_ERROR, `upstream ${failed.join(', ')} failed to start`, 502)
+      return
+    }
+    const caps = (e: PooledUpstream): Record<string, unknown> => {
+      const c = { ...((e.initResult?.capabilities ?? {}) as Record<string, unknown>) }
+      delete c.tasks // tasks are an extension from 2026-07-28 on; the gateway does not bridge them
+      return c
+    }
+    const result: Record<string, unknown> = {
+      supportedVersions: SUPPORTED_VERSIONS,
+      capabilities: multi ? mergeCapabilities(live.map(caps)) : caps(live[0]!),
+    }
+    const instructions = live.flatMap(e => typeof e.initResult?.instructions === 'string' ? [multi ? `[${e.target}] ${e.initResult.instructions}` : e.initResult.instructions] : [])
+    if (instructions.length > 0) result.instructions = instructions.join('\n\n')
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'server/discover', result, serverInfoOf(live[0])) })
+  }
+
+  function rename (target: string, key: string, item: unknown): unknown {
+    const it = item as Record<string, unknown>
+    switch (key) {
+      case 'tools': case 'prompts': it.name = prefixName(target, it.name as string); break
+      case 'resources': it.uri = markUri(target, it.uri as string); break
+      default: it.uriTemplate = markUri(target, it.uriTemplate as string)
+    }
+    return it
+  }
+
+  async function list (ex: Exchange, method: string, params: Record<string, unknown>): Promise<void> {
+    const key = LIST_KEYS[method]!
+    if (!multi) {
+      const { res, entry } = await forward(ex, opts.targets[0]!, method, params)
+      if (res.error !== undefined) { await ex.answer(res); return }
+      const result = (res.result ?? {}) as Record<string, unknown>
+      const items = result[key]
+      if (Array.isArray(items)) result[key] = filterListItems(checkers, ex.ctx, method, items, entry.target)
+      await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })
+      return
+    }
+    // Several targets: fan out, follow each target's pagination to the end, merge.
+    const parts = await Promise.all(opts.targets.map(async (f): Promise<unknown[] | { code: number; message: string }> => {
+      const out: unknown[] = []
+      const seen = new Set<unknown>()
+      let cursor: unknown
+      try {
+        do {
+          const { res } = await forward(ex, f, method, cursor === undefined ? {} : { cursor })
+          if (res.error !== undefined) return res.error
+          const result = res.result as Record<string, unknown> | undefined
+          const items = result?.[key]
+          if (Array.isArray(items)) for (const it of filterListItems(checkers, ex.ctx, method, items, f.target)) out.push(rename(f.target, key, it))
+          seen.add(cursor)
+          cursor = result?.nextCursor
+        } while (typeof cursor === 'string' && !seen.has(cursor) && !ex.aborted)
+      } catch (err) {
+        return { code: RPC.SERVER_ERROR, message: (err as Error).message }
+      }
+      return out
+    }))
+    const merged: unknown[] = []
+    for (let i = 0; i < parts.length; i++) {
+      const p = parts[i]!
+      if (Array.isArray(p)) { for (const it of p) merged.push(it); continue }
+      log.warn({ target: opts.targets[i]!.target, method, err: p.message }, 'target failed during list')
+      if (opts.failClosed) { await ex.fail(p.code, `target ${opts.targets[i]!.target}: ${p.message}`); return }
+    }
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, { [key]: merged }, GATEWAY_INFO) })
+  }
+
+  /** tools/call, prompts/get, resources/read: route by name or URI, refuse what the rules deny. */
+  async function named (ex: Exchange, method: string, params: Record<string, unknown>): Promise<void> {
+    const kind = method === 'tools/call' ? 'tool' : method === 'prompts/get' ? 'prompt' : 'resource'
+    const field = kind === 'resource' ? 'uri' : 'name'
+    const value = params[field]
+    // A denied call gets exactly the error of an unknown item.
+    const unknown = (): Promise<void> => kind === 'resource'
+      ? ex.fail(RPC.INVALID_PARAMS, `Resource not found: ${String(value)}`)
+      : ex.fail(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(value)}`)
+    if (typeof value !== 'string') { await unknown(); return }
+    let factory: UpstreamFactory | undefined = opts.targets[0]
+    let name = value
+    if (multi) {
+      const split = kind === 'resource' ? unmarkUri(value) : splitName(value)
+      factory = split === undefined ? undefined : byTarget.get(split[0])
+      if (split !== undefined) name = split[1]
+    }
+    if (factory === undefined || !allowOperation(checkers, ex.ctx, kind === 'resource' ? 'resources/read' : method, kind, name, factory.target)) {
+      await unknown()
+      return
+    }
+    params[field] = name
+    const { res, entry } = await forward(ex, factory, method, params)
+    if (res.error !== undefined) { await ex.answer(res); return }
+    const result = (res.result ?? {}) as Record<string, unknown>
+    if (multi && kind === 'resource' && Array.isArray(result.contents)) {
+      for (const c of result.contents as Array<{ uri?: unknown }>) if (typeof c.uri === 'string') c.uri = markUri(factory.target, c.uri)
+    }
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })
+  }
+
+  async function complete (ex: Exchange, params: Record<string, unknown>): Promise<void> {
+    const ref = params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined
+    let factory: UpstreamFactory | undefined = opts.targets[0]
+    if (multi) {
+      factory = undefined
+      if (ref?.type === 'ref/prompt' && typeof ref.name === 'string') {
+        const split = splitName(ref.name)
+        factory = split === undefined ? undefined : byTarget.get(split[0])
+        if (factory !== undefined) ref.name = split![1]
+      } else if (ref?.type === 'ref/resource' && typeof ref.uri === 'string') {
+        const split = unmarkUri(ref.uri)
+        factory = split === undefined ? undefined : byTarget.get(split[0])
+        if (factory !== undefined) ref.uri = split![1]
+      }
+    }
+    if (factory === undefined) { await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference'); return }
+    const { res, entry } = await forward(ex, factory, 'completion/complete', params)
+    if (res.error !== undefined) { await ex.answer(res); return }
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'completion/complete', (res.result ?? {}) as Record<string, unknown>, serverInfoOf(entry)) })
+  }
+
+  /**
+   * subscriptions/listen (MCP 2026-07-28 Subscriptions): holds one upstream
+   * per target for the stream's life, subscribes the requested resources on
+   * it, and relays the opted-in change notifications tagged with the
+   * subscription id (the listen request's id).
+   */
+  async function listen (ex: Exchange, params: Record<string, unknown>): Promise<void> {
+    const want = (params.notifications ?? {}) as { toolsListChanged?: unknown; promptsListChanged?: unknown; resourcesListChanged?: unknown; resourceSubscriptions?: unknown }
+    const held: PooledUpstream[] = []
+    const parts = await Promise.allSettled(opts.targets.map(f => pool.acquire(f, ex.subjectKey, ex.subject)))
+    for (const p of parts) if (p.status === 'fulfilled') held.push(p.value)
+    const releaseAll = (): void => { for (const e of held) pool.release(e) }
+    if (held.length === 0) { await ex.fail(RPC.SERVER_ERROR, 'no upstream available', 502); return }
+    const capOf = (e: PooledUpstream, kind: string, flag: string): boolean => {
+      const c = (e.initResult?.capabilities as Record<string, Record<string, unknown> | undefined> | undefined)?.[kind]
+      return c?.[flag] === true
+    }
+    const agreed: Record<string, unknown> = {}
+    if (want.toolsListChanged === true && held.some(e => capOf(e, 'tools', 'listChanged'))) agreed.toolsListChanged = true
+    if (want.promptsListChanged === true && held.some(e => capOf(e, 'prompts', 'listChanged'))) agreed.promptsListChanged = true
+    if (want.resourcesListChanged === true && held.some(e => capOf(e, 'resources', 'listChanged'))) agreed.resourcesListChanged = true
+    /** target -> upstream URIs subscribed there. */
+    const subscribed = new Map<PooledUpstream, Set<string>>()
+    const acked: string[] = []
+    if (Array.isArray(want.resourceSubscriptions)) {
+      for (const uri of want.resourceSubscriptions) {
+        if (typeof uri !== 'string') continue
+        const split = multi ? unmarkUri(uri) : [held[0]!.target, uri] as [string, string]
+        const entry = split === undefined ? undefined : held.find(e => e.target === split[0])
+        if (entry === undefined || !capOf(entry, 'resources', 'subscribe')) continue
+        if (!allowOperation(checkers, ex.ctx, 'resources/read', 'resource', split![1], entry.target)) continue
+        const r = await entry.call({ jsonrpc: '2.0', method: 'resources/subscribe', params: { uri: split![1] } }).done
+        if (r.error !== undefined) continue
+        const set = subscribed.get(entry) ?? new Set<string>()
+        set.add(split![1])
+        subscribed.set(entry, set)
+        acked.push(uri)
+      }
+      if (acked.length > 0) agreed.resourceSubscriptions = acked
+    }
+    if (ex.aborted || ex.ctx.res.destroyed) { unsubscribeAll(); releaseAll(); return }
+    const tag = (): Record<string, unknown> => ({ [META.subscriptionId]: ex.id })
+    await ex.ctx.writeHead(200, { ...SSE_HEADERS })
+    const stream = new SseStream(ex.ctx.res)
+    ex.stream = stream
+    stream.send({ jsonrpc: '2.0', method: 'notifications/subscriptions/acknowledged', params: { _meta: tag(), notifications: agreed } })
+    const listeners = held.map(entry => {
+      const fn = (msg: JsonRpcMessage): void => {
+        let flag: string | undefined
+        switch (msg.method) {
+          case 'notifications/tools/list_changed': flag = 'toolsListChanged'; break
+          case 'notifications/prompts/list_changed': flag = 'promptsListChanged'; break
+          case 'notifications/resources/list_changed': flag = 'resourcesListChanged'; break
+          case 'notifications/resources/updated': {
+            const uri = msg.params?.uri
+            if (typeof uri !== 'string' || subscribed.get(entry)?.has(uri) !== true) return
+            stream.send({ jsonrpc: '2.0', method: msg.method, params: { ...msg.params, uri: multi ? markUri(entry.target, uri) : uri, _meta: tag() } })
+            return
+          }
+        }
+        if (flag === undefined || agreed[flag] !== true) return
+        stream.send({ jsonrpc: '2.0', method: msg.method, params: { ...(msg.params ?? {}), _meta: tag() } })
+      }
+      entry.listeners.add(fn)
+      return [entry, fn] as const
+    })
+    const keepAlive = setInterval(() => stream.keepAlive(), KEEPALIVE_MS)
+    keepAlive.unref()
+    function unsubscribeAll (): void {
+      for (const [entry, uris] of subscribed) for (const uri of uris) void entry.call({ jsonrpc: '2.0', method: 'resources/unsubscribe', params: { uri } }).done
+    }
+    let ended = false
+    const end = (graceful: boolean): void => {
+      if (ended) return
+      ended = true
+      ex.finished = true
+      listens.delete(shutdown)
+      clearInterval(keepAlive)
+      for (const [entry, fn] of listeners) entry.listeners.delete(fn)
+      unsubscribeAll()
+      releaseAll()
+      // Graceful closure: a result for the listen request, then the stream ends.
+      if (graceful) stream.end({ jsonrpc: '2.0', id: ex.id, result: { resultType: 'complete', _meta: tag() } })
+      else stream.end()
+    }
+    const shutdown = (): void => end(true)
+    listens.add(shutdown)
+    stream.onClose(() => end(false))
+    // An upstream that ends ends the subscription: its state (subscriptions) is gone.
+    for (const entry of held) entry.onGone.add(shutdown)
+    stream.onClose(() => { for (const entry of held) entry.onGone.delete(shutdown) })
+  }
+
+  async function dispatch (ex: Exchange, msg: JsonRpcMessage): Promise<void> {
+    const method = msg.method!
+    const params = upstreamParams(msg.params)
+    switch (method) {
+      case 'server/discover': return discover(ex)
+      case 'tools/list': case 'prompts/list': case 'resources/list': case 'resources/templates/list': return list(ex, method, params)
+      case 'tools/call': case 'prompts/get': case 'resources/read': return named(ex, method, params)
+      case 'completion/complete': return complete(ex, params)
+      case 'subscriptions/listen': return listen(ex, msg.params ?? {})
+      default:
+        // Not in this revision (initialize, ping, logging/setLevel, resources/subscribe, tasks/*, ...).
+        return ex.fail(RPC.METHOD_NOT_FOUND, `Method not found: ${method}`, 404)
+    }
+  }
+
+  async function writeFailure (ctx: RequestContext, id: unknown, f: RpcFailure): Promise<void> {
+    const body = JSON.stringify({
+      jsonrpc: '2.0',
+      id: typeof id === 'string' || typeof id === 'number' ? id : null,
+      error: f.data === undefined ? { code: f.rpcCode, message: f.message } : { code: f.rpcCode, message: f.message, data: f.data },
+    })
+    ctx.denial ??= f.rpcCode === MODERN_RPC.HEADER_MISMATCH ? 'MCPP_ERR_HEADER_MISMATCH' : f.rpcCode === MODERN_RPC.UNSUPPORTED_PROTOCOL_VERSION ? 'MCPP_ERR_PROTOCOL_VERSION' : 'MCPP_ERR_INVALID_REQUEST'
+    await ctx.writeHead(f.status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' })
+    ctx.res.end(body)
+  }
+
+  return {
+    async post (ctx: RequestContext, body: unknown): Promise<void> {
+      if (Array.isArray(body)) {
+        await writeFailure(ctx, null, new RpcFailure(400, RPC.INVALID_REQUEST, `Invalid Request: JSON-RPC batches are not part of protocol revision ${MODERN_REVISION}`))
+        return
+      }
+      const msg = body as JsonRpcMessage
+      if (msg.method === undefined) {
+        await writeFailure(ctx, msg.id, new RpcFailure(400, RPC.INVALID_REQUEST, 'Invalid Request: clients send no JSON-RPC responses in this revision'))
+        return
+      }
+      if (msg.id === undefined || msg.id === null) {
+        // No client notification is defined over HTTP in this revision; accepted and dropped.
+        await ctx.writeHead(202, { 'content-length': 0 })
+        ctx.res.end()
+        return
+      }
+      try {
+        validate(ctx, msg)
+      } catch (err) {
+        if (err instanceof RpcFailure) { await writeFailure(ctx, msg.id, err); return }
+        throw err
+      }
+      const meta = msg.params?._meta as Record<string, unknown>
+      const level = meta[META.logLevel]
+      const ex = new Exchange(ctx, msg.id, subjectKeyOf(ctx), typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined)
+      try {
+        await dispatch(ex, msg)
+      } catch (err) {
+        if (ex.finished || ctx.headersSent) {
+          log.warn({ err: (err as Error).message }, 'modern request failed after the answer began')
+          if (!ex.finished) await ex.fail(RPC.INTERNAL_ERROR, 'internal error')
+          return
+        }
+        throw err
+      }
+    },
+
+    get listening (): number { return listens.size },
+
+    close (): void {
+      for (const end of [...listens]) end()
+    },
+  }
+}
