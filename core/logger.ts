@@ -10,7 +10,7 @@ export interface LoggerOptions { level?: string; format?: 'json' | 'pretty'; des
 
 const REDACT = [
   'req.headers.authorization', 'headers.authorization', 'authorization', 'token', 'access_token', 'refresh_token',
-  'id_token', 'client_secret', 'clientSecret', 'code', 'password', '*.clientSecret', '*.token', '*.password',
+  'id_token', 'client_secret', 'clientSecret', 'password', '*.clientSecret', '*.token', '*.password',
 ]
 
 export function createLogger (opts: LoggerOptions = {}): Logger {
