@@ -7,12 +7,13 @@
  */
 import type { Logger } from 'pino'
 import type { RequestContext } from '../context.ts'
-import type { Plugin, McpOperation } from '../plugin.ts'
+import type { Plugin } from '../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
 import { SseStream } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities } from './naming.ts'
+import { allowOperation, filterListItems, type OperationKind } from './policy.ts'
 
 export const GATEWAY_INFO = { name: 'mcp-proxy', version: '0.1.0' } as const
 
@@ -380,26 +381,13 @@ export class Session {
     })
   }
 
-  #allowed (inflight: Inflight, method: string, kind: 'tool' | 'prompt' | 'resource', name: string, target: string): boolean {
-    const checkers = this.#env.checkers
-    if (checkers.length === 0) return true
-    const op: McpOperation = kind === 'tool'
-      ? { method, tool: { name, target } }
-      : kind === 'prompt' ? { method, prompt: { name, target } } : { method, resource: { uri: name, target } }
-    const ctx = inflight.exchange.ctx
-    for (const p of checkers) if (!p.allowMcpOperation!(ctx, op)) return false
-    return true
+  #allowed (inflight: Inflight, method: string, kind: OperationKind, name: string, target: string): boolean {
+    return allowOperation(this.#env.checkers, inflight.exchange.ctx, method, kind, name, target)
   }
 
   /** Items of a list result the caller may see (rules see upstream names and the target). */
   #filterItems (inflight: Inflight, listMethod: string, items: unknown[], target: string): unknown[] {
-    if (this.#env.checkers.length === 0) return items
-    switch (listMethod) {
-      case 'tools/list': return items.filter(t => this.#allowed(inflight, 'tools/call', 'tool', (t as { name: string }).name, target))
-      case 'prompts/list': return items.filter(p => this.#allowed(inflight, 'prompts/get', 'prompt', (p as { name: string }).name, target))
-      case 'resources/list': return items.filter(r => this.#allowed(inflight, 'resources/read', 'resource', (r as { uri: string }).uri, target))
-      default: return items.filter(r => this.#allowed(inflight, 'resources/read', 'resource', (r as { uriTemplate: string }).uriTemplate, target))
-    }
+    return filterListItems(this.#env.checkers, inflight.exchange.ctx, listMethod, items, target)
   }
 
   #markContents (target: string, r: JsonRpcMessage): JsonRpcMessage {
