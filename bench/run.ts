@@ -26,7 +26,7 @@ import { performance } from 'node:perf_hooks'
 import { startDevIdp } from '../bin/dev-idp.ts'
 import { runClosedLoop, summarize, type Sample, type Summary } from './lib/load.ts'
 import { makeAgent, McpHttpSession } from './lib/http-client.ts'
-import { rssOf, sleep, stopAll } from './lib/procs.ts'
+import { rssOf, cpuMsOf, sleep, stopAll } from './lib/procs.ts'
 import { startGatewayProcess, type AuthSettings } from './lib/gateway.ts'
 import { findNginx, startNginx } from './lib/nginx.ts'
 import { benchVerifier, type VerifyResult } from './lib/verifier-bench.ts'
@@ -58,6 +58,8 @@ export interface Row {
   readonly p50Ms: number
   readonly p99Ms: number
   readonly rssMB: number | undefined
+  /** CPU time of the system's own process per request (children excluded), in microseconds. */
+  readonly cpuUsPerReq: number | undefined
   readonly requests: number
   readonly errors: number
   readonly note?: string
@@ -65,17 +67,18 @@ export interface Row {
 
 const rows: Row[] = []
 
-function rowOf (workload: string, sys: { name: string; role: string }, sessions: number, s: Summary, rss: number | undefined, note?: string): Row {
+function rowOf (workload: string, sys: { name: string; role: string }, sessions: number, s: Summary, rss: number | undefined, note?: string, cpuMs?: number): Row {
   const row: Row = {
     workload, system: sys.name, role: sys.role, sessions,
     reqPerSec: s.reqPerSec, p50Ms: s.p50Ms, p99Ms: s.p99Ms,
     rssMB: rss === undefined ? undefined : rss / 1048576,
+    cpuUsPerReq: cpuMs === undefined || s.requests === 0 ? undefined : cpuMs * 1000 / s.requests,
     requests: s.requests, errors: s.errors,
     ...(note !== undefined || s.firstError !== undefined ? { note: [note, s.firstError].filter(Boolean).join('; ') } : {}),
   }
   rows.push(row)
   say(`  ${workload} ${sys.name} x${sessions}: ${row.reqPerSec.toFixed(0)} req/s, p50 ${row.p50Ms.toFixed(2)} ms, p99 ${row.p99Ms.toFixed(2)} ms` +
-    (row.rssMB !== undefined ? `, RSS ${row.rssMB.toFixed(1)} MB` : '') + (row.errors > 0 ? `, ${row.errors} errors (${s.firstError})` : ''))
+    (row.rssMB !== undefined ? `, RSS ${row.rssMB.toFixed(1)} MB` : '') + (row.cpuUsPerReq !== undefined ? `, ${row.cpuUsPerReq.toFixed(0)} us CPU/req` : '') + (row.errors > 0 ? `, ${row.errors} errors (${s.firstError})` : ''))
   return row
 }
 
@@ -84,14 +87,31 @@ async function rssOrUndefined (pid: number | undefined): Promise<number | undefi
   try { return await rssOf(pid) } catch { return undefined }
 }
 
-function measure (workers: readonly Worker[]): Promise<Sample> {
-  return runClosedLoop({ workers: workers.length, op: w => workers[w]!.echo(), warmupMs: WARMUP_MS, durationMs: DURATION_MS, maxRequests: MAX_REQUESTS })
+async function cpuOrUndefined (pid: number | undefined): Promise<number | undefined> {
+  if (pid === undefined) return undefined
+  try { return await cpuMsOf(pid) } catch { return undefined }
+}
+
+interface Measured { sample: Sample; cpuMs: number | undefined }
+
+/** One measured phase (after its warm-up), with the CPU time the system's own process spent in it. */
+async function measure (workers: readonly Worker[], pid: number | undefined): Promise<Measured> {
+  const op = (w: number): Promise<void> => workers[w]!.echo()
+  await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: WARMUP_MS, maxRequests: MAX_REQUESTS })
+  const c0 = await cpuOrUndefined(pid)
+  const sample = await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: DURATION_MS, maxRequests: MAX_REQUESTS })
+  const c1 = await cpuOrUndefined(pid)
+  return { sample, cpuMs: c0 === undefined || c1 === undefined ? undefined : c1 - c0 }
+}
+
+function cpuSum (ms: readonly Measured[]): number | undefined {
+  return ms.some(m => m.cpuMs === undefined) ? undefined : ms.reduce((a, m) => a + m.cpuMs!, 0)
 }
 
 /** a, b, c at one level: all systems' sessions open at once, two rounds in alternating order. */
 async function throughputAlternating (systems: readonly System[], n: number): Promise<void> {
   say(`throughput with ${n} concurrent session(s): opening sessions`)
-  const open = new Map<System, { agent: ReturnType<typeof makeAgent>; workers: Worker[]; samples: Sample[] }>()
+  const open = new Map<System, { agent: ReturnType<typeof makeAgent>; workers: Worker[]; samples: Measured[] }>()
   try {
     for (const sys of systems) {
       const agent = makeAgent(n)
@@ -101,12 +121,12 @@ async function throughputAlternating (systems: readonly System[], n: number): Pr
       const order = round % 2 === 0 ? systems : [...systems].reverse()
       for (const sys of order) {
         const o = open.get(sys)!
-        o.samples.push(await measure(o.workers))
+        o.samples.push(await measure(o.workers, sys.pid))
       }
     }
     for (const sys of systems) {
       const o = open.get(sys)!
-      rowOf('a-c echo', sys, n, summarize(o.samples), await rssOrUndefined(sys.pid))
+      rowOf('a-c echo', sys, n, summarize(o.samples.map(m => m.sample)), await rssOrUndefined(sys.pid), undefined, cpuSum(o.samples))
     }
   } finally {
     for (const o of open.values()) { await closeWorkers(o.workers); o.agent.destroy() }
@@ -121,8 +141,8 @@ async function throughputSequential (systems: readonly System[], n: number): Pro
     let workers: Worker[] = []
     try {
       workers = await openWorkers(sys, agent, n)
-      const s = await measure(workers)
-      rowOf('a-c echo', sys, n, summarize([s]), await rssOrUndefined(sys.pid))
+      const m = await measure(workers, sys.pid)
+      rowOf('a-c echo', sys, n, summarize([m.sample]), await rssOrUndefined(sys.pid), undefined, m.cpuMs)
     } finally {
       await closeWorkers(workers)
       agent.destroy()
@@ -146,7 +166,7 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<Record<st
     { name: 'gateway (no auth)', role: 'gateway', url: gwOpen.url, headers: {}, pid: gwOpen.service.pid },
     ...(ngx !== undefined ? [{ name: 'nginx proxy_pass', role: 'peer', url: ngx.url, headers: {}, pid: ngx.service.pid }] : []),
   ]
-  const state = new Map<string, { workers: McpHttpSession[]; agent: ReturnType<typeof makeAgent>; samples: Sample[] }>()
+  const state = new Map<string, { workers: McpHttpSession[]; agent: ReturnType<typeof makeAgent>; samples: Measured[] }>()
   try {
     for (const s of systems) {
       const agent = makeAgent(n)
@@ -160,16 +180,16 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<Record<st
     for (let round = 0; round < 2; round++) {
       for (const s of round === 0 ? systems : [...systems].reverse()) {
         const st = state.get(s.name)!
-        st.samples.push(await measure(st.workers))
+        st.samples.push(await measure(st.workers, s.pid))
       }
     }
     const out: Record<string, number> = {}
     let direct: Summary | undefined
     for (const s of systems) {
-      const sum = summarize(state.get(s.name)!.samples)
+      const sum = summarize(state.get(s.name)!.samples.map(m => m.sample))
       if (s.name.startsWith('direct')) direct = sum
       const note = direct === undefined || s === systems[0] ? undefined : `added p50 ${(sum.p50Ms - direct.p50Ms).toFixed(3)} ms, p99 ${(sum.p99Ms - direct.p99Ms).toFixed(3)} ms`
-      rowOf('d http target', s, n, sum, await rssOrUndefined(s.pid), note)
+      rowOf('d http target', s, n, sum, await rssOrUndefined(s.pid), note, cpuSum(state.get(s.name)!.samples))
       if (direct !== undefined && s !== systems[0]) {
         out[`${s.name} added p50 ms`] = sum.p50Ms - direct.p50Ms
         out[`${s.name} added p99 ms`] = sum.p99Ms - direct.p99Ms
@@ -190,6 +210,7 @@ async function churn (systems: readonly System[]): Promise<void> {
     const agent = makeAgent(n)
     const phases = { open: 0, call: 0, del: 0, n: 0 }
     try {
+      const c0 = await cpuOrUndefined(sys.pid)
       const s = await runClosedLoop({
         workers: n,
         op: async () => {
@@ -208,7 +229,8 @@ async function churn (systems: readonly System[]): Promise<void> {
       })
       const k = Math.max(phases.n, 1)
       const note = `mean ms: initialize+initialized ${(phases.open / k).toFixed(1)}, call ${(phases.call / k).toFixed(1)}, DELETE ${(phases.del / k).toFixed(1)}`
-      rowOf('e churn (sessions/s)', sys, n, summarize([s]), await rssOrUndefined(sys.pid), note)
+      const c1 = await cpuOrUndefined(sys.pid)
+      rowOf('e churn (sessions/s)', sys, n, summarize([s]), await rssOrUndefined(sys.pid), note, c0 === undefined || c1 === undefined ? undefined : c1 - c0)
       say(`    ${note}`)
     } finally {
       agent.destroy()
@@ -279,15 +301,19 @@ function ratio (a: Row | undefined, b: Row | undefined): number | undefined {
   return a === undefined || b === undefined || b.reqPerSec === 0 ? undefined : a.reqPerSec / b.reqPerSec
 }
 
+function cpuRatio (a: Row | undefined, b: Row | undefined): number | undefined {
+  return a?.cpuUsPerReq === undefined || b?.cpuUsPerReq === undefined || b.cpuUsPerReq === 0 ? undefined : a.cpuUsPerReq / b.cpuUsPerReq
+}
+
 function fmt (v: number | undefined, digits = 2): string {
   return v === undefined || Number.isNaN(v) ? '-' : v.toFixed(digits)
 }
 
 function table (): string {
-  const head = '| workload | system | sessions | req/s | p50 ms | p99 ms | RSS MB |'
-  const lines = [head, '|---|---|---:|---:|---:|---:|---:|']
+  const head = '| workload | system | sessions | req/s | p50 ms | p99 ms | RSS MB | CPU us/req |'
+  const lines = [head, '|---|---|---:|---:|---:|---:|---:|---:|']
   for (const r of rows) {
-    lines.push(`| ${r.workload} | ${r.system} | ${r.sessions} | ${r.reqPerSec.toFixed(r.reqPerSec < 100 ? 1 : 0)} | ${fmt(r.p50Ms)} | ${fmt(r.p99Ms)} | ${fmt(r.rssMB, 1)} |` + (r.errors > 0 ? ` ${r.errors} errors` : ''))
+    lines.push(`| ${r.workload} | ${r.system} | ${r.sessions} | ${r.reqPerSec.toFixed(r.reqPerSec < 100 ? 1 : 0)} | ${fmt(r.p50Ms)} | ${fmt(r.p99Ms)} | ${fmt(r.rssMB, 1)} | ${fmt(r.cpuUsPerReq, 0)} |` + (r.errors > 0 ? ` ${r.errors} errors` : ''))
   }
   return lines.join('\n')
 }
@@ -327,6 +353,10 @@ async function main (): Promise<void> {
           ratios[`x${n} gateway/bare bridge child per client`] = ratio(find(gw), find(barePer))
           ratios[`x${n} gateway/server-everything http`] = ratio(find(gw), find(direct))
           ratios[`x${n} gateway/raw stdio`] = ratio(find(gw), find(raw))
+          // CPU per request of the proxy process alone (lower is better): robust to other load on the box.
+          ratios[`x${n} CPU/req gateway/supergateway`] = cpuRatio(find(gw), find(sg))
+          ratios[`x${n} CPU/req gateway/punkpeye`] = cpuRatio(find(gw), find(pp))
+          ratios[`x${n} CPU/req gateway/bare bridge`] = cpuRatio(find(gw), find(bare))
         }
         const r16 = (k: string): number | undefined => ratios[`x16 ${k}`]
         targets.push({ target: 'throughput >= 3x supergateway (16 sessions)', measured: fmt(r16('gateway/supergateway')), met: r16('gateway/supergateway') === undefined ? undefined : r16('gateway/supergateway')! >= 3 })
@@ -369,7 +399,7 @@ async function main (): Promise<void> {
     '',
     table(),
     '',
-    '| ratio (req/s) | value |',
+    '| ratio (req/s unless CPU/req) | value |',
     '|---|---:|',
     ...Object.entries(ratios).map(([k, v]) => `| ${k} | ${fmt(v)} |`),
     '',

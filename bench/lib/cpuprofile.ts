@@ -2,7 +2,8 @@
  * Summarises a V8 .cpuprofile (from `BENCH_CPU_PROF=<dir> npm run bench`):
  * self time by function and file, and inclusive time of the project's own
  * functions, as shares of the busy (non-idle) time.
- * Usage: node --import tsx bench/lib/cpuprofile.ts <file.cpuprofile> [top=25]
+ * Usage: node --import tsx bench/lib/cpuprofile.ts <file.cpuprofile> [top=25] [skipMs=0]
+ * (skipMs drops the first samples, e.g. start-up and module loading).
  */
 import { readFile } from 'node:fs/promises'
 
@@ -19,19 +20,25 @@ function label (n: Node): string {
   return `${n.callFrame.functionName || '(anonymous)'} ${url}${url !== '' ? `:${n.callFrame.lineNumber + 1}` : ''}`
 }
 
-const [file, topArg] = process.argv.slice(2)
+const [file, topArg, skipArg] = process.argv.slice(2)
+const skipUs = Number(skipArg ?? 0) * 1000
 const prof = JSON.parse(await readFile(file!, 'utf8')) as Profile
 const byId = new Map(prof.nodes.map(n => [n.id, n]))
 const parent = new Map<number, number>()
 for (const n of prof.nodes) for (const c of n.children ?? []) parent.set(c, n.id)
 const self = new Map<number, number>()
-for (let i = 0; i < prof.samples.length; i++) self.set(prof.samples[i]!, (self.get(prof.samples[i]!) ?? 0) + (prof.timeDeltas[i] ?? 0))
+let at = 0
+for (let i = 0; i < prof.samples.length; i++) {
+  at += prof.timeDeltas[i] ?? 0
+  if (at < skipUs) continue
+  self.set(prof.samples[i]!, (self.get(prof.samples[i]!) ?? 0) + (prof.timeDeltas[i] ?? 0))
+}
 let busy = 0
 const selfBy = new Map<string, number>()
 const inclBy = new Map<string, number>()
 for (const [id, t] of self) {
   const n = byId.get(id)!
-  if (['(idle)', '(program)', '(garbage collector)'].includes(n.callFrame.functionName) && n.callFrame.functionName === '(idle)') continue
+  if (n.callFrame.functionName === '(idle)') continue
   busy += t
   selfBy.set(label(n), (selfBy.get(label(n)) ?? 0) + t)
   const seen = new Set<string>()

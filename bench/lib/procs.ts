@@ -109,3 +109,11 @@ export async function rssOf (pid: number): Promise<number> {
   if (m === null) throw new Error(`no VmRSS for ${pid}`)
   return Number(m[1]) * 1024
 }
+
+/** CPU time (user + system) one process has used, in ms (children excluded; 10 ms resolution). */
+export async function cpuMsOf (pid: number): Promise<number> {
+  const stat = await readFile(`/proc/${pid}/stat`, 'utf8')
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+  // Fields 14 and 15 of proc(5), counted from after the command name: utime, stime in clock ticks (USER_HZ = 100 on Linux).
+  return (Number(f[11]) + Number(f[12])) * 10
+}
