@@ -323,3 +323,76 @@ t.test('pooled upstreams are never shared across subjects', async t => {
   t.notOk([...a].some(pid => b.has(pid)), 'no upstream pid shared between subjects')
   t.ok(pooled.every(p => p.subject === 'alice' || p.subject === 'bob'), 'every pooled upstream belongs to one subject')
 })
+
+t.test('server-to-client requests become multi round-trip results (elicitation)', async t => {
+  const env = await setup(t)
+  let asked: any
+  const client = new Client2({ name: 'sdk2-elicit', version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } }, capabilities: { elicitation: { form: {} } } })
+  client.setRequestHandler('elicitation/create', async (request: any) => {
+    asked = request.params
+    return { action: 'accept', content: { name: 'Ada', check: true, firstLine: 'Once', email: 'ada@example.test', homepage: 'https://example.test', birthdate: '1815-12-10', integer: 1, number: 1.5, untitledSingleSelectEnum: 'option1', untitledMultipleSelectEnum: ['option1'], titledSingleSelectEnum: 'option1', titledMultipleSelectEnum: ['option1'], legacyTitledEnum: 'option1' } } as never
+  })
+  t.teardown(() => client.close().catch(() => {}))
+  await client.connect(new Transport2(env.url, { requestInit: { headers: { authorization: `Bearer ${env.alice}` } } }))
+  const result = await client.callTool({ name: 'everything_trigger-elicitation-request', arguments: {} })
+  t.match(asked?.message, /provide inputs/, 'the upstream\'s elicitation reached the client\'s handler')
+  t.match(textOf(result), /Ada/, 'the upstream got the answer and finished the call')
+
+  // Raw: the InputRequiredResult, a forged requestState, and a client without the capability.
+  const call = modernRequest('tools/call', { name: 'everything_trigger-elicitation-request', arguments: {} })
+  ;(call.body.params as any)._meta[CAPS] = { elicitation: { form: {} } }
+  const first = await post(env.url, env.alice, call.body, call.headers)
+  t.equal(first.json.result.resultType, 'input_required')
+  const [key, input] = Object.entries(first.json.result.inputRequests)[0] as [string, any]
+  t.equal(input.method, 'elicitation/create')
+  t.type(first.json.result.requestState, 'string')
+  const state = first.json.result.requestState as string
+
+  const forged = structuredClone(call.body) as any
+  forged.params.requestState = state
+  forged.params.inputResponses = { [key]: { action: 'decline' } }
+  const bob = await post(env.url, env.bob, forged, call.headers)
+  t.equal(bob.json.error.code, -32602, 'another subject cannot use the requestState')
+  const done = await post(env.url, env.alice, forged, call.headers)
+  t.equal(done.json.result.resultType, 'complete', 'the retry completes the call')
+  t.match(textOf(done.json.result), /decline/i)
+  const replay = await post(env.url, env.alice, forged, call.headers)
+  t.equal(replay.json.error.code, -32602, 'a requestState is single-use')
+
+  const noCaps = modernRequest('tools/call', { name: 'everything_trigger-elicitation-request', arguments: {} })
+  const refused = await post(env.url, env.alice, noCaps.body, noCaps.headers)
+  t.equal(refused.status, 400)
+  t.equal(refused.json.error.code, -32021, 'MissingRequiredClientCapability')
+  t.same(refused.json.error.data, { requiredCapabilities: { elicitation: {} } })
+})
+
+t.test('subscriptions/listen: acknowledged with the agreed filter, tagged, lease released on close', async t => {
+  const env = await setup(t)
+  const list = modernRequest('resources/list')
+  const resources = await post(env.url, env.alice, list.body, list.headers)
+  const uri = resources.json.result.resources[0].uri as string
+  const r = modernRequest('subscriptions/listen', { notifications: { toolsListChanged: true, resourceSubscriptions: [uri, 'mcp-proxy://nope/x'] } }, 'listen-1')
+  const abort = new AbortController()
+  const res = await fetch(env.url, {
+    method: 'POST', signal: abort.signal, body: JSON.stringify(r.body),
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${env.alice}`, ...r.headers },
+  })
+  t.equal(res.status, 200)
+  t.match(res.headers.get('content-type'), /text\/event-stream/)
+  const reader = res.body!.getReader()
+  let buf = ''
+  while (!buf.includes('\n\n')) {
+    const { value, done } = await reader.read()
+    if (done) break
+    buf += Buffer.from(value).toString('utf8')
+  }
+  const ack = JSON.parse(buf.split('\n').find(l => l.startsWith('data: '))!.slice(6))
+  t.equal(ack.method, 'notifications/subscriptions/acknowledged', 'the acknowledgment comes first')
+  t.equal(ack.params._meta['io.modelcontextprotocol/subscriptionId'], 'listen-1', 'tagged with the listen request id')
+  t.same(ack.params.notifications.resourceSubscriptions, [uri], 'only the resource that exists on a target is agreed')
+  t.ok(env.gw.endpoint.pooled().some(p => p.leases > 0), 'the stream holds its upstreams')
+  abort.abort()
+  await reader.cancel().catch(() => {})
+  for (let i = 0; i < 100 && env.gw.endpoint.pooled().some(p => p.leases > 0); i++) await new Promise(resolve => setTimeout(resolve, 20))
+  t.ok(env.gw.endpoint.pooled().every(p => p.leases === 0), 'closing the stream releases the upstreams')
+})

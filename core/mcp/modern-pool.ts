@@ -9,7 +9,7 @@
  * timeout; a cap per (target, subject) and a global cap bound the processes.
  */
 import type { Logger } from 'pino'
-import type { JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
 import { LATEST_SESSION_REVISION } from './revision.ts'
 import { GATEWAY_INFO } from './session.ts'
@@ -31,6 +31,12 @@ export interface CallHooks {
   onProgress?: (msg: JsonRpcMessage) => void
   /** `notifications/message` while this request is the only one in flight on its upstream. */
   onLog?: (msg: JsonRpcMessage) => void
+  /**
+   * A server-to-client request (sampling, elicitation) while this request is
+   * in flight; answer it with `PooledUpstream.answer()`. Without this hook
+   * such requests are refused.
+   */
+  onServerRequest?: (msg: JsonRpcMessage) => void
   timeoutMs?: number
 }
 
@@ -61,6 +67,8 @@ export interface PooledSummary {
 }
 
 const INIT_TIMEOUT_MIN_MS = 15_000
+/** What the gateway declares to pooled upstreams as their (session-era) client. */
+export const UPSTREAM_CAPABILITIES = { sampling: {}, elicitation: { form: {} } } as const
 
 function rpcError (code: number, message: string): JsonRpcMessage {
   return { jsonrpc: '2.0', error: { code, message } }
@@ -109,11 +117,12 @@ export class PooledUpstream {
   async #start (): Promise<void> {
     try {
       await this.upstream.start()
-      // The gateway is the session-era client here: it declares no client
-      // capabilities, because a stateless request cannot answer a
-      // server-to-client request over this connection (see README-modern.md).
+      // The gateway is the session-era client here. It declares sampling and
+      // form elicitation, which it bridges to multi round-trip results for
+      // clients that declare them per request (modern.ts); not roots (roots
+      // are asked for outside any request, which a stateless client cannot answer).
       const res = await this.call({
-        jsonrpc: '2.0', method: 'initialize', params: { protocolVersion: LATEST_SESSION_REVISION, capabilities: {}, clientInfo: GATEWAY_INFO },
+        jsonrpc: '2.0', method: 'initialize', params: { protocolVersion: LATEST_SESSION_REVISION, capabilities: UPSTREAM_CAPABILITIES, clientInfo: GATEWAY_INFO },
       }, { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS) }).done
       if (res.error !== undefined) throw new Error(res.error.message)
       this.initResult = (res.result ?? {}) as Record<string, unknown>
@@ -172,6 +181,11 @@ export class PooledUpstream {
     }
   }
 
+  /** Answers a server-to-client request of this upstream. */
+  answer (id: JsonRpcId, result: unknown, error?: { code: number; message: string }): void {
+    this.notify(error === undefined ? { jsonrpc: '2.0', id, result } : { jsonrpc: '2.0', id, error })
+  }
+
   /** Fire-and-forget request whose answer is not needed (e.g. resources/unsubscribe on close). */
   notify (msg: JsonRpcMessage): void {
     if (!this.up || this.closed) return
@@ -201,9 +215,15 @@ export class PooledUpstream {
       return
     }
     if (msg.id !== undefined && msg.id !== null) {
-      // Server-to-client request (sampling, elicitation, roots): the gateway
-      // declared none of these capabilities, so it refuses.
-      this.notify({ jsonrpc: '2.0', id: msg.id, error: { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' } })
+      // Server-to-client request: stdio carries no related-request marker, so
+      // the newest request in flight that can take one (MRTR bridge) gets it.
+      let target: Pending | undefined
+      for (const p of this.#pending.values()) if (p.hooks.onServerRequest !== undefined) target = p
+      if (target === undefined || msg.method === 'roots/list') {
+        this.answer(msg.id, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
+        return
+      }
+      target.hooks.onServerRequest!(msg)
       return
     }
     switch (msg.method) {

@@ -18,7 +18,8 @@ import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
 import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities } from './naming.ts'
 import { allowOperation, filterListItems } from './policy.ts'
 import { GATEWAY_INFO } from './session.ts'
-import type { PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
+import { randomBytes } from 'node:crypto'
+import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
 
 /** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`). */
 export const META = {
@@ -51,6 +52,8 @@ const CACHEABLE = new Set(['server/discover', 'tools/list', 'prompts/list', 'res
 const NAME_SOURCE: Record<string, 'name' | 'uri'> = { 'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri' }
 const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency']
 const KEEPALIVE_MS = 15_000
+/** How long a parked upstream call waits for the client's retry with `inputResponses`. */
+const INPUT_TTL_MS = 120_000
 const SENTINEL = /^=\?base64\?([A-Za-z0-9+/]*={0,2})\?=$/
 
 export interface ModernOptions {
@@ -69,6 +72,31 @@ export interface ModernHandler {
   readonly listening: number
   /** Ends listen streams gracefully (a result, then the stream ends). */
   close(): void
+}
+
+/** An upstream call in flight and the upstream it holds. */
+interface Running {
+  readonly entry: PooledUpstream
+  readonly call: PoolCall
+  readonly hooks: CallHooks
+}
+
+/** An upstream call parked on an InputRequiredResult until the client retries. */
+interface Continuation {
+  readonly run: Running
+  readonly subjectKey: string
+  readonly method: string
+  /** The name or URI as the client sent it. */
+  readonly name: unknown
+  readonly key: string
+  readonly serverRequestId: JsonRpcId
+  readonly timer: NodeJS.Timeout
+}
+
+/** -32002 (resource not found) is reserved from 2026-07-28 on; the revision uses -32602. */
+function modernError (res: JsonRpcMessage): JsonRpcMessage {
+  if (res.error?.code === RPC.RESOURCE_NOT_FOUND) res.error.code = RPC.INVALID_PARAMS
+  return res
 }
 
 /** A JSON-RPC error answered with an HTTP status of its own. */
@@ -148,16 +176,18 @@ class Exchange {
   readonly subjectKey: string
   readonly calls = new Set<PoolCall>()
   readonly logLevel: string | undefined
+  readonly clientCapabilities: Record<string, unknown>
   stream: SseStream | undefined
   finished = false
   aborted = false
   #queue: Promise<void> = Promise.resolve()
 
-  constructor (ctx: RequestContext, id: JsonRpcId, subjectKey: string, logLevel: string | undefined) {
+  constructor (ctx: RequestContext, id: JsonRpcId, subjectKey: string, logLevel: string | undefined, clientCapabilities: Record<string, unknown>) {
     this.ctx = ctx
     this.id = id
     this.subjectKey = subjectKey
     this.logLevel = logLevel
+    this.clientCapabilities = clientCapabilities
     ctx.res.once('close', () => {
       if (this.finished) return
       // Closing the response is the cancellation signal (MCP 2026-07-28 "Cancellation").
@@ -212,6 +242,9 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   const multi = opts.targets.length > 1
   const byTarget = new Map(opts.targets.map(f => [f.target, f]))
   const listens = new Set<() => void>()
+  const continuations = new Map<string, Continuation>()
+  let inputSeq = 0
+  let serverInfo: unknown = GATEWAY_INFO
 
   function subjectKeyOf (ctx: RequestContext): string {
     return ctx.auth?.subject ?? '\u0000anonymous'
@@ -233,11 +266,20 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
 
   function serverInfoOf (entry: PooledUpstream | undefined): unknown {
     if (multi || entry === undefined) return GATEWAY_INFO
-    return entry.initResult?.serverInfo ?? GATEWAY_INFO
+    serverInfo = entry.initResult?.serverInfo ?? GATEWAY_INFO
+    return serverInfo
   }
 
-  /** Leases an upstream of `target` for the request, forwards one request, releases. */
-  async function forward (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>): Promise<{ res: JsonRpcMessage; entry: PooledUpstream }> {
+  /** Progress and log hooks of `ex` (a retried request takes over the upstream call's hooks). */
+  function hookTo (ex: Exchange, hooks: CallHooks): CallHooks {
+    const min = ex.logLevel === undefined ? -1 : LOG_LEVELS.indexOf(ex.logLevel)
+    hooks.onProgress = (m) => ex.notify(m)
+    hooks.onLog = min < 0 ? undefined : (m) => { if (LOG_LEVELS.indexOf(String(m.params?.level)) >= min) ex.notify(m) }
+    return hooks
+  }
+
+  /** Leases an upstream of `factory` and starts one request on it; the caller releases the lease. */
+  async function start (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>): Promise<Running> {
     const entry = await pool.acquire(factory, ex.subjectKey, ex.subject)
     try {
       const caps = entry.initResult?.capabilities as Record<string, unknown> | undefined
@@ -245,20 +287,93 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
         // The session-era upstream keeps one level per process; set it for this request.
         await entry.call({ jsonrpc: '2.0', method: 'logging/setLevel', params: { level: ex.logLevel } }).done
       }
-      const min = ex.logLevel === undefined ? -1 : LOG_LEVELS.indexOf(ex.logLevel)
-      const call = entry.call({ jsonrpc: '2.0', method, params }, {
-        onProgress: (m) => ex.notify(m),
-        onLog: min < 0 ? undefined : (m) => { if (LOG_LEVELS.indexOf(String(m.params?.level)) >= min) ex.notify(m) },
-      })
-      ex.calls.add(call)
-      const res = await call.done
-      ex.calls.delete(call)
-      // -32002 (resource not found) is reserved from 2026-07-28 on; the revision uses -32602.
-      if (res.error?.code === RPC.RESOURCE_NOT_FOUND) res.error.code = RPC.INVALID_PARAMS
-      return { res, entry }
-    } finally {
+      const hooks = hookTo(ex, {})
+      return { entry, hooks, call: entry.call({ jsonrpc: '2.0', method, params }, hooks) }
+    } catch (err) {
       pool.release(entry)
+      throw err
     }
+  }
+
+  /** Leases an upstream, forwards one request, releases. */
+  async function forward (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>): Promise<{ res: JsonRpcMessage; entry: PooledUpstream }> {
+    const run = await start(ex, factory, method, params)
+    try {
+      ex.calls.add(run.call)
+      const res = await run.call.done
+      ex.calls.delete(run.call)
+      return { res: modernError(res), entry: run.entry }
+    } finally {
+      pool.release(run.entry)
+    }
+  }
+
+  /**
+   * Waits for the upstream's answer to a tools/call, prompts/get or
+   * resources/read. A server-to-client request arriving first (sampling,
+   * elicitation) becomes an InputRequiredResult (MCP 2026-07-28, Multi
+   * Round-Trip Requests): the upstream call stays open, its lease held, under
+   * a single-use random `requestState` bound to the subject, the method and
+   * the name, until the client retries with `inputResponses` or it expires.
+   * Resolves with the final answer, or undefined when `ex` was answered here.
+   */
+  async function settle (ex: Exchange, run: Running, method: string, name: unknown): Promise<JsonRpcMessage | undefined> {
+    ex.calls.add(run.call)
+    const outcome = await new Promise<{ res: JsonRpcMessage } | { req: JsonRpcMessage }>(resolve => {
+      run.hooks.onServerRequest = (req) => resolve({ req })
+      void run.call.done.then(res => resolve({ res }))
+    })
+    run.hooks.onServerRequest = undefined
+    ex.calls.delete(run.call)
+    if ('res' in outcome) {
+      pool.release(run.entry)
+      return modernError(outcome.res)
+    }
+    const req = outcome.req
+    const need = req.method === 'sampling/createMessage' ? 'sampling' : req.method === 'elicitation/create' ? 'elicitation' : undefined
+    if (need === undefined || ex.clientCapabilities[need] === undefined || ex.aborted) {
+      // A server MUST NOT rely on capabilities the client did not declare (MCP 2026-07-28 `_meta`).
+      run.entry.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
+      run.call.cancel('client lacks a required capability')
+      pool.release(run.entry)
+      await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, { requiredCapabilities: { [need ?? String(req.method)]: {} } })
+      return undefined
+    }
+    const state = randomBytes(24).toString('base64url')
+    const key = 'input-' + String(++inputSeq)
+    const timer = setTimeout(() => {
+      if (continuations.get(state) !== cont) return
+      continuations.delete(state)
+      run.call.cancel('input request expired')
+      pool.release(run.entry)
+    }, INPUT_TTL_MS)
+    timer.unref()
+    const cont: Continuation = { run, subjectKey: ex.subjectKey, method, name, key, serverRequestId: req.id!, timer }
+    continuations.set(state, cont)
+    await ex.answer({
+      jsonrpc: '2.0',
+      result: { resultType: 'input_required', inputRequests: { [key]: { method: req.method, params: req.params ?? {} } }, requestState: state },
+    })
+    return undefined
+  }
+
+  /** A retry carrying `requestState`: answers the upstream's request and goes on waiting for the original call. */
+  async function resume (ex: Exchange, method: string, name: unknown, params: Record<string, unknown>): Promise<JsonRpcMessage | undefined> {
+    const state = params.requestState
+    const cont = typeof state === 'string' ? continuations.get(state) : undefined
+    // requestState is attacker-controlled: only an unexpired, unused state of this subject, method and name counts.
+    if (cont === undefined || cont.subjectKey !== ex.subjectKey || cont.method !== method || cont.name !== name) {
+      await ex.fail(RPC.INVALID_PARAMS, 'Invalid params: unknown or expired requestState')
+      return undefined
+    }
+    continuations.delete(state as string)
+    clearTimeout(cont.timer)
+    const responses = params.inputResponses as Record<string, unknown> | undefined
+    const answer = responses?.[cont.key]
+    if (answer === undefined) cont.run.entry.answer(cont.serverRequestId, undefined, { code: RPC.INVALID_PARAMS, message: 'no input response' })
+    else cont.run.entry.answer(cont.serverRequestId, answer)
+    hookTo(ex, cont.run.hooks)
+    return settle(ex, cont.run, method, cont.name)
   }
 
   async function discover (ex: Exchange): Promise<void> {
@@ -358,14 +473,21 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       await unknown()
       return
     }
-    params[field] = name
-    const { res, entry } = await forward(ex, factory, method, params)
+    let res: JsonRpcMessage | undefined
+    if (params.requestState !== undefined) {
+      res = await resume(ex, method, value, params)
+    } else {
+      delete params.inputResponses
+      params[field] = name
+      res = await settle(ex, await start(ex, factory, method, params), method, value)
+    }
+    if (res === undefined) return
     if (res.error !== undefined) { await ex.answer(res); return }
     const result = (res.result ?? {}) as Record<string, unknown>
     if (multi && kind === 'resource' && Array.isArray(result.contents)) {
       for (const c of result.contents as Array<{ uri?: unknown }>) if (typeof c.uri === 'string') c.uri = markUri(factory.target, c.uri)
     }
-    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
   }
 
   async function complete (ex: Exchange, params: Record<string, unknown>): Promise<void> {
@@ -533,7 +655,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       }
       const meta = msg.params?._meta as Record<string, unknown>
       const level = meta[META.logLevel]
-      const ex = new Exchange(ctx, msg.id, subjectKeyOf(ctx), typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined)
+      const ex = new Exchange(ctx, msg.id, subjectKeyOf(ctx), typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined, meta[META.clientCapabilities] as Record<string, unknown>)
       try {
         await dispatch(ex, msg)
       } catch (err) {
@@ -550,6 +672,12 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
 
     close (): void {
       for (const end of [...listens]) end()
+      for (const [state, c] of continuations) {
+        continuations.delete(state)
+        clearTimeout(c.timer)
+        c.run.call.cancel('gateway closing')
+        pool.release(c.run.entry)
+      }
     },
   }
 }
