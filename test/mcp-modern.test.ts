@@ -16,7 +16,9 @@ import { Client as Client2, StreamableHTTPClientTransport as Transport2 } from '
 import { validateConfig, deepFreeze, type LoadedConfig } from '../core/config.ts'
 import { startGateway, type RunningGateway } from '../core/gateway.ts'
 import { startDevIdp, type DevIdp } from '../bin/dev-idp.ts'
-import { everythingTarget, memoryTarget } from './helpers/gateway-harness.ts'
+import { spawn } from 'node:child_process'
+import { EVERYTHING, everythingTarget, memoryTarget } from './helpers/gateway-harness.ts'
+import { fullGateway } from './helpers/full-gateway.ts'
 import { memoryLogger } from './helpers/logger.ts'
 
 const MODERN = '2026-07-28'
@@ -395,4 +397,48 @@ t.test('subscriptions/listen: acknowledged with the agreed filter, tagged, lease
   await reader.cancel().catch(() => {})
   for (let i = 0; i < 100 && env.gw.endpoint.pooled().some(p => p.leases > 0); i++) await new Promise(resolve => setTimeout(resolve, 20))
   t.ok(env.gw.endpoint.pooled().every(p => p.leases === 0), 'closing the stream releases the upstreams')
+})
+
+/** server-everything in its own streamable-HTTP mode on 127.0.0.1 (it reads PORT). */
+async function startHttpEverything (t: Test): Promise<string> {
+  for (let attempt = 0; ; attempt++) {
+    const port = await freePort()
+    const child = spawn(process.execPath, [EVERYTHING, 'streamableHttp'], { env: { PATH: process.env.PATH ?? '', PORT: String(port) }, stdio: ['ignore', 'ignore', 'pipe'] })
+    const listening = await new Promise<boolean>(resolve => {
+      let err = ''
+      child.stderr!.setEncoding('utf8').on('data', (d: string) => { err += d; if (err.includes('listening on port')) resolve(true) })
+      child.once('exit', () => resolve(false))
+    })
+    if (listening) {
+      t.teardown(() => new Promise<void>(resolve => {
+        if (child.exitCode !== null) { resolve(); return }
+        child.once('exit', () => resolve())
+        child.kill('SIGTERM')
+      }))
+      return `http://127.0.0.1:${port}/mcp`
+    }
+    if (attempt >= 2) throw new Error('server-everything (streamableHttp) did not start')
+  }
+}
+
+t.test('an HTTP target serves both eras: 2.x (pooled HttpUpstream) and 1.x (passthrough)', async t => {
+  const upstream = await startHttpEverything(t)
+  const { url, gw } = await fullGateway(t, { targets: [{ name: 'remote', mcp: { url: upstream } }] })
+  const modern = new Client2({ name: 'sdk2', version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } } })
+  const legacy = new Client1({ name: 'sdk1', version: '1.0.0' })
+  t.teardown(async () => { await modern.close().catch(() => {}); await legacy.close().catch(() => {}) })
+  await Promise.all([modern.connect(new Transport2(new URL(url))), legacy.connect(new Transport1(new URL(url)))])
+  t.equal(modern.getNegotiatedProtocolVersion(), MODERN)
+  const [m, l] = await Promise.all([
+    modern.callTool({ name: 'echo', arguments: { message: 'modern over http' } }),
+    legacy.callTool({ name: 'echo', arguments: { message: 'legacy over http' } }),
+  ])
+  t.match(textOf(m), /modern over http/, 'one target: names unchanged, answered through the HTTP upstream')
+  t.match(textOf(l), /legacy over http/)
+  const tools = await modern.listTools()
+  t.ok(tools.tools.some(x => x.name === 'echo'), 'tools listed')
+  const pooled = gw.endpoint.pooled()
+  t.equal(pooled.length, 1, 'one pooled upstream for the anonymous subject')
+  t.equal(pooled[0]!.target, 'remote')
+  t.equal(pooled[0]!.pid, undefined, 'an HTTP upstream has no process')
 })

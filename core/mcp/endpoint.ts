@@ -137,6 +137,8 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     idleMs: opts.modern?.idleTimeoutMs ?? idleMs,
     requestTimeoutMs: env.requestTimeoutMs,
   })
+  const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Upstreams pooled for protocol revision 2026-07-28')
+  pooledGauge.collect = () => [[undefined, pool.size]]
   const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed })
 
   function subjectKeyOf (ctx: RequestContext): string {
