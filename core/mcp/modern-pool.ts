@@ -216,10 +216,12 @@ export class PooledUpstream {
     }
     if (msg.id !== undefined && msg.id !== null) {
       // Server-to-client request: stdio carries no related-request marker, so
-      // the newest request in flight that can take one (MRTR bridge) gets it.
+      // it goes to the request in flight that can take one (MRTR bridge) only
+      // when there is exactly one; otherwise it is refused rather than guessed.
       let target: Pending | undefined
-      for (const p of this.#pending.values()) if (p.hooks.onServerRequest !== undefined) target = p
-      if (target === undefined || msg.method === 'roots/list') {
+      let candidates = 0
+      for (const p of this.#pending.values()) if (p.hooks.onServerRequest !== undefined) { target = p; candidates++ }
+      if (target === undefined || candidates > 1 || msg.method === 'roots/list') {
         this.answer(msg.id, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
         return
       }

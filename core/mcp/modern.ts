@@ -54,6 +54,8 @@ const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', '
 const KEEPALIVE_MS = 15_000
 /** How long a parked upstream call waits for the client's retry with `inputResponses`. */
 const INPUT_TTL_MS = 120_000
+/** Upstream calls one subject may have parked on InputRequiredResults at once. */
+const MAX_PARKED_PER_SUBJECT = 32
 const SENTINEL = /^=\?base64\?([A-Za-z0-9+/]*={0,2})\?=$/
 
 export interface ModernOptions {
@@ -337,6 +339,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       run.call.cancel('client lacks a required capability')
       pool.release(run.entry)
       await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, { requiredCapabilities: { [need ?? String(req.method)]: {} } })
+      return undefined
+    }
+    const parked = [...continuations.values()].filter(c => c.subjectKey === ex.subjectKey).length
+    if (parked >= MAX_PARKED_PER_SUBJECT) {
+      run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'too many pending input requests' })
+      run.call.cancel('too many pending input requests')
+      pool.release(run.entry)
+      await ex.fail(RPC.SERVER_ERROR, 'Too many requests waiting for input', 429)
       return undefined
     }
     const state = randomBytes(24).toString('base64url')
