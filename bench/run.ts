@@ -164,7 +164,7 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<Record<st
     { name: 'direct (no proxy)', role: 'limit', url: up.url, headers: {}, pid: up.service.pid },
     { name: 'gateway (JWT)', role: 'gateway', url: gwAuth.url, headers: bearer, pid: gwAuth.service.pid },
     { name: 'gateway (no auth)', role: 'gateway', url: gwOpen.url, headers: {}, pid: gwOpen.service.pid },
-    ...(ngx !== undefined ? [{ name: 'nginx proxy_pass', role: 'peer', url: ngx.url, headers: {}, pid: ngx.service.pid }] : []),
+    ...(ngx !== undefined ? [{ name: 'nginx proxy_pass (1 worker)', role: 'peer', url: ngx.url, headers: {}, pid: ngx.workerPid }] : []),
   ]
   const state = new Map<string, { workers: McpHttpSession[]; agent: ReturnType<typeof makeAgent>; samples: Measured[] }>()
   try {

@@ -4,7 +4,7 @@
  * keep-alive and no buffering (so SSE answers stream through as they come).
  */
 import { execFile } from 'node:child_process'
-import { mkdtemp, writeFile, chmod } from 'node:fs/promises'
+import { mkdtemp, writeFile, chmod, readFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
@@ -40,7 +40,7 @@ export async function findNginx (log: (s: string) => void): Promise<string | und
   return which('nginx')
 }
 
-export async function startNginx (bin: string, upstreamPort: number): Promise<{ url: string; service: Service }> {
+export async function startNginx (bin: string, upstreamPort: number): Promise<{ url: string; service: Service; workerPid: number }> {
   const dir = await mkdtemp(join(tmpdir(), 'mcp-proxy-bench-nginx-'))
   // Workers run as nobody when the master is root: let them write their temp dirs.
   await chmod(dir, 0o777)
@@ -77,5 +77,8 @@ http {
   const file = join(dir, 'nginx.conf')
   await writeFile(file, conf)
   const service = await startService('nginx', bin, ['-c', file, '-p', dir, '-e', join(dir, 'error.log')], { port })
-  return { url: `http://127.0.0.1:${port}/mcp`, service }
+  // The one worker does the proxying; its pid is what RSS and CPU are read from.
+  const children = await readFile(`/proc/${service.pid}/task/${service.pid}/children`, 'utf8').catch(() => '')
+  const worker = Number(children.trim().split(/\s+/)[0])
+  return { url: `http://127.0.0.1:${port}/mcp`, service, workerPid: Number.isInteger(worker) && worker > 0 ? worker : service.pid }
 }
