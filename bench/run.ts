@@ -41,6 +41,8 @@ const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 1500)
 const WARMUP_MS = Number(process.env.BENCH_WARMUP_MS ?? 500)
 /** Bound on recorded requests per phase, whatever the speed. */
 const MAX_REQUESTS = 100_000
+/** Alternating rounds at 1 and 16 sessions and in workload d; together they last as long as two full phases. */
+const ROUNDS = 4
 const LEVELS = (process.env.BENCH_LEVELS ?? '1,16,64').split(',').map(Number)
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'a,b,c,d,e,f').split(',').map(s => s.trim()))
 const T0 = performance.now()
@@ -95,11 +97,11 @@ async function cpuOrUndefined (pid: number | undefined): Promise<number | undefi
 interface Measured { sample: Sample; cpuMs: number | undefined }
 
 /** One measured phase (after its warm-up), with the CPU time the system's own process spent in it. */
-async function measure (workers: readonly Worker[], pid: number | undefined): Promise<Measured> {
+async function measure (workers: readonly Worker[], pid: number | undefined, share = 1): Promise<Measured> {
   const op = (w: number): Promise<void> => workers[w]!.echo()
-  await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: WARMUP_MS, maxRequests: MAX_REQUESTS })
+  await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: WARMUP_MS * share, maxRequests: MAX_REQUESTS })
   const c0 = await cpuOrUndefined(pid)
-  const sample = await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: DURATION_MS, maxRequests: MAX_REQUESTS })
+  const sample = await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: DURATION_MS * share, maxRequests: MAX_REQUESTS })
   const c1 = await cpuOrUndefined(pid)
   return { sample, cpuMs: c0 === undefined || c1 === undefined ? undefined : c1 - c0 }
 }
@@ -117,11 +119,12 @@ async function throughputAlternating (systems: readonly System[], n: number): Pr
       const agent = makeAgent(n)
       open.set(sys, { agent, workers: await openWorkers(sys, agent, n), samples: [] })
     }
-    for (let round = 0; round < 2; round++) {
+    // Four short rounds in alternating order: load from elsewhere on the box drifts in seconds.
+    for (let round = 0; round < ROUNDS; round++) {
       const order = round % 2 === 0 ? systems : [...systems].reverse()
       for (const sys of order) {
         const o = open.get(sys)!
-        o.samples.push(await measure(o.workers, sys.pid))
+        o.samples.push(await measure(o.workers, sys.pid, 2 / ROUNDS))
       }
     }
     for (const sys of systems) {
@@ -177,10 +180,10 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<Record<st
       }))
       state.set(s.name, { workers, agent, samples: [] })
     }
-    for (let round = 0; round < 2; round++) {
-      for (const s of round === 0 ? systems : [...systems].reverse()) {
+    for (let round = 0; round < ROUNDS; round++) {
+      for (const s of round % 2 === 0 ? systems : [...systems].reverse()) {
         const st = state.get(s.name)!
-        st.samples.push(await measure(st.workers, s.pid))
+        st.samples.push(await measure(st.workers, s.pid, 2 / ROUNDS))
       }
     }
     const out: Record<string, number> = {}
@@ -395,7 +398,7 @@ async function main (): Promise<void> {
   const md = [
     `Date: ${new Date().toISOString()}  `,
     `Machine: ${mach.nproc} CPUs (${String(mach.cpu)}), ${String(mach.memGB)} GB, Node ${String(mach.node)}; load average at start ${JSON.stringify(mach.loadavgAtStart)}, at end ${JSON.stringify(loadavg().map(v => Number(v.toFixed(2))))} (other work on this shared box skews absolute numbers; compare ratios)  `,
-    `Phases: ${WARMUP_MS} ms warm-up + ${DURATION_MS} ms measured per system and round; closed loops, one request in flight per session.`,
+    `Phases: closed loops, one request in flight per session. At 1 and 16 sessions and in d: ${ROUNDS} rounds in alternating order, each ${WARMUP_MS * 2 / ROUNDS} ms warm-up + ${DURATION_MS * 2 / ROUNDS} ms measured per system; at 64 sessions one phase of ${WARMUP_MS} + ${DURATION_MS} ms per system.`,
     '',
     table(),
     '',
