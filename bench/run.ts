@@ -420,6 +420,11 @@ async function main (): Promise<void> {
   say(`written ${file} (and bench/results/latest.md)`)
 }
 
+// Ctrl-C or a timeout: services run in their own process groups, so end them here.
+for (const sig of ['SIGINT', 'SIGTERM'] as const) {
+  process.once(sig, () => { void stopAll().finally(() => process.exit(130)) })
+}
+
 main().then(() => process.exit(0), async (err: unknown) => {
   process.stderr.write(`bench failed: ${(err as Error).stack ?? String(err)}\n`)
   await stopAll()

@@ -59,6 +59,6 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
   await writeFile(file, JSON.stringify(config, null, 2))
   // BENCH_CPU_PROF=<dir>: profile the gateway (node --cpu-prof), written when it exits on SIGTERM.
   const prof = process.env.BENCH_CPU_PROF !== undefined && process.env.BENCH_CPU_PROF !== '' ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : []
-  const service = await startService('gateway', process.execPath, [...prof, '--import', 'tsx', join(root, 'bin/mcp-proxy.ts'), '-f', file], { cwd: root, port })
+  const service = await startService('gateway', process.execPath, [...prof, '--import', 'tsx', join(root, 'bin/mcp-proxy.ts'), '-f', file], { cwd: root, port, tempDir: dir })
   return { url: `http://127.0.0.1:${port}/mcp`, service }
 }

@@ -76,7 +76,7 @@ http {
 `
   const file = join(dir, 'nginx.conf')
   await writeFile(file, conf)
-  const service = await startService('nginx', bin, ['-c', file, '-p', dir, '-e', join(dir, 'error.log')], { port })
+  const service = await startService('nginx', bin, ['-c', file, '-p', dir, '-e', join(dir, 'error.log')], { port, tempDir: dir })
   // The one worker does the proxying; its pid is what RSS and CPU are read from.
   const children = await readFile(`/proc/${service.pid}/task/${service.pid}/children`, 'utf8').catch(() => '')
   const worker = Number(children.trim().split(/\s+/)[0])

@@ -4,7 +4,7 @@
  * Everything the bench starts is registered here so one call ends it all.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
-import { readFile } from 'node:fs/promises'
+import { readFile, rm } from 'node:fs/promises'
 import { createServer, connect } from 'node:net'
 
 export interface Service {
@@ -48,6 +48,8 @@ export interface SpawnOptions {
   /** Or once a line of output matches. */
   readonly readyLine?: RegExp
   readonly timeoutMs?: number
+  /** A temp dir (config, logs) removed when the service stops. */
+  readonly tempDir?: string
 }
 
 /** Spawns a service in its own process group and waits until it is ready. */
@@ -75,13 +77,17 @@ export async function startService (name: string, cmd: string, args: readonly st
     tail: () => out.split('\n').slice(-15).join('\n'),
     async stop () {
       running.delete(service)
-      if (exited !== undefined) return
+      if (exited !== undefined) {
+        if (opts.tempDir !== undefined) await rm(opts.tempDir, { recursive: true, force: true })
+        return
+      }
       try { process.kill(-child.pid!, 'SIGTERM') } catch { /* gone */ }
       const t = setTimeout(() => { try { process.kill(-child.pid!, 'SIGKILL') } catch { /* gone */ } }, 3000)
       await exitedP
       clearTimeout(t)
       // Grandchildren (stdio servers) of a peer that did not reap them.
       try { process.kill(-child.pid!, 'SIGKILL') } catch { /* gone */ }
+      if (opts.tempDir !== undefined) await rm(opts.tempDir, { recursive: true, force: true })
     },
   }
   running.add(service)
