@@ -19,6 +19,7 @@
  */
 import { mkdir, writeFile, readFile } from 'node:fs/promises'
 import { existsSync } from 'node:fs'
+import { execFile } from 'node:child_process'
 import { cpus, totalmem, loadavg } from 'node:os'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -324,7 +325,10 @@ function table (): string {
 async function machine (): Promise<Record<string, unknown>> {
   const cpuinfo = await readFile('/proc/cpuinfo', 'utf8').catch(() => '')
   const model = /^model name\s*:\s*(.*)$/m.exec(cpuinfo)?.[1] ?? cpus()[0]?.model ?? 'unknown'
-  return { nproc: cpus().length, cpu: model, node: process.version, memGB: Math.round(totalmem() / 2 ** 30), loadavgAtStart: loadavg().map(v => Number(v.toFixed(2))) }
+  const commit = await new Promise<string>(resolve => {
+    execFile('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT }, (err, out) => resolve(err === null ? out.trim() : 'unknown'))
+  })
+  return { nproc: cpus().length, cpu: model, node: process.version, memGB: Math.round(totalmem() / 2 ** 30), commit, loadavgAtStart: loadavg().map(v => Number(v.toFixed(2))) }
 }
 
 async function main (): Promise<void> {
@@ -397,7 +401,7 @@ async function main (): Promise<void> {
 
   const md = [
     `Date: ${new Date().toISOString()}  `,
-    `Machine: ${mach.nproc} CPUs (${String(mach.cpu)}), ${String(mach.memGB)} GB, Node ${String(mach.node)}; load average at start ${JSON.stringify(mach.loadavgAtStart)}, at end ${JSON.stringify(loadavg().map(v => Number(v.toFixed(2))))} (other work on this shared box skews absolute numbers; compare ratios)  `,
+    `Commit: ${String(mach.commit)}; machine: ${mach.nproc} CPUs (${String(mach.cpu)}), ${String(mach.memGB)} GB, Node ${String(mach.node)}; load average at start ${JSON.stringify(mach.loadavgAtStart)}, at end ${JSON.stringify(loadavg().map(v => Number(v.toFixed(2))))} (other work on this shared box skews absolute numbers; compare ratios)  `,
     `Phases: closed loops, one request in flight per session. At 1 and 16 sessions and in d: ${ROUNDS} rounds in alternating order, each ${WARMUP_MS * 2 / ROUNDS} ms warm-up + ${DURATION_MS * 2 / ROUNDS} ms measured per system; at 64 sessions one phase of ${WARMUP_MS} + ${DURATION_MS} ms per system.`,
     '',
     table(),
