@@ -3,11 +3,12 @@
  * plugins (in pipeline order), route table, upstream factories, the /mcp
  * endpoint, the MCP listener and the admin listener. Owns shutdown order.
  */
+import { readFileSync } from 'node:fs'
 import type { Server } from 'node:http'
 import type { Logger } from 'pino'
 import { createLogger } from './logger.ts'
 import { Metrics } from './metrics.ts'
-import type { LoadedConfig } from './config.ts'
+import { packagePath, type LoadedConfig } from './config.ts'
 import { loadPlugins } from './plugin-loader.ts'
 import { Pipeline } from './pipeline.ts'
 import { RouteTable } from './routes.ts'
@@ -19,7 +20,8 @@ import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
 import { createHttpPassthrough } from './targets/http-passthrough.ts'
 import { createMcpEndpoint } from './mcp/index.ts'
 
-export const VERSION: string = '0.1.0'
+/** The package version, read once at start-up. */
+export const VERSION: string = (JSON.parse(readFileSync(packagePath('package.json'), 'utf8')) as { version: string }).version
 
 export interface StartOptions {
   /** Logger to use (tests pass a silent one). Default: from config.logging. */
