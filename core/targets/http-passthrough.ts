@@ -9,7 +9,8 @@
  * response goes through `ctx.writeHead` so plugins' `onResponse` hooks run.
  */
 import { randomBytes } from 'node:crypto'
-import type { IncomingMessage, ServerResponse, ClientRequest, OutgoingHttpHeaders } from 'node:http'
+import { Agent as HttpAgent, type IncomingMessage, type ServerResponse, type OutgoingHttpHeaders, type IncomingHttpHeaders } from 'node:http'
+import { Agent as HttpsAgent } from 'node:https'
 import { Readable } from 'node:stream'
 import httpProxy from 'http-proxy'
 import type { Logger } from 'pino'
@@ -59,6 +60,26 @@ interface Exchange {
 /** Response headers that belong to one hop only (RFC 9110 §7.6.1). */
 const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade'])
 
+/**
+ * Request headers never sent upstream: the caller's credentials (MCP forbids
+ * token passthrough), the client's session id (replaced by the upstream's),
+ * and the hop-by-hop connection headers (the keep-alive agent owns the
+ * upstream connection; a client's `Connection: close` must not end it).
+ */
+const DROP = new Set(['authorization', 'cookie', 'proxy-authorization', 'mcp-session-id', 'connection', 'keep-alive', 'proxy-connection', 'upgrade'])
+
+/**
+ * Rewrites the client's request headers in place, once, before http-proxy
+ * copies them: no `proxyReq` listener, so no removeHeader/setHeader pass (each
+ * validates the name again) on the outgoing request. The pipeline has run by
+ * then, so nothing downstream reads the dropped headers.
+ */
+function rewriteRequestHeaders (headers: IncomingHttpHeaders, upstreamId: string | undefined, staticHeaders: Readonly<Record<string, string>>): void {
+  for (const k in headers) if (DROP.has(k)) delete headers[k]
+  if (upstreamId !== undefined) headers['mcp-session-id'] = upstreamId
+  for (const k in staticHeaders) headers[k.toLowerCase()] = staticHeaders[k]
+}
+
 /** A gateway session id: 32 random bytes, base64url (visible ASCII per MCP). */
 export function newSessionId (): string {
   return randomBytes(32).toString('base64url')
@@ -73,8 +94,13 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
   const exchanges = new WeakMap<IncomingMessage, Exchange>()
   const open = new Set<IncomingMessage>()
   const errors: Counter | undefined = opts.metrics?.counter('mcp_proxy_upstream_http_errors_total', 'Failed HTTP exchanges with remote MCP targets')
+  // Without an agent http-proxy sends `Connection: close` and opens a new
+  // upstream connection per request; that was most of its cost per request.
+  const agentOptions = { keepAlive: true, maxSockets: 256, maxFreeSockets: 64 }
+  const agent = url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions)
   const proxy = httpProxy.createProxyServer({
     target: url,
+    agent,
     ignorePath: true,
     changeOrigin: true,
     selfHandleResponse: true,
@@ -87,17 +113,6 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
     for (const [id, m] of sessions) if (now - m.lastSeenAt > idleMs) sessions.delete(id)
   }, Math.min(idleMs, 60000))
   sweep.unref()
-
-  proxy.on('proxyReq', function rewriteRequest (proxyReq: ClientRequest, req: IncomingMessage) {
-    const ex = exchanges.get(req)
-    // Never forward the caller's credentials (MCP: no token passthrough).
-    proxyReq.removeHeader('authorization')
-    proxyReq.removeHeader('cookie')
-    proxyReq.removeHeader('proxy-authorization')
-    proxyReq.removeHeader('mcp-session-id')
-    if (ex?.upstreamId !== undefined) proxyReq.setHeader('mcp-session-id', ex.upstreamId)
-    for (const [k, v] of Object.entries(staticHeaders)) proxyReq.setHeader(k, v)
-  })
 
   proxy.on('proxyRes', function forwardResponse (proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse) {
     const ex = exchanges.get(req)
@@ -120,9 +135,15 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
         out['mcp-session-id'] = id
       }
       await ex.ctx.writeHead(status, out)
-      // SSE: send headers now, then pipe each chunk as it comes.
-      res.flushHeaders()
+      // The head goes out with the first chunk (one write for a short
+      // answer). An SSE stream whose first event is not here yet still gets
+      // its head at once: flushed if nothing has been read after this turn.
       proxyRes.pipe(res)
+      if (proxyRes.readableLength === 0 && !proxyRes.complete) {
+        setImmediate(function flushIdleHead () {
+          if (!proxyRes.readableDidRead && !res.writableEnded && !res.destroyed) res.flushHeaders()
+        })
+      }
       proxyRes.once('error', () => res.destroy())
       res.once('close', () => { if (!proxyRes.complete) proxyRes.destroy() })
       await new Promise<void>(resolve => { res.once('close', resolve); res.once('finish', resolve) })
@@ -160,6 +181,7 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       // then it is replayed from the cached Buffer; otherwise req is piped.
       const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead
       const buffered = consumed ? await ctx.readBody() : undefined
+      rewriteRequestHeaders(ctx.req.headers, upstreamId, staticHeaders)
       proxy.web(ctx.req, ctx.res, buffered !== undefined ? { buffer: Readable.from([buffered]) } : {})
       await done
     } finally {
@@ -182,6 +204,7 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
         await res.body?.cancel()
       }))
       proxy.close()
+      agent.destroy()
     },
   }
 }
