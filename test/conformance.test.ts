@@ -258,3 +258,19 @@ for (const server of SERVERS) {
     })
   }
 }
+
+t.test('conformance: with mcp.policies.cors.allowOrigins the gateway passes dns-rebinding-protection', async t => {
+  // MCP 2025-11-25 (transports, security warning): servers must validate Origin. The gateway does so
+  // through the cors policy, so the origin (and so the port) must be known before it starts.
+  const suite = await (resolved ??= resolveSuite())
+  const port = await freePort()
+  const { url } = await fullGateway(t, {
+    port,
+    policies: { cors: { allowOrigins: [`http://127.0.0.1:${port}`, `http://localhost:${port}`] } },
+    targets: [SERVERS[1]!.target],
+  })
+  const { results } = await runSuite(suite, url, ['--scenario', 'dns-rebinding-protection'])
+  const checks = results.get('dns-rebinding-protection')
+  t.ok(passed(checks), 'a foreign Host/Origin is refused and the local origin accepted', { checks })
+  t.same(checks?.map(c => c.status), ['SUCCESS', 'SUCCESS'])
+})

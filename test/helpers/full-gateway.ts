@@ -16,12 +16,12 @@ export interface FullGateway {
   logText: () => string
 }
 
-/** `mcp` is the config's `mcp` section without host and port. */
+/** `mcp` is the config's `mcp` section; host defaults to 127.0.0.1 and port to 0 (any free port). */
 export async function fullGateway (t: Test, mcp: Record<string, unknown>, logLevel = 'info'): Promise<FullGateway> {
   const config = deepFreeze(await validateConfig({ mcp: { host: '127.0.0.1', port: 0, ...mcp }, admin: { enabled: false } }))
   const loaded: LoadedConfig = { config, baseDir: ROOT, secretPaths: new Set() }
   const mem = memoryLogger(logLevel)
-  const gw = await startGateway(loaded, { log: mem.log, mcpPort: 0 })
+  const gw = await startGateway(loaded, { log: mem.log, mcpPort: config.mcp.port })
   t.teardown(() => gw.close())
   // mcpUrl names `localhost`; the listener is bound to 127.0.0.1 only.
   const url = new URL(gw.mcpUrl)
