@@ -7,7 +7,7 @@
  */
 import type { Logger } from 'pino'
 import type { LoadedConfig } from './config.ts'
-import type { Metrics, Counter, Histogram } from './metrics.ts'
+import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 import type { Plugin } from './plugin.ts'
 import type { RouteTable } from './routes.ts'
 import type { AccessRecord } from './server.ts'
@@ -22,6 +22,8 @@ import { runTry } from './admin-try.ts'
 
 interface TargetStats {
   readonly target: string
+  /** Metric handles per upstream method, bound once (see methodMeters). */
+  readonly byMethod: Map<string, MethodMeters>
   readonly kind: 'stdio' | 'http'
   readonly live: Set<TrackedUpstream>
   started: number
@@ -35,12 +37,32 @@ const MAX_PENDING = 10_000
 
 interface Meters { duration: Histogram; requests: Counter; starts: Counter; failures: Counter }
 
+interface MethodMeters { duration: HistogramHandle; ok: CounterHandle; error: CounterHandle; closed: CounterHandle }
+
+/** Methods a client can name freely: past this many, handles are made per call instead of kept. */
+const MAX_METHOD_HANDLES = 256
+
+function methodMeters (stats: TargetStats, meters: Meters, method: string): MethodMeters {
+  let m = stats.byMethod.get(method)
+  if (m === undefined) {
+    const labels = { target: stats.target, method }
+    m = {
+      duration: meters.duration.labels(labels),
+      ok: meters.requests.labels({ ...labels, outcome: 'ok' }),
+      error: meters.requests.labels({ ...labels, outcome: 'error' }),
+      closed: meters.requests.labels({ ...labels, outcome: 'closed' }),
+    }
+    if (stats.byMethod.size < MAX_METHOD_HANDLES) stats.byMethod.set(method, m)
+  }
+  return m
+}
+
 class TrackedUpstream implements Upstream {
   onMessage: (message: JsonRpcMessage) => void = () => {}
   onClose: (error: Error | undefined) => void = () => {}
   readonly #inner: Upstream
   readonly #stats: TargetStats
-  readonly #pending = new Map<JsonRpcId, { method: string; t0: bigint }>()
+  readonly #pending = new Map<JsonRpcId, { meters: MethodMeters; t0: bigint }>()
   readonly #meters: Meters
   #didFail = false
 
@@ -85,7 +107,7 @@ class TrackedUpstream implements Upstream {
     const timed = method !== undefined && id !== undefined && id !== null
     if (timed) {
       if (this.#pending.size >= MAX_PENDING) this.#pending.clear()
-      this.#pending.set(id, { method, t0: process.hrtime.bigint() })
+      this.#pending.set(id, { meters: methodMeters(this.#stats, this.#meters, method), t0: process.hrtime.bigint() })
     }
     try {
       this.#inner.send(message)
@@ -101,9 +123,8 @@ class TrackedUpstream implements Upstream {
     const p = this.#pending.get(id)
     if (p === undefined) return
     this.#pending.delete(id)
-    const labels = { target: this.#stats.target, method: p.method }
-    this.#meters.duration.observe(Number(process.hrtime.bigint() - p.t0) / 1e9, labels)
-    this.#meters.requests.inc({ ...labels, outcome })
+    p.meters.duration.observe(Number(process.hrtime.bigint() - p.t0) / 1e9)
+    p.meters[outcome].inc()
   }
 
   #failed (err: Error): void {
@@ -149,7 +170,7 @@ export function trackUpstreams (factories: readonly UpstreamFactory[], metrics: 
     starts: metrics.counter('mcp_proxy_upstream_starts_total', 'Upstreams started by target (each session starts its own)'),
     failures: metrics.counter('mcp_proxy_upstream_failures_total', 'Upstreams that failed to start or ended with an error, by target'),
   }
-  const all: TargetStats[] = factories.map(f => ({ target: f.target, kind: f.kind, live: new Set(), started: 0, failures: 0, lastError: undefined, lastErrorAt: undefined }))
+  const all: TargetStats[] = factories.map(f => ({ target: f.target, kind: f.kind, live: new Set(), byMethod: new Map(), started: 0, failures: 0, lastError: undefined, lastErrorAt: undefined }))
   metrics.gauge('mcp_proxy_upstreams', 'Running upstreams (one per session and target) by target').collect = () => all.map(s => [{ target: s.target }, s.live.size])
   metrics.gauge('mcp_proxy_child_processes', 'Live stdio child processes').collect = () => [[undefined, liveChildCount()]]
   return {

@@ -5,22 +5,82 @@
 
 type Labels = Record<string, string | number>
 
+/** A counter bound to one label set: the series key is built once. */
+export interface CounterHandle {
+  inc(by?: number): void
+  get(): number
+}
+
+/** A histogram bound to one label set: the series key is built once. */
+export interface HistogramHandle {
+  observe(value: number): void
+}
+
+const NEEDS_ESCAPE = /[\\"\n]/
+
+function labelValue (v: string | number): string {
+  if (typeof v === 'number') return String(v)
+  return NEEDS_ESCAPE.test(v) ? v.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n') : v
+}
+
+/**
+ * Builds series keys (`a="1",b="2"`, names sorted) for one metric. A metric
+ * is observed with the same label names every time, so the sorted order is
+ * kept from the first call and reused while the names match; only a
+ * different set of names sorts again.
+ */
+class LabelKeys {
+  #order: string[] | undefined
+
+  keyOf (labels: Labels | undefined): string {
+    if (labels === undefined) return ''
+    let order = this.#order
+    if (order === undefined || !sameNames(order, labels)) {
+      order = Object.keys(labels).sort()
+      this.#order = order
+    }
+    let out = ''
+    for (let i = 0; i < order.length; i++) {
+      const k = order[i]!
+      out += (i === 0 ? '' : ',') + k + '="' + labelValue(labels[k]!) + '"'
+    }
+    return out
+  }
+}
+
+function sameNames (order: readonly string[], labels: Labels): boolean {
+  let n = 0
+  for (const _ in labels) n++
+  if (n !== order.length) return false
+  for (let i = 0; i < order.length; i++) if (!Object.hasOwn(labels, order[i]!)) return false
+  return true
+}
+
+/** One-off key for scrape-time gauges (not on a request path). */
 function labelKey (labels: Labels | undefined): string {
-  if (labels === undefined) return ''
-  const keys = Object.keys(labels).sort()
-  return keys.map(k => `${k}="${String(labels[k]).replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n')}"`).join(',')
+  return new LabelKeys().keyOf(labels)
 }
 
 export class Counter {
   readonly values = new Map<string, number>()
   readonly name: string
   readonly help: string
+  readonly #keys = new LabelKeys()
   constructor (name: string, help: string) { this.name = name; this.help = help }
   inc (labels?: Labels, by = 1): void {
-    const k = labelKey(labels)
+    const k = this.#keys.keyOf(labels)
     this.values.set(k, (this.values.get(k) ?? 0) + by)
   }
-  get (labels?: Labels): number { return this.values.get(labelKey(labels)) ?? 0 }
+  get (labels?: Labels): number { return this.values.get(this.#keys.keyOf(labels)) ?? 0 }
+  /** Binds a label set: keep the handle where the labels are known ahead. */
+  labels (labels?: Labels): CounterHandle {
+    const k = this.#keys.keyOf(labels)
+    const values = this.values
+    return {
+      inc (by = 1) { values.set(k, (values.get(k) ?? 0) + by) },
+      get () { return values.get(k) ?? 0 },
+    }
+  }
   render (): string {
     let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} counter\n`
     for (const [k, v] of this.values) out += `${this.name}${k ? `{${k}}` : ''} ${v}\n`
@@ -33,8 +93,9 @@ export class Gauge {
   collect: (() => Array<[Labels | undefined, number]>) | undefined
   readonly name: string
   readonly help: string
+  readonly #keys = new LabelKeys()
   constructor (name: string, help: string) { this.name = name; this.help = help }
-  set (value: number, labels?: Labels): void { this.values.set(labelKey(labels), value) }
+  set (value: number, labels?: Labels): void { this.values.set(this.#keys.keyOf(labels), value) }
   render (): string {
     let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} gauge\n`
     if (this.collect !== undefined) {
@@ -45,20 +106,36 @@ export class Gauge {
   }
 }
 
+interface Series { counts: number[]; sum: number; count: number }
+
 export class Histogram {
-  readonly series = new Map<string, { counts: number[]; sum: number; count: number }>()
+  readonly series = new Map<string, Series>()
   readonly name: string
   readonly help: string
   readonly buckets: readonly number[]
+  readonly #keys = new LabelKeys()
   constructor (name: string, help: string, buckets: readonly number[]) { this.name = name; this.help = help; this.buckets = buckets }
   observe (value: number, labels?: Labels): void {
-    const k = labelKey(labels)
+    this.#record(this.#series(this.#keys.keyOf(labels)), value)
+  }
+  /** Binds a label set: keep the handle where the labels are known ahead. */
+  labels (labels?: Labels): HistogramHandle {
+    const k = this.#keys.keyOf(labels)
+    let s: Series | undefined
+    const observe = (value: number): void => { this.#record(s ??= this.#series(k), value) }
+    return { observe }
+  }
+  #series (k: string): Series {
     let s = this.series.get(k)
     if (s === undefined) {
-      s = { counts: new Array(this.buckets.length).fill(0), sum: 0, count: 0 }
+      s = { counts: new Array<number>(this.buckets.length).fill(0), sum: 0, count: 0 }
       this.series.set(k, s)
     }
-    for (let i = 0; i < this.buckets.length; i++) if (value <= this.buckets[i]!) s.counts[i]!++
+    return s
+  }
+  #record (s: Series, value: number): void {
+    const b = this.buckets
+    for (let i = 0; i < b.length; i++) if (value <= b[i]!) s.counts[i]!++
     s.sum += value
     s.count++
   }

@@ -12,7 +12,7 @@ import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import { ProxyError, RPC } from './errors.ts'
 import { writeError } from './error-writer.ts'
-import type { Metrics } from './metrics.ts'
+import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 
 /** The terminal handler for /mcp (see core/mcp/). */
 export interface McpEndpoint {
@@ -77,6 +77,9 @@ export function parseMcpBody (buf: Buffer): McpMessageInfo {
     : typeof params?.name === 'string' ? params.name : typeof params?.uri === 'string' ? params.uri : undefined
   return { body, method: first?.method, name }
 }
+
+/** Bound metric handles kept per route for (status, MCP method) pairs. */
+const MAX_METHOD_HANDLES = 256
 
 function kindOf (path: string, routes: RouteTable): RequestContext['kind'] {
   if (path === '/mcp') return 'mcp'
@@ -190,8 +193,10 @@ export class GatewayServer {
   readonly limits: ServerLimits
   readonly #mcp: McpEndpoint
   readonly #onAccess: ((rec: AccessRecord) => void) | undefined
-  readonly #requests: import('./metrics.ts').Counter
-  readonly #duration: import('./metrics.ts').Histogram
+  readonly #requests: Counter
+  readonly #duration: Histogram
+  /** Metric handles per route, then per `status method`, bound on first use. */
+  readonly #routeMeters = new Map<string, { duration: HistogramHandle; requests: Map<string, CounterHandle> }>()
   #inFlight = 0
   #drained: (() => void) | undefined
 
@@ -258,8 +263,21 @@ export class GatewayServer {
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
     const route = ctx.kind === 'mcp' ? '/mcp' : this.routes.has(ctx.path) ? ctx.path : 'other'
-    this.#requests.inc({ route, status, mcp_method: ctx.mcp?.method ?? '' })
-    this.#duration.observe(durationMs / 1000, { route })
+    const mcpMethod = ctx.mcp?.method ?? ''
+    let rm = this.#routeMeters.get(route)
+    if (rm === undefined) {
+      rm = { duration: this.#duration.labels({ route }), requests: new Map() }
+      this.#routeMeters.set(route, rm)
+    }
+    const sm = `${status} ${mcpMethod}`
+    let requests = rm.requests.get(sm)
+    if (requests === undefined) {
+      requests = this.#requests.labels({ route, status, mcp_method: mcpMethod })
+      // A client names the MCP method: keep a bounded number of handles.
+      if (rm.requests.size < MAX_METHOD_HANDLES) rm.requests.set(sm, requests)
+    }
+    requests.inc()
+    rm.duration.observe(durationMs / 1000)
     const sessionId = ctx.state.get('sessionId') as string | undefined
     ctx.log.info({
       method: ctx.method, path: ctx.path, status, durationMs: Math.round(durationMs * 1000) / 1000,
