@@ -90,3 +90,30 @@ t.test('listed origins with credentials reflect the origin and vary on it', asyn
   t.equal(res.headers.get('access-control-allow-credentials'), 'true')
   t.match(res.headers.get('vary'), /Origin/)
 })
+
+t.test('without a cors block, Origin is still validated: only the gateway\'s own origin passes', async t => {
+  const { validateConfig } = await import('../core/config.ts')
+  const { loadPlugins } = await import('../core/plugin-loader.ts')
+  const { GatewayServer } = await import('../core/server.ts')
+  const { Pipeline } = await import('../core/pipeline.ts')
+  const { RouteTable } = await import('../core/routes.ts')
+  const { Metrics } = await import('../core/metrics.ts')
+  const { memoryLogger } = await import('./helpers/logger.ts')
+  const config = await validateConfig({ mcp: { port: 0, baseUrl: 'https://gw.example.test', targets: [{ name: 'a', stdio: { cmd: 'node' } }] } })
+  const { log } = memoryLogger()
+  const plugins = await loadPlugins({ config, baseDir: '.', env: { log, config: config as never, baseUrl: 'https://gw.example.test', metrics: new Metrics() } })
+  t.same(plugins.map(p => p.name), ['cors'])
+  const server = new GatewayServer({
+    pipeline: new Pipeline(plugins), routes: new RouteTable(plugins), log, metrics: new Metrics(),
+    limits: { maxBodyBytes: 1 << 20, headersTimeoutMs: 5000, requestTimeoutMs: 0, keepAliveTimeoutMs: 5000 },
+    mcp: { async handle (ctx) { await ctx.writeHead(200); ctx.res.end('ok') }, async close () {} },
+  })
+  const { port } = await server.listen(0, '127.0.0.1')
+  t.teardown(() => server.close(0))
+  const post = (origin?: string) => fetch(`http://127.0.0.1:${port}/mcp`, { method: 'POST', body: '{}', headers: origin === undefined ? {} : { origin } })
+  const foreign = await post('http://evil.example')
+  t.equal(foreign.status, 403, 'a foreign Origin is refused')
+  t.match(await foreign.json(), { jsonrpc: '2.0', error: { message: 'origin not allowed' } })
+  t.equal((await post('https://gw.example.test')).status, 200, 'the gateway\'s own origin passes')
+  t.equal((await post()).status, 200, 'no Origin (non-browser clients) passes')
+})

@@ -46,7 +46,8 @@ t.test('default pipeline: built-ins whose policy is configured, in the fixed ord
   })
   t.same(defaultEntries(config).map(e => e.builtin), ['cors', 'mcpAuthentication', 'authorization', 'providerBridge', 'registration'])
   const bare = await configWith([])
-  t.same(defaultEntries({ ...bare, mcp: { ...bare.mcp, plugins: undefined } }), [])
+  t.same(defaultEntries({ ...bare, mcp: { ...bare.mcp, plugins: undefined } }), [{ builtin: 'cors' }],
+    'cors always runs: it validates Origin (DNS-rebinding protection) even without a cors block')
 })
 
 t.test('a missing module names the config path', async t => {

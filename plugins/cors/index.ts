@@ -52,10 +52,15 @@ export default definePlugin<CorsOptions>({
   name: 'cors',
   engine: '^1',
   optionsSchema,
-  create (options) {
+  create (options, env) {
     const origins = options.allowOrigins ?? []
     const allowAll = origins.includes('*')
     const allowed = new Set(origins.filter(o => o !== '*').map(normaliseOrigin))
+    // The gateway's own origin is always allowed. With no `cors` block this
+    // plugin still runs (first in the default pipeline), so a browser request
+    // from any other origin gets 403: MCP transports MUST validate Origin
+    // (DNS-rebinding protection), whether or not CORS is configured.
+    if (URL.canParse(env?.baseUrl ?? '')) allowed.add(normaliseOrigin(new URL(env.baseUrl).origin))
     const credentials = options.allowCredentials === true && !allowAll
     const headersAll = (options.allowHeaders ?? []).includes('*')
     const allowHeaders = union(ALWAYS_ALLOWED_HEADERS, options.allowHeaders ?? []).join(', ')
