@@ -5,7 +5,7 @@
  * through the one error writer.
  */
 import { createServer, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
-import { randomUUID } from 'node:crypto'
+import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
 import type { RequestContext, ResponseContext, Reply, McpMessageInfo } from './context.ts'
 import type { Pipeline } from './pipeline.ts'
@@ -87,6 +87,23 @@ function kindOf (path: string, routes: RouteTable): RequestContext['kind'] {
   return r === undefined ? 'other' : (r.kind ?? 'oauth')
 }
 
+/**
+ * Request ids: a random per-process prefix and a counter, unique within the
+ * process and unlikely to repeat across restarts, without a randomUUID() per
+ * request.
+ */
+const REQUEST_ID_PREFIX = randomBytes(6).toString('base64url')
+let requestSeq = 0
+
+function requestIdOf (req: IncomingMessage): string {
+  const given = req.headers['x-request-id']
+  if (typeof given === 'string' && given !== '') {
+    const clean = given.slice(0, 64).replace(/[^\w.-]/g, '')
+    if (clean !== '') return clean
+  }
+  return `${REQUEST_ID_PREFIX}-${(++requestSeq).toString(36)}`
+}
+
 class Context implements RequestContext {
   readonly req: IncomingMessage
   readonly res: ServerResponse
@@ -94,7 +111,6 @@ class Context implements RequestContext {
   readonly method: string
   readonly path: string
   readonly query: string
-  readonly log: Logger
   readonly startedAt: bigint
   readonly kind: RequestContext['kind']
   readonly state = new Map<string, unknown>()
@@ -105,22 +121,31 @@ class Context implements RequestContext {
   ran = { count: 0 }
   #body: Promise<Buffer> | undefined
   #mcp: Promise<McpMessageInfo> | undefined
+  #log: Logger | undefined
   readonly #server: GatewayServer
 
   constructor (server: GatewayServer, req: IncomingMessage, res: ServerResponse) {
     this.#server = server
     this.req = req
     this.res = res
-    this.id = (req.headers['x-request-id'] as string | undefined)?.slice(0, 64).replace(/[^\w.-]/g, '') || randomUUID()
+    this.id = requestIdOf(req)
     this.method = req.method ?? 'GET'
     const url = req.url ?? '/'
     const q = url.indexOf('?')
     this.path = q === -1 ? url : url.slice(0, q)
     this.query = q === -1 ? '' : url.slice(q + 1)
-    this.log = server.log.child({ reqId: this.id })
     this.startedAt = process.hrtime.bigint()
     this.kind = kindOf(this.path, server.routes)
   }
+
+  /** The per-request child logger, made on first use: most requests never log on their own. */
+  get log (): Logger {
+    this.#log ??= this.#server.log.child({ reqId: this.id })
+    return this.#log
+  }
+
+  /** Whether `log` has been used, so the access line can go through the same logger. */
+  get hasLog (): boolean { return this.#log !== undefined }
 
   readBody (): Promise<Buffer> {
     this.#body ??= readBounded(this.req, this.#server.limits.maxBodyBytes)
@@ -279,10 +304,16 @@ export class GatewayServer {
     requests.inc()
     rm.duration.observe(durationMs / 1000)
     const sessionId = ctx.state.get('sessionId') as string | undefined
-    ctx.log.info({
-      method: ctx.method, path: ctx.path, status, durationMs: Math.round(durationMs * 1000) / 1000,
-      mcpMethod: ctx.mcp?.method, sessionId: sessionId?.slice(0, 8), subject: ctx.auth?.subject, denial: ctx.denial,
-    }, 'request')
+    if (this.log.isLevelEnabled('info')) {
+      // No child logger just for this line: the request id goes in the object.
+      const line = {
+        reqId: ctx.hasLog ? undefined : ctx.id,
+        method: ctx.method, path: ctx.path, status, durationMs: Math.round(durationMs * 1000) / 1000,
+        mcpMethod: ctx.mcp?.method, sessionId: sessionId?.slice(0, 8), subject: ctx.auth?.subject, denial: ctx.denial,
+      }
+      const log = ctx.hasLog ? ctx.log : this.log
+      log.info(line, 'request')
+    }
     this.#onAccess?.({
       id: ctx.id, method: ctx.method, path: ctx.path, status, durationMs, mcpMethod: ctx.mcp?.method,
       sessionId: sessionId?.slice(0, 8), subject: ctx.auth?.subject, denial: ctx.denial, at: Date.now(),

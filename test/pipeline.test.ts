@@ -149,6 +149,27 @@ t.test('plugin routes: exact match, 405 with Allow, 404 elsewhere, OAuth-shaped 
   t.same(await res.json(), { error: 'not_found', error_description: 'no route for /.well-known/thing/extra' })
 })
 
+t.test('request ids: a sane x-request-id is kept, otherwise unique ids; one id on every line of a request', async t => {
+  const talker: Plugin = { name: 'talker', onRequest (ctx) { if (ctx.path === '/mcp' && ctx.req.headers['x-talk'] !== undefined) ctx.log.info('plugin line') } }
+  const { url, logs } = await start(t, [talker])
+  const ping = (headers: Record<string, string> = {}) => fetch(`${url}/mcp`, { ...rpc({ jsonrpc: '2.0', id: 1, method: 'ping' }), headers: { ...rpc({}).headers, ...headers } })
+  await ping({ 'x-request-id': 'abc-123.x<script>' })
+  await ping()
+  await ping()
+  await ping({ 'x-talk': '1' })
+  const raw = logs().split('\n').filter(l => l !== '')
+  const lines = raw.map(l => JSON.parse(l) as { msg: string; reqId?: string })
+  const access = lines.filter(l => l.msg === 'request')
+  t.equal(access.length, 4)
+  t.equal(access[0]!.reqId, 'abc-123.xscript')
+  const generated = access.slice(1).map(l => l.reqId)
+  t.equal(new Set(generated).size, 3, 'generated ids differ')
+  for (const id of generated) t.match(id, /^[\w.-]{3,64}$/)
+  const own = lines.find(l => l.msg === 'plugin line')
+  t.equal(own?.reqId, access[3]!.reqId, 'a plugin line and the access line carry the same id')
+  for (const l of raw.filter(l => l.includes('"msg":"request"'))) t.equal(l.match(/"reqId"/g)?.length, 1, 'reqId once per access line')
+})
+
 t.test('two plugins cannot claim the same route, nor /mcp', async t => {
   const r = { methods: ['GET'], path: '/x', handler: () => ({ status: 200 }) }
   t.throws(() => new RouteTable([{ name: 'a', routes: [r] }, { name: 'b', routes: [r] }]), /already taken/)
