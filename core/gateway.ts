@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs'
 import type { Server } from 'node:http'
 import type { Logger } from 'pino'
 import { createLogger } from './logger.ts'
+import { ProxyError } from './errors.ts'
 import { Metrics } from './metrics.ts'
 import { packagePath, type LoadedConfig } from './config.ts'
 import { loadPlugins } from './plugin-loader.ts'
@@ -78,10 +79,24 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const log = opts.log ?? createLogger(config.logging)
   const metrics = new Metrics()
   const mcpPort = opts.mcpPort ?? config.mcp.port
-  const baseUrl = computeBaseUrl(loaded, mcpPort)
-  const plugins = await loadPlugins({ config, baseDir: loaded.baseDir, env: { log, config: config as never, baseUrl, metrics } })
-  const cleanup: Array<() => Promise<unknown>> = [() => Promise.allSettled(plugins.map(p => p.close?.()))]
+  // Bind first: `{base_url}` (derived from the listen address when not configured)
+  // must name the actual port, and a port in use should fail before any plugin starts.
+  const starting: McpEndpoint = {
+    async handle () { throw new ProxyError('MCPP_ERR_STARTING', 503, 'Service Unavailable: the gateway is starting', { headers: { 'retry-after': '1' } }) },
+    async close () {},
+  }
+  const requestLog = new RequestLog()
+  const gw = new GatewayServer({
+    pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: starting, log, limits: config.mcp.limits, metrics,
+    onAccess: rec => requestLog.add(rec),
+  })
+  const bound = await gw.listen(mcpPort, config.mcp.host)
+  const cleanup: Array<() => Promise<unknown>> = [() => gw.close(0)]
+  let plugins: Plugin[] = []
   try {
+    const baseUrl = computeBaseUrl(loaded, bound.port)
+    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, env: { log, config: config as never, baseUrl, metrics } })
+    cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
     const routes = new RouteTable(plugins)
     const pipeline = new Pipeline(plugins)
     // Wrapped for the admin UI and metrics: child pids, failures, upstream latency per target and method.
@@ -92,14 +107,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics }) : undefined
     const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined })
     cleanup.push(() => endpoint.close())
-
-    const requestLog = new RequestLog()
-    const gw = new GatewayServer({
-      pipeline, routes, mcp: endpoint, log, limits: config.mcp.limits, metrics,
-      onAccess: rec => requestLog.add(rec),
-    })
-    const bound = await gw.listen(mcpPort, config.mcp.host)
-    cleanup.push(() => gw.close(0))
+    gw.attach(pipeline, routes, endpoint)
     const mcpUrl = `http://${hostForUrl(config.mcp.host)}:${bound.port}/mcp`
 
     let admin: Server | undefined

@@ -212,11 +212,11 @@ export async function sendReply (ctx: RequestContext, reply: Reply): Promise<voi
 
 export class GatewayServer {
   readonly server: Server
-  readonly pipeline: Pipeline
-  readonly routes: RouteTable
+  pipeline: Pipeline
+  routes: RouteTable
   readonly log: Logger
   readonly limits: ServerLimits
-  readonly #mcp: McpEndpoint
+  #mcp: McpEndpoint
   readonly #onAccess: ((rec: AccessRecord) => void) | undefined
   readonly #requests: Counter
   readonly #duration: Histogram
@@ -244,6 +244,17 @@ export class GatewayServer {
       this.log.debug({ err: (err as Error).message }, 'client error')
       if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n')
     })
+  }
+
+  /**
+   * Swaps in the real pipeline, routes and /mcp handler. The gateway binds
+   * its listener first (so `{base_url}` knows the actual port when the config
+   * says 0), then creates the plugins and attaches them here.
+   */
+  attach (pipeline: Pipeline, routes: RouteTable, mcp: McpEndpoint): void {
+    this.pipeline = pipeline
+    this.routes = routes
+    this.#mcp = mcp
   }
 
   get inFlight (): number { return this.#inFlight }

@@ -78,7 +78,7 @@ t.test('--check validates, prints a summary and exits without listening', async 
   t.equal(ok.code, 0, ok.stderr)
   t.match(ok.stdout, /config OK/)
   t.match(ok.stdout, /targets: everything \(stdio\), remote \(http\)/)
-  t.match(ok.stdout, /pipeline: authorization/)
+  t.match(ok.stdout, /pipeline: cors -> authorization/)
   const bad = await configFile(`mcp:\n  port: ${port}\n  targets:\n    - name: a\n      stdio: { cmd: node }\n  policies:\n    authorization:\n      rules: ['"a" in jwt.groups', 'jwt.groups ==']\n`)
   const r = await runCli(['-f', bad, '--check'])
   t.equal(r.code, 1)

@@ -60,7 +60,12 @@ export default definePlugin<CorsOptions>({
     // plugin still runs (first in the default pipeline), so a browser request
     // from any other origin gets 403: MCP transports MUST validate Origin
     // (DNS-rebinding protection), whether or not CORS is configured.
-    if (URL.canParse(env?.baseUrl ?? '')) allowed.add(normaliseOrigin(new URL(env.baseUrl).origin))
+    if (URL.canParse(env?.baseUrl ?? '')) {
+      const own = new URL(env.baseUrl)
+      allowed.add(normaliseOrigin(own.origin))
+      // A base URL derived from a loopback listener: its other loopback spellings are the same origin to a user.
+      if (own.hostname === 'localhost') for (const h of ['127.0.0.1', '[::1]']) allowed.add(normaliseOrigin(`${own.protocol}//${h}${own.port === '' ? '' : ':' + own.port}`))
+    }
     const credentials = options.allowCredentials === true && !allowAll
     const headersAll = (options.allowHeaders ?? []).includes('*')
     const allowHeaders = union(ALWAYS_ALLOWED_HEADERS, options.allowHeaders ?? []).join(', ')
