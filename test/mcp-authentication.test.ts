@@ -4,11 +4,12 @@
  * header removal, protected resource metadata and the key-set drills.
  */
 import t from 'tap'
-import { createServer, request as httpRequest } from 'node:http'
+import { Agent, createServer, request as httpRequest } from 'node:http'
 import { createHash, randomBytes, randomUUID, createPublicKey } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
 import { generateKeyPair, exportJWK, type JWK } from 'jose'
 import { devIdp, authGateway, ossOptions, BASE } from './helpers/idp.ts'
+import { TokenCache } from '../plugins/mcp-authentication/token-cache.ts'
 
 const PRM_URL = `${BASE}/.well-known/oauth-protected-resource/mcp`
 const CHALLENGE = `Bearer resource_metadata="${PRM_URL}", scope="openid profile"`
@@ -287,4 +288,68 @@ t.test('key set drills', async t => {
     t.ok(flood.every(s => s === 401))
     t.equal(idp.jwksRequests, start + 1, 'no fetch for random kids within the cooldown')
   })
+})
+
+t.test('token cache, per-connection memo: same token on the same connection, same expiry and key checks', async t => {
+  const realNow = Date.now
+  let now = realNow()
+  Date.now = () => now
+  t.teardown(() => { Date.now = realNow })
+  const cache = new TokenCache(10, 300)
+  const conn = {}
+  const other = {}
+  const auth = { subject: 's', claims: {}, expiresAt: Math.floor(now / 1000) + 60 }
+  const token = 'aaa.bbb.ccc'
+  let kidValid = true
+  const validKid = (kid: string | undefined): boolean => kidValid && kid === 'k1'
+  cache.set(token, auth, 'k1', conn)
+  t.equal(cache.get(token, validKid, conn), auth, 'memo hit')
+  t.equal(cache.get(token, validKid, other), auth, 'another connection: hash hit')
+  t.equal(cache.get('aaa.bbb.ccd', validKid, conn), undefined, 'one byte different on the same connection: miss')
+  t.equal(cache.get('aaa.bbb.cc', validKid, conn), undefined, 'a prefix on the same connection: miss')
+  t.equal(cache.get(token, validKid, conn), auth, 'back to the memo (through the hash)')
+  const small = new TokenCache(1, 300)
+  small.set(token, auth, 'k1', conn)
+  small.set('ddd.eee.fff', auth, 'k1', other)
+  t.equal(small.size, 1)
+  t.equal(small.get(token, validKid, other), undefined, 'evicted from the hashed entries')
+  t.equal(small.get(token, validKid, conn), auth, 'still served by its connection memo, no hash needed')
+  kidValid = false
+  t.equal(cache.get(token, validKid, conn), undefined, 'a key gone from the key set: miss on the memo too')
+  kidValid = true
+  cache.set(token, auth, 'k1', conn)
+  now += 61_000
+  t.equal(cache.get(token, validKid, conn), undefined, 'expired: miss on the memo too')
+  const hits = cache.hits
+  now -= 61_000
+  cache.set(token, auth, 'k1', conn)
+  cache.clear()
+  t.equal(cache.get(token, validKid, conn), undefined, 'clear() forgets the memo')
+  t.equal(cache.hits, hits)
+})
+
+t.test('token cache: a keep-alive connection repeating its token is verified once', async t => {
+  const idp = await devIdp(t)
+  const gw = await authGateway(t, ossOptions(idp))
+  const token = await idp.mintToken({ sub: 'memo' })
+  const agent = new Agent({ keepAlive: true, maxSockets: 1 })
+  t.teardown(() => agent.destroy())
+  const post = (tok: string): Promise<number> => new Promise((resolve, reject) => {
+    const body = '{"jsonrpc":"2.0","id":1,"method":"ping"}'
+    const req = httpRequest(gw.url, { method: 'POST', agent, headers: { 'content-type': 'application/json', authorization: `Bearer ${tok}` } }, res => {
+      res.resume()
+      res.on('end', () => resolve(res.statusCode ?? 0))
+    })
+    req.on('error', reject)
+    req.end(body)
+  })
+  const before = gw.auth.describe?.() as { verifications: number; tokenCache: { hits: number } }
+  for (let i = 0; i < 3; i++) t.equal(await post(token), 200)
+  const after = gw.auth.describe?.() as { verifications: number; tokenCache: { hits: number } }
+  t.equal(after.verifications, before.verifications + 1)
+  t.equal(after.tokenCache.hits, before.tokenCache.hits + 2)
+  const i = token.length - 10
+  t.equal(await post(token.slice(0, i) + (token[i] === 'A' ? 'B' : 'A') + token.slice(i + 1)), 401, 'one byte different on the same connection')
+  t.equal(await post(token), 200)
+  t.equal((gw.auth.describe?.() as { verifications: number }).verifications, before.verifications + 2)
 })

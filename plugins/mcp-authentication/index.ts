@@ -136,15 +136,17 @@ export default definePlugin<McpAuthenticationOptions>({
       })
     }
 
-    async function authenticate (token: string): Promise<AuthInfo> {
-      const hit = cache?.get(token, kid => keySet.hasKid(kid))
+    const stillValidKid = (kid: string | undefined): boolean => keySet.hasKid(kid)
+
+    async function authenticate (token: string, connection: object): Promise<AuthInfo> {
+      const hit = cache?.get(token, stillValidKid, connection)
       if (hit !== undefined) return hit
       verified++
       verifications.inc()
       const { payload, kid } = await verify(token)
       const claims = Object.freeze(structuredClone(payload) as Record<string, unknown>)
       const auth: AuthInfo = { subject: subjectOf(claims), claims, expiresAt: typeof payload.exp === 'number' ? payload.exp : undefined }
-      cache?.set(token, auth, kid)
+      cache?.set(token, auth, kid, connection)
       return auth
     }
 
@@ -189,7 +191,7 @@ export default definePlugin<McpAuthenticationOptions>({
           })
         }
         try {
-          ctx.auth = await authenticate(token)
+          ctx.auth = await authenticate(token, ctx.req.socket)
           return undefined
         } catch (err) {
           if (mode === 'permissive') {
