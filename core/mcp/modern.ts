@@ -16,7 +16,7 @@ import { RPC } from '../errors.ts'
 import { SseStream, SSE_HEADERS } from './sse.ts'
 import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
 import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities } from './naming.ts'
-import { allowOperation, filterListItems } from './policy.ts'
+import { allowOperation, deniedStandIn, filterListItems } from './policy.ts'
 import { GATEWAY_INFO } from './session.ts'
 import { randomBytes } from 'node:crypto'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
@@ -467,7 +467,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     const kind = method === 'tools/call' ? 'tool' : method === 'prompts/get' ? 'prompt' : 'resource'
     const field = kind === 'resource' ? 'uri' : 'name'
     const value = params[field]
-    // A denied call gets exactly the error of an unknown item.
+    // An unknown target prefix: the gateway's own namespace.
     const unknown = (): Promise<void> => kind === 'resource'
       ? ex.fail(RPC.INVALID_PARAMS, `Resource not found: ${String(value)}`)
       : ex.fail(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(value)}`)
@@ -479,12 +479,20 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       factory = split === undefined ? undefined : byTarget.get(split[0])
       if (split !== undefined) name = split[1]
     }
-    if (factory === undefined || !allowOperation(checkers, ex.ctx, kind === 'resource' ? 'resources/read' : method, kind, name, factory.target)) {
+    if (factory === undefined) {
       await unknown()
       return
     }
     let res: JsonRpcMessage | undefined
-    if (params.requestState !== undefined) {
+    if (!allowOperation(checkers, ex.ctx, kind === 'resource' ? 'resources/read' : method, kind, name, factory.target)) {
+      // Refused: answered exactly as the upstream answers an item it does not have.
+      const standIn = deniedStandIn(name, kind)
+      delete params.inputResponses
+      delete params.requestState
+      params[field] = standIn.value
+      res = await settle(ex, await start(ex, factory, method, params), method, value)
+      if (res !== undefined) res = standIn.restore(res)
+    } else if (params.requestState !== undefined) {
       res = await resume(ex, method, value, params)
     } else {
       delete params.inputResponses

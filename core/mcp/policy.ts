@@ -6,6 +6,8 @@
  */
 import type { RequestContext } from '../context.ts'
 import type { Plugin, McpOperation } from '../plugin.ts'
+import type { JsonRpcMessage } from '../targets/types.ts'
+import { randomBytes } from 'node:crypto'
 
 export type OperationKind = 'tool' | 'prompt' | 'resource'
 
@@ -27,5 +29,28 @@ export function filterListItems (checkers: readonly Plugin[], ctx: RequestContex
     case 'prompts/list': return items.filter(p => allowOperation(checkers, ctx, 'prompts/get', 'prompt', (p as { name: string }).name, target))
     case 'resources/list': return items.filter(r => allowOperation(checkers, ctx, 'resources/read', 'resource', (r as { uri: string }).uri, target))
     default: return items.filter(r => allowOperation(checkers, ctx, 'resources/read', 'resource', (r as { uriTemplate: string }).uriTemplate, target))
+  }
+}
+
+/**
+ * A refused call must be indistinguishable from a call to an item that does
+ * not exist (issue 6). The gateway cannot know how each upstream answers an
+ * unknown name — a JSON-RPC error, or a tool result with `isError` — so it
+ * asks the upstream itself: the call goes on with a stand-in name that no
+ * server has, and the stand-in is replaced by the caller's name in the
+ * answer. Resources keep their URI scheme, so scheme-specific handling stays
+ * the same.
+ */
+export function deniedStandIn (original: string, kind: OperationKind): { value: string; restore (message: JsonRpcMessage): JsonRpcMessage } {
+  const token = `mcp-proxy-denied-${randomBytes(12).toString('hex')}`
+  const scheme = kind === 'resource' ? /^[A-Za-z][A-Za-z0-9+.-]*:/.exec(original)?.[0] : undefined
+  const value = scheme === undefined ? token : `${scheme}//${token}`
+  const escaped = JSON.stringify(original).slice(1, -1)
+  return {
+    value,
+    restore (message) {
+      const text = JSON.stringify(message)
+      return text.includes(value) ? JSON.parse(text.split(value).join(escaped)) as JsonRpcMessage : message
+    },
   }
 }

@@ -13,7 +13,7 @@ import { ProxyError, RPC } from '../errors.ts'
 import { SseStream } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities } from './naming.ts'
-import { allowOperation, filterListItems, type OperationKind } from './policy.ts'
+import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
 
 export const GATEWAY_INFO = { name: 'mcp-proxy', version: '0.1.0' } as const
 
@@ -309,8 +309,14 @@ export class Session {
         const unknown = rpcError(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(params.name)}`)
         const split = typeof params.name === 'string' ? splitName(params.name) : undefined
         const link = split === undefined ? undefined : this.#byTarget.get(split[0])
-        if (link === undefined || !this.#allowed(inflight, method, kind, split![1], link.target)) {
+        if (link === undefined) {
           this.#reply(inflight, unknown)
+          return
+        }
+        if (!this.#allowed(inflight, method, kind, split![1], link.target)) {
+          const standIn = deniedStandIn(split![1], kind)
+          params.name = standIn.value
+          this.#forward(inflight, link, msg, standIn.restore, true)
           return
         }
         params.name = split![1]
@@ -321,8 +327,14 @@ export class Session {
         const uri = params.uri
         const split = typeof uri === 'string' ? unmarkUri(uri) : undefined
         const link = split === undefined ? undefined : this.#byTarget.get(split[0])
-        if (link === undefined || (method === 'resources/read' && !this.#allowed(inflight, 'resources/read', 'resource', split![1], link.target))) {
+        if (link === undefined) {
           this.#reply(inflight, rpcError(RPC.RESOURCE_NOT_FOUND, `Resource not found: ${String(uri)}`))
+          return
+        }
+        if (method === 'resources/read' && !this.#allowed(inflight, 'resources/read', 'resource', split![1], link.target)) {
+          const standIn = deniedStandIn(split![1], 'resource')
+          params.uri = standIn.value
+          this.#forward(inflight, link, msg, (r) => this.#markContents(link.target, standIn.restore(r)), true)
           return
         }
         params.uri = split![1]
@@ -363,12 +375,16 @@ export class Session {
     if (method === 'tools/call' || method === 'prompts/get') {
       const kind = method === 'tools/call' ? 'tool' : 'prompt'
       if (!this.#allowed(inflight, method, kind, String(params.name), link.target)) {
-        this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(params.name)}`))
+        const standIn = deniedStandIn(String(params.name), kind)
+        params.name = standIn.value
+        this.#forward(inflight, link, msg, standIn.restore, true)
         return
       }
     } else if (method === 'resources/read') {
       if (!this.#allowed(inflight, method, 'resource', String(params.uri), link.target)) {
-        this.#reply(inflight, rpcError(RPC.RESOURCE_NOT_FOUND, `Resource not found: ${String(params.uri)}`))
+        const standIn = deniedStandIn(String(params.uri), 'resource')
+        params.uri = standIn.value
+        this.#forward(inflight, link, msg, standIn.restore, true)
         return
       }
     }
@@ -448,14 +464,15 @@ export class Session {
   }
 
   /** Sends a client request upstream under a fresh upstream id; the answer goes back under the client's id. */
-  #forward (inflight: Inflight, link: Link, msg: JsonRpcMessage, post: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined): void {
+  /** `post` rewrites the answer: results only, unless `postErrors` (stand-ins for refused calls rewrite errors too). */
+  #forward (inflight: Inflight, link: Link, msg: JsonRpcMessage, post: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined, postErrors = false): void {
     if (!link.up) {
       this.#reply(inflight, rpcError(RPC.SERVER_ERROR, `upstream ${link.target} unavailable`))
       return
     }
     inflight.link = link
     link.active.add(inflight)
-    const call = this.#send(link, msg, (r) => this.#reply(inflight, post === undefined || r.error !== undefined ? r : post(r)))
+    const call = this.#send(link, msg, (r) => this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : post(r)))
     if (call !== undefined) inflight.calls.push(call)
   }
 
