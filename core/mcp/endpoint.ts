@@ -95,6 +95,20 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   const idleMs = config.session.idleTimeoutSeconds * 1000
   let draining = false
   let closed = false
+  /** Sessions whose upstreams are still closing (children exiting); close() waits for them. */
+  const ending = new Set<Promise<void>>()
+
+  /**
+   * Ends a session now (out of the registry, pending requests failed, streams
+   * ended: all synchronous in Session.end) and lets its upstreams finish
+   * closing in the background, tracked.
+   */
+  function endSession (session: Session, reason: string): Promise<void> {
+    const done = session.end(reason).catch((err: unknown) => { log.warn({ err }, 'ending a session failed') })
+    ending.add(done)
+    void done.finally(() => ending.delete(done))
+    return done
+  }
 
   const sessionGauge = opts.metrics.gauge('mcp_proxy_sessions', 'Open MCP sessions')
   sessionGauge.collect = () => [[undefined, sessions.size]]
@@ -120,7 +134,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     for (const s of sessions.values()) {
       // A busy session (request in flight, or GET stream open) is active by definition.
       if (s.busy) s.lastActivityAt = now
-      else if (now - s.lastActivityAt >= idleMs) void s.end('idle')
+      else if (now - s.lastActivityAt >= idleMs) void endSession(s, 'idle')
     }
   }, Math.min(Math.max(Math.floor(idleMs / 4), 100), 30_000))
   sweeper.unref()
@@ -236,7 +250,9 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   async function del (ctx: RequestContext): Promise<void> {
     if (eraOf(ctx) === 'modern') modernNotAllowed(ctx)
     const session = lookup(ctx)
-    await session.end('deleted')
+    // Answer once the session is gone from the registry; a stdio child can
+    // take up to its stage timeout to exit, which the client need not wait for.
+    void endSession(session, 'deleted')
     await ctx.writeHead(200, { 'content-length': 0 })
     ctx.res.end()
   }
@@ -258,7 +274,8 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       clearInterval(sweeper)
       clearInterval(keepAlive)
       modernHandler.close()
-      await Promise.allSettled([...sessions.values()].map(s => s.end('gateway closing')))
+      for (const s of [...sessions.values()]) void endSession(s, 'gateway closing')
+      await Promise.allSettled([...ending])
       await pool.close()
       await opts.passthrough?.close()
     },
@@ -284,7 +301,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
         if (matches.length === 1) found = matches[0]
       }
       if (found === undefined) return false
-      void found.end('ended by admin')
+      void endSession(found, 'ended by admin')
       return true
     },
 
