@@ -37,6 +37,10 @@ export type McpAuthenticationOptions = Omit<McpAuthenticationConfig, 'tokenCache
   discovery?: { ttlSeconds?: number; timeoutMs?: number }
 }
 
+function isAuthorizationName (name: string): boolean {
+  return name.length === 13 && name.toLowerCase() === 'authorization'
+}
+
 /** Extracts the bearer token: `undefined` when there is none; throws 400 for ambiguous requests. */
 export function readBearer (req: IncomingMessage, query: string, challenge: (extra: string) => string): string | undefined {
   if (query !== '' && new URLSearchParams(query).has('access_token')) {
@@ -45,13 +49,18 @@ export function readBearer (req: IncomingMessage, query: string, challenge: (ext
       oauthError: 'invalid_request', headers: { 'www-authenticate': challenge('error="invalid_request"') },
     })
   }
-  const all = req.headersDistinct.authorization
-  if (all !== undefined && all.length > 1) {
-    throw new ProxyError('MCPP_ERR_BAD_REQUEST', 400, 'more than one Authorization header', {
-      oauthError: 'invalid_request', headers: { 'www-authenticate': challenge('error="invalid_request"') },
-    })
+  // One pass over rawHeaders: headersDistinct would build arrays for every header.
+  const raw = req.rawHeaders
+  let value: string | undefined
+  for (let i = 0; i < raw.length; i += 2) {
+    if (!isAuthorizationName(raw[i]!)) continue
+    if (value !== undefined) {
+      throw new ProxyError('MCPP_ERR_BAD_REQUEST', 400, 'more than one Authorization header', {
+        oauthError: 'invalid_request', headers: { 'www-authenticate': challenge('error="invalid_request"') },
+      })
+    }
+    value = raw[i + 1]!
   }
-  const value = all?.[0]
   if (value === undefined) return undefined
   const m = /^([A-Za-z]+)(?:[ \t]+(.*))?$/.exec(value.trim())
   if (m === null || m[1]!.toLowerCase() !== 'bearer') return undefined
@@ -63,7 +72,7 @@ export function stripAuthorization (req: IncomingMessage): void {
   delete req.headers.authorization
   const raw = req.rawHeaders
   for (let i = raw.length - 2; i >= 0; i -= 2) {
-    if (raw[i]!.toLowerCase() === 'authorization') raw.splice(i, 2)
+    if (isAuthorizationName(raw[i]!)) raw.splice(i, 2)
   }
 }
 
