@@ -60,5 +60,13 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
   // BENCH_CPU_PROF=<dir>: profile the gateway (node --cpu-prof), written when it exits on SIGTERM.
   const prof = process.env.BENCH_CPU_PROF !== undefined && process.env.BENCH_CPU_PROF !== '' ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : []
   const service = await startService('gateway', process.execPath, [...prof, '--import', 'tsx', join(root, 'bin/mcp-proxy.ts'), '-f', file], { cwd: root, port, tempDir: dir })
-  return { url: `http://127.0.0.1:${port}/mcp`, service }
+  const url = `http://127.0.0.1:${port}/mcp`
+  // The port opens before the plugins are ready; /mcp answers 503 until then.
+  for (let i = 0; i < 200; i++) {
+    const res = await fetch(url, { method: 'POST', body: '{}' }).catch(() => undefined)
+    await res?.body?.cancel()
+    if (res !== undefined && res.status !== 503) break
+    await new Promise(resolve => setTimeout(resolve, 50))
+  }
+  return { url, service }
 }
