@@ -6,7 +6,7 @@
  */
 import { createRequire } from 'node:module'
 import { isAbsolute, join, resolve } from 'node:path'
-import { pathToFileURL } from 'node:url'
+import { fileURLToPath, pathToFileURL } from 'node:url'
 import type { Plugin, PluginEnv, PluginModule } from './plugin.ts'
 import { PLUGIN_API_VERSION } from './plugin.ts'
 import type { GatewayConfig, PluginEntryConfig } from './config.ts'
@@ -86,8 +86,14 @@ async function importModule (spec: string, baseDir: string, at: string): Promise
   try {
     ns = await import(url) as Record<string, unknown>
   } catch (err) {
+    // Only the plugin itself being absent is "module not found"; a missing
+    // import inside the plugin keeps its own message. Loaders do not always
+    // keep `code` on the error, so the message is checked too.
     const code = (err as NodeJS.ErrnoException).code
-    const why = code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND' ? 'module not found' : (err as Error).message
+    const message = String((err as Error).message)
+    const missing = code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND' || /^Cannot find (module|package) /.test(message)
+    const itself = url.startsWith('file:') ? fileURLToPath(url) : spec
+    const why = missing && message.includes(`'${itself}'`) ? 'module not found' : message
     throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${at}: cannot load plugin module "${spec}": ${why}`, { cause: err })
   }
   const mod = ns.default ?? ns.plugin

@@ -57,6 +57,12 @@ t.test('a missing module names the config path', async t => {
   await t.rejects(load(await configWith([{ module: 'no-such-npm-package-mcpp' }])), { code: 'MCPP_ERR_PLUGIN_LOAD', message: /module not found/ })
 })
 
+t.test('a plugin whose own import is missing is not reported as "module not found"', async t => {
+  const err = await load(await configWith([{ module: './plugins/broken-import.js' }])).then(() => undefined, (e: unknown) => e as Error & { code: string })
+  t.equal(err?.code, 'MCPP_ERR_PLUGIN_LOAD')
+  t.match(err?.message, /^mcp\.plugins\[0\]: cannot load plugin module "\.\/plugins\/broken-import\.js": Cannot find module .*helper-that-does-not-exist\.js/)
+})
+
 t.test('a module that is not a plugin is refused', async t => {
   await t.rejects(load(await configWith([{ module: './plugins/not-a-plugin.js' }])), { code: 'MCPP_ERR_PLUGIN_LOAD', message: /does not export a plugin module/ })
 })
