@@ -5,6 +5,7 @@
  * because /mcp is another origin (CORS) and may not allow the admin page's.
  * The token is used for these requests only: never logged, stored or echoed.
  */
+import { readCapped } from './read-capped.ts'
 
 export interface TryInput {
   /** Bearer token to send; empty or absent sends none (shows the 401 path). */
@@ -47,20 +48,6 @@ function pick (text: string, contentType: string, id: number): unknown {
   try { return JSON.parse(text) } catch { return text.slice(0, 2000) }
 }
 
-async function readCapped (res: Response): Promise<string> {
-  if (res.body === null) return ''
-  const reader = res.body.getReader()
-  const chunks: Uint8Array[] = []
-  let size = 0
-  for (;;) {
-    const { done, value } = await reader.read()
-    if (done) break
-    size += value.byteLength
-    if (size > MAX_RESPONSE_BYTES) { await reader.cancel(); throw new Error(`answer larger than ${MAX_RESPONSE_BYTES} bytes`) }
-    chunks.push(value)
-  }
-  return Buffer.concat(chunks).toString('utf8')
-}
 
 export function validateTryInput (v: unknown): TryInput | string {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) return 'body must be a JSON object'
@@ -96,7 +83,7 @@ export async function runTry (mcpUrl: string, input: TryInput): Promise<{ steps:
       if (sid !== null && sessionId === undefined) sessionId = sid
       const challenge = res.headers.get('www-authenticate')
       if (challenge !== null) out.challenge = challenge
-      const text = await readCapped(res)
+      const text = (await readCapped(res, MAX_RESPONSE_BYTES)).toString('utf8')
       if (!notification || !res.ok) {
         const msg = pick(text, res.headers.get('content-type') ?? '', id) as { result?: unknown; error?: unknown } | undefined
         if (res.ok && msg !== undefined && typeof msg === 'object' && 'result' in msg) out.result = msg.result

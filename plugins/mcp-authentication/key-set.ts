@@ -10,6 +10,7 @@
  */
 import { importJWK, type CryptoKey, type JWK, type JWSHeaderParameters } from 'jose'
 import type { KeySetSource } from './issuer.ts'
+import { readCapped } from '../../core/read-capped.ts'
 
 export interface KeySetOptions {
   readonly source: KeySetSource
@@ -58,30 +59,6 @@ function ktyFor (alg: string): string | undefined {
   return undefined
 }
 
-/** Reads a fetch body up to `max` bytes; throws beyond. */
-async function readCapped (res: Response, max: number): Promise<string> {
-  const declared = Number(res.headers.get('content-length'))
-  if (Number.isFinite(declared) && declared > max) {
-    await res.body?.cancel()
-    throw new Error(`response exceeds ${max} bytes`)
-  }
-  if (res.body === null) return ''
-  const reader = res.body.getReader()
-  const chunks: Uint8Array[] = []
-  let size = 0
-  for (;;) {
-    const { done, value } = await reader.read()
-    if (done) break
-    size += value.byteLength
-    if (size > max) {
-      await reader.cancel()
-      throw new Error(`response exceeds ${max} bytes`)
-    }
-    chunks.push(value)
-  }
-  return Buffer.concat(chunks, size).toString('utf8')
-}
-
 /** GETs a JSON document with our limits: no redirects, timeout, size cap. */
 export async function fetchJsonLimited (url: string, timeoutMs: number, maxBytes: number): Promise<unknown> {
   const res = await fetch(url, {
@@ -97,7 +74,7 @@ export async function fetchJsonLimited (url: string, timeoutMs: number, maxBytes
     await res.body?.cancel()
     throw new Error(`HTTP ${res.status}`)
   }
-  const text = await readCapped(res, maxBytes)
+  const text = (await readCapped(res, maxBytes)).toString('utf8')
   try {
     return JSON.parse(text)
   } catch {

@@ -11,6 +11,7 @@
  */
 import type { Logger } from 'pino'
 import { ProxyError } from '../../core/errors.ts'
+import { readCapped, BodyTooLargeError } from '../../core/read-capped.ts'
 
 /** Discovery documents are a few KiB; anything near this is not one. */
 export const DISCOVERY_MAX_BYTES = 512 * 1024
@@ -47,27 +48,12 @@ export async function boundedFetch (url: string, opts: BoundedFetchOptions): Pro
     await res.body?.cancel()
     throw new Error(`${url} answered ${res.status} (redirects are not followed)`)
   }
-  const declared = Number(res.headers.get('content-length'))
-  if (Number.isFinite(declared) && declared > opts.maxBytes) {
-    await res.body?.cancel()
-    throw new Error(`${url} answered with ${declared} bytes (limit ${opts.maxBytes})`)
+  try {
+    return { status: res.status, headers: res.headers, body: await readCapped(res, opts.maxBytes) }
+  } catch (err) {
+    if (err instanceof BodyTooLargeError) throw new Error(`${url} answered with more than ${opts.maxBytes} bytes (the limit)`)
+    throw err
   }
-  const chunks: Buffer[] = []
-  let size = 0
-  if (res.body !== null) {
-    const reader = res.body.getReader()
-    for (;;) {
-      const { done, value } = await reader.read()
-      if (done) break
-      size += value.byteLength
-      if (size > opts.maxBytes) {
-        await reader.cancel()
-        throw new Error(`${url} answered with more than ${opts.maxBytes} bytes`)
-      }
-      chunks.push(Buffer.from(value))
-    }
-  }
-  return { status: res.status, headers: res.headers, body: Buffer.concat(chunks, size) }
 }
 
 /** Checks the fields the bridge relies on; returns a reason when the document is unusable. */
