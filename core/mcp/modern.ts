@@ -15,7 +15,7 @@ import type { JsonRpcId, JsonRpcMessage, UpstreamFactory } from '../targets/type
 import { RPC } from '../errors.ts'
 import { SseStream, SSE_HEADERS } from './sse.ts'
 import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
-import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities } from './naming.ts'
+import { splitName, markUri, unmarkUri, mergeCapabilities, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems } from './policy.ts'
 import { GATEWAY_INFO } from './session.ts'
 import { randomBytes } from 'node:crypto'
@@ -411,16 +411,6 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'server/discover', result, serverInfoOf(live[0])) })
   }
 
-  function rename (target: string, key: string, item: unknown): unknown {
-    const it = item as Record<string, unknown>
-    switch (key) {
-      case 'tools': case 'prompts': it.name = prefixName(target, it.name as string); break
-      case 'resources': it.uri = markUri(target, it.uri as string); break
-      default: it.uriTemplate = markUri(target, it.uriTemplate as string)
-    }
-    return it
-  }
-
   async function list (ex: Exchange, method: string, params: Record<string, unknown>): Promise<void> {
     const key = LIST_KEYS[method]!
     if (!multi) {
@@ -443,7 +433,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
           if (res.error !== undefined) return res.error
           const result = res.result as Record<string, unknown> | undefined
           const items = result?.[key]
-          if (Array.isArray(items)) for (const it of filterListItems(checkers, ex.ctx, method, items, f.target)) out.push(rename(f.target, key, it))
+          if (Array.isArray(items)) for (const it of filterListItems(checkers, ex.ctx, method, items, f.target)) out.push(renameListItem(f.target, key, it))
           seen.add(cursor)
           cursor = result?.nextCursor
         } while (typeof cursor === 'string' && !seen.has(cursor) && !ex.aborted)

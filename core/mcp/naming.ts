@@ -56,3 +56,14 @@ function mergeInto (out: Caps, src: Caps): void {
     }
   }
 }
+
+/** Renames one item of a merged list result (`key` is the result field: tools, prompts, resources, resourceTemplates). */
+export function renameListItem (target: string, key: string, item: unknown): unknown {
+  const it = item as Record<string, unknown>
+  switch (key) {
+    case 'tools': case 'prompts': it.name = prefixName(target, it.name as string); break
+    case 'resources': it.uri = markUri(target, it.uri as string); break
+    default: it.uriTemplate = markUri(target, it.uriTemplate as string)
+  }
+  return it
+}

@@ -12,7 +12,7 @@ import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../ta
 import { ProxyError, RPC } from '../errors.ts'
 import { SseStream } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
-import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities } from './naming.ts'
+import { splitName, markUri, unmarkUri, mergeCapabilities, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
 
 export const GATEWAY_INFO = { name: 'mcp-proxy', version: '0.1.0' } as const
@@ -424,7 +424,7 @@ export class Session {
         if (r.error !== undefined) return r.error
         const result = r.result as Record<string, unknown> | undefined
         const items = result?.[key]
-        if (Array.isArray(items)) for (const it of this.#filterItems(inflight, method, items, link.target)) out.push(this.#rename(link.target, key, it))
+        if (Array.isArray(items)) for (const it of this.#filterItems(inflight, method, items, link.target)) out.push(renameListItem(link.target, key, it))
         seen.add(cursor)
         cursor = result?.nextCursor
         // A cursor seen before would loop forever: stop there.
@@ -445,16 +445,6 @@ export class Session {
       }
     }
     this.#reply(inflight, { jsonrpc: '2.0', result: { [key]: merged } })
-  }
-
-  #rename (target: string, key: string, item: unknown): unknown {
-    const it = item as Record<string, unknown>
-    switch (key) {
-      case 'tools': case 'prompts': it.name = prefixName(target, it.name as string); break
-      case 'resources': it.uri = markUri(target, it.uri as string); break
-      default: it.uriTemplate = markUri(target, it.uriTemplate as string)
-    }
-    return it
   }
 
   async #fanOutSetLevel (inflight: Inflight, msg: JsonRpcMessage): Promise<void> {
