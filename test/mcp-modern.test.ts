@@ -117,12 +117,24 @@ t.test('2.x client (2026-07-28) and 1.x client (2025-11-25) at the same time, tw
   const legacy = new Client1({ name: 'sdk1', version: '1.0.0' })
   t.teardown(async () => { await modern.close().catch(() => {}); await legacy.close().catch(() => {}) })
 
+  // Both clients' server-memory processes share one file and server-memory rewrites it whole on each
+  // change, so two concurrent writes could lose one (a property of that server, not of the gateway).
+  // Everything else runs concurrently; the write-then-read pairs take turns.
+  let memoryTurn: Promise<unknown> = Promise.resolve()
+  const inTurn = <T>(fn: () => Promise<T>): Promise<T> => {
+    const run = memoryTurn.then(fn)
+    memoryTurn = run.catch(() => {})
+    return run
+  }
+
   const runModern = async (): Promise<{ names: string[]; echo: string; graph: string }> => {
     await modern.connect(new Transport2(env.url, { requestInit: { headers: { authorization: `Bearer ${env.alice}` } }, fetch: recordingFetch }))
     const { tools } = await modern.listTools()
     const echo = await modern.callTool({ name: 'everything_echo', arguments: { message: 'hello modern' } })
-    await modern.callTool({ name: 'memory_create_entities', arguments: { entities: [{ name: 'modern-entity', entityType: 'test', observations: ['from sdk2'] }] } })
-    const graph = await modern.callTool({ name: 'memory_read_graph', arguments: {} })
+    const graph = await inTurn(async () => {
+      await modern.callTool({ name: 'memory_create_entities', arguments: { entities: [{ name: 'modern-entity', entityType: 'test', observations: ['from sdk2'] }] } })
+      return modern.callTool({ name: 'memory_read_graph', arguments: {} })
+    })
     return { names: tools.map(x => x.name), echo: textOf(echo), graph: textOf(graph) }
   }
   const runLegacy = async (): Promise<{ names: string[]; echo: string; graph: string; version: unknown }> => {
@@ -130,8 +142,10 @@ t.test('2.x client (2026-07-28) and 1.x client (2025-11-25) at the same time, tw
     await legacy.connect(transport)
     const { tools } = await legacy.listTools()
     const echo = await legacy.callTool({ name: 'everything_echo', arguments: { message: 'hello legacy' } })
-    await legacy.callTool({ name: 'memory_create_entities', arguments: { entities: [{ name: 'legacy-entity', entityType: 'test', observations: ['from sdk1'] }] } })
-    const graph = await legacy.callTool({ name: 'memory_read_graph', arguments: {} })
+    const graph = await inTurn(async () => {
+      await legacy.callTool({ name: 'memory_create_entities', arguments: { entities: [{ name: 'legacy-entity', entityType: 'test', observations: ['from sdk1'] }] } })
+      return legacy.callTool({ name: 'memory_read_graph', arguments: {} })
+    })
     return { names: tools.map(x => x.name), echo: textOf(echo), graph: textOf(graph), version: transport.protocolVersion }
   }
   const [m, l] = await Promise.all([runModern(), runLegacy()])
