@@ -19,13 +19,12 @@
 import t, { type Test } from 'tap'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises'
-import { createServer } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import type { TargetConfig } from '../core/config.ts'
 import { EVERYTHING, ROOT, everythingTarget } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
+import { freePort } from './helpers/cli.ts'
 
 const SUITE = '@modelcontextprotocol/conformance@0.1.16'
 const NODE = 'node@22'
@@ -86,14 +85,6 @@ function cleanEnv (extra: Record<string, string> = {}): NodeJS.ProcessEnv {
     env[k] = v
   }
   return { ...env, ...extra }
-}
-
-async function freePort (): Promise<number> {
-  const s = createServer()
-  await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
-  const port = (s.address() as AddressInfo).port
-  await new Promise<void>(resolve => s.close(() => resolve()))
-  return port
 }
 
 function stop (child: ChildProcess): Promise<void> {

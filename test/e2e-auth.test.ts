@@ -12,21 +12,10 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { startDevIdp, type DevIdp } from '../bin/dev-idp.ts'
 import { everythingTarget, faultyTarget, sseMessages, INIT_HEADERS } from './helpers/gateway-harness.ts'
 import { fullGateway, type FullGateway } from './helpers/full-gateway.ts'
+import { BASE, ossOptions } from './helpers/idp.ts'
 
-/** {base_url}: deliberately not the listen address (it comes from resourceMetadata.resource, never from Host). */
-const BASE = 'https://gateway.example.test'
+// {base_url} (BASE) is deliberately not the listen address: it comes from resourceMetadata.resource, never from Host.
 const PRM = `${BASE}/.well-known/oauth-protected-resource/mcp`
-
-function authConfig (idp: DevIdp): Record<string, unknown> {
-  return {
-    mode: 'strict',
-    issuer: idp.issuer,
-    audiences: [idp.clientId],
-    provider: { oss_idp: {} },
-    clientId: idp.clientId,
-    resourceMetadata: { resource: `${BASE}/mcp`, scopesSupported: ['openid', 'profile'] },
-  }
-}
 
 async function sdkClient (t: Test, url: string, token: string): Promise<{ client: Client; transport: StreamableHTTPClientTransport }> {
   const client = new Client({ name: 'e2e-auth', version: '1.0.0' })
@@ -56,7 +45,7 @@ t.before(async () => {
 t.teardown(() => idp.close())
 
 t.beforeEach(async t => {
-  gw = await fullGateway(t, { targets: [everythingTarget()], policies: { mcpAuthentication: authConfig(idp) } }, 'debug')
+  gw = await fullGateway(t, { targets: [everythingTarget()], policies: { mcpAuthentication: ossOptions(idp) } }, 'debug')
 })
 
 t.test('a valid token from the IdP: the SDK client connects, lists and calls echo on server-everything', async t => {
@@ -132,7 +121,7 @@ t.test('no token reaches the upstream: the stdio child environment never holds i
   // The secret-looking variable is in the gateway's own environment while the child starts.
   process.env.E2E_GATEWAY_SECRET = 'gateway-own-secret-value'
   t.teardown(() => { delete process.env.E2E_GATEWAY_SECRET })
-  const faulty = await fullGateway(t, { targets: [faultyTarget()], policies: { mcpAuthentication: authConfig(idp) } }, 'debug')
+  const faulty = await fullGateway(t, { targets: [faultyTarget()], policies: { mcpAuthentication: ossOptions(idp) } }, 'debug')
   const token = await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password')
   const { client } = await sdkClient(t, faulty.url, token)
   const env = JSON.parse(textOf(await client.callTool({ name: 'env', arguments: {} }))) as Record<string, string>

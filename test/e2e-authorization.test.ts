@@ -7,7 +7,6 @@
  * 403; per-operation rules filter tools/list and refuse calls with the error
  * of an unknown tool. (`roles` for cloud_idp: test/oauth-flow.test.ts.)
  */
-import { outcome } from './helpers/outcome.ts'
 import t, { type Test } from 'tap'
 import { rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -18,6 +17,7 @@ import { McpError } from '@modelcontextprotocol/sdk/types.js'
 import { startDevIdp, type DevIdp } from '../bin/dev-idp.ts'
 import { everythingTarget, memoryTarget, sseMessages, INIT_HEADERS } from './helpers/gateway-harness.ts'
 import { fullGateway, type FullGateway } from './helpers/full-gateway.ts'
+import { outcome } from './helpers/outcome.ts'
 
 const BASE = 'https://gateway.example.test'
 

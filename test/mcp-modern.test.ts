@@ -6,10 +6,7 @@
  * per-operation rule); the revision's header rules and errors with raw HTTP;
  * per-subject isolation of pooled upstream processes.
  */
-import { outcome } from './helpers/outcome.ts'
 import t, { type Test } from 'tap'
-import { createServer } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { rm } from 'node:fs/promises'
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
@@ -21,18 +18,12 @@ import { spawn } from 'node:child_process'
 import { EVERYTHING, everythingTarget, memoryTarget } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
 import { memoryLogger } from './helpers/logger.ts'
+import { freePort } from './helpers/cli.ts'
+import { outcome } from './helpers/outcome.ts'
 
 const MODERN = '2026-07-28'
 const V = 'io.modelcontextprotocol/protocolVersion'
 const CAPS = 'io.modelcontextprotocol/clientCapabilities'
-
-async function freePort (): Promise<number> {
-  const s = createServer()
-  await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
-  const port = (s.address() as AddressInfo).port
-  await new Promise<void>(resolve => s.close(() => resolve()))
-  return port
-}
 
 interface Env { gw: RunningGateway; url: URL; idp: DevIdp; alice: string; bob: string; admin: string; logText: () => string }
 

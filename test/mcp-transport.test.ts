@@ -4,7 +4,6 @@
  * HTTP for the transport rules, session caps, idle expiry, upstream faults
  * (test/fixtures/faulty-server.mjs), multiplexing and per-operation filtering.
  */
-import { outcome } from './helpers/outcome.ts'
 import t from 'tap'
 import { rm } from 'node:fs/promises'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
@@ -14,6 +13,7 @@ import type { Plugin } from '../core/plugin.ts'
 import {
   startGateway, everythingTarget, memoryTarget, faultyTarget, processGone, until, sseMessages, rawInitialize, INIT_HEADERS,
 } from './helpers/gateway-harness.ts'
+import { outcome } from './helpers/outcome.ts'
 
 type Msg = Record<string, any> // eslint-disable-line @typescript-eslint/no-explicit-any
 

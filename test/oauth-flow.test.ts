@@ -9,8 +9,6 @@
  * the Entra emulator (confidential app, v2 and v1 tokens).
  */
 import t, { type Test } from 'tap'
-import { createServer } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
@@ -24,17 +22,10 @@ import { startGateway, type RunningGateway } from '../core/gateway.ts'
 import { startDevIdp } from '../bin/dev-idp.ts'
 import { startEntraEmulator, type EntraEmulator } from './helpers/entra-emulator.ts'
 import { memoryLogger } from './helpers/logger.ts'
+import { freePort } from './helpers/cli.ts'
 
 const EVERYTHING = fileURLToPath(new URL('../node_modules/@modelcontextprotocol/server-everything/dist/index.js', import.meta.url))
 const SECRET = 'entra-app-secret-value'
-
-async function freePort (): Promise<number> {
-  const s = createServer()
-  await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
-  const port = (s.address() as AddressInfo).port
-  await new Promise<void>(resolve => s.close(() => resolve()))
-  return port
-}
 
 async function gateway (t: Test, auth: (base: string) => Record<string, unknown>, rules?: string[]): Promise<{ gw: RunningGateway; url: URL; logText: () => string }> {
   // The resource (and so {base_url}) contains the port: pick one first.

@@ -6,7 +6,6 @@
 import t, { type Test } from 'tap'
 import type { Logger } from '../core/logger.ts'
 import { Writable } from 'node:stream'
-import { readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { dirname, join } from 'node:path'
 import { pino } from 'pino'
@@ -15,6 +14,7 @@ import { createUpstreamFactory } from '../core/targets/index.ts'
 import { ProxyError } from '../core/errors.ts'
 import { Metrics } from '../core/metrics.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'
+import { processGone } from './helpers/gateway-harness.ts'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = join(here, '..')
@@ -34,24 +34,6 @@ async function until (fn: () => boolean, tries = 200, stepMs = 25): Promise<bool
     await new Promise(resolve => setTimeout(resolve, stepMs))
   }
   return fn()
-}
-
-/**
- * True when `pid` no longer runs. A zombie counts as gone: it has exited and
- * only waits for its (re)parent to reap it, which PID 1 of a container may do late.
- */
-export function processGone (pid: number): boolean {
-  try {
-    process.kill(pid, 0)
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'ESRCH'
-  }
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    return stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z')
-  } catch {
-    return false
-  }
 }
 
 interface Harness {
