@@ -13,7 +13,11 @@ import { ProxyError } from './errors.ts'
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv
 
-export interface StdioTargetConfig { cmd: string; args: string[]; env: Record<string, string>; cwd?: string }
+export interface StdioTargetConfig {
+  cmd: string; args: string[]; env: Record<string, string>; cwd?: string
+  /** `subject`: the sessions of one token subject share processes (see the schema). */
+  share?: 'session' | 'subject'; processesPerSubject?: number
+}
 export interface HttpTargetConfig { url: string; headers: Record<string, string> }
 export interface TargetConfig { name: string; stdio?: StdioTargetConfig; mcp?: HttpTargetConfig }
 export interface McpAuthenticationConfig {

@@ -19,6 +19,7 @@ import { Session, type SessionEnv } from './session.ts'
 import { allowsBatch, eraOf, isSessionRevision, negotiateRevision } from './revision.ts'
 import { createModernHandler } from './modern.ts'
 import { UpstreamPool, type PooledSummary } from './modern-pool.ts'
+import { sharedFactory } from './shared-upstream.ts'
 
 export interface McpEndpointOptions {
   /** One factory per configured target, in config order. */
@@ -67,7 +68,7 @@ export interface GatewayMcpEndpoint extends McpEndpoint {
   /** Stops accepting new sessions (initialize gets 503); existing ones keep working. */
   drain(): void
   describeTargets(): TargetSummary[]
-  /** Pooled upstreams serving revision 2026-07-28, per (target, subject). */
+  /** Pooled upstreams (revision 2026-07-28, and `share: subject` targets), per (target, subject). */
   pooled(): PooledSummary[]
 }
 
@@ -151,9 +152,11 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     idleMs: opts.modern?.idleTimeoutMs ?? idleMs,
     requestTimeoutMs: env.requestTimeoutMs,
   })
-  const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Upstreams pooled for protocol revision 2026-07-28')
+  const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Pooled upstreams: revision 2026-07-28 requests and share: subject targets')
   pooledGauge.collect = () => [[undefined, pool.size]]
   const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed })
+  // share: subject targets: the sessions of one subject lease the same pooled children.
+  const sessionFactories = opts.targets.map(f => f.share === 'subject' ? sharedFactory(f, pool) : f)
 
   function subjectKeyOf (ctx: RequestContext): string {
     return ctx.auth?.subject ?? ANONYMOUS
@@ -219,7 +222,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     const params = (msg.params ?? {}) as Record<string, unknown>
     const id = randomBytes(24).toString('base64url')
     const session = new Session({
-      id, subject: ctx.auth?.subject, subjectKey, version: negotiateRevision(params.protocolVersion), factories: opts.targets, env,
+      id, subject: ctx.auth?.subject, subjectKey, version: negotiateRevision(params.protocolVersion), factories: sessionFactories, env,
     })
     // Registered before the upstream handshake so concurrent initializes count against the caps.
     sessions.set(id, session)

@@ -94,6 +94,8 @@ export class PooledUpstream {
   readonly onGone = new Set<() => void>()
   readonly #pending = new Map<number, Pending>()
   readonly #progress = new Map<string, Pending>()
+  /** Upstream URI -> holders subscribed to it. */
+  readonly #subscriptions = new Map<string, number>()
   readonly #log: Logger
   readonly #timeoutMs: number
   readonly #unregister: (entry: PooledUpstream) => void
@@ -181,6 +183,33 @@ export class PooledUpstream {
     }
   }
 
+  /**
+   * `resources/subscribe` counted per URI: the upstream is asked once, however
+   * many holders (listen streams, shared sessions) want the URI.
+   */
+  async subscribe (uri: string): Promise<JsonRpcMessage> {
+    const n = this.#subscriptions.get(uri) ?? 0
+    if (n > 0) {
+      this.#subscriptions.set(uri, n + 1)
+      return { jsonrpc: '2.0', result: {} }
+    }
+    const r = await this.call({ jsonrpc: '2.0', method: 'resources/subscribe', params: { uri } }).done
+    if (r.error === undefined) this.#subscriptions.set(uri, (this.#subscriptions.get(uri) ?? 0) + 1)
+    return r
+  }
+
+  /** Drops one holder of `uri`; the last one unsubscribes upstream (fire and forget). */
+  unsubscribe (uri: string): void {
+    const n = this.#subscriptions.get(uri) ?? 0
+    if (n > 1) {
+      this.#subscriptions.set(uri, n - 1)
+      return
+    }
+    if (n === 0) return
+    this.#subscriptions.delete(uri)
+    if (this.up && !this.closed) void this.call({ jsonrpc: '2.0', method: 'resources/unsubscribe', params: { uri } }).done
+  }
+
   /** Answers a server-to-client request of this upstream. */
   answer (id: JsonRpcId, result: unknown, error?: { code: number; message: string }): void {
     this.notify(error === undefined ? { jsonrpc: '2.0', id, result } : { jsonrpc: '2.0', id, error })
@@ -215,6 +244,10 @@ export class PooledUpstream {
       return
     }
     if (msg.id !== undefined && msg.id !== null) {
+      if (msg.method === 'ping') {
+        this.answer(msg.id, {})
+        return
+      }
       // Server-to-client request: stdio carries no related-request marker, so
       // it goes to the request in flight that can take one (MRTR bridge) only
       // when there is exactly one; otherwise it is refused rather than guessed.
@@ -298,9 +331,10 @@ export class UpstreamPool {
 
   /**
    * An initialized upstream of `factory` for `subjectKey`, leased: the caller
-   * must call `release()` when its request (or listen stream) is over.
+   * must call `release()` when its request (or listen stream, or shared
+   * session) is over. `perKeyMax` caps the upstreams of this key.
    */
-  async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined): Promise<PooledUpstream> {
+  async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined, perKeyMax = this.#opts.perKeyMax): Promise<PooledUpstream> {
     if (this.#closed) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
     const key = factory.target + '\u0000' + subjectKey
     const list = this.#byKey.get(key) ?? []
@@ -308,7 +342,7 @@ export class UpstreamPool {
     let entry: PooledUpstream | undefined
     // Least busy first; a new upstream only when every one is busy and the cap allows.
     for (const e of live) if (entry === undefined || e.leases < entry.leases) entry = e
-    if (entry === undefined || (entry.leases > 0 && live.length < this.#opts.perKeyMax)) {
+    if (entry === undefined || (entry.leases > 0 && live.length < perKeyMax)) {
       if (this.#size >= this.#opts.globalMax && !this.#evictIdle()) {
         if (entry === undefined) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: upstream process limit reached', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
       } else {

@@ -550,9 +550,11 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
         const entry = split === undefined ? undefined : held.find(e => e.target === split[0])
         if (entry === undefined || !capOf(entry, 'resources', 'subscribe')) continue
         if (!allowOperation(checkers, ex.ctx, 'resources/read', 'resource', split![1], entry.target)) continue
-        const r = await entry.call({ jsonrpc: '2.0', method: 'resources/subscribe', params: { uri: split![1] } }).done
-        if (r.error !== undefined) continue
         const set = subscribed.get(entry) ?? new Set<string>()
+        if (set.has(split![1])) { acked.push(uri); continue }
+        // Counted on the upstream: another holder of the same URI keeps its subscription when this stream ends.
+        const r = await entry.subscribe(split![1])
+        if (r.error !== undefined) continue
         set.add(split![1])
         subscribed.set(entry, set)
         acked.push(uri)
@@ -588,7 +590,8 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     const keepAlive = setInterval(() => stream.keepAlive(), KEEPALIVE_MS)
     keepAlive.unref()
     function unsubscribeAll (): void {
-      for (const [entry, uris] of subscribed) for (const uri of uris) void entry.call({ jsonrpc: '2.0', method: 'resources/unsubscribe', params: { uri } }).done
+      for (const [entry, uris] of subscribed) for (const uri of uris) entry.unsubscribe(uri)
+      subscribed.clear()
     }
     let ended = false
     const end = (graceful: boolean): void => {

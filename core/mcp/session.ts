@@ -119,7 +119,7 @@ export class Session {
     this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
     this.multi = opts.factories.length > 1
     this.links = opts.factories.map(f => {
-      const link: Link = { target: f.target, upstream: f.create(), seq: 0, up: false, pending: new Map(), active: new Set(), initResult: undefined }
+      const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), seq: 0, up: false, pending: new Map(), active: new Set(), initResult: undefined }
       link.upstream.onMessage = (msg) => this.#fromUpstream(link, msg)
       link.upstream.onClose = (err) => this.#upstreamClosed(link, err)
       this.#byTarget.set(f.target, link)

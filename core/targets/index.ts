@@ -27,6 +27,8 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
     return {
       target: name,
       kind: 'stdio',
+      share: config.share ?? 'session',
+      processesPerSubject: config.processesPerSubject ?? 1,
       create (): Upstream {
         return new StdioUpstream({ target: name, config, baseDir: opts.baseDir, maxLineBytes: opts.maxLineBytes, log: opts.log, metrics: opts.metrics })
       },
