@@ -12,6 +12,7 @@ import { randomBytes } from 'node:crypto'
 import { Agent as HttpAgent, type IncomingMessage, type ServerResponse, type OutgoingHttpHeaders, type IncomingHttpHeaders } from 'node:http'
 import { Agent as HttpsAgent } from 'node:https'
 import { Readable } from 'node:stream'
+import { parse as parseUrl } from 'node:url'
 import httpProxy from 'http-proxy'
 import type { Logger } from 'pino'
 import type { RequestContext } from '../context.ts'
@@ -99,9 +100,16 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
   const agentOptions = { keepAlive: true, maxSockets: 256, maxFreeSockets: 64 }
   const agent = url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions)
   const proxy = httpProxy.createProxyServer({
-    target: url,
+    // Parsed once, with the same legacy parser http-proxy applies to a string
+    // target (so the request options are identical): a string would be parsed
+    // again on every request.
+    target: parseUrl(url),
     agent,
     ignorePath: true,
+    // `toProxy` only makes http-proxy take req.url as is instead of running
+    // url.parse on it; with `ignorePath` that path is dropped anyway, so the
+    // upstream request line is still the target's path.
+    toProxy: true,
     changeOrigin: true,
     selfHandleResponse: true,
     proxyTimeout: opts.proxyTimeoutMs ?? 30000,
@@ -182,7 +190,10 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead
       const buffered = consumed ? await ctx.readBody() : undefined
       rewriteRequestHeaders(ctx.req.headers, upstreamId, staticHeaders)
-      proxy.web(ctx.req, ctx.res, buffered !== undefined ? { buffer: Readable.from([buffered]) } : {})
+      // No per-request options object unless the body must be replayed: with
+      // one, http-proxy copies its whole options object for every request.
+      if (buffered === undefined) proxy.web(ctx.req, ctx.res)
+      else proxy.web(ctx.req, ctx.res, { buffer: Readable.from([buffered]) })
       await done
     } finally {
       open.delete(ctx.req)
