@@ -15,7 +15,8 @@ export interface AuthSettings {
 }
 
 export interface GatewayTarget {
-  readonly stdio?: { readonly cmd: string; readonly args: readonly string[] }
+  /** `share: 'subject'`: the sessions of one token subject share one child (default: one child per session). */
+  readonly stdio?: { readonly cmd: string; readonly args: readonly string[]; readonly share?: string }
   readonly url?: string
 }
 
@@ -47,7 +48,7 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
           }
         : {}),
       targets: [target.stdio !== undefined
-        ? { name: 'everything', stdio: { cmd: target.stdio.cmd, args: [...target.stdio.args] } }
+        ? { name: 'everything', stdio: { cmd: target.stdio.cmd, args: [...target.stdio.args], ...(target.stdio.share !== undefined ? { share: target.stdio.share } : {}) } }
         : { name: 'upstream', mcp: { url: target.url } }],
       session: { maxSessions: 2000, maxSessionsPerSubject: 2000 },
     },

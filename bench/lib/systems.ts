@@ -54,6 +54,12 @@ export async function gatewaySystem (p: Paths, auth: AuthSettings, token: () => 
   return httpSystem(name, 'gateway', 'stdio child per session', gw.url, gw.service, { headers: () => ({ authorization: `Bearer ${token()}` }) })
 }
 
+/** The same gateway with `share: 'subject'` on the stdio target: every bench session has the same subject, so all share one child. */
+export async function gatewaySharedSystem (p: Paths, auth: AuthSettings, token: () => string): Promise<System> {
+  const gw = await startGatewayProcess(p.root, { stdio: { cmd: process.execPath, args: [p.everything, 'stdio'], share: 'subject' } }, auth)
+  return httpSystem('gateway (JWT, sessions, shared child)', 'gateway', 'one stdio child per subject (shared)', gw.url, gw.service, { headers: () => ({ authorization: `Bearer ${token()}` }) })
+}
+
 export async function supergatewaySystem (p: Paths): Promise<System> {
   const port = await freePort()
   const bin = join(p.root, 'node_modules/supergateway/dist/index.js')
