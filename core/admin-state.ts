@@ -11,7 +11,7 @@ import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from
 import type { Plugin } from './plugin.ts'
 import type { RouteTable } from './routes.ts'
 import type { AccessRecord } from './server.ts'
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from './targets/types.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory, UpstreamOwner } from './targets/types.ts'
 import type { AdminState, TryInput } from './admin.ts'
 import type { SessionSummary, TargetSummary } from './mcp/index.ts'
 import { liveChildCount } from './targets/index.ts'
@@ -167,11 +167,11 @@ export function trackUpstreams (factories: readonly UpstreamFactory[], metrics: 
   const meters: Meters = {
     duration: metrics.histogram('mcp_proxy_upstream_duration_seconds', 'Time from forwarding a request to an upstream to its answer, by target and MCP method'),
     requests: metrics.counter('mcp_proxy_upstream_requests_total', 'Requests forwarded to upstreams by target, MCP method and outcome (ok, error, closed)'),
-    starts: metrics.counter('mcp_proxy_upstream_starts_total', 'Upstreams started by target (each session starts its own)'),
+    starts: metrics.counter('mcp_proxy_upstream_starts_total', 'Upstreams started by target (each session starts its own, unless the target is shared)'),
     failures: metrics.counter('mcp_proxy_upstream_failures_total', 'Upstreams that failed to start or ended with an error, by target'),
   }
   const all: TargetStats[] = factories.map(f => ({ target: f.target, kind: f.kind, live: new Set(), byMethod: new Map(), started: 0, failures: 0, lastError: undefined, lastErrorAt: undefined }))
-  metrics.gauge('mcp_proxy_upstreams', 'Running upstreams (one per session and target) by target').collect = () => all.map(s => [{ target: s.target }, s.live.size])
+  metrics.gauge('mcp_proxy_upstreams', 'Running upstreams (one per session and target, or per shared child) by target').collect = () => all.map(s => [{ target: s.target }, s.live.size])
   metrics.gauge('mcp_proxy_child_processes', 'Live stdio child processes').collect = () => [[undefined, liveChildCount()]]
   return {
     factories: factories.map((f, i): UpstreamFactory => {
@@ -179,8 +179,10 @@ export function trackUpstreams (factories: readonly UpstreamFactory[], metrics: 
       return {
         target: f.target,
         kind: f.kind,
-        create (): Upstream {
-          return new TrackedUpstream(f.create(), stats, meters)
+        ...(f.share !== undefined ? { share: f.share } : {}),
+        ...(f.processesPerSubject !== undefined ? { processesPerSubject: f.processesPerSubject } : {}),
+        create (owner?: UpstreamOwner): Upstream {
+          return new TrackedUpstream(f.create(owner), stats, meters)
         },
       }
     }),
