@@ -139,6 +139,12 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     }
   }, Math.min(Math.max(Math.floor(idleMs / 4), 100), 30_000))
   sweeper.unref()
+  // Upstream request timeouts: one timer for all sessions rather than one per request.
+  const expirer = setInterval(function expireUpstreamCalls () {
+    const now = Date.now()
+    for (const s of sessions.values()) s.expireCalls(now)
+  }, Math.min(Math.max(Math.floor(env.requestTimeoutMs / 8), 100), 1000))
+  expirer.unref()
   const keepAlive = setInterval(function keepStreamsAlive () {
     for (const s of sessions.values()) s.keepAlive()
   }, KEEPALIVE_MS)
@@ -275,6 +281,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     async close (): Promise<void> {
       closed = true
       clearInterval(sweeper)
+      clearInterval(expirer)
       clearInterval(keepAlive)
       modernHandler.close()
       for (const s of [...sessions.values()]) void endSession(s, 'gateway closing')

@@ -37,6 +37,7 @@ export interface CallHooks {
    * such requests are refused.
    */
   onServerRequest?: (msg: JsonRpcMessage) => void
+  /** 0: no timer here (the caller times the request itself and cancels it). */
   timeoutMs?: number
 }
 
@@ -168,11 +169,13 @@ export class PooledUpstream {
       this.#settle(pending, rpcError(RPC.CONNECTION_CLOSED, `upstream ${this.target} closed`))
       return { done, cancel () {} }
     }
-    pending.timer = setTimeout(() => {
-      if (this.#pending.get(id) !== pending) return
-      this.#cancelUpstream(id, 'request timed out')
-      this.#settle(pending, rpcError(RPC.REQUEST_TIMEOUT, 'Request timed out'))
-    }, hooks.timeoutMs ?? this.#timeoutMs)
+    if (hooks.timeoutMs !== 0) {
+      pending.timer = setTimeout(() => {
+        if (this.#pending.get(id) !== pending) return
+        this.#cancelUpstream(id, 'request timed out')
+        this.#settle(pending, rpcError(RPC.REQUEST_TIMEOUT, 'Request timed out'))
+      }, hooks.timeoutMs ?? this.#timeoutMs)
+    }
     return {
       done,
       cancel: (reason: string) => {

@@ -35,7 +35,8 @@ interface UpstreamCall {
   readonly link: Link
   readonly id: number
   readonly done: (msg: JsonRpcMessage) => void
-  timer: NodeJS.Timeout | undefined
+  /** Epoch ms after which the call is cancelled (`Session.expireCalls`). */
+  readonly deadline: number
 }
 
 /** One target's upstream within this session. */
@@ -477,7 +478,7 @@ export class Session {
   #send (link: Link, msg: JsonRpcMessage, done: (r: JsonRpcMessage) => void, timeoutMs = this.#env.requestTimeoutMs): UpstreamCall | undefined {
     const id = ++link.seq
     msg.id = id
-    const call: UpstreamCall = { link, id, done, timer: undefined }
+    const call: UpstreamCall = { link, id, done, deadline: Date.now() + timeoutMs }
     link.pending.set(id, call)
     try {
       link.upstream.send(msg)
@@ -486,8 +487,18 @@ export class Session {
       done(rpcError(RPC.CONNECTION_CLOSED, `upstream ${link.target} closed`))
       return undefined
     }
-    call.timer = setTimeout(() => this.#timedOut(call), timeoutMs)
     return call
+  }
+
+  /**
+   * Cancels the upstream calls past their deadline. The endpoint calls this
+   * on one shared timer instead of a timer per request.
+   */
+  expireCalls (now: number): void {
+    for (const link of this.links) {
+      if (link.pending.size === 0) continue
+      for (const call of link.pending.values()) if (call.deadline <= now) this.#timedOut(call)
+    }
   }
 
   #timedOut (call: UpstreamCall): void {
@@ -508,7 +519,6 @@ export class Session {
     for (const call of inflight.calls) {
       if (call.link.pending.get(call.id) !== call) continue
       call.link.pending.delete(call.id)
-      clearTimeout(call.timer)
       this.#cancelUpstream(call.link, call.id, replyless ? 'cancelled by client' : 'client disconnected')
     }
     this.#finish(inflight)
@@ -561,7 +571,6 @@ export class Session {
         return
       }
       link.pending.delete(call.id)
-      clearTimeout(call.timer)
       call.done(msg)
       return
     }
@@ -620,7 +629,6 @@ export class Session {
     const calls = [...link.pending.values()]
     link.pending.clear()
     for (const call of calls) {
-      clearTimeout(call.timer)
       call.done(rpcError(RPC.CONNECTION_CLOSED, message))
     }
   }

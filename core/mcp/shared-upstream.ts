@@ -23,7 +23,7 @@
  */
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory, UpstreamOwner } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
-import type { PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
+import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
 
 const OK: Readonly<{ jsonrpc: '2.0'; result: Record<string, never> }> = { jsonrpc: '2.0', result: {} }
 /** Server-to-client request method -> the client capability it needs. */
@@ -57,6 +57,17 @@ export class SharedUpstream implements Upstream {
   get startedAt (): number | undefined { return this.#startedAt }
   get lastError (): string | undefined { return this.#entry?.upstream.lastError }
   get alive (): boolean { return !this.#closed && this.#entry?.up === true }
+
+  /**
+   * One set of hooks for every call of this lease. No timer on the child: the
+   * session times each request itself and cancels it (`notifications/cancelled`).
+   */
+  readonly #hooks: CallHooks = {
+    onProgress: (m) => this.#deliver(m),
+    onLog: (m) => this.#deliver(m),
+    onServerRequest: (req) => this.#serverRequest(req),
+    timeoutMs: 0,
+  }
 
   readonly #listener = (msg: JsonRpcMessage): void => {
     if (this.#closed) return
@@ -131,11 +142,7 @@ export class SharedUpstream implements Upstream {
         return
       }
     }
-    const call = entry.call(msg, {
-      onProgress: (m) => this.#deliver(m),
-      onLog: (m) => this.#deliver(m),
-      onServerRequest: (req) => this.#serverRequest(entry, req),
-    })
+    const call = entry.call(msg, this.#hooks)
     this.#calls.set(id, call)
     void call.done.then(r => {
       if (this.#calls.get(id) !== call) return
@@ -165,10 +172,10 @@ export class SharedUpstream implements Upstream {
     }
   }
 
-  #serverRequest (entry: PooledUpstream, req: JsonRpcMessage): void {
+  #serverRequest (req: JsonRpcMessage): void {
     const cap = NEEDS[req.method!]
     if (cap === undefined || this.#clientCaps[cap] === undefined || this.#closed) {
-      entry.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
+      this.#entry?.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
       return
     }
     this.#deliver(req)
