@@ -13,7 +13,7 @@ import type { RouteTable } from './routes.ts'
 import type { AccessRecord } from './server.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory, UpstreamOwner } from './targets/types.ts'
 import type { AdminState, TryInput } from './admin.ts'
-import type { SessionSummary, TargetSummary } from './mcp/index.ts'
+import type { PooledSummary, SessionSummary, TargetSummary } from './mcp/index.ts'
 import { liveChildCount } from './targets/index.ts'
 import { redactConfig, secretValues, createScrubber } from './redact.ts'
 import { runTry } from './admin-try.ts'
@@ -276,6 +276,8 @@ export interface AdminEndpointView {
   sessions(): readonly SessionSummary[]
   endSession(idOrPrefix: string): boolean
   describeTargets(): readonly TargetSummary[]
+  /** Pooled upstreams: `share: subject` children and revision 2026-07-28 upstreams. */
+  pooled?(): readonly PooledSummary[]
 }
 
 export interface AdminStateOptions {
@@ -369,11 +371,14 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
       const cfg = redacted as { mcp: { targets: Array<Record<string, unknown> & { name: string }> } }
       return cfg.mcp.targets.map(t => {
         const s = tracked.get(t.name)
-        const stdio = t.stdio as { cmd: string; args?: string[] } | undefined
+        const stdio = t.stdio as { cmd: string; args?: string[]; share?: string } | undefined
         const http = t.mcp as { url: string } | undefined
         return {
           name: t.name,
           kind: stdio !== undefined ? 'stdio' : 'http',
+          share: stdio?.share ?? null,
+          // Children shared by a subject's sessions (share: subject), and stateless-revision upstreams.
+          pooled: (endpoint.pooled?.() ?? []).filter(p => p.target === t.name).map(p => ({ pid: p.pid ?? null, subject: p.subject ?? null, leases: p.leases, inFlight: p.inFlight })),
           command: stdio !== undefined ? [stdio.cmd, ...(stdio.args ?? [])].join(' ') : http?.url,
           sessions: sessionsByTarget.get(t.name) ?? 0,
           pids: s?.live.flatMap(l => l.pid === undefined ? [] : [l.pid]) ?? [],

@@ -173,6 +173,8 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
     t.equal(targets.length, 1)
     t.match(targets[0], { name: 'everything', kind: 'stdio', sessions: 1, pids: s.pids, failures: 0, lastError: null })
     t.ok((targets[0]!.started as number) >= 1)
+    t.equal(targets[0]!.share, 'session', 'the default: one child per session')
+    t.same(targets[0]!.pooled, [], 'nothing pooled for a session-era client of a per-session target')
   })
 
   await t.test('recent requests carry the auth decision and the rule', async t => {

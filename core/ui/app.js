@@ -119,7 +119,7 @@ function renderOverview (o) {
 function renderTargets (targets) {
   const rows = targets.map(t => el('tr', { 'data-target': t.name },
     el('td', {}, el('strong', {}, t.name)),
-    el('td', {}, t.kind),
+    el('td', {}, t.share === 'subject' ? `${t.kind}, shared per subject (${t.pooled.length} pooled)` : t.kind),
     el('td', { class: 'mono' }, t.command || ''),
     el('td', { class: 'num' }, t.sessions),
     el('td', { class: 'mono' }, t.pids.join(', ')),
