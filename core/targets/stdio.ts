@@ -258,9 +258,22 @@ export class StdioUpstream implements Upstream {
     return new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
   }
 
+  #corked = false
+  readonly #uncork = (): void => {
+    this.#corked = false
+    this.#child?.stdin.uncork()
+  }
+
   send (message: JsonRpcMessage): void {
     const child = this.#child
     if (this.#state !== 'running' || child === undefined || !child.stdin.writable) throw this.#notRunning()
+    // Lines sent in one tick (concurrent requests of a shared child, a
+    // session's batch) go out in one write.
+    if (!this.#corked) {
+      this.#corked = true
+      child.stdin.cork()
+      process.nextTick(this.#uncork)
+    }
     child.stdin.write(JSON.stringify(message) + '\n')
     // A child that stops reading its stdin would make the gateway buffer
     // without bound; past a generous backlog the child is treated as stuck.
