@@ -17,7 +17,7 @@
  * BENCH_WARMUP_MS (default 500), BENCH_ONLY (comma list of a,b,c,d,e,f
  * letters; b and c run with a), BENCH_LEVELS (sessions for a-c, default
  * 1,16,64), BENCH_D_RATE (offered req/s of d's fixed-rate phase, default
- * 1000), BENCH_CPU_PROF=<dir> (profile the gateway; summarise with
+ * 500), BENCH_CPU_PROF=<dir> (profile the gateway; summarise with
  * bench/lib/cpuprofile.ts).
  */
 import { mkdir, writeFile, readFile } from 'node:fs/promises'
@@ -47,11 +47,18 @@ const WARMUP_MS = Number(process.env.BENCH_WARMUP_MS ?? 500)
 const MAX_REQUESTS = 100_000
 /** Alternating rounds at 1 and 16 sessions and in workload d; together they last as long as two full phases. */
 const ROUNDS = 4
-/** Workload d's open-loop phase: offered rate over all 16 connections, and its rounds (same alternation, 100 ms lead-in each). */
-const D_RATE = Number(process.env.BENCH_D_RATE ?? 1000)
+/**
+ * Workload d's open-loop phase: offered rate over all 16 connections, and its
+ * rounds (same alternation, 100 ms lead-in each). The rate must stay well
+ * under every system's capacity or the phase measures capacity again: on
+ * this shared 2-core box the gateway's closed-loop capacity in d swings from
+ * about 1k to 4k req/s with the other work, so 1000 req/s sometimes exceeds
+ * it; 500 does not.
+ */
+const D_RATE = Number(process.env.BENCH_D_RATE ?? 500)
 const D_RATE_ROUNDS = 4
 const D_RATE_WARMUP_MS = 100
-const D_RATE_MS = DURATION_MS * 2 / D_RATE_ROUNDS
+const D_RATE_MS = Math.round(DURATION_MS * 2 / 3)
 const LEVELS = (process.env.BENCH_LEVELS ?? '1,16,64').split(',').map(Number)
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'a,b,c,d,e,f').split(',').map(s => s.trim()))
 const T0 = performance.now()
@@ -182,6 +189,24 @@ async function measureRate (workers: readonly Worker[], pid: number | undefined)
 /** Latency a proxy adds over going direct, per phase ('saturation' / 'fixed rate'), keyed `<system> <phase> added p50|p99 ms`. */
 type AddedLatency = Record<string, number>
 
+interface AddedLine {
+  readonly system: string
+  readonly phase: 'saturation' | 'fixed rate'
+  readonly p50Ms: number
+  readonly p99Ms: number
+  /** Median over the rounds of the round's p99, minus the same for direct: one stall in one round cannot set it. */
+  readonly p99RoundMedianMs: number
+  /** Offered rate over the system's own closed-loop capacity in this run (1 at saturation). */
+  readonly load: number
+}
+
+interface HttpTargetResult { readonly added: AddedLatency; readonly lines: readonly AddedLine[] }
+
+function medianP99 (samples: readonly Sample[]): number {
+  const p = samples.map(x => summarize([x]).p99Ms).sort((a, b) => a - b)
+  return p.length === 0 ? NaN : p.length % 2 === 1 ? p[(p.length - 1) / 2]! : (p[p.length / 2 - 1]! + p[p.length / 2]!) / 2
+}
+
 const D_SATURATION = 'd http target, saturation (closed loop)'
 const dRateWorkload = (): string => `d http target @${D_RATE}/s`
 
@@ -192,7 +217,7 @@ const dRateWorkload = (): string => `d http target @${D_RATE}/s`
  * offered rate (open loop, coordinated omission corrected: the latency a
  * proxy adds at a load every system carries).
  */
-async function httpTarget (auth: AuthSettings, token: string): Promise<AddedLatency | undefined> {
+async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTargetResult> {
   const n = 16
   say(`d. HTTP target (SSE answers), ${n} connections: closed loops (saturation), then ${D_RATE} req/s offered`)
   const up = await sseUpstream(P)
@@ -233,29 +258,34 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<AddedLate
         st.rate.push(await measureRate(st.workers, s.pid))
       }
     }
-    const out: AddedLatency = {}
-    const phases: Array<{ phase: string; workload: string; sums: Map<string, Summary | RateSummary>; cpu: (name: string) => number | undefined }> = [
-      { phase: 'saturation', workload: D_SATURATION, sums: new Map(systems.map(s => [s.name, summarize(state.get(s.name)!.closed.map(m => m.sample))])), cpu: name => cpuSum(state.get(name)!.closed) },
-      { phase: 'fixed rate', workload: dRateWorkload(), sums: new Map(systems.map(s => [s.name, summarizeRate(state.get(s.name)!.rate.map(m => m.sample), D_RATE)])), cpu: name => cpuSum(state.get(name)!.rate) },
+    const added: AddedLatency = {}
+    const lines: AddedLine[] = []
+    const capacity = new Map(systems.map(s => [s.name, summarize(state.get(s.name)!.closed.map(m => m.sample))]))
+    const phases: Array<{ phase: AddedLine['phase']; workload: string; sums: Map<string, Summary | RateSummary>; samples: (name: string) => Sample[]; cpu: (name: string) => number | undefined }> = [
+      { phase: 'saturation', workload: D_SATURATION, sums: capacity, samples: name => state.get(name)!.closed.map(m => m.sample), cpu: name => cpuSum(state.get(name)!.closed) },
+      { phase: 'fixed rate', workload: dRateWorkload(), sums: new Map(systems.map(s => [s.name, summarizeRate(state.get(s.name)!.rate.map(m => m.sample), D_RATE)])), samples: name => state.get(name)!.rate.map(m => m.sample), cpu: name => cpuSum(state.get(name)!.rate) },
     ]
     for (const ph of phases) {
       const direct = ph.sums.get(systems[0]!.name)!
+      const directRoundP99 = medianP99(ph.samples(systems[0]!.name))
       for (const s of systems) {
         const sum = ph.sums.get(s.name)!
+        const load = ph.phase === 'saturation' ? 1 : D_RATE / capacity.get(s.name)!.reqPerSec
         const notes: string[] = []
         if (s !== systems[0]) {
-          out[`${s.name} ${ph.phase} added p50 ms`] = sum.p50Ms - direct.p50Ms
-          out[`${s.name} ${ph.phase} added p99 ms`] = sum.p99Ms - direct.p99Ms
+          added[`${s.name} ${ph.phase} added p50 ms`] = sum.p50Ms - direct.p50Ms
+          added[`${s.name} ${ph.phase} added p99 ms`] = sum.p99Ms - direct.p99Ms
+          lines.push({ system: s.name, phase: ph.phase, p50Ms: sum.p50Ms - direct.p50Ms, p99Ms: sum.p99Ms - direct.p99Ms, p99RoundMedianMs: medianP99(ph.samples(s.name)) - directRoundP99, load })
           notes.push(`added p50 ${(sum.p50Ms - direct.p50Ms).toFixed(3)} ms, p99 ${(sum.p99Ms - direct.p99Ms).toFixed(3)} ms`)
         }
         if ('offeredPerSec' in sum) {
-          notes.push(`offered ${sum.offeredPerSec}/s, achieved ${sum.reqPerSec.toFixed(0)}/s${sum.sustained ? '' : ' (NOT sustained)'}; ${sum.lateSlots} of ${sum.scheduled} slots found the connection busy` +
+          notes.push(`offered ${sum.offeredPerSec}/s (${(load * 100).toFixed(0)}% of its closed-loop capacity), achieved ${sum.reqPerSec.toFixed(0)}/s${sum.sustained ? '' : ' (NOT sustained)'}; ${sum.lateSlots} of ${sum.scheduled} slots found the connection busy` +
             (sum.unsent > 0 ? `, ${sum.unsent} never sent` : '') + `; generator timer lateness ${fmt(sum.meanTimerLateMs, 3)} ms mean (not charged)`)
         }
         rowOf(ph.workload, s, n, sum, await rssOrUndefined(s.pid), notes.join('; ') || undefined, ph.cpu(s.name))
       }
     }
-    return out
+    return { added, lines }
   } finally {
     for (const st of state.values()) { await closeWorkers(st.workers); st.agent.destroy() }
     await Promise.allSettled([up.service.stop(), gwAuth.service.stop(), gwOpen.service.stop(), ngx?.service.stop()])
@@ -380,16 +410,17 @@ function table (): string {
 }
 
 /** d: latency added over direct, per system and phase. */
-function addedTable (d: AddedLatency): string {
-  const lines = ['| d: added over direct (16 conns) | phase | p50 ms | p99 ms |', '|---|---|---:|---:|']
-  const keys = Object.keys(d).filter(k => k.endsWith(' added p50 ms'))
-  for (const phase of ['fixed rate', 'saturation']) {
-    for (const k of keys.filter(k => k.endsWith(` ${phase} added p50 ms`))) {
-      const sys = k.slice(0, -` ${phase} added p50 ms`.length)
-      lines.push(`| ${sys} | ${phase === 'fixed rate' ? `${D_RATE} req/s offered` : 'saturation (closed loop)'} | ${fmt(d[k], 3)} | ${fmt(d[`${sys} ${phase} added p99 ms`], 3)} |`)
+function addedTable (d: HttpTargetResult): string {
+  const out = [
+    '| d: added over direct (16 conns) | phase | load (offered / own capacity) | p50 ms | p99 ms | p99 ms, median of rounds |',
+    '|---|---|---:|---:|---:|---:|',
+  ]
+  for (const phase of ['fixed rate', 'saturation'] as const) {
+    for (const l of d.lines.filter(x => x.phase === phase)) {
+      out.push(`| ${l.system} | ${phase === 'fixed rate' ? `${D_RATE} req/s offered` : 'saturation (closed loop)'} | ${(l.load * 100).toFixed(0)}% | ${fmt(l.p50Ms, 3)} | ${fmt(l.p99Ms, 3)} | ${fmt(l.p99RoundMedianMs, 3)} |`)
     }
   }
-  return lines.join('\n')
+  return out.join('\n')
 }
 
 async function machine (): Promise<Record<string, unknown>> {
@@ -474,18 +505,20 @@ async function main (): Promise<void> {
     if (ONLY.has('d')) {
       const d = await httpTarget(auth, token)
       results.httpTarget = d
-      if (d !== undefined) {
-        // The issue's HTTP-target targets are about added latency, so they are judged at a fixed rate every system
-        // carries; at saturation (closed loops) the difference is the gap in capacity, shown on its own line.
-        const jwt = (phase: string, p: string): number | undefined => d[`gateway (JWT) ${phase} added ${p} ms`]
-        const p50 = jwt('fixed rate', 'p50')
-        const p99 = jwt('fixed rate', 'p99')
-        const carried = rows.find(r => r.workload === dRateWorkload() && r.system === 'gateway (JWT)')?.sustained
-        const unless = carried === false ? ' (gateway did NOT sustain the offered rate)' : ''
-        targets.push({ target: `HTTP target added latency <= 0.5 ms p50 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`, measured: `${fmt(p50, 3)} ms`, met: p50 === undefined ? undefined : p50 <= 0.5 })
-        targets.push({ target: `HTTP target added latency <= 2 ms p99 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`, measured: `${fmt(p99, 3)} ms`, met: p99 === undefined ? undefined : p99 <= 2 })
-        targets.push({ target: '(informative) HTTP target at saturation (16 closed loops, JWT): added p50 / p99, mostly the capacity gap', measured: `${fmt(jwt('saturation', 'p50'), 3)} / ${fmt(jwt('saturation', 'p99'), 3)} ms`, met: undefined })
-      }
+      // The issue's HTTP-target targets are about added latency, so they are judged at a fixed rate every system
+      // carries; at saturation (closed loops) the difference is the gap in capacity, shown on its own line.
+      const jwt = (phase: string, p: string): number | undefined => d.added[`gateway (JWT) ${phase} added ${p} ms`]
+      const jwtLine = d.lines.find(l => l.system === 'gateway (JWT)' && l.phase === 'fixed rate')
+      const p50 = jwt('fixed rate', 'p50')
+      const p99 = jwt('fixed rate', 'p99')
+      const carried = rows.find(r => r.workload === dRateWorkload() && r.system === 'gateway (JWT)')?.sustained
+      const unless = carried === false
+        ? ' (gateway did NOT sustain the offered rate)'
+        : jwtLine !== undefined && jwtLine.load > 0.8 ? ` (the offered rate is ${(jwtLine.load * 100).toFixed(0)}% of the gateway's capacity in this run: queueing included)` : ''
+      targets.push({ target: `HTTP target added latency <= 0.5 ms p50 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`, measured: `${fmt(p50, 3)} ms`, met: p50 === undefined ? undefined : p50 <= 0.5 })
+      targets.push({ target: `HTTP target added latency <= 2 ms p99 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`, measured: `${fmt(p99, 3)} ms`, met: p99 === undefined ? undefined : p99 <= 2 })
+      targets.push({ target: `(informative) HTTP target at ${D_RATE} req/s (JWT): the gateway's load (offered / its closed-loop capacity) and the p99 added as the median of the rounds' p99s`, measured: jwtLine === undefined ? '-' : `${(jwtLine.load * 100).toFixed(0)}%, ${fmt(jwtLine.p99RoundMedianMs, 3)} ms`, met: undefined })
+      targets.push({ target: '(informative) HTTP target at saturation (16 closed loops, JWT): added p50 / p99, mostly the capacity gap', measured: `${fmt(jwt('saturation', 'p50'), 3)} / ${fmt(jwt('saturation', 'p99'), 3)} ms`, met: undefined })
     }
     if (ONLY.has('f')) {
       const m = await memory(auth, token)
@@ -510,7 +543,7 @@ async function main (): Promise<void> {
     '',
     table(),
     '',
-    ...(results.httpTarget !== undefined ? [addedTable(results.httpTarget as AddedLatency), ''] : []),
+    ...(results.httpTarget !== undefined ? [addedTable(results.httpTarget as HttpTargetResult), ''] : []),
     '| ratio (req/s unless CPU/req) | value |',
     '|---|---:|',
     ...Object.entries(ratios).map(([k, v]) => `| ${k} | ${fmt(v)} |`),
