@@ -45,8 +45,10 @@ const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 1500)
 const WARMUP_MS = Number(process.env.BENCH_WARMUP_MS ?? 500)
 /** Bound on recorded requests per phase, whatever the speed. */
 const MAX_REQUESTS = 100_000
-/** Alternating rounds at 1 and 16 sessions and in workload d; together they last as long as two full phases. */
+/** Alternating rounds at 1 and 16 sessions and in workload d; together they last as long as two full phases (one at 1 session). */
 const ROUNDS = 4
+/** Share of a phase per round: at 1 session (no target is judged there) half as long, to keep the run under five minutes. */
+const roundShare = (n: number): number => (n === 1 ? 1 : 2) / ROUNDS
 /**
  * Workload d's open-loop phase: offered rate over all 16 connections, and its
  * rounds (same alternation, 100 ms lead-in each). The rate must stay well
@@ -58,7 +60,7 @@ const ROUNDS = 4
 const D_RATE = Number(process.env.BENCH_D_RATE ?? 500)
 const D_RATE_ROUNDS = 4
 const D_RATE_WARMUP_MS = 100
-const D_RATE_MS = Math.round(DURATION_MS * 2 / 3)
+const D_RATE_MS = Math.round(DURATION_MS * 0.4)
 const LEVELS = (process.env.BENCH_LEVELS ?? '1,16,64').split(',').map(Number)
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'a,b,c,d,e,f').split(',').map(s => s.trim()))
 const T0 = performance.now()
@@ -144,7 +146,7 @@ async function throughputAlternating (systems: readonly System[], n: number): Pr
       const order = round % 2 === 0 ? systems : [...systems].reverse()
       for (const sys of order) {
         const o = open.get(sys)!
-        o.samples.push(await measure(o.workers, sys.pid, 2 / ROUNDS))
+        o.samples.push(await measure(o.workers, sys.pid, roundShare(n)))
       }
     }
     for (const sys of systems) {
@@ -538,7 +540,7 @@ async function main (): Promise<void> {
   const md = [
     `Date: ${new Date().toISOString()}  `,
     `Commit: ${String(mach.commit)}; machine: ${mach.nproc} CPUs (${String(mach.cpu)}), ${String(mach.memGB)} GB, Node ${String(mach.node)}; load average at start ${JSON.stringify(mach.loadavgAtStart)}, at end ${JSON.stringify(loadavg().map(v => Number(v.toFixed(2))))} (other work on this shared box skews absolute numbers; compare ratios)  `,
-    `Phases: closed loops, one request in flight per session. At 1 and 16 sessions and in d: ${ROUNDS} rounds in alternating order, each ${WARMUP_MS * 2 / ROUNDS} ms warm-up + ${DURATION_MS * 2 / ROUNDS} ms measured per system; at 64 sessions one phase of ${WARMUP_MS} + ${DURATION_MS} ms per system. ` +
+    `Phases: closed loops, one request in flight per session. At 16 sessions and in d: ${ROUNDS} rounds in alternating order, each ${WARMUP_MS * roundShare(16)} ms warm-up + ${DURATION_MS * roundShare(16)} ms measured per system (at 1 session ${WARMUP_MS * roundShare(1)} + ${DURATION_MS * roundShare(1)} ms); at 64 sessions one phase of ${WARMUP_MS} + ${DURATION_MS} ms per system. ` +
       `d also runs open loop at a fixed ${D_RATE} req/s over the same 16 connections (latency from the scheduled send when a request had to wait; req/s is the achieved rate): ${D_RATE_ROUNDS} alternating rounds of ${D_RATE_WARMUP_MS} ms lead-in + ${D_RATE_MS} ms measured per system. Its saturation rows measure capacity, its fixed-rate rows the latency a proxy adds.`,
     '',
     table(),
