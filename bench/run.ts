@@ -429,7 +429,7 @@ async function machine (): Promise<Record<string, unknown>> {
   const cpuinfo = await readFile('/proc/cpuinfo', 'utf8').catch(() => '')
   const model = /^model name\s*:\s*(.*)$/m.exec(cpuinfo)?.[1] ?? cpus()[0]?.model ?? 'unknown'
   const commit = await new Promise<string>(resolve => {
-    execFile('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT }, (err, out) => resolve(err === null ? out.trim() : 'unknown'))
+    execFile('git', ['describe', '--always', '--dirty'], { cwd: ROOT }, (err, out) => resolve(err === null ? out.trim() : 'unknown'))
   })
   return { nproc: cpus().length, cpu: model, node: process.version, memGB: Math.round(totalmem() / 2 ** 30), commit, loadavgAtStart: loadavg().map(v => Number(v.toFixed(2))) }
 }
