@@ -31,7 +31,7 @@ import { startDevIdp } from '../bin/dev-idp.ts'
 import { runClosedLoop, runFixedRate, summarize, summarizeRate, type Sample, type Summary, type RateSample, type RateSummary } from './lib/load.ts'
 import { makeAgent, McpHttpSession } from './lib/http-client.ts'
 import { rssOf, cpuMsOf, sleep, stopAll } from './lib/procs.ts'
-import { startGatewayProcess, type AuthSettings } from './lib/gateway.ts'
+import { buildGateway, startGatewayProcess, type AuthSettings } from './lib/gateway.ts'
 import { findNginx, startNginx } from './lib/nginx.ts'
 import { benchVerifier, type VerifyResult } from './lib/verifier-bench.ts'
 import {
@@ -437,6 +437,7 @@ async function machine (): Promise<Record<string, unknown>> {
 async function main (): Promise<void> {
   const mach = await machine()
   say(`mcp-proxy bench: ${JSON.stringify(mach)}; phases ${WARMUP_MS} ms warm-up + ${DURATION_MS} ms measured`)
+  await buildGateway(ROOT)
   const idp = await startDevIdp({ accessTokenTtlSeconds: 3600 })
   const token = await idp.mintToken({ sub: 'bench-user' })
   const auth: AuthSettings = { issuer: idp.issuer, clientId: idp.clientId }

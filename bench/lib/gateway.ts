@@ -1,5 +1,6 @@
 /**
- * Runs our gateway as its own process (bin/mcp-proxy.ts through tsx) from a
+ * Runs our gateway as its own process (the built `dist/bin/mcp-proxy.js`,
+ * what `npm i -g` users run; BENCH_GATEWAY_TSX=1 runs bin/mcp-proxy.ts through tsx) from a
  * generated config, so its RSS and CPU are its own and the load generator
  * does not share its event loop.
  */
@@ -23,6 +24,21 @@ export interface GatewayTarget {
 export interface RunningGatewayProcess {
   readonly url: string
   readonly service: Service
+}
+
+const USE_TSX = process.env.BENCH_GATEWAY_TSX === '1'
+
+/** Builds dist/ from the working tree (tsc, as `npm run build`) so the bench measures the code as it is now. */
+export async function buildGateway (root: string): Promise<void> {
+  if (USE_TSX) return
+  const { execFile } = await import('node:child_process')
+  const tsc = join(root, 'node_modules/typescript/bin/tsc')
+  await new Promise<void>((resolve, reject) => {
+    execFile(process.execPath, [tsc, '-p', join(root, 'tsconfig.build.json')], { cwd: root }, (err, stdout) => {
+      if (err !== null) reject(new Error(`building the gateway failed: ${stdout}`))
+      else resolve()
+    })
+  })
 }
 
 export async function startGatewayProcess (root: string, target: GatewayTarget, auth: AuthSettings | undefined, logLevel = 'warn'): Promise<RunningGatewayProcess> {
@@ -60,7 +76,7 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
   await writeFile(file, JSON.stringify(config, null, 2))
   // BENCH_CPU_PROF=<dir>: profile the gateway (node --cpu-prof), written when it exits on SIGTERM.
   const prof = process.env.BENCH_CPU_PROF !== undefined && process.env.BENCH_CPU_PROF !== '' ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : []
-  const service = await startService('gateway', process.execPath, [...prof, '--import', 'tsx', join(root, 'bin/mcp-proxy.ts'), '-f', file], { cwd: root, port, tempDir: dir })
+  const service = await startService('gateway', process.execPath, [...prof, ...(USE_TSX ? ['--import', 'tsx', join(root, 'bin/mcp-proxy.ts')] : [join(root, 'dist/bin/mcp-proxy.js')]), '-f', file], { cwd: root, port, tempDir: dir })
   const url = `http://127.0.0.1:${port}/mcp`
   // The port opens before the plugins are ready; /mcp answers 503 until then.
   for (let i = 0; i < 200; i++) {
