@@ -93,7 +93,6 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
   const idleMs = (opts.idleTimeoutSeconds ?? 3600) * 1000
   const sessions = new Map<string, Mapping>()
   const exchanges = new WeakMap<IncomingMessage, Exchange>()
-  const open = new Set<IncomingMessage>()
   const errors: Counter | undefined = opts.metrics?.counter('mcp_proxy_upstream_http_errors_total', 'Failed HTTP exchanges with remote MCP targets')
   // Without an agent http-proxy sends `Connection: close` and opens a new
   // upstream connection per request; that was most of its cost per request.
@@ -122,40 +121,84 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
   }, Math.min(idleMs, 60000))
   sweep.unref()
 
+  /** The client's response headers: the upstream's without hop-by-hop ones, the session id mapped. */
+  function responseHeaders (proxyRes: IncomingMessage, ex: Exchange, status: number): OutgoingHttpHeaders {
+    const src = proxyRes.headers
+    const out: OutgoingHttpHeaders = {}
+    for (const k of Object.keys(src)) {
+      const v = src[k]
+      if (v !== undefined && !HOP.has(k) && k !== 'mcp-session-id') out[k] = v
+    }
+    const upstreamSid = src['mcp-session-id']
+    if (ex.gatewayId !== undefined) {
+      if (status === 404 || ex.ctx.method === 'DELETE') sessions.delete(ex.gatewayId)
+      else out['mcp-session-id'] = ex.gatewayId
+    } else if (typeof upstreamSid === 'string' && upstreamSid !== '') {
+      const id = newSessionId()
+      const now = Date.now()
+      sessions.set(id, { upstream: upstreamSid, subject: ex.ctx.auth?.subject, createdAt: now, lastSeenAt: now })
+      ex.ctx.state.set('sessionId', id)
+      out['mcp-session-id'] = id
+    }
+    return out
+  }
+
+  /** Sends the upstream's body after the head; settles the exchange when the response is done. */
+  function forwardBody (proxyRes: IncomingMessage, res: ServerResponse, ex: Exchange): void {
+    if (res.destroyed) {
+      // The client is gone ('close' has been emitted already): drain the upstream answer.
+      proxyRes.resume()
+      ex.resolve()
+      return
+    }
+    if (proxyRes.complete) {
+      // The whole answer is here already (a short SSE answer comes in one
+      // read): written and ended in this tick, so head, body and the chunked
+      // terminator leave in one write instead of two. Nothing is held back:
+      // the data has been received; reading it to the end also hands the
+      // upstream connection back to the agent.
+      for (let chunk: Buffer | null = proxyRes.read(); chunk !== null; chunk = proxyRes.read()) res.write(chunk)
+      res.end()
+      ex.resolve()
+      return
+    }
+    // The head goes out with the first chunk. An SSE stream whose first
+    // event is not here yet still gets its head at once: flushed if nothing
+    // has been read after this turn.
+    proxyRes.pipe(res)
+    if (proxyRes.readableLength === 0) {
+      setImmediate(function flushIdleHead () {
+        if (!proxyRes.readableDidRead && !res.writableEnded && !res.destroyed) res.flushHeaders()
+      })
+    }
+    proxyRes.once('error', () => res.destroy())
+    // 'close' follows 'finish' on a finished response, and comes alone when the client goes away.
+    res.once('close', function responseClosed () {
+      if (!proxyRes.complete) proxyRes.destroy()
+      ex.resolve()
+    })
+  }
+
   proxy.on('proxyRes', function forwardResponse (proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse) {
     const ex = exchanges.get(req)
     if (ex === undefined) { proxyRes.resume(); return }
-    void (async () => {
+    let head: Promise<void>
+    try {
       const status = proxyRes.statusCode ?? 502
-      const out: OutgoingHttpHeaders = {}
-      for (const [k, v] of Object.entries(proxyRes.headers)) {
-        if (v !== undefined && !HOP.has(k) && k !== 'mcp-session-id') out[k] = v
+      head = ex.ctx.writeHead(status, responseHeaders(proxyRes, ex, status))
+    } catch (err) {
+      ex.reject(err)
+      return
+    }
+    // Always after a turn of the microtask queue: by then the parser has
+    // taken in whatever arrived with the head (often the whole answer).
+    head.then(function sendBody () {
+      try {
+        forwardBody(proxyRes, res, ex)
+      } catch (err) {
+        ex.reject(err)
       }
-      const upstreamSid = proxyRes.headers['mcp-session-id']
-      if (ex.gatewayId !== undefined) {
-        if (status === 404 || ex.ctx.method === 'DELETE') sessions.delete(ex.gatewayId)
-        else out['mcp-session-id'] = ex.gatewayId
-      } else if (typeof upstreamSid === 'string' && upstreamSid !== '') {
-        const id = newSessionId()
-        const now = Date.now()
-        sessions.set(id, { upstream: upstreamSid, subject: ex.ctx.auth?.subject, createdAt: now, lastSeenAt: now })
-        ex.ctx.state.set('sessionId', id)
-        out['mcp-session-id'] = id
-      }
-      await ex.ctx.writeHead(status, out)
-      // The head goes out with the first chunk (one write for a short
-      // answer). An SSE stream whose first event is not here yet still gets
-      // its head at once: flushed if nothing has been read after this turn.
-      proxyRes.pipe(res)
-      if (proxyRes.readableLength === 0 && !proxyRes.complete) {
-        setImmediate(function flushIdleHead () {
-          if (!proxyRes.readableDidRead && !res.writableEnded && !res.destroyed) res.flushHeaders()
-        })
-      }
-      proxyRes.once('error', () => res.destroy())
-      res.once('close', () => { if (!proxyRes.complete) proxyRes.destroy() })
-      await new Promise<void>(resolve => { res.once('close', resolve); res.once('finish', resolve) })
-    })().then(ex.resolve, ex.reject)
+    }, ex.reject)
   })
 
   proxy.on('error', function upstreamError (err: Error, req: IncomingMessage) {
@@ -183,7 +226,6 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
     const done = new Promise<void>((resolve, reject) => {
       exchanges.set(ctx.req, { ctx, gatewayId, upstreamId, resolve, reject })
     })
-    open.add(ctx.req)
     try {
       // core may already have read the body (a plugin parsed the MCP message):
       // then it is replayed from the cached Buffer; otherwise req is piped.
@@ -196,7 +238,6 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       else proxy.web(ctx.req, ctx.res, { buffer: Readable.from([buffered]) })
       await done
     } finally {
-      open.delete(ctx.req)
       exchanges.delete(ctx.req)
     }
   }
