@@ -10,7 +10,7 @@
  */
 import { readFileSync } from 'node:fs'
 import { packagePath } from '../../core/config.ts'
-import type { IncomingMessage } from 'node:http'
+import type { IncomingHttpHeaders, IncomingMessage } from 'node:http'
 import { definePlugin, type Plugin, type RouteDef } from '../../core/plugin.ts'
 import type { AuthInfo, Reply, RequestContext } from '../../core/context.ts'
 import type { McpAuthenticationConfig } from '../../core/config.ts'
@@ -62,18 +62,46 @@ export function readBearer (req: IncomingMessage, query: string, challenge: (ext
     value = raw[i + 1]!
   }
   if (value === undefined) return undefined
-  const m = /^([A-Za-z]+)(?:[ \t]+(.*))?$/.exec(value.trim())
-  if (m === null || m[1]!.toLowerCase() !== 'bearer') return undefined
-  return (m[2] ?? '').trim()
+  return bearerOf(value)
+}
+
+function isAsciiLetter (c: number): boolean {
+  return (c >= 65 && c <= 90) || (c >= 97 && c <= 122)
+}
+
+/**
+ * The credentials of a `Bearer` Authorization value, '' when it has none, or
+ * undefined for another scheme. Same result as matching
+ * `/^([A-Za-z]+)(?:[ \t]+(.*))?$/` on the trimmed value and trimming the
+ * credentials, without running a regex over a token of a few hundred bytes.
+ */
+function bearerOf (header: string): string | undefined {
+  const v = header.trim()
+  let i = 0
+  while (i < v.length && isAsciiLetter(v.charCodeAt(i))) i++
+  if (i !== 6 || v.slice(0, 6).toLowerCase() !== 'bearer') return undefined
+  if (i === v.length) return ''
+  const sep = v.charCodeAt(i)
+  if (sep !== 32 && sep !== 9) return undefined
+  // The regex's `.` stops at line terminators, so a value holding one did not match.
+  if (v.includes('\n') || v.includes('\r') || v.includes('\u2028') || v.includes('\u2029')) return undefined
+  return v.slice(i).trim()
 }
 
 /** Removes every Authorization header from the request so nothing downstream can forward it. */
 export function stripAuthorization (req: IncomingMessage): void {
-  delete req.headers.authorization
   const raw = req.rawHeaders
   for (let i = raw.length - 2; i >= 0; i -= 2) {
     if (isAuthorizationName(raw[i]!)) raw.splice(i, 2)
   }
+  const headers = req.headers
+  if (!Object.hasOwn(headers, 'authorization')) return
+  // A copy without it rather than `delete`: a deleted key turns the object
+  // into a slow dictionary, and every later read and copy of the request's
+  // headers (plugins, the HTTP passthrough, http-proxy) would pay for that.
+  const kept: IncomingHttpHeaders = {}
+  for (const k of Object.keys(headers)) if (k !== 'authorization') kept[k] = headers[k]
+  req.headers = kept
 }
 
 function subjectOf (claims: Record<string, unknown>): string {
@@ -147,9 +175,8 @@ export default definePlugin<McpAuthenticationOptions>({
 
     const stillValidKid = (kid: string | undefined): boolean => keySet.hasKid(kid)
 
-    async function authenticate (token: string, connection: object): Promise<AuthInfo> {
-      const hit = cache?.get(token, stillValidKid, connection)
-      if (hit !== undefined) return hit
+    /** A full verification (a token not in the cache), cached for the next requests. */
+    async function verifyToken (token: string, connection: object): Promise<AuthInfo> {
       verified++
       verifications.inc()
       const { payload, kid } = await verify(token)
@@ -180,10 +207,33 @@ export default definePlugin<McpAuthenticationOptions>({
       { methods: ['GET'], path: PRM_ROOT_PATH, kind: 'oauth', handler: protectedResourceMetadata },
     ]
 
+    /** The slow path of `onRequest`: verify the signature, then map failures to answers by mode. */
+    async function verifyRequest (ctx: RequestContext, token: string): Promise<undefined> {
+      try {
+        ctx.auth = await verifyToken(token, ctx.req.socket)
+        return undefined
+      } catch (err) {
+        if (mode === 'permissive') {
+          if (err instanceof AuthFailure) failures.inc({ reason: err.reason })
+          return undefined
+        }
+        if (err instanceof KeysUnavailableError) {
+          failures.inc({ reason: 'keys_unavailable' })
+          ctx.denial = 'keys unavailable'
+          // Not 401: a client would go back to its login, get a new token and fail again, in a loop.
+          throw new ProxyError('MCPP_ERR_KEYS_UNAVAILABLE', 503, 'signing keys of the identity provider are unavailable; retry later', {
+            oauthError: 'temporarily_unavailable', expose: true, headers: { 'retry-after': retryAfter }, cause: err,
+          })
+        }
+        if (err instanceof AuthFailure) throw unauthorized(ctx, err)
+        throw err
+      }
+    }
+
     const plugin: Plugin = {
       name: 'mcpAuthentication',
       routes,
-      async onRequest (ctx) {
+      onRequest (ctx) {
         if (ctx.path !== '/mcp' || ctx.method === 'OPTIONS') return undefined
         let token: string | undefined
         try {
@@ -199,25 +249,14 @@ export default definePlugin<McpAuthenticationOptions>({
             oauthError: 'unauthorized', headers: { 'www-authenticate': challenge('') },
           })
         }
-        try {
-          ctx.auth = await authenticate(token, ctx.req.socket)
+        // A token verified before (the connection's last one, or in the cache)
+        // is settled here without a promise; only a verification awaits.
+        const hit = cache?.get(token, stillValidKid, ctx.req.socket)
+        if (hit !== undefined) {
+          ctx.auth = hit
           return undefined
-        } catch (err) {
-          if (mode === 'permissive') {
-            if (err instanceof AuthFailure) failures.inc({ reason: err.reason })
-            return undefined
-          }
-          if (err instanceof KeysUnavailableError) {
-            failures.inc({ reason: 'keys_unavailable' })
-            ctx.denial = 'keys unavailable'
-            // Not 401: a client would go back to its login, get a new token and fail again, in a loop.
-            throw new ProxyError('MCPP_ERR_KEYS_UNAVAILABLE', 503, 'signing keys of the identity provider are unavailable; retry later', {
-              oauthError: 'temporarily_unavailable', expose: true, headers: { 'retry-after': retryAfter }, cause: err,
-            })
-          }
-          if (err instanceof AuthFailure) throw unauthorized(ctx, err)
-          throw err
         }
+        return verifyRequest(ctx, token)
       },
       ready () {
         return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}` }
