@@ -70,15 +70,20 @@ const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-e
 const DROP = new Set(['authorization', 'cookie', 'proxy-authorization', 'mcp-session-id', 'connection', 'keep-alive', 'proxy-connection', 'upgrade'])
 
 /**
- * Rewrites the client's request headers in place, once, before http-proxy
- * copies them: no `proxyReq` listener, so no removeHeader/setHeader pass (each
- * validates the name again) on the outgoing request. The pipeline has run by
- * then, so nothing downstream reads the dropped headers.
+ * The headers sent upstream: the client's without DROP, the upstream session
+ * id and the target's static headers, built once before http-proxy copies
+ * them (no `proxyReq` listener, so no removeHeader/setHeader pass that
+ * validates each name again). A new object rather than `delete` on the
+ * client's: a deleted key turns an object into a slow dictionary that
+ * http-proxy's copy and node's ClientRequest then walk. The pipeline has run
+ * by then, so nothing downstream reads the dropped headers.
  */
-function rewriteRequestHeaders (headers: IncomingHttpHeaders, upstreamId: string | undefined, staticHeaders: Readonly<Record<string, string>>): void {
-  for (const k in headers) if (DROP.has(k)) delete headers[k]
-  if (upstreamId !== undefined) headers['mcp-session-id'] = upstreamId
-  for (const k in staticHeaders) headers[k.toLowerCase()] = staticHeaders[k]
+function upstreamRequestHeaders (headers: IncomingHttpHeaders, upstreamId: string | undefined, staticHeaders: ReadonlyArray<readonly [string, string]>): IncomingHttpHeaders {
+  const out: IncomingHttpHeaders = {}
+  for (const k of Object.keys(headers)) if (!DROP.has(k)) out[k] = headers[k]
+  if (upstreamId !== undefined) out['mcp-session-id'] = upstreamId
+  for (const [k, v] of staticHeaders) out[k] = v
+  return out
 }
 
 /** A gateway session id: 32 random bytes, base64url (visible ASCII per MCP). */
@@ -89,6 +94,7 @@ export function newSessionId (): string {
 export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthroughOptions): HttpPassthrough {
   if (target.mcp === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `mcp.targets: target ${target.name} is not an HTTP target`)
   const { url, headers: staticHeaders = {} } = target.mcp
+  const staticEntries = Object.entries(staticHeaders).map(([k, v]) => [k.toLowerCase(), v] as const)
   const log = opts.log.child({ target: target.name })
   const idleMs = (opts.idleTimeoutSeconds ?? 3600) * 1000
   const sessions = new Map<string, Mapping>()
@@ -231,7 +237,7 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       // then it is replayed from the cached Buffer; otherwise req is piped.
       const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead
       const buffered = consumed ? await ctx.readBody() : undefined
-      rewriteRequestHeaders(ctx.req.headers, upstreamId, staticHeaders)
+      ctx.req.headers = upstreamRequestHeaders(ctx.req.headers, upstreamId, staticEntries)
       // No per-request options object unless the body must be replayed: with
       // one, http-proxy copies its whole options object for every request.
       if (buffered === undefined) proxy.web(ctx.req, ctx.res)
