@@ -161,14 +161,30 @@ class Context implements RequestContext {
     return this.#mcp
   }
 
-  async writeHead (status: number, headers: OutgoingHttpHeaders = {}): Promise<void> {
-    if (this.headersSent) throw new Error('writeHead called twice')
+  /**
+   * Without a promise-returning `onResponse` hook the head is written before
+   * this returns (a shared resolved promise): no async frame per response.
+   */
+  writeHead (status: number, headers: OutgoingHttpHeaders = {}): Promise<void> {
+    if (this.headersSent) return Promise.reject(new Error('writeHead called twice'))
     this.headersSent = true
     const rctx: ResponseContext = { request: this, statusCode: status, headers }
-    await this.#server.pipeline.runResponse(rctx, this.ran.count)
+    try {
+      const pending = this.#server.pipeline.runResponse(rctx, this.ran.count)
+      if (pending !== undefined) return pending.then(() => this.#commitHead(rctx))
+      this.#commitHead(rctx)
+      return RESOLVED
+    } catch (err) {
+      return Promise.reject(err)
+    }
+  }
+
+  #commitHead (rctx: ResponseContext): void {
     if (!this.res.destroyed) this.res.writeHead(rctx.statusCode, rctx.headers)
   }
 }
+
+const RESOLVED: Promise<void> = Promise.resolve()
 
 function readBounded (req: IncomingMessage, limit: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
@@ -262,9 +278,11 @@ export class GatewayServer {
   async handle (req: IncomingMessage, res: ServerResponse): Promise<void> {
     const ctx = new Context(this, req, res)
     this.#inFlight++
-    res.once('close', () => this.#finish(ctx))
+    // 'close' comes once per response: `on` spares the once-wrapper.
+    res.on('close', () => this.#finish(ctx))
     try {
-      const reply = await this.pipeline.runRequest(ctx, ctx.ran)
+      const pending = this.pipeline.runRequest(ctx, ctx.ran)
+      const reply = pending instanceof Promise ? await pending : pending
       if (reply !== undefined) {
         await sendReply(ctx, reply)
         return
