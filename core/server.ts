@@ -81,6 +81,14 @@ export function parseMcpBody (buf: Buffer): McpMessageInfo {
 /** Bound metric handles kept per route for (status, MCP method) pairs. */
 const MAX_METHOD_HANDLES = 256
 
+interface RouteMeters {
+  readonly duration: HistogramHandle
+  /** Request counters by status, then MCP method. */
+  readonly requests: Map<number, Map<string, CounterHandle>>
+  /** How many counters `requests` holds (at most MAX_METHOD_HANDLES). */
+  handles: number
+}
+
 function kindOf (path: string, routes: RouteTable): RequestContext['kind'] {
   if (path === '/mcp') return 'mcp'
   const r = routes.get(path)
@@ -236,8 +244,8 @@ export class GatewayServer {
   readonly #onAccess: ((rec: AccessRecord) => void) | undefined
   readonly #requests: Counter
   readonly #duration: Histogram
-  /** Metric handles per route, then per `status method`, bound on first use. */
-  readonly #routeMeters = new Map<string, { duration: HistogramHandle; requests: Map<string, CounterHandle> }>()
+  /** Metric handles per route, then per status and MCP method, bound on first use. */
+  readonly #routeMeters = new Map<string, RouteMeters>()
   #inFlight = 0
   #drained: (() => void) | undefined
 
@@ -320,32 +328,40 @@ export class GatewayServer {
     const mcpMethod = ctx.mcp?.method ?? ''
     let rm = this.#routeMeters.get(route)
     if (rm === undefined) {
-      rm = { duration: this.#duration.labels({ route }), requests: new Map() }
+      rm = { duration: this.#duration.labels({ route }), requests: new Map(), handles: 0 }
       this.#routeMeters.set(route, rm)
     }
-    const sm = `${status} ${mcpMethod}`
-    let requests = rm.requests.get(sm)
+    // By status, then method: no key string built per request.
+    let byMethod = rm.requests.get(status)
+    if (byMethod === undefined) {
+      byMethod = new Map()
+      rm.requests.set(status, byMethod)
+    }
+    let requests = byMethod.get(mcpMethod)
     if (requests === undefined) {
       requests = this.#requests.labels({ route, status, mcp_method: mcpMethod })
       // A client names the MCP method: keep a bounded number of handles.
-      if (rm.requests.size < MAX_METHOD_HANDLES) rm.requests.set(sm, requests)
+      if (rm.handles < MAX_METHOD_HANDLES) {
+        byMethod.set(mcpMethod, requests)
+        rm.handles++
+      }
     }
     requests.inc()
     rm.duration.observe(durationMs / 1000)
-    const sessionId = ctx.state.get('sessionId') as string | undefined
+    const sessionId = (ctx.state.get('sessionId') as string | undefined)?.slice(0, 8)
     if (this.log.isLevelEnabled('info')) {
       // No child logger just for this line: the request id goes in the object.
       const line = {
         reqId: ctx.hasLog ? undefined : ctx.id,
         method: ctx.method, path: ctx.path, status, durationMs: Math.round(durationMs * 1000) / 1000,
-        mcpMethod: ctx.mcp?.method, sessionId: sessionId?.slice(0, 8), subject: ctx.auth?.subject, denial: ctx.denial,
+        mcpMethod: ctx.mcp?.method, sessionId, subject: ctx.auth?.subject, denial: ctx.denial,
       }
       const log = ctx.hasLog ? ctx.log : this.log
       log.info(line, 'request')
     }
     this.#onAccess?.({
       id: ctx.id, method: ctx.method, path: ctx.path, status, durationMs, mcpMethod: ctx.mcp?.method,
-      sessionId: sessionId?.slice(0, 8), subject: ctx.auth?.subject, denial: ctx.denial, at: Date.now(),
+      sessionId, subject: ctx.auth?.subject, denial: ctx.denial, at: Date.now(),
     })
     if (this.#inFlight === 0) this.#drained?.()
   }
