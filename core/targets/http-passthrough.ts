@@ -103,7 +103,11 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
   // Without an agent http-proxy sends `Connection: close` and opens a new
   // upstream connection per request; that was most of its cost per request.
   const agentOptions = { keepAlive: true, maxSockets: 256, maxFreeSockets: 64 }
-  const agent = url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(agentOptions)
+  // `servername` is the TLS SNI name: meaningless for plain HTTP, where an
+  // empty one only spares node's Agent from working it out of the Host header
+  // for every request (net.connect ignores it). HTTPS keeps the derived name.
+  const plainAgentOptions = { ...agentOptions, servername: '' }
+  const agent = url.startsWith('https:') ? new HttpsAgent(agentOptions) : new HttpAgent(plainAgentOptions)
   const proxy = httpProxy.createProxyServer({
     // Parsed once, with the same legacy parser http-proxy applies to a string
     // target (so the request options are identical): a string would be parsed
@@ -214,7 +218,12 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
     ex?.reject(new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${target.name} is unreachable`, { rpcCode: RPC.INTERNAL_ERROR, expose: true, cause: err }))
   })
 
-  async function handle (ctx: RequestContext): Promise<void> {
+  /**
+   * The /mcp handler. Not an async function: the exchange's own promise is
+   * returned, settled by the response path, so a request costs no extra
+   * async frame and await.
+   */
+  function handle (ctx: RequestContext): Promise<void> {
     const presented = ctx.req.headers['mcp-session-id']
     let gatewayId: string | undefined
     let upstreamId: string | undefined
@@ -222,30 +231,43 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       const m = sessions.get(presented)
       // Another subject presenting an id is told the same as for an unknown id.
       if (m === undefined || m.subject !== ctx.auth?.subject) {
-        throw new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: -32001 } /* as the MCP SDK servers answer */)
+        return Promise.reject(new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: -32001 } /* as the MCP SDK servers answer */))
       }
       m.lastSeenAt = Date.now()
       gatewayId = presented
       upstreamId = m.upstream
       ctx.state.set('sessionId', presented)
     }
+    // core may already have read the body (a plugin parsed the MCP message):
+    // then it is replayed from the cached Buffer; otherwise req is piped.
+    const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead
+    if (consumed) return ctx.readBody().then(buffered => forward(ctx, gatewayId, upstreamId, buffered))
+    return forward(ctx, gatewayId, upstreamId, undefined)
+  }
+
+  /** Sends the request upstream; the promise settles when the exchange is over (and is then forgotten). */
+  function forward (ctx: RequestContext, gatewayId: string | undefined, upstreamId: string | undefined, buffered: Buffer | undefined): Promise<void> {
+    const req = ctx.req
     const done = new Promise<void>((resolve, reject) => {
-      exchanges.set(ctx.req, { ctx, gatewayId, upstreamId, resolve, reject })
+      exchanges.set(req, {
+        ctx,
+        gatewayId,
+        upstreamId,
+        resolve () { exchanges.delete(req); resolve() },
+        reject (err) { exchanges.delete(req); reject(err) },
+      })
     })
+    req.headers = upstreamRequestHeaders(req.headers, upstreamId, staticEntries)
     try {
-      // core may already have read the body (a plugin parsed the MCP message):
-      // then it is replayed from the cached Buffer; otherwise req is piped.
-      const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead
-      const buffered = consumed ? await ctx.readBody() : undefined
-      ctx.req.headers = upstreamRequestHeaders(ctx.req.headers, upstreamId, staticEntries)
       // No per-request options object unless the body must be replayed: with
       // one, http-proxy copies its whole options object for every request.
-      if (buffered === undefined) proxy.web(ctx.req, ctx.res)
-      else proxy.web(ctx.req, ctx.res, { buffer: Readable.from([buffered]) })
-      await done
-    } finally {
-      exchanges.delete(ctx.req)
+      if (buffered === undefined) proxy.web(req, ctx.res)
+      else proxy.web(req, ctx.res, { buffer: Readable.from([buffered]) })
+    } catch (err) {
+      exchanges.delete(req)
+      return Promise.reject(err)
     }
+    return done
   }
 
   return {
