@@ -370,3 +370,39 @@ t.test('passthrough: an unreachable upstream is a 502 JSON-RPC error', async t =
   t.equal(r.status, 502)
   t.match(await r.json(), { jsonrpc: '2.0', error: { code: -32603, message: /target remote is unreachable/ } })
 })
+
+t.test('passthrough: proxyTimeout bounds the wait for the head, not a silent SSE answer after it', async t => {
+  // An upstream that sends its SSE head at once and the answer only after a
+  // silence longer than the gateway's proxyTimeout; and a path that never answers.
+  const slow = createServer((req, res) => {
+    req.resume()
+    req.on('end', () => {
+      if (req.url === '/never') return
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' })
+      res.flushHeaders()
+      setTimeout(() => res.end(`event: message\ndata: ${JSON.stringify({ jsonrpc: '2.0', id: 1, result: { late: true } })}\n\n`), 900)
+    })
+  }) as HttpServer
+  await new Promise<void>(resolve => slow.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => { slow.closeAllConnections(); slow.close(() => resolve()) }))
+  const port = (slow.address() as AddressInfo).port
+  async function gatewayTo (path: string): Promise<string> {
+    const metrics = new Metrics()
+    const passthrough = createHttpPassthrough({ name: 'remote', mcp: { url: `http://127.0.0.1:${port}${path}`, headers: {} } }, { log, metrics, proxyTimeoutMs: 300 })
+    const gw = new GatewayServer({
+      pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: passthrough, log, metrics,
+      limits: { maxBodyBytes: 1 << 20, headersTimeoutMs: 10000, requestTimeoutMs: 0, keepAliveTimeoutMs: 5000 },
+    })
+    const { port: gwPort } = await gw.listen(0, '127.0.0.1')
+    t.teardown(async () => { await gw.close(0); await passthrough.close() })
+    return `http://127.0.0.1:${gwPort}/mcp`
+  }
+  const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list' })
+  const headers = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
+  const late = await fetch(await gatewayTo('/mcp'), { method: 'POST', headers, body })
+  t.equal(late.status, 200)
+  t.match(await late.text(), /"late":true/, 'the answer after a silence longer than proxyTimeout arrived whole')
+  const never = await fetch(await gatewayTo('/never'), { method: 'POST', headers, body })
+  t.equal(never.status, 502, 'no head within proxyTimeout: 502')
+  t.match(await never.json(), { error: { message: /target remote is unreachable/ } })
+})

@@ -192,6 +192,10 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
   proxy.on('proxyRes', function forwardResponse (proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse) {
     const ex = exchanges.get(req)
     if (ex === undefined) { proxyRes.resume(); return }
+    // proxyTimeout bounds the wait for the head only: an SSE answer may stay
+    // silent for longer (a slow tool) and must not be cut. The next request on
+    // this keep-alive socket sets it again.
+    proxyRes.socket?.setTimeout(0)
     let head: Promise<void>
     try {
       const status = proxyRes.statusCode ?? 502
