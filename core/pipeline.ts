@@ -10,6 +10,14 @@
 import type { Plugin } from './plugin.ts'
 import type { RequestContext, ResponseContext, Reply } from './context.ts'
 
+/**
+ * A hook's answer to await: any thenable (a third-party plugin may return a
+ * promise of another library), as an `await` on it would.
+ */
+function isThenable (r: unknown): r is PromiseLike<unknown> {
+  return r !== null && typeof r === 'object' && typeof (r as Partial<PromiseLike<unknown>>).then === 'function'
+}
+
 export class Pipeline {
   readonly plugins: readonly Plugin[]
   readonly #requestHooks: ReadonlyArray<Plugin>
@@ -32,8 +40,7 @@ export class Pipeline {
       if (hook === undefined) continue
       const r = hook.call(hooks[i], ctx)
       if (r === undefined) continue
-      // Any thenable is awaited, as the async runner before this one did by returning it.
-      if (typeof (r as Partial<PromiseLike<unknown>>).then === 'function') return this.#awaitRequest(ctx, ran, r as PromiseLike<void | Reply>, i + 1)
+      if (isThenable(r)) return this.#awaitRequest(ctx, ran, r as PromiseLike<void | Reply>, i + 1)
       return r as Reply
     }
     return undefined
@@ -49,7 +56,7 @@ export class Pipeline {
       const hook = hooks[i]!.onRequest
       if (hook === undefined) continue
       const r = hook.call(hooks[i], ctx)
-      const reply = r instanceof Promise ? await r : r
+      const reply = isThenable(r) ? await r : r
       if (reply !== undefined) return reply
     }
     return undefined
@@ -64,17 +71,17 @@ export class Pipeline {
       const hook = this.plugins[i]!.onResponse
       if (hook === undefined) continue
       const r = hook.call(this.plugins[i], rctx)
-      if (r instanceof Promise) return this.#awaitResponse(rctx, r, i - 1)
+      if (isThenable(r)) return this.#awaitResponse(rctx, r, i - 1)
     }
   }
 
-  async #awaitResponse (rctx: ResponseContext, pending: Promise<void>, next: number): Promise<void> {
+  async #awaitResponse (rctx: ResponseContext, pending: PromiseLike<void>, next: number): Promise<void> {
     await pending
     for (let i = next; i >= 0; i--) {
       const hook = this.plugins[i]!.onResponse
       if (hook === undefined) continue
       const r = hook.call(this.plugins[i], rctx)
-      if (r instanceof Promise) await r
+      if (isThenable(r)) await r
     }
   }
 }

@@ -190,3 +190,20 @@ t.test('one access-log line per request, without the token', async t => {
   t.type(rec.reqId, 'string')
   t.notMatch(logs(), /sekrit/)
 })
+
+t.test('a hook returning a non-native thenable is awaited like a promise, in onRequest and onResponse', async t => {
+  const calls: string[] = []
+  /** A thenable that settles later, as another promise library's would. */
+  function later<T> (value: T, what: string): PromiseLike<T> {
+    return { then (ok) { setTimeout(() => { calls.push(what); ok?.(value) }, 5); return undefined as never } }
+  }
+  const slow: Plugin = {
+    name: 'slow',
+    onRequest () { return later(undefined, 'req:slow settled') as PromiseLike<undefined> as never },
+    onResponse () { return later(undefined, 'res:slow settled') as never },
+  }
+  const { url } = await start(t, [recorder('a', calls), slow, recorder('c', calls)])
+  const res = await fetch(`${url}/mcp`, rpc({ jsonrpc: '2.0', id: 8, method: 'ping' }))
+  t.equal(res.status, 200)
+  t.same(calls, ['req:a', 'req:slow settled', 'req:c', 'res:c', 'res:slow settled', 'res:a'], 'each thenable settled before the next hook ran')
+})
