@@ -176,11 +176,9 @@ export function trackUpstreams (factories: readonly UpstreamFactory[], metrics: 
   return {
     factories: factories.map((f, i): UpstreamFactory => {
       const stats = all[i]!
+      // Everything of the factory (share, ...) but create(), which is wrapped.
       return {
-        target: f.target,
-        kind: f.kind,
-        ...(f.share !== undefined ? { share: f.share } : {}),
-        ...(f.processesPerSubject !== undefined ? { processesPerSubject: f.processesPerSubject } : {}),
+        ...f,
         create (owner?: UpstreamOwner): Upstream {
           return new TrackedUpstream(f.create(owner), stats, meters)
         },

@@ -210,10 +210,7 @@ export class SharedUpstream implements Upstream {
 /** The factory a session uses for a `share: subject` target: a lease per session. */
 export function sharedFactory (factory: UpstreamFactory, pool: UpstreamPool): UpstreamFactory {
   return {
-    target: factory.target,
-    kind: factory.kind,
-    share: 'subject',
-    processesPerSubject: factory.processesPerSubject,
+    ...factory,
     create (owner?: UpstreamOwner): Upstream {
       if (owner === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `target ${factory.target}: a shared upstream needs its owner`)
       return new SharedUpstream(pool, factory, owner)
