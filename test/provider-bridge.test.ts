@@ -13,7 +13,8 @@ import { ProxyError } from '../core/errors.ts'
 import { parseCloudIssuer, discoveryUrlFor, ossJwksUri } from '../plugins/provider-bridge/idp.ts'
 import { DiscoveryCache, DISCOVERY_MAX_BYTES } from '../plugins/provider-bridge/discovery.ts'
 import { buildAuthorizationServerMetadata, MCP_METADATA_PATHS } from '../plugins/provider-bridge/metadata.ts'
-import { shouldInjectSecret, withoutResource } from '../plugins/provider-bridge/cloud-proxy.ts'
+import { shouldInjectSecret } from '../plugins/provider-bridge/cloud-proxy.ts'
+import { parseOAuthParams, canonicalName } from '../plugins/provider-bridge/params.ts'
 import bridgeModule, { type ProviderBridgePlugin } from '../plugins/provider-bridge/index.ts'
 import { startEntraEmulator, type EntraEmulator } from './helpers/entra-emulator.ts'
 import { startBridgeServer, makeEnv, BASE_URL, type BridgeServer } from './helpers/bridge-server.ts'
@@ -140,11 +141,20 @@ t.test('secret injection rule (unit matrix)', async t => {
 })
 
 t.test('resource removal and repeated parameters', async t => {
-  const entries = [...new URLSearchParams('a=1&resource=x&reso%75rce=y&%72esource=z&Resource=k&b=2&resource=')]
-  t.same(withoutResource(entries), [['a', '1'], ['Resource', 'k'], ['b', '2']])
-  const err = (() => { try { withoutResource([['a', '1'], ['a', '2']]) } catch (e) { return e } })() as ProxyError
-  t.equal(err.oauthError, 'invalid_request')
-  t.equal(err.statusCode, 400)
+  const p = parseOAuthParams('a=1&resource=x&reso%75rce=y&%72esource=z&Resource=k&resource%5B%5D=l&b=2&resource=')
+  t.same(p.entries, [['a', '1'], ['b', '2']])
+  t.same([...p.byName], [['a', '1'], ['b', '2']])
+  t.same([...parseOAuthParams('Client_ID=c&scope%5B%5D=s').byName], [['client_id', 'c'], ['scope', 's']], 'values by canonical name')
+  t.same(parseOAuthParams('Client_ID=c').entries, [['Client_ID', 'c']], 'forwarded as spelled')
+  for (const [name, canonical] of [['RESOURCE', 'resource'], ['resource[]', 'resource'], ['resource[0]', 'resource'], ['%2572esource', 'resource'],
+    ['re\u017fource', 'resource'], ['\uff52esource', 'resource'], [' resource ', 'resource'], ['[]', '[]'], ['%zz', '%zz'], ['a%25', 'a%']]) {
+    t.equal(canonicalName(name!), canonical, name)
+  }
+  for (const raw of ['a=1&a=2', 'a=1&A=2', 'a=1&a[]=2', 'a=1&%61=2']) {
+    const err = (() => { try { parseOAuthParams(raw) } catch (e) { return e } })() as ProxyError
+    t.equal(err.oauthError, 'invalid_request', raw)
+    t.equal(err.statusCode, 400, raw)
+  }
 })
 
 t.test('discovery cache', async t => {
@@ -427,6 +437,64 @@ t.test('cloud_idp against the Entra emulator', async t => {
   }
 
   const lastTokenRequest = (): Map<string, string> => new Map(emu.requests.filter(r => r.path.endsWith('/oauth2/v2.0/token')).at(-1)!.params)
+
+  // Names a server may read as `resource`: ASP.NET (the cloud IdP) matches
+  // names case-insensitively, PHP and Rails read `name[]`/`name[0]` as the
+  // name, some stacks decode twice, trim, or fold Unicode compatibility forms.
+  const RESOURCE_SPELLINGS = [
+    'resource', 'Resource', 'RESOURCE', 'ReSoUrCe', 'resource[]', 'resource%5B%5D', 'resource[0]', 'RESOURCE%5Bx%5D',
+    '%52esource', 'reso%75rce', 're%C5%BFource', '%EF%BD%92esource', '%2572esource', '%252572esource', '+resource', 'resource+', '%20Resource%20',
+  ]
+  /** The test's own reading of a decoded name: would some server take it for `resource`? */
+  function readsAsResource (name: string): boolean {
+    let n = name
+    for (let i = 0; i < 4; i++) { try { n = decodeURIComponent(n) } catch { break } }
+    return /^resource(\[|$)/.test(n.normalize('NFKC').trim().toLowerCase())
+  }
+  const spelled = (value: string): string => RESOURCE_SPELLINGS.map((k, i) => `${k}=${encodeURIComponent(value + i)}`).join('&')
+
+  t.test('authorize and token: every spelling of resource is stripped before the IdP sees it', async t => {
+    const { verifier, challenge } = pkce()
+    const q = `response_type=code&${spelled('https://gw.example/mcp')}&client_id=${emu.clientId}&code_challenge=${challenge}` +
+      `&code_challenge_method=S256&redirect_uri=${encodeURIComponent(redirectUri)}&scope=${encodeURIComponent(emu.apiScopes[0]!)}`
+    const res = await fetch(authorizeUrl(q), { redirect: 'manual' })
+    t.equal(res.status, 302)
+    const loc = new URL(res.headers.get('location')!)
+    t.same([...loc.searchParams.keys()].filter(readsAsResource), [], 'nothing resource-like in the redirect')
+    t.same([...loc.searchParams.keys()], ['response_type', 'client_id', 'code_challenge', 'code_challenge_method', 'redirect_uri', 'scope'])
+    const back = await fetch(loc, { redirect: 'manual' })
+    const cb = new URL(back.headers.get('location')!)
+    t.equal(cb.searchParams.get('error'), null, 'the IdP did not answer invalid_target')
+    const code = cb.searchParams.get('code')!
+    t.ok(code)
+    const seenAuthorize = emu.requests.filter(r => r.path.endsWith('/oauth2/v2.0/authorize')).at(-1)!
+    t.same(seenAuthorize.params.map(([k]) => k).filter(readsAsResource), [], 'the IdP received no resource at authorize')
+
+    const body = `grant_type=authorization_code&${spelled(`${BASE_URL}/mcp`)}&code=${encodeURIComponent(code)}&code_verifier=${verifier}` +
+      `&redirect_uri=${encodeURIComponent(redirectUri)}&client_id=${emu.clientId}`
+    const tok = await token(body)
+    t.equal(tok.status, 200, 'the IdP issued tokens')
+    const seenToken = emu.requests.filter(r => r.path.endsWith('/oauth2/v2.0/token')).at(-1)!
+    t.same(seenToken.params.map(([k]) => k).filter(readsAsResource), [], 'the IdP received no resource at the token endpoint')
+    t.same(seenToken.params.map(([k]) => k), ['grant_type', 'code', 'code_verifier', 'redirect_uri', 'client_id', 'client_secret'])
+  })
+
+  t.test('a parameter repeated under another spelling is refused, not read two ways', async t => {
+    const { challenge } = pkce()
+    const base = `response_type=code&client_id=${emu.clientId}&code_challenge=${challenge}&code_challenge_method=S256&redirect_uri=${encodeURIComponent(redirectUri)}`
+    for (const extra of ['Client_Id=other', 'REDIRECT_URI=https%3A%2F%2Fevil.example%2Fcb', 'redirect_uri[]=https%3A%2F%2Fevil.example%2Fcb', 'scope=a&Scope=b']) {
+      const res = await fetch(authorizeUrl(`${base}&${extra}`), { redirect: 'manual' })
+      t.equal(res.status, 400, extra)
+      t.equal((await res.json() as { error: string }).error, 'invalid_request', extra)
+    }
+    const before = emu.requests.length
+    for (const extra of ['GRANT_TYPE=client_credentials', 'Client_Id=other', 'client_id[]=other', 'Client_Secret=x&client_secret=y']) {
+      const res = await token(`grant_type=authorization_code&code=a&client_id=${emu.clientId}&${extra}`)
+      t.equal(res.status, 400, extra)
+      t.equal((await res.json() as { error: string }).error, 'invalid_request', extra)
+    }
+    t.equal(emu.requests.length, before, 'none reached the IdP')
+  })
 
   t.test('token: code exchange with resource stripped and the secret added, then refresh', async t => {
     const { code, verifier } = await getCode()

@@ -2,15 +2,17 @@
  * The cloud_idp authorize and token endpoints the gateway advertises.
  *
  * The IdP rejects the RFC 8707 `resource` parameter that MCP clients send
- * (AADSTS9010010), so both endpoints strip it. The token endpoint can also
- * add the operator's client secret for a confidential app registration
- * (AADSTS7000218 otherwise), under narrow rules: see `shouldInjectSecret`.
+ * (AADSTS9010010), so both endpoints strip it, in every spelling (params.ts).
+ * The token endpoint can also add the operator's client secret for a
+ * confidential app registration (AADSTS7000218 otherwise), under narrow
+ * rules: see `shouldInjectSecret`.
  */
 import type { Logger } from 'pino'
 import type { RequestContext, Reply } from '../../core/context.ts'
 import { ProxyError } from '../../core/errors.ts'
 import type { DiscoveryCache } from './discovery.ts'
 import { boundedFetch } from './discovery.ts'
+import { badRequest, parseOAuthParams } from './params.ts'
 
 /** Scopes always allowed next to `scopesSupported` (OIDC and refresh tokens). */
 export const BASE_SCOPES = ['openid', 'profile', 'offline_access', 'email'] as const
@@ -20,8 +22,6 @@ export const FORWARDED_GRANTS = ['authorization_code', 'refresh_token'] as const
 export const TOKEN_RESPONSE_MAX_BYTES = 256 * 1024
 
 const PKCE_CHALLENGE_RE = /^[A-Za-z0-9._~-]{43,128}$/
-// CR, LF and the other C0 controls (and DEL) have no place in OAuth parameters.
-const CONTROL_RE = /[\u0000-\u001f\u007f]/
 
 export interface CloudProxyOptions {
   clientId: string
@@ -33,36 +33,6 @@ export interface CloudProxyOptions {
   fallbackToken: string
   timeoutMs: number
   log: Logger
-}
-
-function badRequest (message: string, oauthError = 'invalid_request'): ProxyError {
-  return new ProxyError('MCPP_ERR_OAUTH_REQUEST', 400, message, { oauthError })
-}
-
-/** Decoded parameters in order; rejects control characters in names and values. */
-function parseParams (raw: string): Array<[string, string]> {
-  const entries = [...new URLSearchParams(raw)]
-  for (const [k, v] of entries) {
-    if (CONTROL_RE.test(k) || CONTROL_RE.test(v)) throw badRequest('parameters must not contain control characters (CR, LF, ...)')
-  }
-  return entries
-}
-
-/**
- * Drops every `resource` (after percent-decoding, so `reso%75rce` too; any
- * number of them, RFC 8707 allows several) and rejects any other parameter
- * given twice (RFC 6749 §3.1 and §3.2: parameters MUST NOT repeat).
- */
-export function withoutResource (entries: ReadonlyArray<[string, string]>): Array<[string, string]> {
-  const seen = new Set<string>()
-  const out: Array<[string, string]> = []
-  for (const [k, v] of entries) {
-    if (k === 'resource') continue
-    if (seen.has(k)) throw badRequest(`parameter ${k} is repeated`)
-    seen.add(k)
-    out.push([k, v])
-  }
-  return out
 }
 
 /** Every scope of a space-delimited `scope` must be allowed. */
@@ -94,8 +64,7 @@ export function shouldInjectSecret (o: {
 
 export function createCloudProxy (opts: CloudProxyOptions) {
   async function authorizeHandler (ctx: RequestContext): Promise<Reply> {
-    const params = withoutResource(parseParams(ctx.query))
-    const map = new Map(params)
+    const { entries: params, byName: map } = parseOAuthParams(ctx.query)
     const challenge = map.get('code_challenge')
     if (challenge === undefined || map.get('code_challenge_method') !== 'S256') {
       throw badRequest('PKCE is required: code_challenge with code_challenge_method=S256')
@@ -118,8 +87,7 @@ export function createCloudProxy (opts: CloudProxyOptions) {
       throw badRequest('the token request must be application/x-www-form-urlencoded')
     }
     const body = (await ctx.readBody()).toString('utf8')
-    const params = withoutResource(parseParams(body))
-    const map = new Map(params)
+    const { entries: params, byName: map } = parseOAuthParams(body)
     const grantType = map.get('grant_type')
     if (grantType === undefined) throw badRequest('grant_type is required')
     if (!(FORWARDED_GRANTS as readonly string[]).includes(grantType)) {

@@ -10,7 +10,8 @@
  *   automatically and redirects to the redirect_uri with `code` and `state`;
  *   a `resource` parameter gets `error=invalid_target` (AADSTS9010010);
  * - token `/{tenant}/oauth2/v2.0/token`: `resource` -> 400 invalid_target
- *   (AADSTS9010010); a confidential app without client_secret -> 401
+ *   (AADSTS9010010; parameter names match case-insensitively, as in
+ *   ASP.NET's collections, so `Resource` counts too); a confidential app without client_secret -> 401
  *   invalid_client (AADSTS7000218); PKCE S256 verified; authorization_code,
  *   refresh_token and client_credentials grants;
  * - v2 tokens (iss `{origin}/{tenant}/v2.0`, aud = the client id GUID) or v1
@@ -115,6 +116,12 @@ function redirectAllowed (registered: readonly string[], value: string): boolean
     const ru = new URL(r)
     return isLoopback(ru) && isLoopback(v) && ru.hostname === v.hostname && ru.pathname === v.pathname && ru.search === v.search
   })
+}
+
+/** Parameter names are matched case-insensitively, as ASP.NET's collections do. */
+function hasResource (params: URLSearchParams): boolean {
+  for (const k of params.keys()) if (k.toLowerCase() === 'resource') return true
+  return false
 }
 
 function correlation (): string {
@@ -271,7 +278,7 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
       if (state !== null) back.searchParams.set('state', state)
       res.writeHead(302, { location: back.href }).end()
     }
-    if (q.has('resource')) {
+    if (hasResource(q)) {
       fail('invalid_target', 'AADSTS9010010: The resource parameter provided in the request doesn\'t match with the requested scopes.')
       return
     }
@@ -290,7 +297,7 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
   }
 
   async function token (req: IncomingMessage, res: ServerResponse, form: URLSearchParams): Promise<void> {
-    if (form.has('resource')) {
+    if (hasResource(form)) {
       oauthError(res, 400, 'invalid_target', 'AADSTS9010010: The resource parameter provided in the request doesn\'t match with the requested scopes.')
       return
     }
