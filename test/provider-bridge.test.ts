@@ -332,7 +332,7 @@ t.test('IdP down at start: create succeeds, metadata 503, not ready', async t =>
   t.match(s.logText(), /discovery document unavailable/)
   // The authorize proxy still works from the tenant's fallback endpoint.
   const { challenge } = pkce()
-  const res = await fetch(`${s.url}/oauth2/authorize?client_id=x&response_type=code&code_challenge=${challenge}&code_challenge_method=S256&resource=https%3A%2F%2Fgw%2Fmcp`, { redirect: 'manual' })
+  const res = await fetch(`${s.url}/oauth2/authorize?client_id=x&response_type=code&code_challenge=${challenge}&code_challenge_method=S256&redirect_uri=http%3A%2F%2F127.0.0.1%2Fcb&resource=https%3A%2F%2Fgw%2Fmcp`, { redirect: 'manual' })
   t.equal(res.status, 302)
   const loc = new URL(res.headers.get('location')!)
   t.equal(loc.origin + loc.pathname, `${dead}/tenant-a/oauth2/v2.0/authorize`)
@@ -419,6 +419,42 @@ t.test('cloud_idp against the Entra emulator', async t => {
       t.equal((await res.json() as { error: string }).error, error, name)
     }
     t.equal((await fetch(authorizeUrl(base), { method: 'POST', redirect: 'manual' })).status, 405)
+  })
+
+  t.test('authorize: redirect_uri must be https or loopback http without a fragment, else 400 and no redirect (RFC 8252 §7.3)', async t => {
+    const { challenge } = pkce()
+    const base = `response_type=code&client_id=${emu.clientId}&code_challenge=${challenge}&code_challenge_method=S256&state=st`
+    const refused = [
+      'javascript:alert(1)', 'JavaScript:alert(document.domain)//', 'data:text/html,<script>alert(1)</script>', 'vbscript:msgbox(1)',
+      '/callback', 'callback', '//evil.example/cb', 'https://app.example.com/cb#frag', 'https://app.example.com/cb#',
+      'http://app.example.com/cb', 'http://127.0.0.1.evil.example/cb', 'http://localhost.evil.example/cb', 'http://2130706433/cb',
+      'http://0x7f.0.0.1/cb', 'http://127.1/cb', 'https://user:pw@app.example.com/cb', 'http://evil.example@127.0.0.1/cb',
+      'https:\\\\evil.example\\cb', 'https:/evil.example/cb', 'https:evil.example', 'https://', 'ftp://app.example.com/cb',
+      'file:///etc/passwd', 'cursor://anysphere.cursor-retrieval/oauth/user-mcp/callback', 'https://app.example.com/c b',
+      '',
+    ]
+    for (const uri of refused) {
+      const res = await fetch(`${s.url}/oauth2/authorize?${base}&redirect_uri=${encodeURIComponent(uri)}`, { redirect: 'manual' })
+      t.equal(res.status, 400, uri)
+      t.equal(res.headers.get('location'), null, `${uri}: never a redirect (RFC 6749 §4.1.2.1)`)
+      const body = await res.json() as { error: string; error_description: string }
+      t.equal(body.error, 'invalid_request', uri)
+      t.match(body.error_description, /redirect_uri/, uri)
+    }
+    const missing = await fetch(`${s.url}/oauth2/authorize?${base}`, { redirect: 'manual' })
+    t.equal(missing.status, 400, 'no redirect_uri')
+    t.match((await missing.json() as { error_description: string }).error_description, /redirect_uri/)
+    t.match(s.logText(), /redirect_uri/, 'refusals are logged')
+
+    const allowed = [
+      'https://app.example.com/callback', 'https://app.example.com:8443/cb?x=1', 'HTTPS://App.Example.com/cb',
+      'http://127.0.0.1:33418/callback', 'http://127.0.0.1/callback', 'http://localhost:6274/oauth/callback', 'http://[::1]:3000/cb',
+    ]
+    for (const uri of allowed) {
+      const res = await fetch(`${s.url}/oauth2/authorize?${base}&redirect_uri=${encodeURIComponent(uri)}`, { redirect: 'manual' })
+      t.equal(res.status, 302, uri)
+      t.equal(new URL(res.headers.get('location')!).searchParams.get('redirect_uri'), uri, `${uri}: forwarded as given`)
+    }
   })
 
   /** Runs authorize through the gateway and returns a code for the verifier. */

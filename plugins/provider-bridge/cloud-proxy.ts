@@ -3,9 +3,11 @@
  *
  * The IdP rejects the RFC 8707 `resource` parameter that MCP clients send
  * (AADSTS9010010), so both endpoints strip it, in every spelling (params.ts).
- * The token endpoint can also add the operator's client secret for a
- * confidential app registration (AADSTS7000218 otherwise), under narrow
- * rules: see `shouldInjectSecret`.
+ * The authorize endpoint sends browsers on only with a redirect URI that can
+ * neither run script nor be read two ways: https, or http on loopback
+ * (RFC 8252 §7.3). The token endpoint can also add the operator's client
+ * secret for a confidential app registration (AADSTS7000218 otherwise), under
+ * narrow rules: see `shouldInjectSecret`.
  */
 import type { Logger } from 'pino'
 import type { RequestContext, Reply } from '../../core/context.ts'
@@ -22,6 +24,9 @@ export const FORWARDED_GRANTS = ['authorization_code', 'refresh_token'] as const
 export const TOKEN_RESPONSE_MAX_BYTES = 256 * 1024
 
 const PKCE_CHALLENGE_RE = /^[A-Za-z0-9._~-]{43,128}$/
+const SCHEME_AUTHORITY_RE = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/([^/?#]*)/
+// RFC 8252 §7.3 loopback redirects, any port; spelled as the browser will read them.
+const LOOPBACK_AUTHORITY_RE = /^(?:127\.0\.0\.1|\[::1\]|localhost)(?::\d{1,5})?$/i
 
 export interface CloudProxyOptions {
   clientId: string
@@ -33,6 +38,32 @@ export interface CloudProxyOptions {
   fallbackToken: string
   timeoutMs: number
   log: Logger
+}
+
+/**
+ * Why a redirect_uri may not be sent on to the IdP, or undefined. An error
+ * here is answered 400 and never redirected (RFC 6749 §4.1.2.1). The checks
+ * are textual as well as parsed so that the IdP and the browser cannot read
+ * the URI differently (`http://2130706433/`, `https:\\host`, `user@host`).
+ */
+export function authorizeRedirectProblem (uri: string | undefined): string | undefined {
+  if (uri === undefined || uri === '') return 'is required'
+  if (/[\s\\]/.test(uri)) return 'must not contain whitespace or backslashes'
+  if (uri.includes('#')) return 'must not contain a fragment (RFC 6749 §3.1.2)'
+  const m = SCHEME_AUTHORITY_RE.exec(uri)
+  if (m === null) return 'must be an absolute https URI, or http on a loopback address'
+  const scheme = m[1]!.toLowerCase()
+  const authority = m[2]!
+  if (authority.includes('@')) return 'must not contain user information'
+  if (scheme === 'http') {
+    if (!LOOPBACK_AUTHORITY_RE.test(authority)) return 'may use http only on a loopback address (127.0.0.1, [::1], localhost; RFC 8252 §7.3); use https'
+  } else if (scheme !== 'https') {
+    return `must use https, or http on a loopback address (not ${scheme})`
+  }
+  let u: URL
+  try { u = new URL(uri) } catch { return 'must be an absolute https URI, or http on a loopback address' }
+  if (u.hostname === '') return 'must name a host'
+  return undefined
 }
 
 /** Every scope of a space-delimited `scope` must be allowed. */
@@ -65,6 +96,11 @@ export function shouldInjectSecret (o: {
 export function createCloudProxy (opts: CloudProxyOptions) {
   async function authorizeHandler (ctx: RequestContext): Promise<Reply> {
     const { entries: params, byName: map } = parseOAuthParams(ctx.query)
+    const redirectProblem = authorizeRedirectProblem(map.get('redirect_uri'))
+    if (redirectProblem !== undefined) {
+      ctx.log.info({ reason: redirectProblem }, 'authorize request refused: redirect_uri')
+      throw badRequest(`redirect_uri ${redirectProblem}`)
+    }
     const challenge = map.get('code_challenge')
     if (challenge === undefined || map.get('code_challenge_method') !== 'S256') {
       throw badRequest('PKCE is required: code_challenge with code_challenge_method=S256')
