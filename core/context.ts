@@ -57,8 +57,12 @@ export interface RequestContext {
   denial?: string
   /** Scratch space for plugins, keyed by plugin name. */
   readonly state: Map<string, unknown>
-  /** Reads the whole body once (bounded by `limits.maxBodyBytes`); later calls share the result. */
-  readBody(): Promise<Buffer>
+  /**
+   * Reads the whole body once (bounded by `limits.maxBodyBytes`, or by the
+   * smaller `maxBytes` a route asks for: 413 beyond it); later calls share
+   * the result of the first.
+   */
+  readBody(maxBytes?: number): Promise<Buffer>
   /**
    * Reads and parses a POST /mcp body once; throws a ProxyError
    * (-32700 / -32600) for invalid JSON or JSON-RPC.

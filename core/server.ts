@@ -155,8 +155,9 @@ class Context implements RequestContext {
   /** Whether `log` has been used, so the access line can go through the same logger. */
   get hasLog (): boolean { return this.#log !== undefined }
 
-  readBody (): Promise<Buffer> {
-    this.#body ??= readBounded(this.req, this.#server.limits.maxBodyBytes)
+  readBody (maxBytes?: number): Promise<Buffer> {
+    const limit = this.#server.limits.maxBodyBytes
+    this.#body ??= readBounded(this.req, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit)
     return this.#body
   }
 

@@ -4,7 +4,7 @@
  * acceptance of the answer by the official SDK's schema.
  */
 import t, { type Test } from 'tap'
-import { createServer } from 'node:http'
+import { createServer, request } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { OAuthClientInformationFullSchema } from '@modelcontextprotocol/sdk/shared/auth.js'
 import { validateConfig } from '../core/config.ts'
@@ -27,9 +27,9 @@ async function idpStub (t: Test): Promise<string> {
   return `http://127.0.0.1:${(server.address() as AddressInfo).port}/app/`
 }
 
-async function ossServer (t: Test, maxBodyBytes?: number): Promise<BridgeServer> {
+async function ossServer (t: Test, maxBodyBytes?: number, registration?: Record<string, unknown>): Promise<BridgeServer> {
   const issuer = await idpStub(t)
-  const s = await startBridgeServer({ issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } }, { maxBodyBytes })
+  const s = await startBridgeServer({ issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } }, { maxBodyBytes, registration })
   t.teardown(() => s.close())
   return s
 }
@@ -151,4 +151,84 @@ t.test('configuration', async t => {
   try { await registrationModule.create({}, bypass) } catch (e) { err = e }
   t.ok(ProxyError.is(err))
   t.match((err as ProxyError).message, /clientId/)
+})
+
+interface RawAnswer { status: number; headers: Record<string, string | string[] | undefined>; body: string }
+
+/**
+ * POSTs from a chosen local address, the body streamed in `chunks` (chunked
+ * when `contentLength` is false). The server may answer and close before the
+ * body is sent: that answer is what counts.
+ */
+function rawRegister (s: BridgeServer, chunks: Buffer[], o: { localAddress?: string; contentLength?: boolean } = {}): Promise<RawAnswer> {
+  const url = new URL(s.url + PATH)
+  const size = chunks.reduce((n, c) => n + c.length, 0)
+  return new Promise((resolve, reject) => {
+    const req = request({
+      host: url.hostname, port: url.port, path: PATH, method: 'POST', localAddress: o.localAddress, agent: false,
+      headers: { 'content-type': 'application/json', ...(o.contentLength === false ? {} : { 'content-length': size }) },
+    }, res => {
+      const got: Buffer[] = []
+      res.on('data', (c: Buffer) => got.push(c))
+      res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(got).toString('utf8') }))
+      res.on('error', reject)
+    })
+    // Writes after the server answered and closed fail; the answer already arrived.
+    req.on('error', err => { if (!req.writableEnded || (err as NodeJS.ErrnoException).code !== 'EPIPE') reject(err) })
+    const write = (i: number): void => {
+      if (i === chunks.length) { req.end(); return }
+      if (req.destroyed) return
+      req.write(chunks[i], () => write(i + 1))
+    }
+    write(0)
+  })
+}
+
+const validBody = (extra: Record<string, unknown> = {}): Record<string, unknown> => ({ redirect_uris: ['http://127.0.0.1:1234/cb'], ...extra })
+
+t.test('registration limits: body cap (413) of its own, below the core limit', async t => {
+  const s = await ossServer(t, 4 * 1024 * 1024)
+  const mib = JSON.stringify(validBody({ padding: 'x'.repeat(1024 * 1024) }))
+  const big = await register(s, mib)
+  t.equal(big.status, 413, 'a 1 MiB registration is refused although the core allows 4 MiB')
+  const b = await big.json() as Record<string, unknown>
+  t.equal(b.error, 'invalid_request')
+  t.match(b.error_description, /65536 bytes/)
+
+  const chunked = await rawRegister(s, Array.from({ length: 64 }, () => Buffer.alloc(16 * 1024, 0x20)), { contentLength: false })
+  t.equal(chunked.status, 413, 'a chunked body is cut at the cap too')
+  t.equal(JSON.parse(chunked.body).error, 'invalid_request')
+
+  const near = await register(s, JSON.stringify(validBody({ padding: 'x'.repeat(60_000) })))
+  t.equal(near.status, 201, 'a body under the cap is fine')
+
+  const small = await ossServer(t, 4 * 1024 * 1024, { maxBodyBytes: 1024 })
+  t.equal((await register(small, JSON.stringify(validBody({ padding: 'x'.repeat(1100) })))).status, 413, 'maxBodyBytes is configurable')
+  t.equal((await register(small, JSON.stringify(validBody()))).status, 201)
+})
+
+t.test('registration limits: redirect_uris count and length (400 invalid_redirect_uri, RFC 7591 §3.2.2)', async t => {
+  const s = await ossServer(t, 1024 * 1024)
+  const long = 'https://app.example.com/' + 'a'.repeat(2048 - 24)
+  t.equal(long.length, 2048)
+  t.equal((await register(s, validBody({ redirect_uris: [long] }))).status, 201, 'default length 2048 is allowed')
+  const tooLong = await register(s, validBody({ redirect_uris: [long + 'a'] }))
+  t.equal(tooLong.status, 400)
+  t.same(Object.keys(await tooLong.json() as object).sort(), ['error', 'error_description'])
+  const tooMany = await register(s, validBody({ redirect_uris: Array.from({ length: 21 }, (_, i) => `https://a.example/cb${i}`) }))
+  t.equal(tooMany.status, 400)
+  t.equal((await tooMany.json() as Record<string, unknown>).error, 'invalid_redirect_uri')
+
+  const tight = await ossServer(t, 1024 * 1024, { maxRedirectUris: 2, maxRedirectUriLength: 40 })
+  t.equal((await register(tight, validBody({ redirect_uris: ['https://a.example/1', 'https://a.example/2'] }))).status, 201)
+  for (const [name, uris] of [
+    ['3 > maxRedirectUris 2', ['https://a.example/1', 'https://a.example/2', 'https://a.example/3']],
+    ['41 > maxRedirectUriLength 40', ['https://a.example/' + 'b'.repeat(41 - 18)]],
+  ] as Array<[string, string[]]>) {
+    const res = await register(tight, validBody({ redirect_uris: uris }))
+    t.equal(res.status, 400, name)
+    const body = await res.json() as Record<string, unknown>
+    t.equal(body.error, 'invalid_redirect_uri', name)
+    t.match(body.error_description, /at most (2|40)/, name)
+  }
 })

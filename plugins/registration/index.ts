@@ -2,8 +2,10 @@
  * registration: answers RFC 7591 Dynamic Client Registration with the
  * pre-registered `clientId` (SPEC "Client registration"). No client is created
  * at the identity provider; MCP clients stay public clients using PKCE
- * (`token_endpoint_auth_method: none`). Options come from
+ * (`token_endpoint_auth_method: none`). The client id and provider come from
  * `mcp.policies.mcpAuthentication`; without a provider there are no routes.
+ * The plugin's own options (schema.json) bound what one request may cost:
+ * body size, redirect URI count and length.
  */
 import { definePlugin, type Plugin, type PluginEnv } from '../../core/plugin.ts'
 import type { GatewayConfig, McpAuthenticationConfig } from '../../core/config.ts'
@@ -12,8 +14,36 @@ import { ProxyError } from '../../core/errors.ts'
 import schema from './schema.json' with { type: 'json' }
 
 export const REGISTRATION_PATH = '/.well-known/oauth-authorization-server/client-registration'
-export const MAX_REDIRECT_URIS = 20
-export const MAX_URI_LENGTH = 2048
+
+export interface RegistrationOptions {
+  readonly maxBodyBytes: number
+  readonly maxRedirectUris: number
+  readonly maxRedirectUriLength: number
+}
+
+/** Registration options as given: any key may be left out. */
+export type RegistrationOptionsInput = Partial<RegistrationOptions>
+
+type Props = Record<string, { default?: unknown }>
+const props = schema.properties as unknown as Props
+
+/** The defaults, read from schema.json so that they are written down once. */
+export const DEFAULT_OPTIONS: RegistrationOptions = Object.freeze({
+  maxBodyBytes: props.maxBodyBytes!.default as number,
+  maxRedirectUris: props.maxRedirectUris!.default as number,
+  maxRedirectUriLength: props.maxRedirectUriLength!.default as number,
+})
+export const MAX_REDIRECT_URIS = DEFAULT_OPTIONS.maxRedirectUris
+export const MAX_URI_LENGTH = DEFAULT_OPTIONS.maxRedirectUriLength
+
+/** Fills what the options leave out (when the loader has not applied the schema's defaults). */
+export function withDefaults (o: RegistrationOptionsInput = {}): RegistrationOptions {
+  return {
+    maxBodyBytes: o.maxBodyBytes ?? DEFAULT_OPTIONS.maxBodyBytes,
+    maxRedirectUris: o.maxRedirectUris ?? DEFAULT_OPTIONS.maxRedirectUris,
+    maxRedirectUriLength: o.maxRedirectUriLength ?? DEFAULT_OPTIONS.maxRedirectUriLength,
+  }
+}
 export const SUPPORTED_GRANTS = ['authorization_code', 'refresh_token'] as const
 
 // Schemes that must never be a redirect target (RFC 8252 §8.1 private-use schemes are fine).
@@ -33,9 +63,9 @@ function invalid (message: string, oauthError = 'invalid_client_metadata'): Prox
  * https, http on a loopback host (RFC 8252 §7.3), or a private-use scheme for
  * native apps (RFC 8252 §7.1). Returns the reason it is not, or undefined.
  */
-export function redirectUriProblem (uri: unknown): string | undefined {
+export function redirectUriProblem (uri: unknown, maxLength = MAX_URI_LENGTH): string | undefined {
   if (typeof uri !== 'string' || uri === '') return 'must be a non-empty string'
-  if (uri.length > MAX_URI_LENGTH) return `must be at most ${MAX_URI_LENGTH} characters`
+  if (uri.length > maxLength) return `must be at most ${maxLength} characters`
   if (BAD_CHARS_RE.test(uri)) return 'must not contain whitespace or control characters'
   if (uri.includes('#')) return 'must not contain a fragment'
   if (!SCHEME_RE.test(uri)) return 'must be an absolute URI'
@@ -61,16 +91,20 @@ function optionalString (v: unknown, field: string): string | undefined {
 }
 
 /** Validates a registration request body and builds the RFC 7591 §3.2.1 response. */
-export function buildRegistrationResponse (body: unknown, clientId: string, now = Date.now()): Record<string, unknown> {
+export function buildRegistrationResponse (
+  body: unknown, clientId: string, now = Date.now(),
+  limits: Pick<RegistrationOptions, 'maxRedirectUris' | 'maxRedirectUriLength'> = DEFAULT_OPTIONS,
+): Record<string, unknown> {
   if (body === null || typeof body !== 'object' || Array.isArray(body)) throw invalid('the request body must be a JSON object')
   const req = body as Record<string, unknown>
   const redirectUris = req.redirect_uris
   if (!Array.isArray(redirectUris) || redirectUris.length === 0) {
     throw invalid('redirect_uris must be a non-empty array', 'invalid_redirect_uri')
   }
-  if (redirectUris.length > MAX_REDIRECT_URIS) throw invalid(`at most ${MAX_REDIRECT_URIS} redirect_uris`, 'invalid_redirect_uri')
+  // RFC 7591 §3.2.2: a redirect URI the server will not take is invalid_redirect_uri.
+  if (redirectUris.length > limits.maxRedirectUris) throw invalid(`at most ${limits.maxRedirectUris} redirect_uris`, 'invalid_redirect_uri')
   redirectUris.forEach((u, i) => {
-    const problem = redirectUriProblem(u)
+    const problem = redirectUriProblem(u, limits.maxRedirectUriLength)
     if (problem !== undefined) throw invalid(`redirect_uris[${i}] ${problem}`, 'invalid_redirect_uri')
   })
   // RFC 7591 §3.2.1: the server may replace requested values with the ones it supports.
@@ -100,7 +134,7 @@ function authConfigOf (env: PluginEnv): McpAuthenticationConfig | undefined {
   return (env.config as unknown as Partial<GatewayConfig>).mcp?.policies?.mcpAuthentication
 }
 
-export function createRegistration (env: PluginEnv): Plugin {
+export function createRegistration (env: PluginEnv, options?: RegistrationOptionsInput): Plugin {
   const auth = authConfigOf(env)
   const hasProvider = auth?.provider?.oss_idp !== undefined || auth?.provider?.cloud_idp !== undefined
   if (auth === undefined || !hasProvider) return { name: 'registration', routes: [] }
@@ -109,6 +143,7 @@ export function createRegistration (env: PluginEnv): Plugin {
     throw new ProxyError('MCPP_ERR_CONFIG', 500, 'mcp.policies.mcpAuthentication.clientId: is required for client registration')
   }
   const clientId = auth.clientId
+  const opts = withDefaults(options)
 
   async function registerClient (ctx: RequestContext): Promise<Reply> {
     if (ctx.method === 'OPTIONS') {
@@ -122,10 +157,10 @@ export function createRegistration (env: PluginEnv): Plugin {
     }
     const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
     if (type !== 'application/json') throw invalid('the request must be application/json')
-    const raw = await ctx.readBody()
+    const raw = await ctx.readBody(opts.maxBodyBytes)
     let body: unknown
     try { body = JSON.parse(raw.toString('utf8')) } catch { throw invalid('the request body is not valid JSON') }
-    const out = buildRegistrationResponse(body, clientId)
+    const out = buildRegistrationResponse(body, clientId, Date.now(), opts)
     ctx.log.info({ clientName: out.client_name, redirectUris: (out.redirect_uris as string[]).length }, 'client registration answered with the configured client id')
     return {
       status: 201,
@@ -137,15 +172,15 @@ export function createRegistration (env: PluginEnv): Plugin {
   return {
     name: 'registration',
     routes: [{ methods: ['POST', 'OPTIONS'], path: REGISTRATION_PATH, handler: registerClient }],
-    describe () { return { path: REGISTRATION_PATH, clientId } },
+    describe () { return { path: REGISTRATION_PATH, clientId, limits: opts } },
   }
 }
 
-export default definePlugin<Record<string, never>>({
+export default definePlugin<RegistrationOptionsInput>({
   name: 'registration',
   engine: '^1',
   optionsSchema: schema as Record<string, unknown>,
-  create (_options, env) {
-    return createRegistration(env)
+  create (options, env) {
+    return createRegistration(env, options)
   },
 })

@@ -38,10 +38,17 @@ export async function makeEnv (auth: Record<string, unknown> | undefined, log: L
   return { env: { log, config: config as never, baseUrl: BASE_URL, configPath: 'mcp.policies.mcpAuthentication', metrics: new Metrics() }, config }
 }
 
-export async function startBridgeServer (auth: Record<string, unknown> | undefined, opts: { maxBodyBytes?: number } = {}): Promise<BridgeServer> {
+export interface BridgeServerOptions {
+  /** Core `limits.maxBodyBytes`. Default 16384. */
+  maxBodyBytes?: number
+  /** Options of the registration plugin (its own schema). */
+  registration?: Record<string, unknown>
+}
+
+export async function startBridgeServer (auth: Record<string, unknown> | undefined, opts: BridgeServerOptions = {}): Promise<BridgeServer> {
   const mem = memoryLogger('debug')
   const { env, config } = await makeEnv(auth, mem.log)
-  const plugins = [await bridgeModule.create({}, env), await registrationModule.create({}, env)]
+  const plugins = [await bridgeModule.create({}, env), await registrationModule.create(opts.registration ?? {}, env)]
   const server = new GatewayServer({
     pipeline: new Pipeline(plugins),
     routes: new RouteTable(plugins),
