@@ -22,6 +22,7 @@ export const ERROR_CODES = {
   MCPP_ERR_IDP_UNAVAILABLE: 'The identity provider\'s metadata could not be fetched',
   MCPP_ERR_INVALID_CLIENT_METADATA: 'Client registration request is invalid',
   MCPP_ERR_OAUTH_REQUEST: 'Proxied OAuth request is invalid',
+  MCPP_ERR_RATE_LIMITED: 'Too many requests from one client address',
   MCPP_ERR_NOT_ACCEPTABLE: 'Accept header does not allow the response types MCP needs',
   MCPP_ERR_UNSUPPORTED_MEDIA_TYPE: 'Content-Type is not application/json',
   MCPP_ERR_PARSE: 'Body is not valid JSON',

@@ -10,6 +10,7 @@ import { OAuthClientInformationFullSchema } from '@modelcontextprotocol/sdk/shar
 import { validateConfig } from '../core/config.ts'
 import { ProxyError } from '../core/errors.ts'
 import registrationModule, { buildRegistrationResponse, redirectUriProblem } from '../plugins/registration/index.ts'
+import { RateLimiter, addressKey } from '../plugins/registration/rate-limit.ts'
 import { startBridgeServer, makeEnv, type BridgeServer } from './helpers/bridge-server.ts'
 import { memoryLogger } from './helpers/logger.ts'
 
@@ -231,4 +232,76 @@ t.test('registration limits: redirect_uris count and length (400 invalid_redirec
     t.equal(body.error, 'invalid_redirect_uri', name)
     t.match(body.error_description, /at most (2|40)/, name)
   }
+})
+
+t.test('registration limits: a burst from one address gets 429 with Retry-After; other addresses are unaffected', async t => {
+  const s = await ossServer(t, 65536)
+  const answers = await Promise.all(Array.from({ length: 300 }, () => register(s, validBody())))
+  const created = answers.filter(r => r.status === 201).length
+  const limited = answers.filter(r => r.status === 429)
+  t.ok(created >= 20, `the default burst (20) is served (${created})`)
+  t.ok(created < 40, `most of 300 registrations in a burst are refused (${created} created)`)
+  t.equal(created + limited.length, 300, 'every other answer is 429')
+  for (const r of limited.slice(0, 5)) {
+    t.match(r.headers.get('retry-after'), /^[1-9]\d*$/)
+    const b = await r.json() as Record<string, unknown>
+    t.equal(b.error, 'temporarily_unavailable')
+    t.type(b.error_description, 'string')
+  }
+  await Promise.all(answers.map(r => r.bodyUsed ? undefined : r.body?.cancel()))
+  t.match(s.logText(), /client registration rate limit reached/)
+
+  const other = await rawRegister(s, [Buffer.from(JSON.stringify(validBody()))], { localAddress: '127.0.0.2' })
+  t.equal(other.status, 201, 'another client address still registers')
+  const pre = await fetch(s.url + PATH, { method: 'OPTIONS', headers: { origin: 'http://localhost:6274', 'access-control-request-method': 'POST' } })
+  t.equal(pre.status, 204, 'preflights are not limited')
+})
+
+t.test('registration limits: the configured rate, refilled evenly', async t => {
+  const s = await ossServer(t, 65536, { rateLimit: { requests: 3, windowSeconds: 3600 } })
+  const statuses: number[] = []
+  for (let i = 0; i < 6; i++) statuses.push((await register(s, validBody())).status)
+  t.same(statuses, [201, 201, 201, 429, 429, 429])
+  const r = await register(s, validBody())
+  const after = Number(r.headers.get('retry-after'))
+  t.ok(after >= 1 && after <= 1200, `Retry-After is the time to the next registration (${after} s of at most 1200)`)
+
+  const quick = await ossServer(t, 65536, { rateLimit: { requests: 1, windowSeconds: 1 } })
+  t.equal((await register(quick, validBody())).status, 201)
+  const limited = await register(quick, validBody())
+  t.equal(limited.status, 429)
+  t.equal(limited.headers.get('retry-after'), '1')
+  // A client waits at least Retry-After (timers may fire a hair early against the monotonic clock).
+  await new Promise(resolve => setTimeout(resolve, 1000 * Number(limited.headers.get('retry-after')) + 50))
+  t.equal((await register(quick, validBody())).status, 201, 'served again once Retry-After has passed')
+
+  const off = await ossServer(t, 65536, { rateLimit: { requests: 0 } })
+  const all = await Promise.all(Array.from({ length: 50 }, () => register(off, validBody())))
+  t.same([...new Set(all.map(a => a.status))], [201], 'requests: 0 turns the limit off')
+})
+
+t.test('rate limiter: token buckets per address key, bounded table', async t => {
+  t.equal(addressKey('203.0.113.7'), '203.0.113.7')
+  t.equal(addressKey('::ffff:203.0.113.7'), '203.0.113.7', 'IPv4-mapped IPv6 is the IPv4 address')
+  t.equal(addressKey('2001:db8:1:2:aaaa::1'), '2001:db8:1:2::/64')
+  t.equal(addressKey('2001:0DB8:0001:0002:ffff:eeee:dddd:cccc'), '2001:db8:1:2::/64', 'one /64 is one key')
+  t.equal(addressKey('2001:db8::1'), '2001:db8:0:0::/64')
+  t.equal(addressKey('::1'), '0:0:0:0::/64')
+  t.equal(addressKey('fe80::1%eth0'), 'fe80:0:0:0::/64')
+  t.equal(addressKey(undefined), 'unknown')
+
+  let now = 0
+  const rl = new RateLimiter({ requests: 2, windowSeconds: 10, maxAddresses: 3 }, () => now)
+  t.same(rl.take('a'), { retryAfter: 0, firstRefusal: false })
+  t.same(rl.take('a'), { retryAfter: 0, firstRefusal: false })
+  t.same(rl.take('a'), { retryAfter: 5, firstRefusal: true }, 'one token every 5 s')
+  t.same(rl.take('a'), { retryAfter: 5, firstRefusal: false }, 'a streak is logged once')
+  now += 4000
+  t.same(rl.take('a'), { retryAfter: 1, firstRefusal: false })
+  now += 1000
+  t.same(rl.take('a'), { retryAfter: 0, firstRefusal: false }, 'refilled after Retry-After')
+  t.equal(rl.take('b').retryAfter, 0, 'another key has its own bucket')
+  for (const k of ['c', 'd', 'e', 'f']) rl.take(k)
+  t.equal(rl.size, 3, 'the table holds at most maxAddresses')
+  t.equal(new RateLimiter({ requests: 0, windowSeconds: 1, maxAddresses: 1 }, () => now).take('x').retryAfter, 0, 'requests 0: no limit')
 })

@@ -5,13 +5,14 @@
  * (`token_endpoint_auth_method: none`). The client id and provider come from
  * `mcp.policies.mcpAuthentication`; without a provider there are no routes.
  * The plugin's own options (schema.json) bound what one request may cost:
- * body size, redirect URI count and length.
+ * body size, redirect URI count and length, registrations per client address.
  */
 import { definePlugin, type Plugin, type PluginEnv } from '../../core/plugin.ts'
 import type { GatewayConfig, McpAuthenticationConfig } from '../../core/config.ts'
 import type { RequestContext, Reply } from '../../core/context.ts'
 import { ProxyError } from '../../core/errors.ts'
 import schema from './schema.json' with { type: 'json' }
+import { RateLimiter, addressKey, type RateLimitOptions } from './rate-limit.ts'
 
 export const REGISTRATION_PATH = '/.well-known/oauth-authorization-server/client-registration'
 
@@ -19,19 +20,26 @@ export interface RegistrationOptions {
   readonly maxBodyBytes: number
   readonly maxRedirectUris: number
   readonly maxRedirectUriLength: number
+  readonly rateLimit: RateLimitOptions
 }
 
 /** Registration options as given: any key may be left out. */
-export type RegistrationOptionsInput = Partial<RegistrationOptions>
+export type RegistrationOptionsInput = Partial<Omit<RegistrationOptions, 'rateLimit'>> & { rateLimit?: Partial<RateLimitOptions> }
 
-type Props = Record<string, { default?: unknown }>
+type Props = Record<string, { default?: unknown; properties?: Props }>
 const props = schema.properties as unknown as Props
+const rateProps = props.rateLimit!.properties!
 
 /** The defaults, read from schema.json so that they are written down once. */
 export const DEFAULT_OPTIONS: RegistrationOptions = Object.freeze({
   maxBodyBytes: props.maxBodyBytes!.default as number,
   maxRedirectUris: props.maxRedirectUris!.default as number,
   maxRedirectUriLength: props.maxRedirectUriLength!.default as number,
+  rateLimit: Object.freeze({
+    requests: rateProps.requests!.default as number,
+    windowSeconds: rateProps.windowSeconds!.default as number,
+    maxAddresses: rateProps.maxAddresses!.default as number,
+  }),
 })
 export const MAX_REDIRECT_URIS = DEFAULT_OPTIONS.maxRedirectUris
 export const MAX_URI_LENGTH = DEFAULT_OPTIONS.maxRedirectUriLength
@@ -42,6 +50,7 @@ export function withDefaults (o: RegistrationOptionsInput = {}): RegistrationOpt
     maxBodyBytes: o.maxBodyBytes ?? DEFAULT_OPTIONS.maxBodyBytes,
     maxRedirectUris: o.maxRedirectUris ?? DEFAULT_OPTIONS.maxRedirectUris,
     maxRedirectUriLength: o.maxRedirectUriLength ?? DEFAULT_OPTIONS.maxRedirectUriLength,
+    rateLimit: { ...DEFAULT_OPTIONS.rateLimit, ...o.rateLimit },
   }
 }
 export const SUPPORTED_GRANTS = ['authorization_code', 'refresh_token'] as const
@@ -144,6 +153,7 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
   }
   const clientId = auth.clientId
   const opts = withDefaults(options)
+  const limiter = new RateLimiter(opts.rateLimit)
 
   async function registerClient (ctx: RequestContext): Promise<Reply> {
     if (ctx.method === 'OPTIONS') {
@@ -154,6 +164,15 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
           'access-control-allow-headers': '*', 'access-control-max-age': '600',
         },
       }
+    }
+    // Counted before anything is read: a refused request costs a map lookup.
+    const address = addressKey(ctx.req.socket.remoteAddress)
+    const limited = limiter.take(address)
+    if (limited.retryAfter > 0) {
+      if (limited.firstRefusal) ctx.log.warn({ address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
+      throw new ProxyError('MCPP_ERR_RATE_LIMITED', 429, 'too many client registrations from this address; retry later', {
+        oauthError: 'temporarily_unavailable', headers: { 'retry-after': String(limited.retryAfter) },
+      })
     }
     const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
     if (type !== 'application/json') throw invalid('the request must be application/json')
