@@ -532,6 +532,22 @@ t.test('cloud_idp against the Entra emulator', async t => {
     t.equal(emu.requests.length, before, 'none reached the IdP')
   })
 
+  t.test('the scope limit holds whatever the spelling of scope (the IdP reads Scope as scope)', async t => {
+    const { challenge } = pkce()
+    const base = `response_type=code&client_id=${emu.clientId}&code_challenge=${challenge}&code_challenge_method=S256&redirect_uri=${encodeURIComponent(redirectUri)}`
+    const graph = encodeURIComponent('https://graph.microsoft.com/.default')
+    for (const name of ['Scope', 'SCOPE', 'scope[]', '%73cope']) {
+      const res = await fetch(authorizeUrl(`${base}&${name}=${graph}`), { redirect: 'manual' })
+      t.equal(res.status, 400, `authorize ${name}`)
+      t.equal((await res.json() as { error: string }).error, 'invalid_scope', `authorize ${name}`)
+      const before = emu.requests.length
+      const tok = await token(`grant_type=refresh_token&refresh_token=x&client_id=${emu.clientId}&${name}=${graph}`)
+      t.equal(tok.status, 400, `token ${name}`)
+      t.equal((await tok.json() as { error: string }).error, 'invalid_scope', `token ${name}`)
+      t.equal(emu.requests.length, before, `token ${name}: the secret-bearing request never left`)
+    }
+  })
+
   t.test('token: code exchange with resource stripped and the secret added, then refresh', async t => {
     const { code, verifier } = await getCode()
     const res = await token(new URLSearchParams({ grant_type: 'authorization_code', code, code_verifier: verifier, redirect_uri: redirectUri, client_id: emu.clientId, resource: `${BASE_URL}/mcp` }).toString())
