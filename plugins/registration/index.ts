@@ -53,6 +53,7 @@ export function withDefaults (o: RegistrationOptionsInput = {}): RegistrationOpt
     rateLimit: { ...DEFAULT_OPTIONS.rateLimit, ...o.rateLimit },
   }
 }
+
 export const SUPPORTED_GRANTS = ['authorization_code', 'refresh_token'] as const
 
 // Schemes that must never be a redirect target (RFC 8252 §8.1 private-use schemes are fine).
