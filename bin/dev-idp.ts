@@ -66,7 +66,7 @@ export interface MintOptions {
   header?: Record<string, unknown>
   /** Sign with this key instead of the provider's current key. */
   key?: CryptoKey | Uint8Array
-  /** Default true: add `iss`, `aud` (client id), `iat`, `exp` unless present in `claims`. Set false to send `claims` as they are. */
+  /** Default true: add `iss`, `aud` and `azp` (client id), `iat`, `exp` unless present in `claims`. Set false to send `claims` as they are. */
   defaults?: boolean
 }
 
@@ -299,7 +299,8 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
     const now = Math.floor(Date.now() / 1000)
     const payload: JWTPayload = mo.defaults === false
       ? { ...claims }
-      : { iss: issuer, aud: clientId, iat: now, exp: now + ttl, ...claims }
+      // azp as in Authentik's access tokens, which the gateway tells from ID tokens by it.
+      : { iss: issuer, aud: clientId, azp: clientId, iat: now, exp: now + ttl, ...claims }
     const kid = mo.kid === null ? undefined : (mo.kid ?? signer.kid)
     const header = { alg: mo.alg ?? 'RS256', typ: 'JWT', ...(kid === undefined ? {} : { kid }), ...mo.header } as JWTHeaderParameters
     return new SignJWT(payload).setProtectedHeader(header).sign(mo.key ?? signer.privateKey)

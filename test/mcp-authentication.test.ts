@@ -4,11 +4,13 @@
  * header removal, protected resource metadata and the key-set drills.
  */
 import t from 'tap'
+import type * as Tap from 'tap'
 import { Agent, createServer, request as httpRequest } from 'node:http'
 import { createHash, randomBytes, randomUUID, createPublicKey } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
-import { generateKeyPair, exportJWK, type JWK } from 'jose'
+import { generateKeyPair, exportJWK, CompactSign, type CryptoKey, type JWK } from 'jose'
 import { devIdp, authGateway, ossOptions, BASE } from './helpers/idp.ts'
+import { startEntraEmulator, type EntraEmulator } from './helpers/entra-emulator.ts'
 import { TokenCache } from '../plugins/mcp-authentication/token-cache.ts'
 
 const PRM_URL = `${BASE}/.well-known/oauth-protected-resource/mcp`
@@ -263,9 +265,11 @@ t.test('key set drills', async t => {
     const idp = await devIdp(t)
     const gw = await authGateway(t, ossOptions(idp, { keySet: { cooldownSeconds: 600 } }))
     idp.setJwksAvailable(false)
-    // An unknown kid forces a refetch, which fails.
+    // An unknown kid forces a refetch, which fails: maybe a rotation the gateway cannot see, so 503, not 401 (issue 13 item 19).
     const attacker = await generateKeyPair('RS256')
-    t.equal((await call(gw.url, await idp.mintToken({ sub: 'x' }, { key: attacker.privateKey, kid: 'new-kid' }))).status, 401)
+    const unknown = await call(gw.url, await idp.mintToken({ sub: 'x' }, { key: attacker.privateKey, kid: 'new-kid' }))
+    t.equal(unknown.status, 503)
+    t.ok(unknown.headers.has('retry-after'))
     const d = gw.auth.describe?.() as { keySet: { lastError: string; loaded: boolean } }
     t.match(d.keySet.lastError, /HTTP 503/)
     t.equal(d.keySet.loaded, true)
@@ -352,4 +356,246 @@ t.test('token cache: a keep-alive connection repeating its token is verified onc
   t.equal(await post(token.slice(0, i) + (token[i] === 'A' ? 'B' : 'A') + token.slice(i + 1)), 401, 'one byte different on the same connection')
   t.equal(await post(token), 200)
   t.equal((gw.auth.describe?.() as { verifications: number }).verifications, before.verifications + 2)
+})
+
+/**
+ * A key set server the test controls, and tokens signed with its keys from
+ * raw JSON payloads, for the tokens no IdP mints: numbers that parse to
+ * Infinity, claims nested thousands deep.
+ */
+interface OwnKeys {
+  url: string
+  fetches: () => number
+  /** Signs `payload` (raw JSON text, sent as it is) with the current key. */
+  signRaw: (payload: string, kid?: string) => Promise<string>
+  /** Signs claims (with iss, aud, iat, exp defaults) with the current key. */
+  sign: (claims: Record<string, unknown>, kid?: string) => Promise<string>
+  /** A new key that becomes the signer; the old one stays in the set. */
+  rotate: () => Promise<string>
+  setAvailable: (up: boolean) => void
+}
+
+async function ownKeys (t: Tap.Test, issuer: string, audience: string): Promise<OwnKeys> {
+  const keys: Array<{ kid: string; privateKey: CryptoKey; jwk: JWK }> = []
+  const add = async (): Promise<string> => {
+    const { privateKey, publicKey } = await generateKeyPair('RS256', { extractable: true })
+    const kid = randomUUID()
+    keys.push({ kid, privateKey, jwk: { ...await exportJWK(publicKey), kid, alg: 'RS256', use: 'sig' } })
+    return kid
+  }
+  await add()
+  let up = true
+  let fetches = 0
+  const server = createServer((_req, res) => {
+    fetches++
+    if (!up) { res.writeHead(503).end(); return }
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ keys: keys.map(k => k.jwk) }))
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
+  const signRaw = (payload: string, kid?: string): Promise<string> => {
+    const k = keys[keys.length - 1]!
+    return new CompactSign(new TextEncoder().encode(payload)).setProtectedHeader({ alg: 'RS256', typ: 'at+jwt', kid: kid ?? k.kid }).sign(k.privateKey)
+  }
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/jwks/`,
+    fetches: () => fetches,
+    signRaw,
+    sign: (claims, kid) => {
+      const now = Math.floor(Date.now() / 1000)
+      return signRaw(JSON.stringify({ iss: issuer, aud: audience, iat: now, exp: now + 600, client_id: audience, ...claims }), kid)
+    },
+    rotate: add,
+    setAvailable: v => { up = v },
+  }
+}
+
+t.test('issue 13 item 2: an ID token is not an access token', async t => {
+  t.test('oss_idp: the ID token of a real code flow gets 401, its access token 200', async t => {
+    const idp = await devIdp(t)
+    const gw = await authGateway(t, ossOptions(idp))
+    const { accessToken, idToken } = await authCodeTokens(idp)
+    t.equal((await call(gw.url, accessToken)).status, 200, 'the access token (typ at+jwt) is accepted')
+    const r = await call(gw.url, idToken)
+    t.equal(r.status, 401, 'the ID token (same iss, aud and sub) is refused')
+    t.equal(r.body.error, 'invalid_token')
+    t.equal(r.body.error_description, 'token is not an access token')
+    t.equal((await call(gw.url, await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password'))).status, 200, 'client-credentials tokens still pass')
+    // An Authentik access token is its ID token plus azp and uid: azp tells them apart.
+    t.equal((await call(gw.url, await idp.mintToken({ sub: 'u1', azp: idp.clientId, uid: 'x' }, { header: { typ: 'JWT' } }))).status, 200, 'Authentik-shaped access token')
+    t.equal((await call(gw.url, await idp.mintToken({ sub: 'u1', nonce: 'n', at_hash: 'h', azp: undefined }))).status, 401, 'an ID-token-shaped token is refused')
+    const off = await authGateway(t, ossOptions(idp, { rejectIdTokens: false }))
+    t.equal((await call(off.url, idToken)).status, 200, 'rejectIdTokens: false turns the check off')
+  })
+
+  t.test('cloud_idp: the ID token for the gateway\'s own client gets 401; access tokens need scp or roles', async t => {
+    const emu = await startEntraEmulator()
+    t.teardown(() => emu.close())
+    const gw = await authGateway(t, {
+      mode: 'strict', issuer: emu.issuerV2, audiences: [emu.clientId, `api://${emu.clientId}`], provider: { cloud_idp: {} }, clientId: emu.clientId,
+      jwks: emu.jwksUrl, resourceMetadata: { resource: `${BASE}/mcp`, scopesSupported: emu.apiScopes as string[] },
+    })
+    const tokens = await entraCodeTokens(emu)
+    t.ok(tokens.id_token !== undefined, 'the emulator issued an ID token')
+    t.equal((await call(gw.url, tokens.access_token)).status, 200, 'the access token (scp, roles) is accepted')
+    const r = await call(gw.url, tokens.id_token)
+    t.equal(r.status, 401, 'ID token: aud = client id, v2 issuer, no scp, no roles')
+    t.equal(r.body.error, 'invalid_token')
+    t.equal(r.body.error_description, 'token is not an access token')
+  })
+})
+
+async function authCodeTokens (idp: Awaited<ReturnType<typeof devIdp>>): Promise<{ accessToken: string; idToken: string }> {
+  const verifier = randomBytes(32).toString('base64url')
+  const redirect = 'http://127.0.0.1:1/callback'
+  const u = new URL(idp.authorizationEndpoint)
+  u.search = new URLSearchParams({
+    response_type: 'code', client_id: idp.clientId, redirect_uri: redirect, scope: 'openid profile', state: 's1', nonce: 'n1',
+    code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256', resource: `${BASE}/mcp`,
+  }).toString()
+  const code = new URL((await fetch(u, { redirect: 'manual' })).headers.get('location') ?? '').searchParams.get('code') ?? ''
+  const tok = await fetch(idp.tokenEndpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri: redirect, client_id: idp.clientId, code_verifier: verifier }),
+  })
+  const body = await tok.json() as { access_token: string; id_token: string }
+  return { accessToken: body.access_token, idToken: body.id_token }
+}
+
+async function entraCodeTokens (emu: EntraEmulator): Promise<{ access_token: string; id_token: string }> {
+  const verifier = randomBytes(32).toString('base64url')
+  const redirect = 'http://127.0.0.1:1/callback'
+  const u = new URL(emu.authorizeUrl)
+  u.search = new URLSearchParams({
+    response_type: 'code', client_id: emu.clientId, redirect_uri: redirect, scope: `openid ${emu.apiScopes.join(' ')}`, state: 's',
+    code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256',
+  }).toString()
+  const code = new URL((await fetch(u, { redirect: 'manual' })).headers.get('location') ?? '').searchParams.get('code') ?? ''
+  const tok = await fetch(emu.tokenUrl, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri: redirect, client_id: emu.clientId, code_verifier: verifier, scope: `openid ${emu.apiScopes.join(' ')}` }),
+  })
+  return await tok.json() as { access_token: string; id_token: string }
+}
+
+t.test('issue 13 item 3: the subject is sub or the configured claim, never the client id', async t => {
+  const idp = await devIdp(t)
+  const gw = await authGateway(t, ossOptions(idp))
+  const byOid = await authGateway(t, ossOptions(idp, { subjectClaim: 'oid' }))
+  const a = await idp.mintToken({ oid: 'user-a', azp: idp.clientId, client_id: idp.clientId })
+  const b = await idp.mintToken({ oid: 'user-b', azp: idp.clientId, client_id: idp.clientId })
+  for (const token of [a, b]) {
+    const r = await call(gw.url, token)
+    t.equal(r.status, 401, 'no sub: refused, not the client id as subject')
+    t.equal(r.body.error, 'invalid_token')
+    t.equal(r.body.error_description, 'token has no subject')
+  }
+  t.same((await call(byOid.url, a)).body.subject, 'user-a', 'subjectClaim: oid')
+  t.same((await call(byOid.url, b)).body.subject, 'user-b')
+  t.equal((await call(byOid.url, await idp.mintToken({ sub: 'only-sub', azp: idp.clientId }))).status, 401, 'subjectClaim named and missing: 401')
+  t.equal((await call(gw.url, await idp.mintToken({ sub: '', azp: idp.clientId }))).status, 401, 'an empty sub is no subject')
+  t.equal((await call(gw.url, await idp.mintToken({ sub: 7, azp: idp.clientId } as never))).status, 401, 'a non-string sub is no subject')
+})
+
+t.test('issue 13 items 4 and 5: exp, nbf, iat finite integers; claims bounded', async t => {
+  const idp = await devIdp(t)
+  const ownIssuer = 'https://idp.example.test/application/o/own/'
+  const keys = await ownKeys(t, ownIssuer, 'own-client')
+  const opts = { ...ossOptions(idp), issuer: ownIssuer, audiences: ['own-client'], clientId: 'own-client', jwks: keys.url }
+  const gw = await authGateway(t, opts)
+  const capped = await authGateway(t, { ...opts, maxTokenLifetimeSeconds: 3600 })
+  const now = Math.floor(Date.now() / 1000)
+  const head = `"iss":"${ownIssuer}","aud":"own-client","client_id":"own-client","sub":"u1"`
+  t.equal((await call(gw.url, await keys.signRaw(`{${head},"iat":${now},"exp":${now + 600}}`))).status, 200, 'the baseline token passes')
+  const odd: Array<[string, string]> = [
+    ['exp 1e308', `{${head},"iat":${now},"exp":1e308}`],
+    ['exp 1e400 (Infinity)', `{${head},"iat":${now},"exp":1e400}`],
+    ['exp with a fraction', `{${head},"iat":${now},"exp":${now + 600}.5}`],
+    ['nbf -1e400 (-Infinity)', `{${head},"iat":${now},"nbf":-1e400,"exp":${now + 600}}`],
+    ['iat -1e400 (-Infinity)', `{${head},"iat":-1e400,"exp":${now + 600}}`],
+    ['iat with a fraction', `{${head},"iat":${now}.25,"exp":${now + 600}}`],
+    ['nbf a string', `{${head},"iat":${now},"nbf":"${now}","exp":${now + 600}}`],
+  ]
+  for (const [name, payload] of odd) {
+    const r = await call(gw.url, await keys.signRaw(payload))
+    t.equal(r.status, 401, `${name}: 401`)
+    t.equal(r.body.error, 'invalid_token', `${name}: invalid_token`)
+  }
+  const long = await keys.signRaw(`{${head},"iat":${now},"exp":${now + 7200}}`)
+  t.equal((await call(gw.url, long)).status, 200, 'no lifetime cap by default')
+  const r = await call(capped.url, long)
+  t.equal(r.status, 401, 'maxTokenLifetimeSeconds: a two-hour token is refused')
+  t.equal(r.body.error_description, 'token lifetime too long')
+  t.equal((await call(capped.url, await keys.signRaw(`{${head},"exp":${now + 7200}}`))).status, 401, 'without iat the lifetime counts from now')
+  t.equal((await call(capped.url, await keys.signRaw(`{${head},"iat":${now},"exp":${now + 600}}`))).status, 200)
+
+  // Arrays: the most depth per byte, so the token still fits in Node's 16 KiB of headers.
+  const deep = '['.repeat(4000) + ']'.repeat(4000)
+  const d = await call(gw.url, await keys.signRaw(`{${head},"iat":${now},"exp":${now + 600},"nested":${deep}}`))
+  t.equal(d.status, 401, 'a claim nested 4000 deep: 401, not 500')
+  t.equal(d.body.error_description, 'token claims nested too deeply')
+  const small = await authGateway(t, { ...opts, maxTokenBytes: 4096 })
+  const wide = await call(small.url, await keys.signRaw(`{${head},"iat":${now},"exp":${now + 600},"pad":"${'a'.repeat(5000)}"}`))
+  t.equal(wide.status, 401, 'a token longer than maxTokenBytes: 401')
+  t.equal(wide.body.error_description, 'token too large')
+  const ok = await call(gw.url, await keys.signRaw(`{${head},"iat":${now},"exp":${now + 600},"nested":{"a":{"b":[{"c":[1]}]}}}`))
+  t.equal(ok.status, 200, 'ordinary nesting passes')
+  t.notMatch(gw.logText(), /RangeError|Maximum call stack/, 'no stack overflow anywhere')
+})
+
+t.test('issue 13 items 19 and 20: key rotation while the IdP is down, and under a flood of bogus kids', async t => {
+  const ownIssuer = 'https://idp.example.test/application/o/rot/'
+  const idp = await devIdp(t)
+
+  t.test('an unknown kid while the key set cannot be refreshed: 503 + Retry-After, then accepted', async t => {
+    const keys = await ownKeys(t, ownIssuer, 'rot-client')
+    const gw = await authGateway(t, { ...ossOptions(idp), issuer: ownIssuer, audiences: ['rot-client'], clientId: 'rot-client', jwks: keys.url })
+    t.equal((await call(gw.url, await keys.sign({ sub: 'u' }))).status, 200)
+    keys.setAvailable(false)
+    await keys.rotate()
+    const r = await call(gw.url, await keys.sign({ sub: 'u' }))
+    t.equal(r.status, 503, 'not 401: the client must not drop its token and log in again')
+    t.match(r.headers.get('retry-after') ?? '', /^[1-9][0-9]*$/)
+    t.equal(r.body.error, 'temporarily_unavailable')
+    keys.setAvailable(true)
+    let status = 0
+    for (let i = 0; i < 120 && status !== 200; i++) {
+      await new Promise(resolve => setTimeout(resolve, 250))
+      status = (await call(gw.url, await keys.sign({ sub: 'u' }))).status
+    }
+    t.equal(status, 200, 'the new key is accepted once the key set is back')
+  })
+
+  t.test('a genuine rotation is accepted under a flood of bogus kids, with a bounded number of fetches', async t => {
+    const keys = await ownKeys(t, ownIssuer, 'rot-client')
+    // Default keySet settings: the point is what an operator gets without tuning.
+    const gw = await authGateway(t, { ...ossOptions(idp), issuer: ownIssuer, audiences: ['rot-client'], clientId: 'rot-client', jwks: keys.url })
+    let flooding = true
+    let bogus = 0
+    const flood = Array.from({ length: 8 }, async () => {
+      while (flooding) {
+        await call(gw.url, await keys.sign({ sub: 'x' }, randomUUID()))
+        bogus++
+      }
+    })
+    await new Promise(resolve => setTimeout(resolve, 300))
+    const fetchesBefore = keys.fetches()
+    const started = Date.now()
+    await keys.rotate()
+    let status = 0
+    for (let i = 0; i < 60 && status !== 200; i++) {
+      status = (await call(gw.url, await keys.sign({ sub: 'rotated' }))).status
+      if (status !== 200) await new Promise(resolve => setTimeout(resolve, 250))
+    }
+    const elapsedS = (Date.now() - started) / 1000
+    flooding = false
+    await Promise.all(flood)
+    t.equal(status, 200, 'the rotated key is accepted while bogus kids keep coming')
+    t.ok(bogus >= 8, `the flood ran (${bogus} bogus tokens)`)
+    const fetched = keys.fetches() - fetchesBefore
+    // One on-demand fetch per cooldown (default 3 s) at most, plus the one in flight.
+    t.ok(fetched <= Math.ceil(elapsedS / 3) + 2, `fetches stay bounded: ${fetched} in ${elapsedS.toFixed(1)} s`)
+  })
 })

@@ -33,7 +33,12 @@ export type McpAuthenticationOptions = Omit<McpAuthenticationConfig, 'tokenCache
   resourceMetadata: { resource: string; scopesSupported?: string[]; bearerMethodsSupported?: string[] }
   clockToleranceSeconds?: number
   tokenCache?: { enabled?: boolean; maxEntries?: number; ttlSeconds?: number }
-  keySet?: { refreshSeconds?: number; cooldownSeconds?: number; timeoutMs?: number; maxBytes?: number; retryAfterSeconds?: number }
+  keySet?: { refreshSeconds?: number; cooldownSeconds?: number; maxBackoffSeconds?: number; timeoutMs?: number; maxBytes?: number; retryAfterSeconds?: number }
+  subjectClaim?: string
+  rejectIdTokens?: boolean
+  maxTokenLifetimeSeconds?: number
+  maxTokenBytes?: number
+  maxClaimDepth?: number
   discovery?: { ttlSeconds?: number; timeoutMs?: number }
 }
 
@@ -104,13 +109,6 @@ export function stripAuthorization (req: IncomingMessage): void {
   req.headers = kept
 }
 
-function subjectOf (claims: Record<string, unknown>): string {
-  for (const c of ['sub', 'oid', 'client_id', 'azp']) {
-    const v = claims[c]
-    if (typeof v === 'string' && v !== '') return v
-  }
-  return '(unknown)'
-}
 
 function quote (s: string): string {
   return s.replace(/[\\"]/g, '\\$&')
@@ -131,8 +129,8 @@ export default definePlugin<McpAuthenticationOptions>({
     const challenge = (extra: string): string => extra === '' ? challengeBase : `${challengeBase}, ${extra}`
 
     const ks = options.keySet ?? {}
-    const cooldownMs = (ks.cooldownSeconds ?? 30) * 1000
-    const retryAfter = String(ks.retryAfterSeconds ?? Math.max(1, Math.ceil(cooldownMs / 1000)))
+    const cooldownMs = (ks.cooldownSeconds ?? 3) * 1000
+    const subjectClaim = options.subjectClaim ?? 'sub'
     const failures = env.metrics.counter('mcp_proxy_auth_failures_total', 'Rejected or unverifiable bearer tokens by reason')
     const fetches = env.metrics.counter('mcp_proxy_keyset_fetches_total', 'Key set fetch attempts by result')
     const verifications = env.metrics.counter('mcp_proxy_token_verifications_total', 'Signature verifications (token cache misses)')
@@ -142,6 +140,7 @@ export default definePlugin<McpAuthenticationOptions>({
       source: deriveKeySetSource(options),
       refreshMs: (ks.refreshSeconds ?? 300) * 1000,
       cooldownMs,
+      maxBackoffMs: (ks.maxBackoffSeconds ?? 60) * 1000,
       timeoutMs: ks.timeoutMs ?? 5000,
       maxBytes: ks.maxBytes ?? 524288,
       onFetch (result, error) {
@@ -159,6 +158,12 @@ export default definePlugin<McpAuthenticationOptions>({
       audiences: options.audiences,
       clockToleranceSeconds: options.clockToleranceSeconds ?? 30,
       keySet,
+      maxTokenBytes: options.maxTokenBytes ?? 16384,
+      maxClaimDepth: options.maxClaimDepth ?? 16,
+      maxLifetimeSeconds: options.maxTokenLifetimeSeconds,
+      tokenKind: options.rejectIdTokens === false
+        ? 'none'
+        : options.provider?.cloud_idp !== undefined ? 'cloud_idp' : options.provider?.oss_idp !== undefined ? 'oss_idp' : 'none',
     })
     const tc = options.tokenCache ?? {}
     const cache = tc.enabled === false ? undefined : new TokenCache(tc.maxEntries ?? 10000, tc.ttlSeconds ?? 300)
@@ -179,9 +184,13 @@ export default definePlugin<McpAuthenticationOptions>({
     async function verifyToken (token: string, connection: object): Promise<AuthInfo> {
       verified++
       verifications.inc()
+      // The verifier deep-froze the claims after bounding their depth.
       const { payload, kid } = await verify(token)
-      const claims = Object.freeze(structuredClone(payload) as Record<string, unknown>)
-      const auth: AuthInfo = { subject: subjectOf(claims), claims, expiresAt: typeof payload.exp === 'number' ? payload.exp : undefined }
+      const claims = payload as Readonly<Record<string, unknown>>
+      // Only the named claim identifies the caller: azp/client_id name the client, shared by all its users.
+      const subject = claims[subjectClaim]
+      if (typeof subject !== 'string' || subject === '') throw new AuthFailure('no_subject', 'token has no subject')
+      const auth: AuthInfo = { subject, claims, expiresAt: typeof payload.exp === 'number' ? payload.exp : undefined }
       cache?.set(token, auth, kid, connection)
       return auth
     }
@@ -222,7 +231,7 @@ export default definePlugin<McpAuthenticationOptions>({
           ctx.denial = 'keys unavailable'
           // Not 401: a client would go back to its login, get a new token and fail again, in a loop.
           throw new ProxyError('MCPP_ERR_KEYS_UNAVAILABLE', 503, 'signing keys of the identity provider are unavailable; retry later', {
-            oauthError: 'temporarily_unavailable', expose: true, headers: { 'retry-after': retryAfter }, cause: err,
+            oauthError: 'temporarily_unavailable', expose: true, headers: { 'retry-after': String(ks.retryAfterSeconds ?? err.retryAfterSeconds) }, cause: err,
           })
         }
         if (err instanceof AuthFailure) throw unauthorized(ctx, err)

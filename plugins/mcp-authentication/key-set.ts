@@ -1,7 +1,12 @@
 /**
  * The identity provider's remote key set: fetched once at start-up, refreshed
  * in the background, refetched for an unknown `kid` at most once per
- * cooldown, never emptied by a failed refresh. Responses are size-capped,
+ * cooldown (one fetch shared by every caller; a caller whose fetch is due
+ * within the fetch timeout waits for it, so a rotated key is accepted at once
+ * even while bogus kids keep the cooldown busy), backing off while fetches
+ * fail, never emptied by a failed refresh. An unknown `kid` while the set
+ * cannot be refreshed is "keys unavailable" (503), not "no such key" (401):
+ * it may be a genuine rotation the gateway cannot see yet. Responses are size-capped,
  * time-limited and redirects are not followed (a key set that moves is an
  * operator decision, not something an attacker on the path should make).
  *
@@ -18,17 +23,22 @@ export interface KeySetOptions {
   readonly refreshMs: number
   /** Minimum time between two fetches caused by requests (unknown kid, or no keys yet). */
   readonly cooldownMs: number
+  /** Longest interval between fetches while they fail (doubling from cooldownMs). Default 60 s. */
+  readonly maxBackoffMs?: number
   readonly timeoutMs: number
   readonly maxBytes: number
   /** Called after every fetch attempt. */
   readonly onFetch?: (result: 'ok' | 'error', error?: string) => void
 }
 
-/** Thrown when no key set was ever loaded. */
+/** Thrown when no key set was ever loaded, or an unknown kid meets a key set that cannot be refreshed. */
 export class KeysUnavailableError extends Error {
-  constructor (message: string) {
+  /** Seconds until the next fetch is due (for Retry-After). */
+  readonly retryAfterSeconds: number
+  constructor (message: string, retryAfterSeconds = 1) {
     super(message)
     this.name = 'KeysUnavailableError'
+    this.retryAfterSeconds = Math.max(1, Math.ceil(retryAfterSeconds))
   }
 }
 
@@ -99,6 +109,10 @@ export class RemoteKeySet {
   #lastOnDemand = 0
   #lastSuccess = 0
   #lastError: string | undefined
+  /** Consecutive failed fetches; 0 after a success. */
+  #failures = 0
+  /** The pending wait for the next on-demand fetch slot, shared by every caller. */
+  #slot: Promise<void> | undefined
   #fetches = 0
   #timer: NodeJS.Timeout | undefined
   #closed = false
@@ -140,14 +154,11 @@ export class RemoteKeySet {
 
   /** The key for a JWS header; for jose's jwtVerify. */
   async getKey (header: JWSHeaderParameters): Promise<CryptoKey | Uint8Array> {
-    if (!this.#loaded) {
-      await this.#refetchIfCool()
-      if (!this.#loaded) throw new KeysUnavailableError(`key set unavailable: ${this.#lastError ?? 'not fetched yet'}`)
-    }
+    if (!this.#loaded) await this.#refetchOnDemand()
     let jwk = this.#select(header)
     if (jwk === undefined && header.kid !== undefined && !this.hasKid(header.kid)) {
       // Unknown kid: the provider may have rotated. One refetch per cooldown, shared by all callers.
-      await this.#refetchIfCool()
+      await this.#refetchOnDemand()
       jwk = this.#select(header)
     }
     if (jwk === undefined) throw new NoMatchingKeyError('no key in the key set matches the token')
@@ -179,18 +190,57 @@ export class RemoteKeySet {
     return candidates.length === 1 || header.kid !== undefined ? candidates[0] : undefined
   }
 
-  async #refetchIfCool (): Promise<void> {
-    if (this.#inflight !== undefined) return this.#inflight
-    // Only fetches caused by requests count: a scheduled refresh must not delay picking up a rotated key.
-    if (Date.now() - this.#lastOnDemand < this.#opts.cooldownMs) return
-    this.#lastOnDemand = Date.now()
-    return this.refresh()
+  /** The interval between fetches: the cooldown, doubled per consecutive failure up to maxBackoffMs. */
+  #interval (): number {
+    if (this.#failures === 0) return this.#opts.cooldownMs
+    const max = Math.max(this.#opts.maxBackoffMs ?? 60_000, this.#opts.cooldownMs)
+    return Math.min(this.#opts.cooldownMs * 2 ** Math.min(this.#failures - 1, 20), max)
+  }
+
+  /** When the next fetch caused by a request may start. */
+  #dueAt (): number {
+    // While fetches fail every attempt counts (backoff); otherwise only fetches caused by
+    // requests do, so a scheduled refresh never delays picking up a rotated key.
+    return (this.#failures > 0 ? Math.max(this.#lastAttempt, this.#lastOnDemand) : this.#lastOnDemand) + this.#interval()
+  }
+
+  #unavailable (): KeysUnavailableError {
+    return new KeysUnavailableError(`key set unavailable: ${this.#lastError ?? 'not fetched yet'}`, (this.#dueAt() - Date.now()) / 1000)
+  }
+
+  /**
+   * A fetch for a request that needs a key the set does not hold: joins the
+   * one in flight, or starts one when due, or waits for the next slot when it
+   * is due within the fetch timeout. Returns with the set refreshed, or
+   * without fetching when the slot is too far off (the key is then "not
+   * found"); throws KeysUnavailableError when the set cannot be refreshed.
+   */
+  async #refetchOnDemand (): Promise<void> {
+    if (this.#inflight === undefined) {
+      const wait = this.#dueAt() - Date.now()
+      if (wait > 0) {
+        if (this.#failures > 0) throw this.#unavailable()
+        if (wait > this.#opts.timeoutMs) return
+        this.#slot ??= new Promise<void>(resolve => setTimeout(resolve, wait)).then(() => {
+          this.#slot = undefined
+          if (this.#inflight === undefined) this.#lastOnDemand = Date.now()
+          return this.refresh()
+        })
+        await this.#slot
+      } else {
+        this.#lastOnDemand = Date.now()
+        await this.refresh()
+      }
+    } else {
+      await this.#inflight
+    }
+    if (this.#failures > 0 || !this.#loaded) throw this.#unavailable()
   }
 
   #schedule (): void {
     if (this.#closed) return
-    // Until keys were loaded once, retry at the cooldown pace instead of the (long) refresh interval.
-    const delay = this.#loaded ? this.#opts.refreshMs : this.#opts.cooldownMs
+    // Until keys were loaded once, or while fetches fail, retry at the backoff pace instead of the (long) refresh interval.
+    const delay = this.#loaded && this.#failures === 0 ? this.#opts.refreshMs : this.#interval()
     this.#timer = setTimeout(() => { void this.refresh().finally(() => this.#schedule()) }, delay)
     this.#timer.unref()
   }
@@ -218,8 +268,10 @@ export class RemoteKeySet {
       this.#loaded = true
       this.#lastSuccess = Date.now()
       this.#lastError = undefined
+      this.#failures = 0
       this.#opts.onFetch?.('ok')
     } catch (err) {
+      this.#failures++
       this.#lastError = describeError(err)
       this.#opts.onFetch?.('error', this.#lastError)
     }
@@ -230,7 +282,7 @@ export class RemoteKeySet {
 const shared = new Map<string, { set: RemoteKeySet; refs: number; started: Promise<void> }>()
 
 export async function acquireKeySet (opts: KeySetOptions): Promise<{ set: RemoteKeySet; release: () => void }> {
-  const key = JSON.stringify([opts.source, opts.refreshMs, opts.cooldownMs, opts.timeoutMs, opts.maxBytes])
+  const key = JSON.stringify([opts.source, opts.refreshMs, opts.cooldownMs, opts.maxBackoffMs, opts.timeoutMs, opts.maxBytes])
   let entry = shared.get(key)
   if (entry === undefined) {
     const set = new RemoteKeySet(opts)

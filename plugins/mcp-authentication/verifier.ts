@@ -22,11 +22,21 @@ export class AuthFailure extends Error {
   }
 }
 
+/** How an access token is told from an ID token; `none` checks nothing. */
+export type TokenKindCheck = 'cloud_idp' | 'oss_idp' | 'none'
+
 export interface VerifierOptions {
   readonly issuer: string
   readonly audiences: readonly string[] | undefined
   readonly clockToleranceSeconds: number
   readonly keySet: RemoteKeySet
+  /** Longest token, in characters, looked at. */
+  readonly maxTokenBytes: number
+  /** Deepest nesting of objects and arrays in the claims. */
+  readonly maxClaimDepth: number
+  /** Longest `exp - iat` (or `exp - now`), in seconds; undefined: no cap. */
+  readonly maxLifetimeSeconds?: number | undefined
+  readonly tokenKind: TokenKindCheck
 }
 
 export interface Verified {
@@ -65,10 +75,57 @@ function mapJoseError (err: unknown): Error {
   return new AuthFailure('malformed', 'malformed token')
 }
 
+/**
+ * Deep-freezes the claims without recursion, refusing nesting deeper than
+ * `maxDepth`: a signed token can hold a claim nested thousands deep, and a
+ * recursive walk (structuredClone, a logger, a rule helper) would overflow
+ * the stack on it.
+ */
+export function freezeClaims (payload: Record<string, unknown>, maxDepth: number): void {
+  const stack: Array<[object, number]> = [[payload, 1]]
+  while (stack.length > 0) {
+    const [obj, depth] = stack.pop()!
+    Object.freeze(obj)
+    for (const v of Object.values(obj)) {
+      if (v === null || typeof v !== 'object') continue
+      if (depth + 1 > maxDepth) throw new AuthFailure('claims', 'token claims nested too deeply')
+      stack.push([v as object, depth + 1])
+    }
+  }
+}
+
+/** RFC 7519 §2 NumericDate, held to what IdPs issue: a finite integer (1e400 parses to Infinity). */
+function checkNumericDates (payload: JWTPayload): void {
+  for (const claim of ['exp', 'nbf', 'iat'] as const) {
+    const v = payload[claim]
+    if (v !== undefined && !Number.isSafeInteger(v)) throw new AuthFailure('claims', `token ${claim} is not an integer`)
+  }
+}
+
+/**
+ * ID tokens are for the client, not for resource servers (OIDC Core §2,
+ * RFC 9068 §1); an ID token for the gateway's own client id would otherwise
+ * pass the aud check.
+ */
+function isAccessToken (kind: TokenKindCheck, header: Record<string, unknown>, payload: JWTPayload): boolean {
+  if (kind === 'none') return true
+  if (kind === 'cloud_idp') {
+    // Entra access tokens for an API carry delegated scopes (scp) or app roles (roles); its ID tokens neither.
+    const scp = payload.scp
+    const roles = payload.roles
+    return (typeof scp === 'string' && scp.trim() !== '') || (Array.isArray(scp) && scp.length > 0) || (Array.isArray(roles) && roles.length > 0)
+  }
+  // RFC 9068 §2.1: JWT access tokens say so in typ.
+  if (typeof header.typ === 'string' && /^(application\/)?at\+jwt$/i.test(header.typ)) return true
+  // Authentik's access token is its ID token plus azp and uid; oidc-provider's carry client_id and scope. Their ID tokens have none of these.
+  return typeof payload.azp === 'string' || typeof payload.client_id === 'string' || typeof payload.scope === 'string'
+}
+
 export function createVerifier (opts: VerifierOptions): (token: string) => Promise<Verified> {
   const audience = opts.audiences === undefined ? undefined : [...opts.audiences]
   const getKey = opts.keySet.getKey.bind(opts.keySet)
   return async function verifyToken (token: string): Promise<Verified> {
+    if (token.length > opts.maxTokenBytes) throw new AuthFailure('too_large', 'token too large')
     const parts = token.split('.')
     if (parts.length !== 3 || parts.some(p => p === '' || !/^[A-Za-z0-9_-]+$/.test(p))) {
       throw new AuthFailure('malformed', 'malformed token')
@@ -94,9 +151,16 @@ export function createVerifier (opts: VerifierOptions): (token: string) => Promi
     } catch (err) {
       throw mapJoseError(err)
     }
+    // Before anything else walks the claims (jose's checks above read top-level fields only).
+    freezeClaims(payload as Record<string, unknown>, opts.maxClaimDepth)
+    checkNumericDates(payload)
     if (typeof payload.iat === 'number' && payload.iat > now + opts.clockToleranceSeconds) {
       throw new AuthFailure('issued_in_future', 'token issue time not accepted')
     }
+    if (opts.maxLifetimeSeconds !== undefined && payload.exp! - (payload.iat ?? now) > opts.maxLifetimeSeconds) {
+      throw new AuthFailure('lifetime', 'token lifetime too long')
+    }
+    if (!isAccessToken(opts.tokenKind, header, payload)) throw new AuthFailure('not_access_token', 'token is not an access token')
     return { payload, kid: typeof header.kid === 'string' ? header.kid : undefined }
   }
 }
