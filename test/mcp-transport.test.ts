@@ -6,6 +6,7 @@
  */
 import t from 'tap'
 import { rm } from 'node:fs/promises'
+import { request as httpRequest } from 'node:http'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
@@ -258,6 +259,34 @@ t.test('session caps and subject binding', async t => {
   t.equal(del.status, 200)
   const again = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'carol' })
   t.equal(again.status, 200, 'caps free up when sessions end')
+})
+
+/** A raw POST sent from a given loopback address (Linux routes all of 127.0.0.0/8 to lo). */
+function postFrom (url: string, localAddress: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; sessionId: string | undefined }> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(url, { method: 'POST', localAddress, headers: { ...INIT_HEADERS, ...headers } }, res => {
+      res.resume()
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, sessionId: res.headers['mcp-session-id'] as string | undefined }))
+    })
+    req.on('error', reject)
+    req.end(JSON.stringify(body))
+  })
+}
+
+t.test('without authentication, anonymous callers are one subject per client address (issue 13 item 24)', async t => {
+  const gw = await startGateway(t, { targets: [faultyTarget()], session: { maxSessions: 4, maxSessionsPerSubject: 1 } })
+  const init = { jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'anon', version: '1' } } }
+  const a = await postFrom(gw.url, '127.0.0.2', init)
+  t.equal(a.status, 200)
+  const b = await postFrom(gw.url, '127.0.0.3', init)
+  t.equal(b.status, 200, 'another caller is not counted against the first one\'s cap')
+  const a2 = await postFrom(gw.url, '127.0.0.2', init)
+  t.equal(a2.status, 429, 'the per-subject cap holds per client address')
+  const stolen = await postFrom(gw.url, '127.0.0.3', ping(2), { 'mcp-session-id': a.sessionId!, 'mcp-protocol-version': '2025-06-18' })
+  t.equal(stolen.status, 404, 'a session is bound to the address that opened it')
+  const mine = await postFrom(gw.url, '127.0.0.2', ping(3), { 'mcp-session-id': a.sessionId!, 'mcp-protocol-version': '2025-06-18' })
+  t.equal(mine.status, 200)
+  t.same(gw.endpoint.sessions().map(s => s.subject), [undefined, undefined], 'anonymous sessions show no subject')
 })
 
 t.test('idle sessions expire', async t => {

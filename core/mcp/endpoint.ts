@@ -20,6 +20,7 @@ import { allowsBatch, eraOf, isSessionRevision, negotiateRevision } from './revi
 import { createModernHandler } from './modern.ts'
 import { UpstreamPool, type PooledSummary } from './modern-pool.ts'
 import { sharedFactory } from './shared-upstream.ts'
+import { subjectKeyOf } from './subject-key.ts'
 
 export interface McpEndpointOptions {
   /** One factory per configured target, in config order. */
@@ -72,7 +73,6 @@ export interface GatewayMcpEndpoint extends McpEndpoint {
   pooled(): PooledSummary[]
 }
 
-const ANONYMOUS = '\u0000anonymous'
 const RETRY_AFTER_SECONDS = '10'
 const KEEPALIVE_MS = 15_000
 
@@ -163,10 +163,6 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed })
   // share: subject targets: the sessions of one subject lease the same pooled children.
   const sessionFactories = opts.targets.map(f => f.share === 'subject' ? sharedFactory(f, pool) : f)
-
-  function subjectKeyOf (ctx: RequestContext): string {
-    return ctx.auth?.subject ?? ANONYMOUS
-  }
 
   /** The caller's session, or 400/404. Another subject's session is "not found". */
   function lookup (ctx: RequestContext): Session {

@@ -20,6 +20,7 @@ import { allowOperation, deniedStandIn, filterListItems } from './policy.ts'
 import { GATEWAY_INFO } from './session.ts'
 import { randomBytes } from 'node:crypto'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
+import { subjectKeyOf } from './subject-key.ts'
 
 /** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`). */
 export const META = {
@@ -247,10 +248,6 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   const continuations = new Map<string, Continuation>()
   let inputSeq = 0
   let serverInfo: unknown = GATEWAY_INFO
-
-  function subjectKeyOf (ctx: RequestContext): string {
-    return ctx.auth?.subject ?? '\u0000anonymous'
-  }
 
   /** Results of this revision: `resultType`, caching hints, serverInfo (MCP 2026-07-28 Caching, `_meta`). */
   function decorate (ex: Exchange, method: string, result: Record<string, unknown>, serverInfo: unknown): Record<string, unknown> {

@@ -1,0 +1,17 @@
+/**
+ * The key that sessions, per-subject caps and pooled upstreams are bound to:
+ * the authenticated subject, or for a caller without one its client address.
+ * Without authentication every caller used to be one subject, so the
+ * 101st anonymous session anywhere got 429 from maxSessionsPerSubject and
+ * `share: subject` children were shared by everyone. Behind a reverse proxy
+ * all anonymous callers have the proxy's address and share one key again.
+ */
+import type { RequestContext } from '../context.ts'
+
+export function subjectKeyOf (ctx: RequestContext): string {
+  const subject = ctx.auth?.subject
+  if (subject !== undefined) return subject
+  // NUL cannot start a subject taken from a token claim (JSON strings can hold it, but a
+  // subject never begins with it), so an anonymous key never equals a real subject.
+  return `\u0000anonymous@${ctx.req.socket.remoteAddress ?? ''}`
+}
