@@ -134,3 +134,23 @@ t.test('no token reaches the upstream: the stdio child environment never holds i
   t.notOk(dump.includes('gateway-own-secret-value'), "the gateway's own secrets stay out too")
   t.notOk(faulty.logText().includes(token), 'the token is never logged')
 })
+
+t.test('tokens without sub never share a session through the client id (issue 13 item 3)', async t => {
+  // Two users of the same client: no sub, different oid, the same azp/client_id.
+  const a = await idp.mintToken({ oid: 'user-a', client_id: idp.clientId })
+  const b = await idp.mintToken({ oid: 'user-b', client_id: idp.clientId })
+  const refused = await post(gw.url, initialize, { authorization: `Bearer ${a}` })
+  t.equal(refused.status, 401, 'by default a token without sub opens nothing')
+  t.match(JSON.parse(refused.text), { error: 'invalid_token', error_description: 'token has no subject' })
+  t.equal(gw.gw.endpoint.sessions().length, 0)
+
+  const byOid = await fullGateway(t, { targets: [everythingTarget()], policies: { mcpAuthentication: ossOptions(idp, { subjectClaim: 'oid' }) } })
+  const opened = await post(byOid.url, initialize, { authorization: `Bearer ${a}` })
+  t.equal(opened.status, 200)
+  const sessionId = opened.headers.get('mcp-session-id')!
+  const asB = await post(byOid.url, { jsonrpc: '2.0', id: 2, method: 'ping' }, { authorization: `Bearer ${b}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' })
+  t.equal(asB.status, 404, "user B with user A's session id does not reach it")
+  const asA = await post(byOid.url, { jsonrpc: '2.0', id: 3, method: 'ping' }, { authorization: `Bearer ${a}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' })
+  t.equal(asA.status, 200)
+  t.same(byOid.gw.endpoint.sessions().map(s => s.subject), ['user-a'])
+})
