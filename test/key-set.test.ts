@@ -143,3 +143,46 @@ t.test('no provider: the key set comes from the discovery document', async t => 
   t.equal(ks.state().url, `${origin}/realm/keys`)
   t.same(ks.state().kids, ['d1'])
 })
+
+t.test('while the key set cannot be fetched: unknown kids are "unavailable", fetches back off, recovery picks up the rotation (issue 13 items 19, 20)', async t => {
+  const k1 = await publicJwk('k1')
+  let keys = [k1]
+  let fail = false
+  const srv = await keyServer(t, (_req, res) => {
+    if (fail) { res.writeHead(503).end(); return }
+    res.end(JSON.stringify({ keys }))
+  })
+  const ks = keySet(srv.url, { cooldownMs: 100, maxBackoffMs: 400 })
+  t.teardown(() => ks.close())
+  await ks.start()
+  fail = true
+  await new Promise(resolve => setTimeout(resolve, 120))
+  const before = srv.hits()
+  const burst = await Promise.allSettled(Array.from({ length: 50 }, () => ks.getKey({ alg: 'RS256', kid: randomUUID() })))
+  t.ok(burst.every(r => r.status === 'rejected' && r.reason instanceof KeysUnavailableError), 'an unknown kid the set cannot be refreshed for is "unavailable", not "no such key"')
+  t.equal(srv.hits(), before + 1, 'the burst shares one fetch')
+  t.ok((burst[0] as PromiseRejectedResult).reason.retryAfterSeconds >= 1, 'with a Retry-After')
+  t.ok(await ks.getKey({ alg: 'RS256', kid: 'k1' }), 'known kids keep working from the last good keys')
+
+  // Keep asking for unknown kids for a while: the interval doubles (100, 200, 400, 400 ms...).
+  const started = Date.now()
+  const hitsAtStart = srv.hits()
+  while (Date.now() - started < 1500) {
+    await ks.getKey({ alg: 'RS256', kid: randomUUID() }).catch(() => {})
+    await new Promise(resolve => setTimeout(resolve, 10))
+  }
+  const during = srv.hits() - hitsAtStart
+  // At the cooldown pace it would be about 15; backing off to 400 ms bounds it near 5.
+  t.ok(during >= 1 && during <= 7, `fetches back off while the IdP fails: ${during} in 1.5 s`)
+
+  const k2 = await publicJwk('k2')
+  keys = [k1, k2]
+  fail = false
+  let found = false
+  for (let i = 0; i < 40 && !found; i++) {
+    found = await ks.getKey({ alg: 'RS256', kid: 'k2' }).then(() => true, () => false)
+    if (!found) await new Promise(resolve => setTimeout(resolve, 50))
+  }
+  t.ok(found, 'the rotated key is found once the IdP is back')
+  await t.rejects(ks.getKey({ alg: 'RS256', kid: randomUUID() }), NoMatchingKeyError, 'with the set fetched again, a bogus kid is "no such key" again')
+})
