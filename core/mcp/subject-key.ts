@@ -11,7 +11,7 @@ import type { RequestContext } from '../context.ts'
 export function subjectKeyOf (ctx: RequestContext): string {
   const subject = ctx.auth?.subject
   if (subject !== undefined) return subject
-  // NUL cannot start a subject taken from a token claim (JSON strings can hold it, but a
-  // subject never begins with it), so an anonymous key never equals a real subject.
+  // The NUL prefix keeps it apart from real subjects: those come from IdP-signed claims,
+  // and identity providers do not issue subjects that start with a control character.
   return `\u0000anonymous@${ctx.req.socket.remoteAddress ?? ''}`
 }

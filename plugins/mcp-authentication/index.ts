@@ -109,7 +109,6 @@ export function stripAuthorization (req: IncomingMessage): void {
   req.headers = kept
 }
 
-
 function quote (s: string): string {
   return s.replace(/[\\"]/g, '\\$&')
 }
