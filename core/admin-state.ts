@@ -17,6 +17,7 @@ import type { PooledSummary, SessionSummary, TargetSummary } from './mcp/index.t
 import { liveChildCount } from './targets/index.ts'
 import { redactConfig, secretValues, createScrubber } from './redact.ts'
 import { runTry } from './admin-try.ts'
+import { methodLabel } from './metric-labels.ts'
 
 // ---- upstream tracking -----------------------------------------------------
 
@@ -42,7 +43,9 @@ interface MethodMeters { duration: HistogramHandle; ok: CounterHandle; error: Co
 /** Methods a client can name freely: past this many, handles are made per call instead of kept. */
 const MAX_METHOD_HANDLES = 256
 
-function methodMeters (stats: TargetStats, meters: Meters, method: string): MethodMeters {
+function methodMeters (stats: TargetStats, meters: Meters, name: string): MethodMeters {
+  // A label value from a bounded set: the client names the method (metric-labels.ts).
+  const method = methodLabel(name)
   let m = stats.byMethod.get(method)
   if (m === undefined) {
     const labels = { target: stats.target, method }

@@ -13,6 +13,7 @@ import type { RouteTable } from './routes.ts'
 import { ProxyError, RPC } from './errors.ts'
 import { writeError } from './error-writer.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
+import { methodLabel } from './metric-labels.ts'
 
 /** The terminal handler for /mcp (see core/mcp/). */
 export interface McpEndpoint {
@@ -326,7 +327,9 @@ export class GatewayServer {
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
     const route = ctx.kind === 'mcp' ? '/mcp' : this.routes.has(ctx.path) ? ctx.path : 'other'
-    const mcpMethod = ctx.mcp?.method ?? ''
+    // A label value from a bounded set: the client names the method (metric-labels.ts).
+    const named = ctx.mcp?.method
+    const mcpMethod = named === undefined ? '' : methodLabel(named)
     let rm = this.#routeMeters.get(route)
     if (rm === undefined) {
       rm = { duration: this.#duration.labels({ route }), requests: new Map(), handles: 0 }
