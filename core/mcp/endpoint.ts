@@ -14,7 +14,7 @@ import type { GatewayConfig } from '../config.ts'
 import type { Metrics } from '../metrics.ts'
 import type { JsonRpcMessage, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
-import { SseStream, SSE_HEADERS } from './sse.ts'
+import { SseStream, SSE_HEADERS, streamLimits } from './sse.ts'
 import { Session, type SessionEnv } from './session.ts'
 import { allowsBatch, eraOf, isSessionRevision, negotiateRevision } from './revision.ts'
 import { createModernHandler } from './modern.ts'
@@ -27,7 +27,10 @@ export interface McpEndpointOptions {
   readonly targets: readonly UpstreamFactory[]
   /** The pipeline's plugins; those with `allowMcpOperation` filter lists and refuse calls. */
   readonly plugins: readonly Plugin[]
-  readonly config: Pick<GatewayConfig['mcp'], 'session' | 'failClosed'>
+  readonly config: Pick<GatewayConfig['mcp'], 'session' | 'failClosed'> & {
+    /** SSE bounds; defaults as in the schema when absent. */
+    readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes'>>
+  }
   readonly log: Logger
   readonly metrics: Metrics
   /** When set (one HTTP target), session-era traffic is handed to it unchanged. */
@@ -115,8 +118,10 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   sessionGauge.collect = () => [[undefined, sessions.size]]
   const sessionsEnded = opts.metrics.counter('mcp_proxy_sessions_ended_total', 'Ended MCP sessions by reason')
 
+  const streams = streamLimits({ ...config.limits, log, metrics: opts.metrics })
   const env: SessionEnv = {
     log,
+    streams,
     requestTimeoutMs: config.session.requestTimeoutSeconds * 1000,
     failClosed: config.failClosed,
     checkers: opts.plugins.filter(p => typeof p.allowMcpOperation === 'function'),
@@ -160,7 +165,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   })
   const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Pooled upstreams: revision 2026-07-28 requests and share: subject targets')
   pooledGauge.collect = () => [[undefined, pool.size]]
-  const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed })
+  const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed, streams })
   // share: subject targets: the sessions of one subject lease the same pooled children.
   const sessionFactories = opts.targets.map(f => f.share === 'subject' ? sharedFactory(f, pool) : f)
 
@@ -234,7 +239,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     if (session.ended) throw new ProxyError('MCPP_ERR_UPSTREAM', 502, 'upstream closed during initialize', { rpcCode: RPC.SERVER_ERROR, expose: true })
     ctx.log.debug({ session: id.slice(0, 8), protocolVersion: session.version }, 'session started')
     await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': id })
-    new SseStream(ctx.res).end({ jsonrpc: '2.0', id: msg.id, result })
+    new SseStream(ctx.res, streams).end({ jsonrpc: '2.0', id: msg.id, result })
   }
 
   async function get (ctx: RequestContext): Promise<void> {
@@ -249,7 +254,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     }
     await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': session.id })
     ctx.res.flushHeaders()
-    session.attachGetStream(new SseStream(ctx.res))
+    session.attachGetStream(new SseStream(ctx.res, streams))
   }
 
   async function del (ctx: RequestContext): Promise<void> {

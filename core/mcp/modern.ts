@@ -13,7 +13,7 @@ import type { RequestContext } from '../context.ts'
 import type { Plugin } from '../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage, UpstreamFactory } from '../targets/types.ts'
 import { RPC } from '../errors.ts'
-import { SseStream, SSE_HEADERS } from './sse.ts'
+import { SseStream, SSE_HEADERS, type StreamLimits } from './sse.ts'
 import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
 import { splitName, markUri, unmarkUri, mergeCapabilities, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems } from './policy.ts'
@@ -66,6 +66,8 @@ export interface ModernOptions {
   readonly pool: UpstreamPool
   readonly log: Logger
   readonly failClosed: boolean
+  /** Bounds of every SSE answer and listen stream (sse.ts). */
+  readonly streams: StreamLimits
 }
 
 export interface ModernHandler {
@@ -181,12 +183,14 @@ class Exchange {
   readonly logLevel: string | undefined
   readonly clientCapabilities: Record<string, unknown>
   stream: SseStream | undefined
+  readonly streams: StreamLimits
   finished = false
   aborted = false
   #queue: Promise<void> = Promise.resolve()
 
-  constructor (ctx: RequestContext, id: JsonRpcId, subjectKey: string, logLevel: string | undefined, clientCapabilities: Record<string, unknown>) {
+  constructor (ctx: RequestContext, id: JsonRpcId, subjectKey: string, logLevel: string | undefined, clientCapabilities: Record<string, unknown>, streams: StreamLimits) {
     this.ctx = ctx
+    this.streams = streams
     this.id = id
     this.subjectKey = subjectKey
     this.logLevel = logLevel
@@ -213,7 +217,7 @@ class Exchange {
       if (this.finished) return
       if (this.stream === undefined) {
         await this.ctx.writeHead(200, { ...SSE_HEADERS })
-        this.stream = new SseStream(this.ctx.res)
+        this.stream = new SseStream(this.ctx.res, this.streams)
       }
       this.stream.send(msg)
     })
@@ -561,7 +565,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     if (ex.aborted || ex.ctx.res.destroyed) { unsubscribeAll(); releaseAll(); return }
     const tag = (): Record<string, unknown> => ({ [META.subscriptionId]: ex.id })
     await ex.ctx.writeHead(200, { ...SSE_HEADERS })
-    const stream = new SseStream(ex.ctx.res)
+    const stream = new SseStream(ex.ctx.res, opts.streams)
     ex.stream = stream
     stream.send({ jsonrpc: '2.0', method: 'notifications/subscriptions/acknowledged', params: { _meta: tag(), notifications: agreed } })
     const listeners = held.map(entry => {
@@ -663,7 +667,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       }
       const meta = msg.params?._meta as Record<string, unknown>
       const level = meta[META.logLevel]
-      const ex = new Exchange(ctx, msg.id, subjectKeyOf(ctx), typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined, meta[META.clientCapabilities] as Record<string, unknown>)
+      const ex = new Exchange(ctx, msg.id, subjectKeyOf(ctx), typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined, meta[META.clientCapabilities] as Record<string, unknown>, opts.streams)
       try {
         await dispatch(ex, msg)
       } catch (err) {

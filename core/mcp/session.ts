@@ -10,7 +10,7 @@ import type { RequestContext } from '../context.ts'
 import type { Plugin } from '../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
-import { SseStream } from './sse.ts'
+import { Backlog, SseStream, type StreamLimits } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { splitName, markUri, unmarkUri, mergeCapabilities, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
@@ -20,6 +20,8 @@ export const GATEWAY_INFO = { name: 'mcp-proxy', version: '0.1.0' } as const
 /** What a session needs from its endpoint. */
 export interface SessionEnv {
   readonly log: Logger
+  /** Bounds of the session's SSE streams and backlog (sse.ts). */
+  readonly streams: StreamLimits
   readonly requestTimeoutMs: number
   readonly failClosed: boolean
   /** Plugins that have `allowMcpOperation`; empty means no filtering. */
@@ -68,7 +70,6 @@ interface Exchange {
   open: number
 }
 
-const BACKLOG_MAX = 256
 /** A child's start-up (node, npx) may be slow on a busy host: initialize waits at least this long. */
 const INIT_TIMEOUT_MIN_MS = 15_000
 const LIST_KEYS: Record<string, 'tools' | 'prompts' | 'resources' | 'resourceTemplates'> = {
@@ -107,7 +108,7 @@ export class Session {
   #serverSeq = 0
   readonly #exchanges = new Set<Exchange>()
   #getStream: SseStream | undefined
-  #backlog: JsonRpcMessage[] = []
+  readonly #backlog: Backlog
   readonly #byTarget = new Map<string, Link>()
   #starting = true
 
@@ -118,6 +119,7 @@ export class Session {
     this.version = opts.version
     this.#env = opts.env
     this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
+    this.#backlog = new Backlog(opts.env.streams, this.#log)
     this.multi = opts.factories.length > 1
     this.links = opts.factories.map(f => {
       const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), seq: 0, up: false, pending: new Map(), active: new Set(), initResult: undefined }
@@ -196,7 +198,7 @@ export class Session {
       return
     }
     await ctx.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'mcp-session-id': this.id })
-    const exchange: Exchange = { ctx, stream: new SseStream(ctx.res), open: requests }
+    const exchange: Exchange = { ctx, stream: new SseStream(ctx.res, this.#env.streams), open: requests }
     this.#exchanges.add(exchange)
     exchange.stream.onClose(() => this.#exchangeClosed(exchange))
     if (single !== undefined) this.#clientRequest(exchange, single)
@@ -212,9 +214,7 @@ export class Session {
       if (this.#getStream === stream) this.#getStream = undefined
       this.lastActivityAt = Date.now()
     })
-    const backlog = this.#backlog
-    this.#backlog = []
-    for (const m of backlog) stream.send(m)
+    this.#backlog.flushTo(stream)
     return true
   }
 
@@ -621,7 +621,6 @@ export class Session {
     let last: Exchange | undefined
     for (const ex of this.#exchanges) if (ex.stream.open) last = ex
     if (last?.stream.send(msg) === true) return
-    if (this.#backlog.length >= BACKLOG_MAX) this.#backlog.shift()
     this.#backlog.push(msg)
   }
 

@@ -1,25 +1,55 @@
 /**
  * One server-sent-events response: `message` events carrying JSON-RPC
  * messages, comment keep-alives, and a close callback. Each event is one
- * string and one write; nothing is buffered here beyond what node:http does.
+ * string and one write. What node:http holds unsent for a client that does
+ * not read is bounded in bytes (`mcp.limits.maxStreamBufferBytes`): once the
+ * client is behind (`write` returned false, no 'drain' yet) and the next
+ * event would go past the bound, the stream is destroyed — its buffer freed
+ * at once — logged and counted. Also the per-session backlog of messages
+ * that found no open stream, bounded in bytes as well. Both eras use these.
  */
 import type { ServerResponse } from 'node:http'
+import type { Logger } from 'pino'
+import type { Counter } from '../metrics.ts'
 
 export const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' } as const
 
-function frame (msg: unknown): string {
+/** Defaults of `mcp.limits.maxStreamBufferBytes` and `maxBacklogBytes` (schemas/config.schema.json). */
+export const DEFAULT_STREAM_BUFFER_BYTES = 8 * 1024 * 1024
+export const DEFAULT_BACKLOG_BYTES = 1024 * 1024
+/** Messages a backlog keeps at most, whatever their size. */
+const BACKLOG_MAX_MESSAGES = 256
+
+/** The limits every stream of an endpoint shares, and where slowness is reported. */
+export interface StreamLimits {
+  readonly maxBufferedBytes: number
+  readonly maxBacklogBytes: number
+  readonly log: Logger
+  /** `mcp_proxy_sse_slow_streams_closed_total` */
+  readonly slowClosed: Counter
+  /** `mcp_proxy_sse_backlog_dropped_total` */
+  readonly backlogDropped: Counter
+}
+
+export function frame (msg: unknown): string {
   return 'event: message\ndata: ' + JSON.stringify(msg) + '\n\n'
 }
 
 export class SseStream {
   readonly res: ServerResponse
+  readonly #limits: StreamLimits
   #closed = false
   #closeHandlers: Array<() => void> = []
+  /** `write` returned false and 'drain' has not come yet: the client is behind. */
+  #behind = false
+  readonly #caughtUp = (): void => { this.#behind = false }
 
-  constructor (res: ServerResponse) {
+  constructor (res: ServerResponse, limits: StreamLimits) {
     this.res = res
+    this.#limits = limits
     res.once('close', () => {
       this.#closed = true
+      res.off('drain', this.#caughtUp)
       const hs = this.#closeHandlers
       this.#closeHandlers = []
       for (const h of hs) h()
@@ -36,21 +66,111 @@ export class SseStream {
     else this.#closeHandlers.push(fn)
   }
 
-  /** Writes one `message` event; false when the stream is gone. */
+  /** Writes one `message` event; false when the stream is gone (or was just closed as too slow). */
   send (msg: unknown): boolean {
     if (!this.open) return false
-    this.res.write(frame(msg))
+    return this.sendFrame(frame(msg))
+  }
+
+  /** Writes one event already framed (a backlog entry). */
+  sendFrame (event: string): boolean {
+    if (!this.open || !this.#fits(event)) return false
+    if (!this.res.write(event) && !this.#behind) {
+      this.#behind = true
+      this.res.once('drain', this.#caughtUp)
+    }
     return true
   }
 
   /** Ends the stream, optionally with a last event (headers and event go out in one write). */
   end (last?: unknown): void {
     if (!this.open) return
-    if (last === undefined) this.res.end()
-    else this.res.end(frame(last))
+    if (last === undefined) { this.res.end(); return }
+    const event = frame(last)
+    if (this.#fits(event)) this.res.end(event)
   }
 
   keepAlive (): void {
-    if (this.open) this.res.write(': keep-alive\n\n')
+    // A client that is behind gains nothing from a comment.
+    if (this.open && !this.#behind) this.res.write(': keep-alive\n\n')
+  }
+
+  /**
+   * Whether `event` may be buffered: always while the client keeps up (node
+   * holds less than its high-water mark then), else only within the bound.
+   * A stream past it is destroyed: its unsent bytes are freed now, not when
+   * a stuck client would read them.
+   */
+  #fits (event: string): boolean {
+    if (!this.#behind) return true
+    const buffered = this.res.writableLength
+    if (buffered + Buffer.byteLength(event) <= this.#limits.maxBufferedBytes) return true
+    this.#limits.slowClosed.inc()
+    this.#limits.log.warn({ bufferedBytes: buffered, limit: this.#limits.maxBufferedBytes }, 'closed a slow SSE stream (client not reading; mcp.limits.maxStreamBufferBytes)')
+    this.res.destroy()
+    return false
+  }
+}
+
+/**
+ * Messages for a session that has no open stream, until a GET stream comes:
+ * the newest kept within `maxBacklogBytes` (and 256 messages), the oldest
+ * dropped first and counted. Entries are stored framed, so each message is
+ * serialized once.
+ */
+export class Backlog {
+  readonly #limits: StreamLimits
+  readonly #log: Logger
+  #events: string[] = []
+  #bytes = 0
+  /** Dropped since the backlog was last handed over: logged once per episode. */
+  #dropping = false
+
+  constructor (limits: StreamLimits, log: Logger) {
+    this.#limits = limits
+    this.#log = log
+  }
+
+  get bytes (): number { return this.#bytes }
+
+  push (msg: unknown): void {
+    const event = frame(msg)
+    const size = Buffer.byteLength(event)
+    let dropped = 0
+    if (size > this.#limits.maxBacklogBytes) dropped = 1
+    else {
+      while (this.#events.length > 0 && (this.#bytes + size > this.#limits.maxBacklogBytes || this.#events.length >= BACKLOG_MAX_MESSAGES)) {
+        this.#bytes -= Buffer.byteLength(this.#events.shift()!)
+        dropped++
+      }
+      this.#events.push(event)
+      this.#bytes += size
+    }
+    if (dropped === 0) return
+    this.#limits.backlogDropped.inc(undefined, dropped)
+    if (!this.#dropping) {
+      this.#dropping = true
+      this.#log.warn({ limit: this.#limits.maxBacklogBytes }, 'session backlog full: dropping the oldest messages (no open stream; mcp.limits.maxBacklogBytes)')
+    }
+  }
+
+  /** Hands every kept message to `stream`, oldest first, and empties the backlog. */
+  flushTo (stream: SseStream): void {
+    const events = this.#events
+    this.#events = []
+    this.#bytes = 0
+    this.#dropping = false
+    for (const e of events) if (!stream.sendFrame(e)) break
+  }
+}
+
+/** The limits of one endpoint, with their metrics registered. */
+export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; log: Logger; metrics: import('../metrics.ts').Metrics }): StreamLimits {
+  return {
+    maxBufferedBytes: opts.maxStreamBufferBytes ?? DEFAULT_STREAM_BUFFER_BYTES,
+    maxBacklogBytes: opts.maxBacklogBytes ?? DEFAULT_BACKLOG_BYTES,
+    log: opts.log,
+    slowClosed: opts.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', 'SSE streams closed because the client did not read and the buffer reached mcp.limits.maxStreamBufferBytes'),
+    backlogDropped: opts.metrics.counter('mcp_proxy_sse_backlog_dropped_total', 'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes'),
   }
 }

@@ -1,0 +1,124 @@
+/**
+ * Slow SSE clients and chatty upstreams (issue 13 item 18): a stream the
+ * client never reads holds a bounded number of bytes in the gateway, then is
+ * closed (logged, counted); a session without a stream keeps a backlog
+ * bounded in bytes; other sessions go on; the gateway's memory stays near
+ * its baseline while an upstream pushes far more than the bounds, and after
+ * the client leaves. Whole gateway in process (its RSS is this process's),
+ * faulty-server's `chatter` tool as the upstream, default limits.
+ */
+import t from 'tap'
+import { request, type IncomingMessage, type ClientRequest } from 'node:http'
+import { setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
+import { fullGateway } from './helpers/full-gateway.ts'
+import { faultyTarget, rawInitialize, sseMessages, until, INIT_HEADERS } from './helpers/gateway-harness.ts'
+
+const VERSION = '2025-06-18'
+const MiB = 1024 * 1024
+
+// What the gateway keeps, not the garbage it has not collected yet: RSS after full collections.
+setFlagsFromString('--expose-gc')
+const gc = runInNewContext('gc') as () => void
+
+function rssMiB (): number {
+  gc()
+  gc()
+  return process.memoryUsage().rss / MiB
+}
+
+async function call (url: string, sid: string, msg: Record<string, unknown>): Promise<Array<Record<string, unknown>>> {
+  const res = await fetch(url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': VERSION }, body: JSON.stringify({ jsonrpc: '2.0', ...msg }) })
+  return sseMessages(await res.text())
+}
+
+function tool (url: string, sid: string, id: number, name: string, args: Record<string, unknown> = {}): Promise<Array<Record<string, unknown>>> {
+  return call(url, sid, { id, method: 'tools/call', params: { name, arguments: args } })
+}
+
+/** Opens the session's GET stream; resolves once its head is here. */
+function openGet (url: string, sid: string): Promise<{ req: ClientRequest; res: IncomingMessage }> {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { method: 'GET', headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'mcp-protocol-version': VERSION } }, res => resolve({ req, res }))
+    req.on('error', reject)
+    req.end()
+  })
+}
+
+async function session (url: string): Promise<string> {
+  const init = await rawInitialize(url, VERSION)
+  if (init.status !== 200 || init.sessionId === null) throw new Error(`initialize: ${init.status} ${init.body}`)
+  return init.sessionId
+}
+
+t.test('a stream that is never read, a chatty upstream, and a session without a stream', async t => {
+  const g = await fullGateway(t, { targets: [faultyTarget()] })
+  const slowClosed = (): number => g.gw.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', '').get()
+  const a = await session(g.url)
+  const b = await session(g.url)
+  // Warm up both sessions' paths before the baseline.
+  t.match(await tool(g.url, a, 1, 'echo', { message: 'warm' }), [{ result: { content: [{ text: 'warm' }] } }])
+  t.match(await tool(g.url, b, 1, 'chatter', { count: 8, bytes: 65536 }), [{}, {}, {}, {}, {}, {}, {}, {}, { id: 1, result: {} }])
+  const baseline = rssMiB()
+
+  await t.test('a GET stream never read: closed once its buffer is full, other sessions unaffected', async t => {
+    const get = await openGet(g.url, a)
+    t.equal(get.res.statusCode, 200)
+    get.res.pause()
+    // 128 MiB of notifications unrelated to any request: they go to the GET stream.
+    const flood = tool(g.url, a, 2, 'chatter', { count: 512, bytes: 256 * 1024, after: true, tag: 'get' })
+    const other = tool(g.url, b, 2, 'echo', { message: 'still here' })
+    t.match(await other, [{ id: 2, result: { content: [{ text: 'still here' }] } }], 'another session is served during the flood')
+    t.match(await flood, [{ id: 2, result: { content: [{ text: 'chatting' }] } }])
+    t.ok(await until(() => g.logText().includes('chatter done get'), 400), 'the upstream sent everything')
+    const grew = rssMiB() - baseline
+    t.ok(await until(() => g.gw.endpoint.sessions().find(s => a.startsWith(s.id))?.getStream === false, 80), 'the stuck GET stream was closed')
+    t.ok(slowClosed() >= 1, 'counted in mcp_proxy_sse_slow_streams_closed_total')
+    t.match(g.logText(), /closed a slow SSE stream/, 'and logged')
+    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while 128 MiB were pushed to a client that is still connected`)
+    t.match(await tool(g.url, b, 3, 'echo', { message: 'after too' }), [{ id: 3, result: { content: [{ text: 'after too' }] } }])
+    get.req.destroy()
+  })
+
+  await t.test('a POST answer never read: closed the same way', async t => {
+    const closed = slowClosed()
+    // Notifications sent while the call runs go to its own POST stream, which nobody reads.
+    const req = request(g.url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-session-id': b, 'mcp-protocol-version': VERSION } }, res => res.pause())
+    req.on('error', () => {})
+    req.end(JSON.stringify({ jsonrpc: '2.0', id: 4, method: 'tools/call', params: { name: 'chatter', arguments: { count: 256, bytes: 256 * 1024, tag: 'post' } } }))
+    t.ok(await until(() => slowClosed() > closed, 400), 'the POST stream was closed as slow')
+    t.ok(await until(() => g.logText().includes('chatter done post'), 400), 'the upstream sent everything')
+    // The rest of the notifications may share this answer's stream (no GET stream): look for the answer.
+    t.match((await tool(g.url, b, 5, 'echo', { message: 'b lives' })).find(m => m.id === 5), { result: { content: [{ text: 'b lives' }] } })
+    const grew = rssMiB() - baseline
+    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while up to 64 MiB were pushed`)
+    req.destroy()
+  })
+
+  await t.test('a session without a stream keeps a backlog bounded in bytes, newest last', async t => {
+    const c = await session(g.url)
+    // Answered first: the 64 MiB that follow find no open stream.
+    t.match(await tool(g.url, c, 1, 'chatter', { count: 256, bytes: 256 * 1024, after: true, tag: 'backlog' }), [{ id: 1, result: {} }])
+    t.ok(await until(() => g.logText().includes('chatter done backlog'), 400), 'the upstream sent everything')
+    const grew = rssMiB() - baseline
+    // The backlog goes to the next GET stream; a short marker follows it.
+    const get = await openGet(g.url, c)
+    let text = ''
+    get.res.setEncoding('utf8')
+    get.res.on('data', (d: string) => { text += d })
+    t.match(await tool(g.url, c, 2, 'chatter', { count: 1, bytes: 5, after: true }), [{ id: 2, result: {} }])
+    t.ok(await until(() => text.includes('"data":"ccccc"'), 200), 'the marker arrived')
+    get.req.destroy()
+    const backlog = sseMessages(text).length - 1
+    t.ok(backlog >= 1, `the newest messages are kept (${backlog})`)
+    t.ok(text.length < 2 * MiB, `the backlog held ${(text.length / MiB).toFixed(2)} MiB of the 64 MiB sent`)
+    t.ok(g.gw.metrics.counter('mcp_proxy_sse_backlog_dropped_total', '').get() >= 200, 'the dropped ones are counted')
+    t.match(g.logText(), /session backlog full/, 'and logged')
+    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while 64 MiB waited for a stream`)
+  })
+
+  await t.test('memory returned after the clients left', async t => {
+    const left = rssMiB() - baseline
+    t.ok(left < 32, `RSS ${left.toFixed(1)} MiB above the baseline`)
+  })
+})
