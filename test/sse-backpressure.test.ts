@@ -1,10 +1,10 @@
 /**
  * Slow SSE clients and chatty upstreams (issue 13 item 18): a stream the
  * client never reads holds a bounded number of bytes in the gateway, then is
- * closed (logged, counted); a session without a stream keeps a backlog
- * bounded in bytes; other sessions go on; the gateway's memory stays near
- * its baseline while an upstream pushes far more than the bounds, and after
- * the client leaves. Whole gateway in process (its RSS is this process's),
+ * closed (logged, counted): GET streams and POST answers of both eras. A
+ * session without a stream keeps a backlog bounded in bytes. Other sessions
+ * go on; the gateway's memory stays near its baseline while an upstream
+ * pushes far more than the bounds, and after the client leaves. Whole gateway in process (its RSS is this process's),
  * faulty-server's `chatter` tool as the upstream, default limits.
  */
 import t from 'tap'
@@ -65,8 +65,8 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     const get = await openGet(g.url, a)
     t.equal(get.res.statusCode, 200)
     get.res.pause()
-    // 128 MiB of notifications unrelated to any request: they go to the GET stream.
-    const flood = tool(g.url, a, 2, 'chatter', { count: 512, bytes: 256 * 1024, after: true, tag: 'get' })
+    // 64 MiB of notifications unrelated to any request: they go to the GET stream.
+    const flood = tool(g.url, a, 2, 'chatter', { count: 256, bytes: 256 * 1024, after: true, tag: 'get' })
     const other = tool(g.url, b, 2, 'echo', { message: 'still here' })
     t.match(await other, [{ id: 2, result: { content: [{ text: 'still here' }] } }], 'another session is served during the flood')
     t.match(await flood, [{ id: 2, result: { content: [{ text: 'chatting' }] } }])
@@ -75,7 +75,7 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     t.ok(await until(() => g.gw.endpoint.sessions().find(s => a.startsWith(s.id))?.getStream === false, 80), 'the stuck GET stream was closed')
     t.ok(slowClosed() >= 1, 'counted in mcp_proxy_sse_slow_streams_closed_total')
     t.match(g.logText(), /closed a slow SSE stream/, 'and logged')
-    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while 128 MiB were pushed to a client that is still connected`)
+    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while 64 MiB were pushed to a client that is still connected`)
     t.match(await tool(g.url, b, 3, 'echo', { message: 'after too' }), [{ id: 3, result: { content: [{ text: 'after too' }] } }])
     get.req.destroy()
   })
@@ -90,6 +90,21 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     t.ok(await until(() => g.logText().includes('chatter done post'), 400), 'the upstream sent everything')
     // The rest of the notifications may share this answer's stream (no GET stream): look for the answer.
     t.match((await tool(g.url, b, 5, 'echo', { message: 'b lives' })).find(m => m.id === 5), { result: { content: [{ text: 'b lives' }] } })
+    const grew = rssMiB() - baseline
+    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while up to 64 MiB were pushed`)
+    req.destroy()
+  })
+
+  await t.test('a 2026-07-28 answer never read: closed the same way', async t => {
+    const closed = slowClosed()
+    // Log notifications while the call runs turn its answer into an SSE stream (logLevel in _meta).
+    const meta = { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/logLevel': 'info' }
+    const req = request(g.url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'chatter' } }, res => res.pause())
+    req.on('error', () => {})
+    req.end(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'chatter', arguments: { count: 256, bytes: 256 * 1024, tag: 'modern' }, _meta: meta } }))
+    t.ok(await until(() => slowClosed() > closed, 400), 'the answer stream was closed as slow')
+    t.ok(await until(() => g.logText().includes('chatter done modern'), 400), 'the upstream sent everything')
+    t.match((await tool(g.url, b, 6, 'echo', { message: 'b still' })).find(m => m.id === 6), { result: { content: [{ text: 'b still' }] } })
     const grew = rssMiB() - baseline
     t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while up to 64 MiB were pushed`)
     req.destroy()
