@@ -1,7 +1,8 @@
 /**
  * Slow SSE clients and chatty upstreams (issue 13 item 18): a stream the
  * client never reads holds a bounded number of bytes in the gateway, then is
- * closed (logged, counted): GET streams and POST answers of both eras. A
+ * closed (logged, counted): GET streams, POST answers of both eras, listen
+ * streams. A
  * session without a stream keeps a backlog bounded in bytes. Other sessions
  * go on; the gateway's memory stays near its baseline while an upstream
  * pushes far more than the bounds, and after the client leaves. Whole gateway in process (its RSS is this process's),
@@ -101,13 +102,44 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     const meta = { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/logLevel': 'info' }
     const req = request(g.url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'chatter' } }, res => res.pause())
     req.on('error', () => {})
-    req.end(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'chatter', arguments: { count: 256, bytes: 256 * 1024, tag: 'modern' }, _meta: meta } }))
+    req.end(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'chatter', arguments: { count: 384, bytes: 256 * 1024, tag: 'modern' }, _meta: meta } }))
     t.ok(await until(() => slowClosed() > closed, 400), 'the answer stream was closed as slow')
     t.ok(await until(() => g.logText().includes('chatter done modern'), 400), 'the upstream sent everything')
     t.match((await tool(g.url, b, 6, 'echo', { message: 'b still' })).find(m => m.id === 6), { result: { content: [{ text: 'b still' }] } })
     const grew = rssMiB() - baseline
-    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while up to 64 MiB were pushed`)
+    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while up to 96 MiB were pushed`)
     req.destroy()
+  })
+
+  await t.test('a 2026-07-28 listen stream never read: closed the same way', async t => {
+    const closed = slowClosed()
+    const meta = { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {} }
+    const modern = (method: string, params: Record<string, unknown>, name?: string): ClientRequest => {
+      const req = request(g.url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-protocol-version': '2026-07-28', 'mcp-method': method, ...(name === undefined ? {} : { 'mcp-name': name }) } })
+      req.on('error', () => {})
+      req.end(JSON.stringify({ jsonrpc: '2.0', id: 1, method, params: { ...params, _meta: meta } }))
+      return req
+    }
+    const pooled = (): Array<{ leases: number; inFlight: number }> => g.gw.endpoint.pooled().filter(p => p.target === 'faulty')
+    // The listen stream leases the least busy pooled upstream; a call that hangs takes a second one, so
+    // the next call shares the listen's upstream and its change notifications reach the listen stream.
+    const listen = modern('subscriptions/listen', { notifications: { toolsListChanged: true } })
+    const head = await new Promise<IncomingMessage>(resolve => listen.once('response', resolve))
+    t.equal(head.statusCode, 200)
+    head.pause()
+    const hang = modern('tools/call', { name: 'hang', arguments: {} }, 'hang')
+    t.ok(await until(() => pooled().length === 2 && pooled().every(p => p.leases >= 1) && pooled().some(p => p.inFlight === 1)), 'two pooled upstreams, both leased')
+    const flood = await fetch(g.url, {
+      method: 'POST',
+      headers: { ...INIT_HEADERS, 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'chatter' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'chatter', arguments: { count: 384, bytes: 256 * 1024, method: 'notifications/tools/list_changed', tag: 'listen' }, _meta: meta } }),
+    })
+    t.match(await flood.json(), { id: 2, result: { content: [{ text: 'sent 384' }] } })
+    t.ok(await until(() => slowClosed() > closed, 400), 'the listen stream was closed as slow')
+    const grew = rssMiB() - baseline
+    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while 96 MiB of change notifications were pushed`)
+    listen.destroy()
+    hang.destroy()
   })
 
   await t.test('a session without a stream keeps a backlog bounded in bytes, newest last', async t => {
