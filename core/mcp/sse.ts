@@ -42,7 +42,9 @@ export class SseStream {
   #closeHandlers: Array<() => void> = []
   /** `write` returned false and 'drain' has not come yet: the client is behind. */
   #behind = false
-  readonly #caughtUp = (): void => { this.#behind = false }
+  /** An event larger than the bound, accepted while the client kept up, widens the bound until 'drain'. */
+  #slack = 0
+  readonly #caughtUp = (): void => { this.#behind = false; this.#slack = 0 }
 
   constructor (res: ServerResponse, limits: StreamLimits) {
     this.res = res
@@ -75,6 +77,7 @@ export class SseStream {
   /** Writes one event already framed (a backlog entry). */
   sendFrame (event: string): boolean {
     if (!this.open || !this.#fits(event)) return false
+    if (!this.#behind && event.length > this.#limits.maxBufferedBytes) this.#slack = Buffer.byteLength(event)
     if (!this.res.write(event) && !this.#behind) {
       this.#behind = true
       this.res.once('drain', this.#caughtUp)
@@ -97,14 +100,15 @@ export class SseStream {
 
   /**
    * Whether `event` may be buffered: always while the client keeps up (node
-   * holds less than its high-water mark then), else only within the bound.
+   * holds less than its high-water mark then), else only within the bound
+   * (plus the size of an oversized event it took while keeping up).
    * A stream past it is destroyed: its unsent bytes are freed now, not when
    * a stuck client would read them.
    */
   #fits (event: string): boolean {
     if (!this.#behind) return true
     const buffered = this.res.writableLength
-    if (buffered + Buffer.byteLength(event) <= this.#limits.maxBufferedBytes) return true
+    if (buffered + Buffer.byteLength(event) <= this.#limits.maxBufferedBytes + this.#slack) return true
     this.#limits.slowClosed.inc()
     this.#limits.log.warn({ bufferedBytes: buffered, limit: this.#limits.maxBufferedBytes }, 'closed a slow SSE stream (client not reading; mcp.limits.maxStreamBufferBytes)')
     this.res.destroy()
