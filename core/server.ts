@@ -4,7 +4,8 @@
  * matching plugin route or the /mcp terminal handler, and writes errors
  * through the one error writer.
  */
-import { createServer, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
+import { createServer, STATUS_CODES, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
+import type { Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
 import type { RequestContext, ResponseContext, Reply, McpMessageInfo } from './context.ts'
@@ -26,6 +27,27 @@ export interface ServerLimits {
   requestTimeoutMs: number
   keepAliveTimeoutMs: number
 }
+
+/**
+ * How often Node checks `headersTimeout` / `requestTimeout`. Its default of
+ * 30 s let a slowloris outlive a 2 s `headersTimeoutMs` by up to 30 s: check
+ * four times per shortest timeout, at least every second.
+ */
+function checkingIntervalOf (limits: ServerLimits): number {
+  const timeouts = [limits.headersTimeoutMs, limits.requestTimeoutMs].filter(ms => ms > 0)
+  return timeouts.length === 0 ? 1000 : Math.min(1000, Math.max(100, Math.floor(Math.min(...timeouts) / 4)))
+}
+
+/** A whole response for a connection the parser gave up on: small JSON body, then the connection is closed. */
+function rawAnswer (status: number, description: string): Buffer {
+  const body = JSON.stringify({ error: 'invalid_request', error_description: description })
+  return Buffer.from(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nconnection: close\r\ncontent-type: application/json\r\n` +
+    `cache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`, 'latin1')
+}
+
+const HEADERS_TOO_LARGE = rawAnswer(431, 'request header fields too large')
+const REQUEST_TIMEOUT = rawAnswer(408, 'request not received in time')
+const BAD_REQUEST = rawAnswer(400, 'malformed HTTP request')
 
 export interface AccessRecord {
   id: string; method: string; path: string; status: number; durationMs: number
@@ -264,11 +286,28 @@ export class GatewayServer {
       requestTimeout: opts.limits.requestTimeoutMs,
       keepAliveTimeout: opts.limits.keepAliveTimeoutMs,
       maxHeaderSize: 16384,
+      connectionsCheckingInterval: checkingIntervalOf(opts.limits),
     }, (req, res) => { void this.handle(req, res) })
-    this.server.on('clientError', (err, socket) => {
-      this.log.debug({ err: (err as Error).message }, 'client error')
-      if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n')
-    })
+    this.server.on('clientError', (err, socket) => this.#clientError(err, socket as Socket))
+  }
+
+  /**
+   * A connection the HTTP parser gave up on (no request object exists):
+   * 431 for an oversized head, 408 when the head (or, with requestTimeoutMs,
+   * the whole request) came too slowly, 400 for anything else; then close.
+   */
+  #clientError (err: Error & { code?: string }, socket: Socket): void {
+    const answer = err.code === 'HPE_HEADER_OVERFLOW' ? HEADERS_TOO_LARGE : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? REQUEST_TIMEOUT : BAD_REQUEST
+    // As Node's own handler does: never write into a response already under way.
+    const current = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage
+    if (!socket.writable || (current != null && current.headersSent)) {
+      this.log.debug({ code: err.code, err: err.message }, 'client error on a closed or answering connection')
+      socket.destroy()
+      return
+    }
+    this.log.info({ code: err.code, status: answer === HEADERS_TOO_LARGE ? 431 : answer === REQUEST_TIMEOUT ? 408 : 400, remote: socket.remoteAddress }, 'client error')
+    socket.write(answer)
+    socket.destroySoon()
   }
 
   /**

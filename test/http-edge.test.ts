@@ -1,0 +1,126 @@
+/**
+ * The HTTP edge of the MCP listener from the outside (issue 13, items 8,
+ * 21): raw sockets against a whole gateway (startGateway from a validated
+ * config, real server-everything), and the real CLI for the slowloris.
+ * Every client here writes as soon as the port accepts.
+ */
+import t, { type Test } from 'tap'
+import { connect, type Socket } from 'node:net'
+import { writeFile, mkdtemp } from 'node:fs/promises'
+import { join } from 'node:path'
+import { tmpdir } from 'node:os'
+import { spawn } from 'node:child_process'
+import { everythingTarget, EVERYTHING } from './helpers/gateway-harness.ts'
+import { fullGateway } from './helpers/full-gateway.ts'
+import { CLI, ROOT, freePort } from './helpers/cli.ts'
+
+/** Longest any exchange here may take before the test counts it as hung (a failure guard, not a measurement). */
+const GUARD_MS = 8000
+
+interface RawResponse { status: number; headers: Record<string, string>; body: string }
+
+interface RawClient {
+  readonly socket: Socket
+  /** Resolves with everything received once the server has closed the connection; rejects after GUARD_MS. */
+  readonly closed: Promise<string>
+  /** Resolves with the first complete response (head and Content-Length body); rejects after GUARD_MS. */
+  readonly response: Promise<RawResponse>
+}
+
+function parseResponse (text: string): RawResponse | undefined {
+  const end = text.indexOf('\r\n\r\n')
+  if (end === -1) return undefined
+  const [statusLine, ...lines] = text.slice(0, end).split('\r\n')
+  const headers: Record<string, string> = {}
+  for (const l of lines) {
+    const i = l.indexOf(':')
+    headers[l.slice(0, i).trim().toLowerCase()] = l.slice(i + 1).trim()
+  }
+  const length = Number(headers['content-length'] ?? 0)
+  const body = Buffer.from(text.slice(end + 4), 'latin1')
+  if (body.length < length) return undefined
+  return { status: Number(/^HTTP\/1\.1 (\d{3})/.exec(statusLine!)?.[1]), headers, body: body.subarray(0, length).toString('utf8') }
+}
+
+/** A raw TCP client to 127.0.0.1:`port`, its socket destroyed in teardown. */
+function rawClient (t: Test, port: number): RawClient {
+  const socket = connect(port, '127.0.0.1')
+  t.teardown(() => { socket.destroy() })
+  let received = ''
+  let onData: (() => void) | undefined
+  socket.on('data', d => { received += d.toString('latin1'); onData?.() })
+  // A reset after the server closed (we kept writing) is an end like any other.
+  socket.on('error', () => {})
+  const guard = <T>(what: string, p: Promise<T>): Promise<T> => {
+    let timer: NodeJS.Timeout | undefined
+    const timeout = new Promise<never>((_resolve, reject) => {
+      timer = setTimeout(() => reject(new Error(`${what} did not happen within the guard; received: ${JSON.stringify(received.slice(0, 300))}`)), GUARD_MS)
+    })
+    return Promise.race([p, timeout]).finally(() => clearTimeout(timer))
+  }
+  const closed = guard('server closing the connection', new Promise<string>(resolve => socket.once('close', () => resolve(received))))
+  const response = guard('a response', new Promise<RawResponse>((resolve, reject) => {
+    onData = () => { const r = parseResponse(received); if (r !== undefined) resolve(r) }
+    socket.once('close', () => { const r = parseResponse(received); if (r !== undefined) resolve(r); else reject(new Error(`closed without a response: ${JSON.stringify(received.slice(0, 300))}`)) })
+  }))
+  // Neither may be left unhandled when a test only awaits one of them.
+  closed.catch(() => {})
+  response.catch(() => {})
+  return { socket, closed, response }
+}
+
+function portOf (url: string): number {
+  return Number(new URL(url).port)
+}
+
+t.test('item 8: parser errors: oversized headers 431, malformed 400, each with a small JSON body and Connection: close', async t => {
+  const gw = await fullGateway(t, { targets: [everythingTarget()] })
+  const port = portOf(gw.url)
+
+  const big = rawClient(t, port)
+  big.socket.write(`GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ${'b'.repeat(20000)}\r\n\r\n`)
+  const r431 = await big.response
+  t.equal(r431.status, 431)
+  t.equal(r431.headers.connection, 'close')
+  t.match(JSON.parse(r431.body), { error: 'invalid_request', error_description: /header/i })
+  await big.closed
+
+  const bad = rawClient(t, port)
+  bad.socket.write('NOT HTTP AT ALL\r\n\r\n')
+  const r400 = await bad.response
+  t.equal(r400.status, 400)
+  t.equal(r400.headers.connection, 'close')
+  t.match(JSON.parse(r400.body), { error: 'invalid_request' })
+  await bad.closed
+})
+
+t.test('item 21 (real CLI): a slowloris is cut at headersTimeoutMs, not at Node\'s 30 s check, and answered 408', async t => {
+  const dir = await mkdtemp(join(tmpdir(), 'mcpp-edge-'))
+  const file = join(dir, 'config.yaml')
+  const port = await freePort()
+  await writeFile(file, `mcp:\n  port: ${port}\n  host: 127.0.0.1\n  limits:\n    headersTimeoutMs: 1000\n  targets:\n    - name: everything\n      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] }\nadmin: { enabled: false }\nlogging: { level: warn }\n`)
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, '-f', file], { cwd: ROOT, stdio: ['ignore', 'ignore', 'ignore'] })
+  t.teardown(() => { child.kill('SIGKILL') })
+  // Talk as soon as the port accepts.
+  let socket: Socket | undefined
+  for (let i = 0; i < 400 && socket === undefined; i++) {
+    socket = await new Promise<Socket | undefined>(resolve => {
+      const s = connect(port, '127.0.0.1')
+      s.once('connect', () => resolve(s))
+      s.once('error', () => { s.destroy(); setTimeout(() => resolve(undefined), 25) })
+    })
+  }
+  t.ok(socket !== undefined, 'the CLI listens')
+  socket!.destroy()
+  const c = rawClient(t, port)
+  c.socket.write('POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n')
+  // One header line now and then: the head never ends.
+  let n = 0
+  const timer = setInterval(() => { if (c.socket.writable) c.socket.write(`X-Slow-${n++}: 1\r\n`) }, 200)
+  t.teardown(() => clearInterval(timer))
+  const res = await c.response
+  t.equal(res.status, 408)
+  t.equal(res.headers.connection, 'close')
+  t.match(JSON.parse(res.body), { error: 'invalid_request', error_description: /timeout|time/i })
+  await c.closed
+})
