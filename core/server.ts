@@ -26,7 +26,11 @@ export interface ServerLimits {
   headersTimeoutMs: number
   requestTimeoutMs: number
   keepAliveTimeoutMs: number
+  /** Most header fields a request may carry (431 beyond). Default 100. */
+  maxHeaders?: number
 }
+
+const DEFAULT_MAX_HEADERS = 100
 
 /**
  * How often Node checks `headersTimeout` / `requestTimeout`. Its default of
@@ -269,6 +273,8 @@ export class GatewayServer {
   readonly #duration: Histogram
   /** Metric handles per route, then per status and MCP method, bound on first use. */
   readonly #routeMeters = new Map<string, RouteMeters>()
+  /** `maxHeaders` as a length of `rawHeaders` (name, value, name, value...). */
+  readonly #maxRawHeaders: number
   #inFlight = 0
   #drained: (() => void) | undefined
 
@@ -288,6 +294,12 @@ export class GatewayServer {
       maxHeaderSize: 16384,
       connectionsCheckingInterval: checkingIntervalOf(opts.limits),
     }, (req, res) => { void this.handle(req, res) })
+    const maxHeaders = opts.limits.maxHeaders ?? DEFAULT_MAX_HEADERS
+    this.#maxRawHeaders = maxHeaders * 2
+    // Node drops the fields past maxHeadersCount without a word (a second
+    // Authorization among them went unseen): keep one more than the limit so
+    // handle() sees the excess and refuses the request.
+    this.server.maxHeadersCount = maxHeaders + 1
     this.server.on('clientError', (err, socket) => this.#clientError(err, socket as Socket))
   }
 
@@ -329,6 +341,11 @@ export class GatewayServer {
     // 'close' comes once per response: `on` spares the once-wrapper.
     res.on('close', () => this.#finish(ctx))
     try {
+      if (req.rawHeaders.length > this.#maxRawHeaders) {
+        throw new ProxyError('MCPP_ERR_TOO_MANY_HEADERS', 431, `more than ${this.#maxRawHeaders / 2} header fields`, {
+          headers: { connection: 'close' }, rpcCode: RPC.INVALID_REQUEST,
+        })
+      }
       const pending = this.pipeline.runRequest(ctx, ctx.ran)
       const reply = pending instanceof Promise ? await pending : pending
       if (reply !== undefined) {

@@ -1,8 +1,8 @@
 /**
- * The HTTP edge of the MCP listener from the outside (issue 13, items 8,
- * 21): raw sockets against a whole gateway (startGateway from a validated
- * config, real server-everything), and the real CLI for the slowloris.
- * Every client here writes as soon as the port accepts.
+ * The HTTP edge of the MCP listener from the outside (issue 13, items 6,
+ * 8, 21): raw sockets against a whole gateway (startGateway from a
+ * validated config, real dev IdP, real server-everything), and the real CLI
+ * for the slowloris. Every client here writes as soon as the port accepts.
  */
 import t, { type Test } from 'tap'
 import { connect, type Socket } from 'node:net'
@@ -10,8 +10,10 @@ import { writeFile, mkdtemp } from 'node:fs/promises'
 import { join } from 'node:path'
 import { tmpdir } from 'node:os'
 import { spawn } from 'node:child_process'
+import type { DevIdp } from '../bin/dev-idp.ts'
 import { everythingTarget, EVERYTHING } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
+import { devIdp, ossOptions } from './helpers/idp.ts'
 import { CLI, ROOT, freePort } from './helpers/cli.ts'
 
 /** Longest any exchange here may take before the test counts it as hung (a failure guard, not a measurement). */
@@ -69,9 +71,58 @@ function rawClient (t: Test, port: number): RawClient {
   return { socket, closed, response }
 }
 
+const INIT_BODY = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
+
+function postHead (extra: string, contentLength: number): string {
+  return 'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n' +
+    `${extra}Content-Length: ${contentLength}\r\n\r\n`
+}
+
 function portOf (url: string): number {
   return Number(new URL(url).port)
 }
+
+let idp: DevIdp
+let alice: string
+let mallory: string
+
+t.before(async () => {
+  idp = await devIdp(t)
+  alice = await idp.mintToken({ sub: 'alice' })
+  mallory = await idp.mintToken({ sub: 'mallory' })
+})
+
+t.test('item 6: more header fields than mcp.limits.maxHeaders is 431, so a second Authorization cannot hide past Node\'s count', async t => {
+  const gw = await fullGateway(t, { targets: [everythingTarget()], policies: { mcpAuthentication: ossOptions(idp) } })
+  // Short fillers keep the head under maxHeaderSize: only the count is over.
+  const fillers = 'a:1\r\n'.repeat(2100)
+  const c = rawClient(t, portOf(gw.url))
+  c.socket.write(postHead(`Authorization: Bearer ${alice}\r\n${fillers}Authorization: Bearer ${mallory}\r\n`, Buffer.byteLength(INIT_BODY)) + INIT_BODY)
+  const res = await c.response
+  t.equal(res.status, 431, 'refused: too many header fields')
+  t.equal(res.headers.connection, 'close')
+  t.match(JSON.parse(res.body), { jsonrpc: '2.0', id: null, error: { message: /more than 100 header fields/ } }, 'a JSON-RPC error body on /mcp')
+  await c.closed
+  t.equal(gw.gw.endpoint.sessions().length, 0, 'no session was opened for either subject')
+  t.match(gw.logText(), /"status":431/, 'the refusal is logged')
+
+  // Within the limit the duplicate is seen wherever it stands.
+  const near = rawClient(t, portOf(gw.url))
+  near.socket.write(postHead(`Authorization: Bearer ${alice}\r\n${'a:1\r\n'.repeat(90)}authorization: Bearer ${mallory}\r\n`, Buffer.byteLength(INIT_BODY)) + INIT_BODY)
+  const dup = await near.response
+  t.equal(dup.status, 400)
+  t.same(JSON.parse(dup.body), { error: 'invalid_request', error_description: 'more than one Authorization header' })
+})
+
+t.test('item 6: with maxHeaders raised past Node\'s default 2000, the second Authorization after 2100 fields is still 400', async t => {
+  const gw = await fullGateway(t, { targets: [everythingTarget()], policies: { mcpAuthentication: ossOptions(idp) }, limits: { maxHeaders: 3000 } })
+  const c = rawClient(t, portOf(gw.url))
+  c.socket.write(postHead(`Authorization: Bearer ${alice}\r\n${'a:1\r\n'.repeat(2100)}Authorization: Bearer ${mallory}\r\n`, Buffer.byteLength(INIT_BODY)) + INIT_BODY)
+  const res = await c.response
+  t.equal(res.status, 400, 'the duplicate is seen: Node keeps every field up to the configured count')
+  t.same(JSON.parse(res.body), { error: 'invalid_request', error_description: 'more than one Authorization header' })
+  t.equal(gw.gw.endpoint.sessions().length, 0)
+})
 
 t.test('item 8: parser errors: oversized headers 431, malformed 400, each with a small JSON body and Connection: close', async t => {
   const gw = await fullGateway(t, { targets: [everythingTarget()] })
