@@ -12,7 +12,7 @@ import type { RequestContext, ResponseContext, Reply, McpMessageInfo } from './c
 import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import { ProxyError, RPC } from './errors.ts'
-import { writeError } from './error-writer.ts'
+import { writeError, bodyPending } from './error-writer.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 
 /** The terminal handler for /mcp (see core/mcp/). */
@@ -28,9 +28,12 @@ export interface ServerLimits {
   keepAliveTimeoutMs: number
   /** Most header fields a request may carry (431 beyond). Default 100. */
   maxHeaders?: number
+  /** Time to receive a body once the head has arrived (408 beyond); 0: none. Default 10000. */
+  bodyTimeoutMs?: number
 }
 
 const DEFAULT_MAX_HEADERS = 100
+const DEFAULT_BODY_TIMEOUT_MS = 10_000
 
 /**
  * How often Node checks `headersTimeout` / `requestTimeout`. Its default of
@@ -153,6 +156,10 @@ class Context implements RequestContext {
   denial?: string
   headersSent = false
   ran = { count: 0 }
+  /** Whether the server tracks this request's body deadline. */
+  receiving = false
+  /** Fails the body read under way (`readBody`), if one is. */
+  rejectBody: ((err: unknown) => void) | undefined
   #body: Promise<Buffer> | undefined
   #mcp: Promise<McpMessageInfo> | undefined
   #log: Logger | undefined
@@ -183,7 +190,7 @@ class Context implements RequestContext {
 
   readBody (maxBytes?: number): Promise<Buffer> {
     const limit = this.#server.limits.maxBodyBytes
-    this.#body ??= readBounded(this.req, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit)
+    this.#body ??= readBounded(this, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit)
     return this.#body
   }
 
@@ -221,8 +228,11 @@ class Context implements RequestContext {
 
 const RESOLVED: Promise<void> = Promise.resolve()
 
-function readBounded (req: IncomingMessage, limit: number): Promise<Buffer> {
+function readBounded (ctx: Context, limit: number): Promise<Buffer> {
+  const req = ctx.req
   return new Promise((resolve, reject) => {
+    // For the body deadline; calling it after the promise settled does nothing.
+    ctx.rejectBody = reject
     const declared = Number(req.headers['content-length'])
     if (Number.isFinite(declared) && declared > limit) {
       req.resume()
@@ -275,6 +285,14 @@ export class GatewayServer {
   readonly #routeMeters = new Map<string, RouteMeters>()
   /** `maxHeaders` as a length of `rawHeaders` (name, value, name, value...). */
   readonly #maxRawHeaders: number
+  readonly #bodyTimeoutMs: number
+  readonly #bodyTimeoutNs: bigint
+  /**
+   * Requests whose body is still arriving, in arrival order: one sweep timer
+   * for all of them (a timer per request costs more on the hot path).
+   */
+  readonly #receiving = new Set<Context>()
+  readonly #bodySweep: NodeJS.Timeout | undefined
   #inFlight = 0
   #drained: (() => void) | undefined
 
@@ -301,6 +319,12 @@ export class GatewayServer {
     // handle() sees the excess and refuses the request.
     this.server.maxHeadersCount = maxHeaders + 1
     this.server.on('clientError', (err, socket) => this.#clientError(err, socket as Socket))
+    this.#bodyTimeoutMs = opts.limits.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS
+    this.#bodyTimeoutNs = BigInt(this.#bodyTimeoutMs) * 1_000_000n
+    if (this.#bodyTimeoutMs > 0) {
+      this.#bodySweep = setInterval(() => this.#sweepBodies(), Math.min(1000, Math.max(25, Math.floor(this.#bodyTimeoutMs / 4))))
+      this.#bodySweep.unref()
+    }
   }
 
   /**
@@ -322,6 +346,42 @@ export class GatewayServer {
     socket.destroySoon()
   }
 
+  /** Ends the requests whose body did not arrive within `bodyTimeoutMs` of their head. */
+  #sweepBodies (): void {
+    if (this.#receiving.size === 0) return
+    const now = process.hrtime.bigint()
+    for (const ctx of this.#receiving) {
+      if (ctx.req.complete) {
+        this.#receiving.delete(ctx)
+        ctx.receiving = false
+        continue
+      }
+      // In arrival order: the first one still in time ends the sweep.
+      if (now - ctx.startedAt < this.#bodyTimeoutNs) break
+      this.#receiving.delete(ctx)
+      ctx.receiving = false
+      this.#bodyTimedOut(ctx)
+    }
+  }
+
+  #bodyTimedOut (ctx: Context): void {
+    const err = new ProxyError('MCPP_ERR_REQUEST_TIMEOUT', 408, `request body not received within ${this.#bodyTimeoutMs} ms`, { headers: { connection: 'close' } })
+    if (ctx.rejectBody !== undefined) {
+      // The handler reading it answers through its own error path (connection closed: the body is incomplete).
+      ctx.req.removeAllListeners('data')
+      ctx.rejectBody(err)
+      return
+    }
+    if (ctx.headersSent) {
+      ctx.req.socket.destroy()
+      return
+    }
+    // Nobody reads this body through readBody (it is piped, or not read yet): answer here, then
+    // end the request so whatever consumes it sees it aborted.
+    ctx.res.once('close', () => { if (!ctx.req.complete) ctx.req.destroy() })
+    writeError(ctx, err).catch(() => { ctx.res.destroy() })
+  }
+
   /**
    * Swaps in the real pipeline, routes and /mcp handler. The gateway binds
    * its listener first (so `{base_url}` knows the actual port when the config
@@ -340,6 +400,10 @@ export class GatewayServer {
     this.#inFlight++
     // 'close' comes once per response: `on` spares the once-wrapper.
     res.on('close', () => this.#finish(ctx))
+    if (this.#bodySweep !== undefined && bodyPending(req)) {
+      this.#receiving.add(ctx)
+      ctx.receiving = true
+    }
     try {
       if (req.rawHeaders.length > this.#maxRawHeaders) {
         throw new ProxyError('MCPP_ERR_TOO_MANY_HEADERS', 431, `more than ${this.#maxRawHeaders / 2} header fields`, {
@@ -379,6 +443,10 @@ export class GatewayServer {
 
   #finish (ctx: Context): void {
     this.#inFlight--
+    if (ctx.receiving) {
+      this.#receiving.delete(ctx)
+      ctx.receiving = false
+    }
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
     const route = ctx.kind === 'mcp' ? '/mcp' : this.routes.has(ctx.path) ? ctx.path : 'other'
@@ -445,6 +513,7 @@ export class GatewayServer {
       ])
     }
     this.server.closeAllConnections()
+    clearInterval(this.#bodySweep)
     await closed
   }
 }

@@ -1,5 +1,5 @@
 /**
- * The HTTP edge of the MCP listener from the outside (issue 13, items 6,
+ * The HTTP edge of the MCP listener from the outside (issue 13, items 6, 7,
  * 8, 21): raw sockets against a whole gateway (startGateway from a
  * validated config, real dev IdP, real server-everything), and the real CLI
  * for the slowloris. Every client here writes as soon as the port accepts.
@@ -10,6 +10,8 @@ import { writeFile, mkdtemp } from 'node:fs/promises'
 import { join } from 'node:path'
 import { tmpdir } from 'node:os'
 import { spawn } from 'node:child_process'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import type { DevIdp } from '../bin/dev-idp.ts'
 import { everythingTarget, EVERYTHING } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
@@ -71,6 +73,15 @@ function rawClient (t: Test, port: number): RawClient {
   return { socket, closed, response }
 }
 
+/** Writes one byte now and then until the socket closes: a client that never finishes its body. */
+function trickle (socket: Socket, everyMs = 50): void {
+  const timer = setInterval(() => {
+    if (socket.destroyed || !socket.writable) clearInterval(timer)
+    else socket.write('x')
+  }, everyMs)
+  socket.once('close', () => clearInterval(timer))
+}
+
 const INIT_BODY = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
 
 function postHead (extra: string, contentLength: number): string {
@@ -122,6 +133,47 @@ t.test('item 6: with maxHeaders raised past Node\'s default 2000, the second Aut
   t.equal(res.status, 400, 'the duplicate is seen: Node keeps every field up to the configured count')
   t.same(JSON.parse(res.body), { error: 'invalid_request', error_description: 'more than one Authorization header' })
   t.equal(gw.gw.endpoint.sessions().length, 0)
+})
+
+t.test('item 7: request bodies have a deadline; an unauthenticated request is answered and closed without waiting for its body; SSE is untouched', async t => {
+  const gw = await fullGateway(t, { targets: [everythingTarget()], policies: { mcpAuthentication: ossOptions(idp) }, limits: { bodyTimeoutMs: 300 } })
+  const port = portOf(gw.url)
+
+  await t.test('no token: 401 at once, then the connection is closed while the body still trickles', async t => {
+    const c = rawClient(t, port)
+    c.socket.write(postHead('', 100000) + '{')
+    trickle(c.socket)
+    const res = await c.response
+    t.equal(res.status, 401)
+    t.same(JSON.parse(res.body), { error: 'unauthorized', error_description: 'JWT token required' })
+    t.equal(res.headers.connection, 'close')
+    await c.closed
+  })
+
+  await t.test('valid token: the body deadline answers 408 with a JSON-RPC body and closes the connection', async t => {
+    const c = rawClient(t, port)
+    c.socket.write(postHead(`Authorization: Bearer ${alice}\r\n`, 100000) + '{')
+    trickle(c.socket)
+    const res = await c.response
+    t.equal(res.status, 408)
+    t.equal(res.headers.connection, 'close')
+    t.match(JSON.parse(res.body), { jsonrpc: '2.0', id: null, error: { message: /request body not received within 300 ms/ } })
+    await c.closed
+    t.equal(gw.gw.endpoint.sessions().length, 0)
+    t.match(gw.logText(), /"status":408/, 'logged')
+  })
+
+  await t.test('a complete body on a kept-alive connection is unaffected, and so is an SSE answer that outlasts the deadline', async t => {
+    const client = new Client({ name: 'edge', version: '1.0.0' })
+    await client.connect(new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: { Authorization: `Bearer ${alice}` } } }))
+    t.teardown(() => client.close())
+    const progress: number[] = []
+    // Longer than several deadlines: the POST's SSE answer and the session's GET stream stay open throughout.
+    const long = await client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 1.2, steps: 4 } }, undefined, { onprogress: p => { progress.push(p.progress) } })
+    t.same(progress, [1, 2, 3, 4], 'every progress event arrived')
+    t.match(JSON.stringify(long), /Long running operation completed/)
+    t.equal(gw.gw.endpoint.sessions()[0]?.getStream, true, 'the GET stream is still open')
+  })
 })
 
 t.test('item 8: parser errors: oversized headers 431, malformed 400, each with a small JSON body and Connection: close', async t => {
