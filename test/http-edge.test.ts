@@ -1,6 +1,6 @@
 /**
  * The HTTP edge of the MCP listener from the outside (issue 13, items 6, 7,
- * 8, 21): raw sockets against a whole gateway (startGateway from a
+ * 8, 9, 21): raw sockets against a whole gateway (startGateway from a
  * validated config, real dev IdP, real server-everything), and the real CLI
  * for the slowloris. Every client here writes as soon as the port accepts.
  */
@@ -13,7 +13,7 @@ import { spawn } from 'node:child_process'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import type { DevIdp } from '../bin/dev-idp.ts'
-import { everythingTarget, EVERYTHING } from './helpers/gateway-harness.ts'
+import { everythingTarget, rawInitialize, EVERYTHING } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
 import { devIdp, ossOptions } from './helpers/idp.ts'
 import { CLI, ROOT, freePort } from './helpers/cli.ts'
@@ -195,6 +195,31 @@ t.test('item 8: parser errors: oversized headers 431, malformed 400, each with a
   t.equal(r400.headers.connection, 'close')
   t.match(JSON.parse(r400.body), { error: 'invalid_request' })
   await bad.closed
+})
+
+t.test('item 9: two Mcp-Session-Id headers, or an id with space, tab or non-ASCII, is 400 with a JSON-RPC error', async t => {
+  const gw = await fullGateway(t, { targets: [everythingTarget()] })
+  const init = await rawInitialize(gw.url)
+  t.equal(init.status, 200)
+  const sid = init.sessionId!
+  const port = portOf(gw.url)
+  const ping = JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'ping' })
+  const cases: Array<[string, string]> = [
+    ['two headers', `Mcp-Session-Id: ${sid}\r\nMcp-Session-Id: ${sid}\r\n`],
+    ['a space', `Mcp-Session-Id: ${sid.slice(0, 10)} ${sid.slice(10)}\r\n`],
+    ['a tab', `Mcp-Session-Id: ${sid.slice(0, 10)}\t${sid.slice(10)}\r\n`],
+    ['a non-ASCII byte', `Mcp-Session-Id: ${sid}\u00e9\r\n`],
+  ]
+  for (const [what, header] of cases) {
+    const c = rawClient(t, port)
+    c.socket.write(Buffer.from(postHead(header, Buffer.byteLength(ping)) + ping, 'latin1'))
+    const res = await c.response
+    t.equal(res.status, 400, what)
+    t.match(JSON.parse(res.body), { jsonrpc: '2.0', id: null, error: { code: -32600, message: /Mcp-Session-Id/ } }, `${what}: JSON-RPC error`)
+  }
+  const ok = rawClient(t, port)
+  ok.socket.write(postHead(`Mcp-Session-Id: ${sid}\r\n`, Buffer.byteLength(ping)) + ping)
+  t.equal((await ok.response).status, 200, 'the same session id, once and intact, still works')
 })
 
 t.test('item 21 (real CLI): a slowloris is cut at headersTimeoutMs, not at Node\'s 30 s check, and answered 408', async t => {
