@@ -5,7 +5,8 @@
  * for the slowloris. Every client here writes as soon as the port accepts.
  */
 import t, { type Test } from 'tap'
-import { connect, type Socket } from 'node:net'
+import { connect, type Socket, type AddressInfo } from 'node:net'
+import { createServer } from 'node:http'
 import { writeFile, mkdtemp } from 'node:fs/promises'
 import { join } from 'node:path'
 import { tmpdir } from 'node:os'
@@ -46,6 +47,15 @@ function parseResponse (text: string): RawResponse | undefined {
   return { status: Number(/^HTTP\/1\.1 (\d{3})/.exec(statusLine!)?.[1]), headers, body: body.subarray(0, length).toString('utf8') }
 }
 
+/** `p`, or a rejection naming what did not happen once GUARD_MS passed. */
+function withinGuard<T> (p: Promise<T>, what: () => string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(what())), GUARD_MS)
+  })
+  return Promise.race([p, timeout]).finally(() => clearTimeout(timer))
+}
+
 /** A raw TCP client to 127.0.0.1:`port`, its socket destroyed in teardown. */
 function rawClient (t: Test, port: number): RawClient {
   const socket = connect(port, '127.0.0.1')
@@ -55,13 +65,7 @@ function rawClient (t: Test, port: number): RawClient {
   socket.on('data', d => { received += d.toString('latin1'); onData?.() })
   // A reset after the server closed (we kept writing) is an end like any other.
   socket.on('error', () => {})
-  const guard = <T>(what: string, p: Promise<T>): Promise<T> => {
-    let timer: NodeJS.Timeout | undefined
-    const timeout = new Promise<never>((_resolve, reject) => {
-      timer = setTimeout(() => reject(new Error(`${what} did not happen within the guard; received: ${JSON.stringify(received.slice(0, 300))}`)), GUARD_MS)
-    })
-    return Promise.race([p, timeout]).finally(() => clearTimeout(timer))
-  }
+  const guard = <T>(what: string, p: Promise<T>): Promise<T> => withinGuard(p, () => `${what} did not happen within the guard; received: ${JSON.stringify(received.slice(0, 300))}`)
   const closed = guard('server closing the connection', new Promise<string>(resolve => socket.once('close', () => resolve(received))))
   const response = guard('a response', new Promise<RawResponse>((resolve, reject) => {
     onData = () => { const r = parseResponse(received); if (r !== undefined) resolve(r) }
@@ -174,6 +178,29 @@ t.test('item 7: request bodies have a deadline; an unauthenticated request is an
     t.match(JSON.stringify(long), /Long running operation completed/)
     t.equal(gw.gw.endpoint.sessions()[0]?.getStream, true, 'the GET stream is still open')
   })
+})
+
+t.test('item 7: the body deadline also holds when the body is piped to an HTTP target, and the upstream request is ended', async t => {
+  let upstreamSaw: ((complete: boolean) => void) | undefined
+  const upstreamEnded = new Promise<boolean>(resolve => { upstreamSaw = resolve })
+  const upstream = createServer((req, res) => {
+    req.resume()
+    req.once('close', () => { upstreamSaw!(req.complete) })
+    req.once('end', () => { res.writeHead(202).end() })
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { upstream.closeAllConnections(); upstream.close() })
+  const upstreamPort = (upstream.address() as AddressInfo).port
+  const gw = await fullGateway(t, { targets: [{ name: 'remote', mcp: { url: `http://127.0.0.1:${upstreamPort}/mcp` } }], limits: { bodyTimeoutMs: 300 } })
+  const c = rawClient(t, portOf(gw.url))
+  c.socket.write(postHead('', 100000) + '{')
+  trickle(c.socket)
+  const res = await c.response
+  t.equal(res.status, 408)
+  t.equal(res.headers.connection, 'close')
+  t.match(JSON.parse(res.body), { jsonrpc: '2.0', error: { message: /request body not received within 300 ms/ } })
+  await c.closed
+  t.equal(await withinGuard(upstreamEnded, () => 'the upstream request did not end'), false, 'the upstream request was ended before its body was complete')
 })
 
 t.test('item 8: parser errors: oversized headers 431, malformed 400, each with a small JSON body and Connection: close', async t => {
