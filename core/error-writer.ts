@@ -4,6 +4,7 @@
  * endpoints and for authentication errors everywhere; a generic 500 with the
  * cause logged for anything unexpected.
  */
+import type { IncomingMessage } from 'node:http'
 import type { RequestContext } from './context.ts'
 import { ProxyError, RPC } from './errors.ts'
 
@@ -35,6 +36,13 @@ export function errorBody (ctx: RequestContext, e: ProxyError): Record<string, u
   }
 }
 
+/** Whether `req` announced a body that has not fully arrived yet. */
+export function bodyPending (req: IncomingMessage): boolean {
+  if (req.complete) return false
+  const h = req.headers
+  return h['transfer-encoding'] !== undefined || (h['content-length'] !== undefined && h['content-length'] !== '0')
+}
+
 /** Writes an error response if nothing was sent yet; otherwise ends the stream. */
 export async function writeError (ctx: RequestContext, err: unknown): Promise<void> {
   const e = toProxyError(ctx, err)
@@ -44,11 +52,15 @@ export async function writeError (ctx: RequestContext, err: unknown): Promise<vo
   }
   const body = JSON.stringify(errorBody(ctx, e))
   ctx.denial ??= e.code
-  await ctx.writeHead(e.statusCode, {
+  const headers: Record<string, string | number> = {
     ...e.headers,
     'content-type': 'application/json',
     'content-length': Buffer.byteLength(body),
     'cache-control': 'no-store',
-  })
+  }
+  // Refused before its body arrived (401, 413, 408...): close the connection
+  // rather than let Node read, and wait for, the rest of a body nobody wants.
+  if (bodyPending(ctx.req)) headers.connection = 'close'
+  await ctx.writeHead(e.statusCode, headers)
   ctx.res.end(body)
 }

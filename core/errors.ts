@@ -16,6 +16,8 @@ export const ERROR_CODES = {
   MCPP_ERR_METHOD_NOT_ALLOWED: 'HTTP method not allowed on this path',
   MCPP_ERR_BODY_TOO_LARGE: 'Request body exceeds the configured limit',
   MCPP_ERR_BAD_REQUEST: 'Malformed HTTP request',
+  MCPP_ERR_TOO_MANY_HEADERS: 'More header fields than mcp.limits.maxHeaders',
+  MCPP_ERR_REQUEST_TIMEOUT: 'Request body not received within mcp.limits.bodyTimeoutMs',
   MCPP_ERR_UNAUTHORIZED: 'Missing or invalid bearer token',
   MCPP_ERR_FORBIDDEN: 'Authenticated but not allowed (authorization rule or origin)',
   MCPP_ERR_KEYS_UNAVAILABLE: 'Signing keys of the identity provider could not be fetched',

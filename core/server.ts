@@ -4,14 +4,15 @@
  * matching plugin route or the /mcp terminal handler, and writes errors
  * through the one error writer.
  */
-import { createServer, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
+import { createServer, STATUS_CODES, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
+import type { Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
 import type { RequestContext, ResponseContext, Reply, McpMessageInfo } from './context.ts'
 import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import { ProxyError, RPC } from './errors.ts'
-import { writeError } from './error-writer.ts'
+import { writeError, bodyPending } from './error-writer.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 import { methodLabel } from './metric-labels.ts'
 
@@ -26,7 +27,35 @@ export interface ServerLimits {
   headersTimeoutMs: number
   requestTimeoutMs: number
   keepAliveTimeoutMs: number
+  /** Most header fields a request may carry (431 beyond). Default 100. */
+  maxHeaders?: number
+  /** Time to receive a body once the head has arrived (408 beyond); 0: none. Default 10000. */
+  bodyTimeoutMs?: number
 }
+
+const DEFAULT_MAX_HEADERS = 100
+const DEFAULT_BODY_TIMEOUT_MS = 10_000
+
+/**
+ * How often Node checks `headersTimeout` / `requestTimeout`. Its default of
+ * 30 s let a slowloris outlive a 2 s `headersTimeoutMs` by up to 30 s: check
+ * four times per shortest timeout, at least every second.
+ */
+function checkingIntervalOf (limits: ServerLimits): number {
+  const timeouts = [limits.headersTimeoutMs, limits.requestTimeoutMs].filter(ms => ms > 0)
+  return timeouts.length === 0 ? 1000 : Math.min(1000, Math.max(100, Math.floor(Math.min(...timeouts) / 4)))
+}
+
+/** A whole response for a connection the parser gave up on: small JSON body, then the connection is closed. */
+function rawAnswer (status: number, description: string): Buffer {
+  const body = JSON.stringify({ error: 'invalid_request', error_description: description })
+  return Buffer.from(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nconnection: close\r\ncontent-type: application/json\r\n` +
+    `cache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`, 'latin1')
+}
+
+const HEADERS_TOO_LARGE = rawAnswer(431, 'request header fields too large')
+const REQUEST_TIMEOUT = rawAnswer(408, 'request not received in time')
+const BAD_REQUEST = rawAnswer(400, 'malformed HTTP request')
 
 export interface AccessRecord {
   id: string; method: string; path: string; status: number; durationMs: number
@@ -128,6 +157,10 @@ class Context implements RequestContext {
   denial?: string
   headersSent = false
   ran = { count: 0 }
+  /** Whether the server tracks this request's body deadline. */
+  receiving = false
+  /** Fails the body read under way (`readBody`), if one is. */
+  rejectBody: ((err: unknown) => void) | undefined
   #body: Promise<Buffer> | undefined
   #mcp: Promise<McpMessageInfo> | undefined
   #log: Logger | undefined
@@ -158,7 +191,7 @@ class Context implements RequestContext {
 
   readBody (maxBytes?: number): Promise<Buffer> {
     const limit = this.#server.limits.maxBodyBytes
-    this.#body ??= readBounded(this.req, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit)
+    this.#body ??= readBounded(this, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit)
     return this.#body
   }
 
@@ -196,8 +229,11 @@ class Context implements RequestContext {
 
 const RESOLVED: Promise<void> = Promise.resolve()
 
-function readBounded (req: IncomingMessage, limit: number): Promise<Buffer> {
+function readBounded (ctx: Context, limit: number): Promise<Buffer> {
+  const req = ctx.req
   return new Promise((resolve, reject) => {
+    // For the body deadline; calling it after the promise settled does nothing.
+    ctx.rejectBody = reject
     const declared = Number(req.headers['content-length'])
     if (Number.isFinite(declared) && declared > limit) {
       req.resume()
@@ -248,6 +284,16 @@ export class GatewayServer {
   readonly #duration: Histogram
   /** Metric handles per route, then per status and MCP method, bound on first use. */
   readonly #routeMeters = new Map<string, RouteMeters>()
+  /** `maxHeaders` as a length of `rawHeaders` (name, value, name, value...). */
+  readonly #maxRawHeaders: number
+  readonly #bodyTimeoutMs: number
+  readonly #bodyTimeoutNs: bigint
+  /**
+   * Requests whose body is still arriving, in arrival order: one sweep timer
+   * for all of them (a timer per request costs more on the hot path).
+   */
+  readonly #receiving = new Set<Context>()
+  readonly #bodySweep: NodeJS.Timeout | undefined
   #inFlight = 0
   #drained: (() => void) | undefined
 
@@ -265,11 +311,76 @@ export class GatewayServer {
       requestTimeout: opts.limits.requestTimeoutMs,
       keepAliveTimeout: opts.limits.keepAliveTimeoutMs,
       maxHeaderSize: 16384,
+      connectionsCheckingInterval: checkingIntervalOf(opts.limits),
     }, (req, res) => { void this.handle(req, res) })
-    this.server.on('clientError', (err, socket) => {
-      this.log.debug({ err: (err as Error).message }, 'client error')
-      if (socket.writable) socket.end('HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n\r\n')
-    })
+    const maxHeaders = opts.limits.maxHeaders ?? DEFAULT_MAX_HEADERS
+    this.#maxRawHeaders = maxHeaders * 2
+    // Node drops the fields past maxHeadersCount without a word (a second
+    // Authorization among them went unseen): keep one more than the limit so
+    // handle() sees the excess and refuses the request.
+    this.server.maxHeadersCount = maxHeaders + 1
+    this.server.on('clientError', (err, socket) => this.#clientError(err, socket as Socket))
+    this.#bodyTimeoutMs = opts.limits.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS
+    this.#bodyTimeoutNs = BigInt(this.#bodyTimeoutMs) * 1_000_000n
+    if (this.#bodyTimeoutMs > 0) {
+      this.#bodySweep = setInterval(() => this.#sweepBodies(), Math.min(1000, Math.max(25, Math.floor(this.#bodyTimeoutMs / 4))))
+      this.#bodySweep.unref()
+    }
+  }
+
+  /**
+   * A connection the HTTP parser gave up on (no request object exists):
+   * 431 for an oversized head, 408 when the head (or, with requestTimeoutMs,
+   * the whole request) came too slowly, 400 for anything else; then close.
+   */
+  #clientError (err: Error & { code?: string }, socket: Socket): void {
+    const answer = err.code === 'HPE_HEADER_OVERFLOW' ? HEADERS_TOO_LARGE : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? REQUEST_TIMEOUT : BAD_REQUEST
+    // As Node's own handler does: never write into a response already under way.
+    const current = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage
+    if (!socket.writable || (current != null && current.headersSent)) {
+      this.log.debug({ code: err.code, err: err.message }, 'client error on a closed or answering connection')
+      socket.destroy()
+      return
+    }
+    this.log.info({ code: err.code, status: answer === HEADERS_TOO_LARGE ? 431 : answer === REQUEST_TIMEOUT ? 408 : 400, remote: socket.remoteAddress }, 'client error')
+    socket.write(answer)
+    socket.destroySoon()
+  }
+
+  /** Ends the requests whose body did not arrive within `bodyTimeoutMs` of their head. */
+  #sweepBodies (): void {
+    if (this.#receiving.size === 0) return
+    const now = process.hrtime.bigint()
+    for (const ctx of this.#receiving) {
+      if (ctx.req.complete) {
+        this.#receiving.delete(ctx)
+        ctx.receiving = false
+        continue
+      }
+      // In arrival order: the first one still in time ends the sweep.
+      if (now - ctx.startedAt < this.#bodyTimeoutNs) break
+      this.#receiving.delete(ctx)
+      ctx.receiving = false
+      this.#bodyTimedOut(ctx)
+    }
+  }
+
+  #bodyTimedOut (ctx: Context): void {
+    const err = new ProxyError('MCPP_ERR_REQUEST_TIMEOUT', 408, `request body not received within ${this.#bodyTimeoutMs} ms`, { headers: { connection: 'close' } })
+    if (ctx.rejectBody !== undefined) {
+      // The handler reading it answers through its own error path (connection closed: the body is incomplete).
+      ctx.req.removeAllListeners('data')
+      ctx.rejectBody(err)
+      return
+    }
+    if (ctx.headersSent) {
+      ctx.req.socket.destroy()
+      return
+    }
+    // Nobody reads this body through readBody (it is piped, or not read yet): answer here, then
+    // end the request so whatever consumes it sees it aborted.
+    ctx.res.once('close', () => { if (!ctx.req.complete) ctx.req.destroy() })
+    writeError(ctx, err).catch(() => { ctx.res.destroy() })
   }
 
   /**
@@ -290,7 +401,16 @@ export class GatewayServer {
     this.#inFlight++
     // 'close' comes once per response: `on` spares the once-wrapper.
     res.on('close', () => this.#finish(ctx))
+    if (this.#bodySweep !== undefined && bodyPending(req)) {
+      this.#receiving.add(ctx)
+      ctx.receiving = true
+    }
     try {
+      if (req.rawHeaders.length > this.#maxRawHeaders) {
+        throw new ProxyError('MCPP_ERR_TOO_MANY_HEADERS', 431, `more than ${this.#maxRawHeaders / 2} header fields`, {
+          headers: { connection: 'close' }, rpcCode: RPC.INVALID_REQUEST,
+        })
+      }
       const pending = this.pipeline.runRequest(ctx, ctx.ran)
       const reply = pending instanceof Promise ? await pending : pending
       if (reply !== undefined) {
@@ -324,6 +444,10 @@ export class GatewayServer {
 
   #finish (ctx: Context): void {
     this.#inFlight--
+    if (ctx.receiving) {
+      this.#receiving.delete(ctx)
+      ctx.receiving = false
+    }
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
     const route = ctx.kind === 'mcp' ? '/mcp' : this.routes.has(ctx.path) ? ctx.path : 'other'
@@ -392,6 +516,7 @@ export class GatewayServer {
       ])
     }
     this.server.closeAllConnections()
+    clearInterval(this.#bodySweep)
     await closed
   }
 }

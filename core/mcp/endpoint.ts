@@ -92,6 +92,30 @@ function header (ctx: RequestContext, name: string): string | undefined {
   return Array.isArray(v) ? v[0] : v
 }
 
+/** Visible ASCII, 0x21 to 0x7E: what MCP allows in a session id (Streamable HTTP, Session Management). */
+function isVisibleAscii (s: string): boolean {
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i)
+    if (c < 0x21 || c > 0x7e) return false
+  }
+  return true
+}
+
+/**
+ * 400 for a malformed Mcp-Session-Id, before any lookup (or passthrough):
+ * Node joins a repeated header with ", ", so two of them fail the same check.
+ */
+function checkSessionIdSyntax (ctx: RequestContext): void {
+  const sid = ctx.req.headers['mcp-session-id']
+  if (typeof sid !== 'string' || isVisibleAscii(sid)) return
+  let count = 0
+  const raw = ctx.req.rawHeaders
+  for (let i = 0; i < raw.length; i += 2) if (raw[i]!.length === 14 && raw[i]!.toLowerCase() === 'mcp-session-id') count++
+  throw new ProxyError('MCPP_ERR_BAD_REQUEST', 400, count > 1
+    ? 'Bad Request: more than one Mcp-Session-Id header'
+    : 'Bad Request: Mcp-Session-Id must be visible ASCII characters (0x21-0x7E)', { rpcCode: RPC.INVALID_REQUEST })
+}
+
 export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint {
   const { config, log } = opts
   const sessions = new Map<string, Session>()
@@ -269,6 +293,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
 
   return {
     async handle (ctx: RequestContext): Promise<void> {
+      checkSessionIdSyntax(ctx)
       if (opts.passthrough !== undefined && eraOf(ctx) === 'session') return opts.passthrough.handle(ctx)
       switch (ctx.method) {
         case 'POST': return post(ctx)
