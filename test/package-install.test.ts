@@ -1,0 +1,224 @@
+/**
+ * The published package and the container image's runtime layout, without a
+ * Docker engine: `npm pack` -> deploy/install.sh into a clean folder with production dependencies only -> the
+ * installed CLI run as `nobody` in a private mount namespace where the root
+ * filesystem is read-only and HOME and TMPDIR are the only writable places
+ * (a `--read-only` container with a tmpfs) -> --version, --check on every
+ * shipped example, one real MCP exchange with a stdio target, the image's
+ * health probe, and a clean stop on SIGTERM.
+ *
+ * Needs root (unshare, mount, setpriv), as CI has.
+ */
+import t from 'tap'
+import { spawn, execFile, type ChildProcess } from 'node:child_process'
+import { mkdtemp, mkdir, readdir, readFile, rm, writeFile, access, chmod } from 'node:fs/promises'
+import { promisify } from 'node:util'
+import { tmpdir } from 'node:os'
+import { join, relative } from 'node:path'
+import { connect } from 'node:net'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { ROOT, freePort, eventually } from './helpers/cli.ts'
+import { EVERYTHING } from './helpers/gateway-harness.ts'
+
+// npm pack builds dist/ with tsc (prepack): most of this file's run time, and
+// slower still while the rest of the suite shares the two cores.
+t.setTimeout(300_000)
+
+const run = promisify(execFile)
+const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as {
+  version: string
+  dependencies: Record<string, string>
+  devDependencies: Record<string, string>
+}
+
+// Values for every ${NAME} the shipped examples reference; a new example with
+// a new variable fails below until it is listed here.
+const EXAMPLE_ENV: Record<string, string> = {
+  AUTHENTIK_CLIENT_ID: 'client-1',
+  TENANT_ID: 'tenant-1',
+  CLIENT_ID: 'client-1',
+  CLIENT_SECRET: 'secret-1',
+  UPSTREAM_API_KEY: 'key-1',
+}
+
+const work = await mkdtemp(join(tmpdir(), 'mcpp-pkg-'))
+const app = join(work, 'app')
+const home = join(work, 'home')
+const scratch = join(work, 'tmp')
+const etc = join(work, 'etc')
+t.teardown(() => rm(work, { recursive: true, force: true }))
+
+const npmEnv = { ...process.env, NPM_CONFIG_PREFER_OFFLINE: 'true', NPM_CONFIG_UPDATE_NOTIFIER: 'false' }
+
+interface Sandboxed { child: ChildProcess; done: Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> }
+
+/**
+ * Runs `argv` as nobody:nogroup in its own mount namespace: `/` remounted
+ * read-only (the install tree with it), fresh tmpfs on HOME and TMPDIR. Only
+ * PATH, HOME, TMPDIR and `env` reach it (`env -i`: tap's NODE_OPTIONS, which
+ * would make every node write its process info into the repository, stays out).
+ */
+function sandboxed (argv: string[], env: Record<string, string> = {}): Sandboxed {
+  const script = 'mount -o remount,bind,ro / && ' +
+    'mount -t tmpfs -o mode=0700,uid=65534,gid=65534,size=64m tmpfs "$HOME" && ' +
+    'mount -t tmpfs -o mode=1777,size=64m tmpfs "$TMPDIR" && ' +
+    'exec "$@"'
+  const vars = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home, TMPDIR: scratch, ...env }
+  const child = spawn('unshare', ['--mount', '--propagation', 'private', '--', 'sh', '-c', script, 'sandbox',
+    'env', '-i', ...Object.entries(vars).map(([k, v]) => `${k}=${v}`),
+    'setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups', '--no-new-privs', '--', ...argv], {
+    env: { PATH: vars.PATH, HOME: home, TMPDIR: scratch },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  let out = ''
+  child.stdout!.on('data', d => { out += d })
+  child.stderr!.on('data', d => { out += d })
+  const done = new Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }>(resolve => {
+    child.on('exit', (code, signal) => resolve({ code, signal, out }))
+  })
+  return { child, done }
+}
+
+async function sandboxedRun (argv: string[], env: Record<string, string> = {}, guardMs = 30000): Promise<{ code: number | null; out: string }> {
+  const s = sandboxed(argv, env)
+  const guard = setTimeout(() => s.child.kill('SIGKILL'), guardMs)
+  const r = await s.done
+  clearTimeout(guard)
+  return r
+}
+
+const cli = join(app, 'dist/bin/mcp-proxy.js')
+let tarball = ''
+
+t.before(async () => {
+  // mkdtemp makes the folder 0700; nobody must be able to reach the install inside it.
+  await chmod(work, 0o755)
+  await Promise.all([app, home, scratch, etc].map(d => mkdir(d, { recursive: true })))
+  await run('npm', ['pack', '--pack-destination', work], { cwd: ROOT, env: npmEnv, maxBuffer: 16 * 1024 * 1024 })
+  const tgz = (await readdir(work)).filter(f => f.endsWith('.tgz'))
+  if (tgz.length !== 1) throw new Error(`npm pack made ${tgz.length} tarballs`)
+  tarball = join(work, tgz[0]!)
+  await run('sh', [join(ROOT, 'deploy/install.sh'), tarball, app, join(ROOT, 'package-lock.json')], { env: npmEnv, maxBuffer: 16 * 1024 * 1024 })
+})
+
+async function filesUnder (dir: string): Promise<string[]> {
+  const entries = await readdir(dir, { recursive: true, withFileTypes: true })
+  return entries.filter(e => e.isFile()).map(e => relative(dir, join(e.parentPath, e.name)))
+}
+
+t.test('the tarball ships the licence, the examples, and no dev-only script', async t => {
+  const listed = (await run('tar', ['-tzf', tarball])).stdout.split('\n').filter(Boolean).map(p => p.replace(/^package\//, ''))
+  const license = await readFile(join(app, 'LICENSE'), 'utf8')
+  t.match(license, /Apache License\s+Version 2\.0, January 2004/)
+  t.match(license, /TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION/)
+  t.match(license, /END OF TERMS AND CONDITIONS/)
+  for (const f of ['examples/oss-idp.yaml', 'examples/cloud-idp.yaml', 'examples/multi-target.yaml', 'examples/http-target.yaml', 'examples/plugins/rate-limit.js']) {
+    t.ok(listed.includes(f), `${f} is shipped`)
+  }
+  t.same(listed.filter(f => /^dist\/bin\/(demo|dev-idp)\./.test(f) || f.startsWith('examples/demo/')), [], 'the demo and the development IdP stay in the repository')
+  t.same(listed.filter(f => /^(test|bench|deploy|\.ci)\//.test(f)), [], 'no tests, benchmarks or CI files')
+  const installed = JSON.parse(await readFile(join(app, 'package.json'), 'utf8')) as { scripts?: Record<string, string>; bin: Record<string, string> }
+  // npm warns consumers about (and may refuse) packages with these scripts.
+  t.same(Object.keys(installed.scripts ?? {}).filter(s => ['preinstall', 'install', 'postinstall', 'prepare'].includes(s)), [], 'no install-time script')
+  t.same(installed.bin, { 'mcp-proxy': 'dist/bin/mcp-proxy.js', 'mcp-idp-gateway': 'dist/bin/mcp-proxy.js' })
+})
+
+t.test('every shipped source map carries the source it maps to', async t => {
+  const maps = (await filesUnder(join(app, 'dist'))).filter(f => f.endsWith('.map'))
+  t.ok(maps.length > 10, `${maps.length} source maps`)
+  const bad: string[] = []
+  for (const f of maps) {
+    const map = JSON.parse(await readFile(join(app, 'dist', f), 'utf8')) as { sources: string[]; sourcesContent?: (string | null)[] }
+    const ok = map.sourcesContent?.length === map.sources.length && map.sourcesContent.every(s => typeof s === 'string' && s.length > 0)
+    if (!ok) bad.push(f)
+  }
+  t.same(bad, [], 'no map without sourcesContent')
+})
+
+t.test('the install holds production dependencies only', async t => {
+  const present = async (name: string): Promise<boolean> => access(join(app, 'node_modules', name, 'package.json')).then(() => true, () => false)
+  for (const dep of Object.keys(pkg.dependencies)) t.ok(await present(dep), `${dep} installed`)
+  const dev: string[] = []
+  for (const dep of Object.keys(pkg.devDependencies)) if (await present(dep)) dev.push(dep)
+  t.same(dev, [], 'no devDependency installed')
+})
+
+t.test('in a read-only tree as nobody: --version and a write attempt', async t => {
+  const version = await sandboxedRun([process.execPath, cli, '--version'])
+  t.equal(version.code, 0, version.out)
+  t.equal(version.out.trim(), pkg.version)
+  const write = await sandboxedRun(['sh', '-c', `touch "${app}/probe" || exit 7; exit 0`])
+  t.equal(write.code, 7, 'the install tree is not writable')
+  const writable = await sandboxedRun(['sh', '-c', 'touch "$HOME/probe" "$TMPDIR/probe"'])
+  t.equal(writable.code, 0, `HOME and TMPDIR are writable: ${writable.out}`)
+})
+
+t.test('--check passes on every shipped example', async t => {
+  const examples = (await filesUnder(join(app, 'examples'))).filter(f => f.endsWith('.yaml'))
+  t.ok(examples.length >= 4, examples.join(', '))
+  for (const f of examples) {
+    const file = join(app, 'examples', f)
+    const referenced = [...(await readFile(file, 'utf8')).matchAll(/\$\{([A-Za-z_][A-Za-z0-9_]*)\}/g)].map(m => m[1]!)
+    t.same(referenced.filter(name => EXAMPLE_ENV[name] === undefined), [], `${f}: every variable it references has a test value`)
+    const r = await sandboxedRun([process.execPath, cli, '-f', file, '--check'], EXAMPLE_ENV)
+    t.equal(r.code, 0, `${f}: ${r.out}`)
+    t.match(r.out, /^config OK: /m, f)
+  }
+})
+
+const accepts = (port: number): Promise<boolean> => new Promise(resolve => {
+  const s = connect(port, '127.0.0.1')
+  s.once('connect', () => { s.destroy(); resolve(true) })
+  s.once('error', () => resolve(false))
+})
+
+t.test('the installed gateway serves a real MCP call to a stdio target, answers its health probe, and stops on SIGTERM', async t => {
+  const [port, adminPort] = [await freePort(), await freePort()]
+  const config = join(etc, 'config.yaml')
+  // server-everything is a devDependency: the test reaches it in the repository by path.
+  await writeFile(config, [
+    'mcp:',
+    '  host: 127.0.0.1',
+    `  port: ${port}`,
+    '  targets:',
+    '    - name: everything',
+    '      stdio:',
+    `        cmd: ${JSON.stringify(process.execPath)}`,
+    `        args: [${JSON.stringify(EVERYTHING)}, stdio]`,
+    'admin:',
+    '  host: 127.0.0.1',
+    `  port: ${adminPort}`,
+    '',
+  ].join('\n'))
+  const gw = sandboxed([process.execPath, cli, '-f', config])
+  let exited = false
+  void gw.done.then(() => { exited = true })
+  t.teardown(() => { if (!exited) gw.child.kill('SIGKILL') })
+
+  const up = await eventually(() => exited ? false : accepts(port), ok => ok || exited, 300, 50)
+  t.ok(up, 'the MCP port accepts')
+  if (!up) return t.fail((await gw.done).out)
+
+  const client = new Client({ name: 'package-install-test', version: '1.0.0' })
+  await client.connect(new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${port}/mcp`)))
+  t.ok(client.getServerCapabilities()?.tools, 'the gateway offers tools')
+  const echo = await client.callTool({ name: 'echo', arguments: { message: 'from a read-only install' } })
+  t.same(echo.content, [{ type: 'text', text: 'Echo: from a read-only install' }])
+  await client.close()
+
+  // The image's HEALTHCHECK and the Kubernetes exec probes run this script.
+  const probeEnv = { MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${adminPort}` }
+  for (const path of ['/healthz', '/readyz']) {
+    const probe = await sandboxedRun([process.execPath, join(ROOT, 'deploy/healthcheck.mjs'), path], probeEnv)
+    t.equal(probe.code, 0, `${path}: ${probe.out}`)
+  }
+  const down = await sandboxedRun([process.execPath, join(ROOT, 'deploy/healthcheck.mjs'), '/healthz'], { MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${await freePort()}` })
+  t.equal(down.code, 1, 'the probe fails when nothing answers')
+
+  gw.child.kill('SIGTERM')
+  const end = await gw.done
+  t.equal(end.code, 0, `clean exit on SIGTERM:\n${end.out}`)
+  t.notMatch(end.out, /EROFS|EACCES|read-only file system/i, 'nothing tried to write outside HOME and TMPDIR')
+})
+
