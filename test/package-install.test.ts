@@ -1,6 +1,7 @@
 /**
  * The published package and the container image's runtime layout, without a
- * Docker engine: `npm pack` -> deploy/install.sh into a clean folder with production dependencies only -> the
+ * Docker engine: `npm pack` -> deploy/install.sh (the script the Dockerfile
+ * runs) into a clean folder with production dependencies only -> the
  * installed CLI run as `nobody` in a private mount namespace where the root
  * filesystem is read-only and HOME and TMPDIR are the only writable places
  * (a `--read-only` container with a tmpfs) -> --version, --check on every
@@ -222,3 +223,15 @@ t.test('the installed gateway serves a real MCP call to a stdio target, answers 
   t.notMatch(end.out, /EROFS|EACCES|read-only file system/i, 'nothing tried to write outside HOME and TMPDIR')
 })
 
+t.test('the Dockerfile installs through the same script and runs the same probe', async t => {
+  const dockerfile = await readFile(join(ROOT, 'Dockerfile'), 'utf8')
+  t.match(dockerfile, /^COPY deploy\/install\.sh \/usr\/local\/bin\/mcp-proxy-install$/m)
+  t.match(dockerfile, /^RUN sh \/usr\/local\/bin\/mcp-proxy-install \/pkg\/package\.tgz \/opt\/mcp-proxy \/pkg\/package-lock\.json$/m)
+  t.match(dockerfile, /^COPY --chmod=0755 deploy\/healthcheck\.mjs \/usr\/local\/bin\/mcp-proxy-healthcheck$/m)
+  t.match(dockerfile, /^HEALTHCHECK .*CMD \["mcp-proxy-healthcheck", "\/healthz"\]$/m)
+  t.match(dockerfile, /^USER 1000:1000$/m, 'a numeric non-root user (runAsNonRoot can check it)')
+  t.match(dockerfile, /^ENTRYPOINT \["\/usr\/bin\/tini", "--", "node", "\/opt\/mcp-proxy\/dist\/bin\/mcp-proxy\.js"\]$/m)
+  t.match(dockerfile, /^CMD \["-f", "\/etc\/mcp-proxy\/config\.yaml"\]$/m)
+  const ignore = (await readFile(join(ROOT, '.dockerignore'), 'utf8')).split('\n')
+  for (const p of ['node_modules', 'dist', '.git']) t.ok(ignore.includes(p), `.dockerignore leaves out ${p}`)
+})
