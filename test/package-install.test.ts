@@ -12,7 +12,7 @@
  */
 import t from 'tap'
 import { spawn, execFile, type ChildProcess } from 'node:child_process'
-import { mkdtemp, mkdir, readdir, readFile, rm, writeFile, access, chmod } from 'node:fs/promises'
+import { mkdtemp, mkdir, readdir, readFile, rm, writeFile, access, chmod, copyFile } from 'node:fs/promises'
 import { promisify } from 'node:util'
 import { tmpdir } from 'node:os'
 import { join, relative } from 'node:path'
@@ -48,6 +48,7 @@ const app = join(work, 'app')
 const home = join(work, 'home')
 const scratch = join(work, 'tmp')
 const etc = join(work, 'etc')
+const bin = join(work, 'bin')
 t.teardown(() => rm(work, { recursive: true, force: true }))
 
 const npmEnv = { ...process.env, NPM_CONFIG_PREFER_OFFLINE: 'true', NPM_CONFIG_UPDATE_NOTIFIER: 'false' }
@@ -95,7 +96,9 @@ let tarball = ''
 t.before(async () => {
   // mkdtemp makes the folder 0700; nobody must be able to reach the install inside it.
   await chmod(work, 0o755)
-  await Promise.all([app, home, scratch, etc].map(d => mkdir(d, { recursive: true })))
+  await Promise.all([app, home, scratch, etc, bin].map(d => mkdir(d, { recursive: true })))
+  await copyFile(join(ROOT, 'deploy/healthcheck.mjs'), join(bin, 'mcp-proxy-healthcheck'))
+  await chmod(join(bin, 'mcp-proxy-healthcheck'), 0o755)
   await run('npm', ['pack', '--pack-destination', work], { cwd: ROOT, env: npmEnv, maxBuffer: 16 * 1024 * 1024 })
   const tgz = (await readdir(work)).filter(f => f.endsWith('.tgz'))
   if (tgz.length !== 1) throw new Error(`npm pack made ${tgz.length} tarballs`)
@@ -208,14 +211,16 @@ t.test('the installed gateway serves a real MCP call to a stdio target, answers 
   t.same(echo.content, [{ type: 'text', text: 'Echo: from a read-only install' }])
   await client.close()
 
-  // The image's HEALTHCHECK and the Kubernetes exec probes run this script.
-  const probeEnv = { MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${adminPort}` }
+  // The image's HEALTHCHECK and the Kubernetes exec probes run this script,
+  // installed as the Dockerfile does: without its extension, found on PATH.
+  const probeEnv = { PATH: `${bin}:${process.env.PATH ?? '/usr/bin:/bin'}`, MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${adminPort}` }
   for (const path of ['/healthz', '/readyz']) {
-    const probe = await sandboxedRun([process.execPath, join(ROOT, 'deploy/healthcheck.mjs'), path], probeEnv)
+    const probe = await sandboxedRun(['mcp-proxy-healthcheck', path], probeEnv)
     t.equal(probe.code, 0, `${path}: ${probe.out}`)
   }
-  const down = await sandboxedRun([process.execPath, join(ROOT, 'deploy/healthcheck.mjs'), '/healthz'], { MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${await freePort()}` })
+  const down = await sandboxedRun(['mcp-proxy-healthcheck', '/healthz'], { ...probeEnv, MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${await freePort()}` })
   t.equal(down.code, 1, 'the probe fails when nothing answers')
+  t.match(down.out, /^\/healthz: /m, 'and says why')
 
   gw.child.kill('SIGTERM')
   const end = await gw.done
