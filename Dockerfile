@@ -5,8 +5,8 @@
 #   docker run --read-only --tmpfs /tmp -p 3000:3000 \
 #     -v "$PWD/config.yaml:/etc/mcp-proxy/config.yaml:ro" mcp-idp-gateway:0.1.0
 #
-# Layout (test/package-install.test.ts reproduces it without a Docker engine,
-# through the same deploy/install.sh):
+# Layout (test/package-install.test.ts reproduces it without a Docker engine and
+# runs this ENTRYPOINT, CMD and HEALTHCHECK; both install through deploy/install.sh):
 #   /opt/mcp-proxy              the packed package with production dependencies only, owned by root
 #   /etc/mcp-proxy/config.yaml  the configuration: mount it (a ConfigMap in Kubernetes)
 #   user 1000:1000 (`node`), HOME=/tmp: /tmp is the only place it writes, so a

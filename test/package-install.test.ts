@@ -5,10 +5,12 @@
  * installed CLI run as `nobody` in a private mount namespace where the root
  * filesystem is read-only and HOME and TMPDIR are the only writable places
  * (a `--read-only` container with a tmpfs) -> --version, --check on every
- * shipped example, one real MCP exchange with a stdio target, the image's
- * health probe, and a clean stop on SIGTERM.
+ * shipped example; then the Dockerfile's own ENTRYPOINT and CMD (tini as PID 1
+ * of a PID namespace) serving one real MCP exchange with a stdio target, its
+ * HEALTHCHECK, and a clean stop when PID 1 gets SIGTERM (what `docker stop`
+ * sends).
  *
- * Needs root (unshare, mount, setpriv), as CI has.
+ * Needs root (unshare, mount, setpriv) and tini, as CI has (.ci/run).
  */
 import t from 'tap'
 import { spawn, execFile, type ChildProcess } from 'node:child_process'
@@ -60,14 +62,17 @@ interface Sandboxed { child: ChildProcess; done: Promise<{ code: number | null; 
  * read-only (the install tree with it), fresh tmpfs on HOME and TMPDIR. Only
  * PATH, HOME, TMPDIR and `env` reach it (`env -i`: tap's NODE_OPTIONS, which
  * would make every node write its process info into the repository, stays out).
+ * With `pid1`, also in a PID namespace of its own where `argv` runs as PID 1,
+ * as a container's entrypoint does.
  */
-function sandboxed (argv: string[], env: Record<string, string> = {}): Sandboxed {
-  const script = 'mount -o remount,bind,ro / && ' +
+function sandboxed (argv: string[], env: Record<string, string> = {}, pid1 = false): Sandboxed {
+  const script = (pid1 ? 'mount -t proc proc /proc && ' : '') +
+    'mount -o remount,bind,ro / && ' +
     'mount -t tmpfs -o mode=0700,uid=65534,gid=65534,size=64m tmpfs "$HOME" && ' +
     'mount -t tmpfs -o mode=1777,size=64m tmpfs "$TMPDIR" && ' +
     'exec "$@"'
   const vars = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home, TMPDIR: scratch, ...env }
-  const child = spawn('unshare', ['--mount', '--propagation', 'private', '--', 'sh', '-c', script, 'sandbox',
+  const child = spawn('unshare', ['--mount', '--propagation', 'private', ...(pid1 ? ['--pid', '--fork'] : []), '--', 'sh', '-c', script, 'sandbox',
     'env', '-i', ...Object.entries(vars).map(([k, v]) => `${k}=${v}`),
     'setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups', '--no-new-privs', '--', ...argv], {
     env: { PATH: vars.PATH, HOME: home, TMPDIR: scratch },
@@ -92,6 +97,14 @@ async function sandboxedRun (argv: string[], env: Record<string, string> = {}, g
 
 const cli = join(app, 'dist/bin/mcp-proxy.js')
 let tarball = ''
+
+// What the image runs, with its paths mapped into this test's folders.
+const dockerfile = await readFile(join(ROOT, 'Dockerfile'), 'utf8')
+function execForm (instruction: string): string[] {
+  const line = dockerfile.split('\n').find(l => l.startsWith(`${instruction} `)) ?? ''
+  const argv = JSON.parse(line.slice(line.indexOf('['))) as string[]
+  return argv.map(a => a.replace(/^\/opt\/mcp-proxy\//, `${app}/`).replace(/^\/etc\/mcp-proxy\//, `${etc}/`))
+}
 
 t.before(async () => {
   // mkdtemp makes the folder 0700; nobody must be able to reach the install inside it.
@@ -177,7 +190,7 @@ const accepts = (port: number): Promise<boolean> => new Promise(resolve => {
   s.once('error', () => resolve(false))
 })
 
-t.test('the installed gateway serves a real MCP call to a stdio target, answers its health probe, and stops on SIGTERM', async t => {
+t.test('the image entrypoint (tini as PID 1) serves a real MCP call to a stdio target, answers the HEALTHCHECK, and stops on SIGTERM', async t => {
   const [port, adminPort] = [await freePort(), await freePort()]
   const config = join(etc, 'config.yaml')
   // server-everything is a devDependency: the test reaches it in the repository by path.
@@ -195,10 +208,15 @@ t.test('the installed gateway serves a real MCP call to a stdio target, answers 
     `  port: ${adminPort}`,
     '',
   ].join('\n'))
-  const gw = sandboxed([process.execPath, cli, '-f', config])
+  // ENTRYPOINT + CMD: tini -- node <app>/dist/bin/mcp-proxy.js -f <etc>/config.yaml
+  const gw = sandboxed([...execForm('ENTRYPOINT'), ...execForm('CMD')], {}, true)
   let exited = false
   void gw.done.then(() => { exited = true })
   t.teardown(() => { if (!exited) gw.child.kill('SIGKILL') })
+  // The namespace's PID 1 (tini) is unshare's child; `docker stop` signals it from outside.
+  const init = await eventually(async () => {
+    try { return Number((await run('ps', ['-o', 'pid=', '--ppid', String(gw.child.pid)])).stdout.trim()) } catch { return 0 }
+  }, pid => pid > 0 || exited, 100, 50)
 
   const up = await eventually(() => exited ? false : accepts(port), ok => ok || exited, 300, 50)
   t.ok(up, 'the MCP port accepts')
@@ -214,22 +232,26 @@ t.test('the installed gateway serves a real MCP call to a stdio target, answers 
   // The image's HEALTHCHECK and the Kubernetes exec probes run this script,
   // installed as the Dockerfile does: without its extension, found on PATH.
   const probeEnv = { PATH: `${bin}:${process.env.PATH ?? '/usr/bin:/bin'}`, MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${adminPort}` }
-  for (const path of ['/healthz', '/readyz']) {
-    const probe = await sandboxedRun(['mcp-proxy-healthcheck', path], probeEnv)
-    t.equal(probe.code, 0, `${path}: ${probe.out}`)
+  const healthcheck = execForm('HEALTHCHECK')
+  t.same(healthcheck, ['mcp-proxy-healthcheck', '/healthz'])
+  for (const argv of [healthcheck, ['mcp-proxy-healthcheck', '/readyz']]) {
+    const probe = await sandboxedRun(argv, probeEnv)
+    t.equal(probe.code, 0, `${argv.join(' ')}: ${probe.out}`)
   }
-  const down = await sandboxedRun(['mcp-proxy-healthcheck', '/healthz'], { ...probeEnv, MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${await freePort()}` })
+  const down = await sandboxedRun(healthcheck, { ...probeEnv, MCP_PROXY_ADMIN_URL: `http://127.0.0.1:${await freePort()}` })
   t.equal(down.code, 1, 'the probe fails when nothing answers')
   t.match(down.out, /^\/healthz: /m, 'and says why')
 
-  gw.child.kill('SIGTERM')
+  t.ok(init > 0, 'found the namespace init')
+  process.kill(init, 'SIGTERM')
   const end = await gw.done
-  t.equal(end.code, 0, `clean exit on SIGTERM:\n${end.out}`)
+  t.equal(end.code, 0, `clean exit on SIGTERM through tini:\n${end.out}`)
+  t.match(end.out, /"signal":"SIGTERM"[^\n]*shutting down/, 'the gateway itself got the signal')
+  t.notMatch(end.out, /not running as PID 1/, 'tini ran as PID 1')
   t.notMatch(end.out, /EROFS|EACCES|read-only file system/i, 'nothing tried to write outside HOME and TMPDIR')
 })
 
 t.test('the Dockerfile installs through the same script and runs the same probe', async t => {
-  const dockerfile = await readFile(join(ROOT, 'Dockerfile'), 'utf8')
   t.match(dockerfile, /^COPY deploy\/install\.sh \/usr\/local\/bin\/mcp-proxy-install$/m)
   t.match(dockerfile, /^RUN sh \/usr\/local\/bin\/mcp-proxy-install \/pkg\/package\.tgz \/opt\/mcp-proxy \/pkg\/package-lock\.json$/m)
   t.match(dockerfile, /^COPY --chmod=0755 deploy\/healthcheck\.mjs \/usr\/local\/bin\/mcp-proxy-healthcheck$/m)
