@@ -142,6 +142,15 @@ t.test('the tarball ships the licence, the examples, and no dev-only script', as
   t.same(installed.bin, { 'mcp-proxy': 'dist/bin/mcp-proxy.js', 'mcp-idp-gateway': 'dist/bin/mcp-proxy.js' })
 })
 
+t.test('deploy/install.sh refuses bad arguments with a clear message', async t => {
+  const install = (...args: string[]): Promise<{ code: number; stderr: string }> =>
+    run('sh', [join(ROOT, 'deploy/install.sh'), ...args], { env: npmEnv }).then(() => ({ code: 0, stderr: '' }), (e: { code: number; stderr: string }) => ({ code: e.code, stderr: e.stderr }))
+  t.match(await install(), { code: 2, stderr: /usage: .*install\.sh <package\.tgz> <dir> \[package-lock\.json\]/ })
+  t.match(await install(join(work, 'missing.tgz'), join(work, 'x')), { code: 2, stderr: /tarball not found: .*missing\.tgz/ })
+  t.match(await install(tarball, join(work, 'y'), join(work, 'missing-lock.json')), { code: 2, stderr: /lockfile not found/ })
+  t.match(await install(tarball, app), { code: 2, stderr: /is not empty/ }, 'never installs over an existing tree')
+})
+
 t.test('every shipped source map carries the source it maps to', async t => {
   const maps = (await filesUnder(join(app, 'dist'))).filter(f => f.endsWith('.map'))
   t.ok(maps.length > 10, `${maps.length} source maps`)
