@@ -50,7 +50,7 @@ export interface GatewayConfig {
     targets: TargetConfig[]
     failClosed: boolean
     session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }
-    limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number }
+    limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; startupHoldMs: number; startupMaxHeldRequests: number }
   }
   admin: { host: string; port: number; token?: string; enabled: boolean }
   logging: { level: string; format: 'json' | 'pretty' }

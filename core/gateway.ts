@@ -81,6 +81,8 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const mcpPort = opts.mcpPort ?? config.mcp.port
   // Bind first: `{base_url}` (derived from the listen address when not configured)
   // must name the actual port, and a port in use should fail before any plugin starts.
+  // Requests that arrive meanwhile are held (bounded) and answered once attach()
+  // installs the real pipeline: no request meets a half-started gateway.
   const starting: McpEndpoint = {
     async handle () { throw new ProxyError('MCPP_ERR_STARTING', 503, 'Service Unavailable: the gateway is starting', { headers: { 'retry-after': '1' } }) },
     async close () {},
@@ -89,6 +91,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const gw = new GatewayServer({
     pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: starting, log, limits: config.mcp.limits, metrics,
     onAccess: rec => requestLog.add(rec),
+    hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })
   const bound = await gw.listen(mcpPort, config.mcp.host)
   const cleanup: Array<() => Promise<unknown>> = [() => gw.close(0)]

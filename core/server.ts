@@ -12,7 +12,7 @@ import type { RequestContext, ResponseContext, Reply, McpMessageInfo } from './c
 import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import { ProxyError, RPC } from './errors.ts'
-import { writeError, bodyPending } from './error-writer.ts'
+import { writeError, bodyPending, errorBody } from './error-writer.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 import { methodLabel } from './metric-labels.ts'
 
@@ -57,6 +57,14 @@ const HEADERS_TOO_LARGE = rawAnswer(431, 'request header fields too large')
 const REQUEST_TIMEOUT = rawAnswer(408, 'request not received in time')
 const BAD_REQUEST = rawAnswer(400, 'malformed HTTP request')
 
+/** Requests that arrive before `attach` are held within these bounds (`mcp.limits.startup*`). */
+export interface StartupHold {
+  /** Requests held at once; more get 503 at once. */
+  maxRequests: number
+  /** How long one request is held before it gets 503. */
+  timeoutMs: number
+}
+
 export interface AccessRecord {
   id: string; method: string; path: string; status: number; durationMs: number
   mcpMethod?: string; sessionId?: string; subject?: string; denial?: string; at: number
@@ -71,6 +79,8 @@ export interface GatewayServerOptions {
   metrics: Metrics
   /** Called once per finished request (admin UI's recent-requests list). */
   onAccess?: (rec: AccessRecord) => void
+  /** Hold requests until `attach` (the gateway binds before its plugins exist). Default: serve at once. */
+  hold?: StartupHold
 }
 
 /** Validates the shape of one JSON-RPC 2.0 message. */
@@ -229,6 +239,12 @@ class Context implements RequestContext {
 
 const RESOLVED: Promise<void> = Promise.resolve()
 
+interface HeldRequest {
+  readonly req: IncomingMessage
+  readonly res: ServerResponse
+  readonly timer: NodeJS.Timeout
+}
+
 function readBounded (ctx: Context, limit: number): Promise<Buffer> {
   const req = ctx.req
   return new Promise((resolve, reject) => {
@@ -296,6 +312,13 @@ export class GatewayServer {
   readonly #bodySweep: NodeJS.Timeout | undefined
   #inFlight = 0
   #drained: (() => void) | undefined
+  /**
+   * Requests that arrived before `attach`: held, then answered by the real
+   * pipeline (issue 13 item 1: no request meets a half-started gateway).
+   * Undefined once attached, so the hot path pays one check.
+   */
+  #held: Set<HeldRequest> | undefined
+  readonly #hold: StartupHold | undefined
 
   constructor (opts: GatewayServerOptions) {
     this.pipeline = opts.pipeline
@@ -304,6 +327,8 @@ export class GatewayServer {
     this.limits = opts.limits
     this.#mcp = opts.mcp
     this.#onAccess = opts.onAccess
+    this.#hold = opts.hold
+    if (opts.hold !== undefined) this.#held = new Set()
     this.#requests = opts.metrics.counter('mcp_proxy_requests_total', 'Requests by route, status and MCP method')
     this.#duration = opts.metrics.histogram('mcp_proxy_request_duration_seconds', 'Time to response end by route')
     this.server = createServer({
@@ -312,7 +337,10 @@ export class GatewayServer {
       keepAliveTimeout: opts.limits.keepAliveTimeoutMs,
       maxHeaderSize: 16384,
       connectionsCheckingInterval: checkingIntervalOf(opts.limits),
-    }, (req, res) => { void this.handle(req, res) })
+    }, (req, res) => {
+      if (this.#held === undefined) void this.handle(req, res)
+      else this.#holdRequest(req, res)
+    })
     const maxHeaders = opts.limits.maxHeaders ?? DEFAULT_MAX_HEADERS
     this.#maxRawHeaders = maxHeaders * 2
     // Node drops the fields past maxHeadersCount without a word (a second
@@ -392,6 +420,51 @@ export class GatewayServer {
     this.pipeline = pipeline
     this.routes = routes
     this.#mcp = mcp
+    const held = this.#held
+    this.#held = undefined
+    if (held === undefined) return
+    for (const h of held) {
+      clearTimeout(h.timer)
+      if (!h.res.destroyed) void this.handle(h.req, h.res)
+    }
+  }
+
+  /** Holds a request that arrived during start-up, up to the limits; otherwise 503 + Retry-After. */
+  #holdRequest (req: IncomingMessage, res: ServerResponse): void {
+    const held = this.#held!
+    const limits = this.#hold!
+    if (held.size >= limits.maxRequests) {
+      this.log.warn({ held: held.size }, 'start-up: too many requests held; answering 503')
+      this.#refuseStarting(req, res)
+      return
+    }
+    const h: HeldRequest = {
+      req,
+      res,
+      timer: setTimeout(() => {
+        if (!held.delete(h)) return
+        this.log.warn({ path: (req.url ?? '').split('?')[0], holdMs: limits.timeoutMs }, 'start-up: request held too long; answering 503')
+        this.#refuseStarting(req, res)
+      }, limits.timeoutMs),
+    }
+    h.timer.unref()
+    held.add(h)
+    res.once('close', () => { if (held.delete(h)) clearTimeout(h.timer) })
+  }
+
+  /**
+   * 503 "starting" in the body shape of the path (JSON-RPC on /mcp, OAuth
+   * elsewhere), written directly: no plugin is there to run, and the caller
+   * logged why (an expected condition, not an error with a stack).
+   */
+  #refuseStarting (req: IncomingMessage, res: ServerResponse): void {
+    if (res.headersSent || res.destroyed) return
+    const ctx = new Context(this, req, res)
+    const body = JSON.stringify(errorBody(ctx, new ProxyError('MCPP_ERR_STARTING', 503, 'Service Unavailable: the gateway is starting', {
+      expose: true, rpcCode: RPC.SERVER_ERROR,
+    })))
+    res.writeHead(503, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store', 'retry-after': '1' })
+    res.end(body)
   }
 
   get inFlight (): number { return this.#inFlight }
@@ -505,8 +578,17 @@ export class GatewayServer {
     })
   }
 
-  /** Stops accepting, waits up to `graceMs` for in-flight requests, then closes every socket. */
+  /**
+   * Stops accepting, waits up to `graceMs` for in-flight requests, then
+   * closes every socket. Requests still held from start-up get 503.
+   */
   async close (graceMs: number): Promise<void> {
+    const held = this.#held
+    this.#held = undefined
+    for (const h of held ?? []) {
+      clearTimeout(h.timer)
+      if (!h.res.destroyed) this.#refuseStarting(h.req, h.res)
+    }
     const closed = new Promise<void>(resolve => this.server.close(() => resolve()))
     this.server.closeIdleConnections()
     if (this.#inFlight > 0) {

@@ -148,9 +148,6 @@ export default definePlugin<McpAuthenticationOptions>({
         lastLoggedError = result === 'error' ? error : undefined
       },
     })
-    if (!keySet.loaded) {
-      env.log.error({ url: keySet.state().url, error: keySet.state().lastError }, 'no signing keys could be fetched; /mcp answers 503 until they can')
-    }
 
     const verify = createVerifier({
       issuer: options.issuer,

@@ -122,7 +122,7 @@ export class RemoteKeySet {
     this.#url = opts.source.kind === 'url' ? opts.source.url : undefined
   }
 
-  /** First fetch (awaited by the plugin's create()); never throws. Starts the background timer. */
+  /** First fetch (in the background of start-up, see acquireKeySet); never throws. Starts the background timer. */
   async start (): Promise<void> {
     await this.refresh()
     this.#schedule()
@@ -278,7 +278,13 @@ export class RemoteKeySet {
   }
 }
 
-/** One shared key set per (source, limits), reference-counted, so plugins for the same issuer share fetches. */
+/**
+ * One shared key set per (source, limits), reference-counted, so plugins for
+ * the same issuer share fetches. The first fetch runs in the background: an
+ * unreachable IdP must not hold up start-up (issue 13 item 23); a request
+ * that needs keys before it finishes waits for that fetch (getKey), and
+ * readiness says "not fetched yet" meanwhile.
+ */
 const shared = new Map<string, { set: RemoteKeySet; refs: number; started: Promise<void> }>()
 
 export async function acquireKeySet (opts: KeySetOptions): Promise<{ set: RemoteKeySet; release: () => void }> {
@@ -290,7 +296,6 @@ export async function acquireKeySet (opts: KeySetOptions): Promise<{ set: Remote
     shared.set(key, entry)
   }
   entry.refs++
-  await entry.started
   const e = entry
   let released = false
   return {

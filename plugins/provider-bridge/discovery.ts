@@ -1,7 +1,7 @@
 /**
  * The identity provider's OIDC discovery document, cached.
  *
- * Fetched once when the plugin is created (a failure is logged, never fatal:
+ * First fetched in the background when the plugin is created (a failure is logged, never fatal:
  * a v1 cloud_idp config must start with discovery unreachable), refreshed in
  * the background every `ttl` by an unref'd timer, and served stale while the
  * IdP is down. A request that finds the cache expired triggers one refresh

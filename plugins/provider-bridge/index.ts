@@ -68,7 +68,9 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
     log: env.log,
   })
   env.log.info({ provider: kind, discovery: discovery.url }, 'provider bridge: fetching the identity provider\'s discovery document')
-  await discovery.start()
+  // In the background: an unreachable IdP must not hold up start-up (issue 13
+  // item 23); a request that needs the document waits for this fetch.
+  void discovery.start()
 
   const jwksUri = kind === 'oss_idp' ? (auth.jwks ?? ossJwksUri(auth.issuer)) : undefined
   const cacheSeconds = Math.min(300, auth.discovery.ttlSeconds)

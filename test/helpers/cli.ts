@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
-import { createServer } from 'node:net'
+import { createServer, connect } from 'node:net'
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 export const CLI = fileURLToPath(new URL('../../bin/mcp-proxy.ts', import.meta.url))
@@ -33,6 +33,35 @@ export function startCli (args: string[], env: NodeJS.ProcessEnv = {}): Promise<
     child.stderr!.on('data', onData)
     child.on('exit', code => reject(new Error(`CLI exited with ${code} before listening:\n${out}`)))
   })
+}
+
+/**
+ * Starts the CLI without waiting for anything: black-box start-up tests talk
+ * to the port as soon as it accepts (see `waitForPort`), never after a log line.
+ */
+export function spawnCli (args: string[], env: NodeJS.ProcessEnv = {}): { child: ChildProcess; output: () => string; exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }> } {
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, ...args], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  child.stdout!.on('data', d => { out += d })
+  child.stderr!.on('data', d => { out += d })
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>(resolve => child.once('exit', (code, signal) => resolve({ code, signal })))
+  return { child, output: () => out, exited }
+}
+
+/** Tries to connect in a tight loop until `port` accepts; rejects when `giveUp` settles first. */
+export async function waitForPort (port: number, giveUp: Promise<unknown>): Promise<void> {
+  let over = false
+  void giveUp.then(() => { over = true })
+  for (;;) {
+    if (over) throw new Error(`port ${port} never accepted`)
+    const ok = await new Promise<boolean>(resolve => {
+      const s = connect(port, '127.0.0.1')
+      s.once('connect', () => { s.destroy(); resolve(true) })
+      s.once('error', () => resolve(false))
+    })
+    if (ok) return
+    await new Promise(resolve => setTimeout(resolve, 2))
+  }
 }
 
 /** A port that was free a moment ago. */

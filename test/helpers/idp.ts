@@ -55,6 +55,20 @@ export function ossOptions (idp: DevIdp, extra: Partial<McpAuthenticationOptions
 /** Public base URL of the test gateway: deliberately not its listen address ({base_url} never comes from Host). */
 export const BASE = 'https://gateway.example.test'
 
+/**
+ * Waits until the plugin's first key-set fetch has settled (keys loaded, or
+ * an error): create() starts it in the background, and the drills here
+ * start from a known state.
+ */
+export async function firstKeyFetch (auth: Plugin): Promise<void> {
+  for (let i = 0; i < 400; i++) {
+    const ks = (auth.describe?.() as { keySet?: { loaded: boolean; lastError?: string } } | undefined)?.keySet
+    if (ks === undefined || ks.loaded || ks.lastError !== undefined) return
+    await new Promise(resolve => setTimeout(resolve, 25))
+  }
+  throw new Error('the first key-set fetch did not settle')
+}
+
 /** Starts the gateway on 127.0.0.1:0 with [cors?, mcpAuthentication]. */
 export async function authGateway (t: Test, authOptions: McpAuthenticationOptions, corsOptions?: CorsOptions): Promise<AuthGateway> {
   const { log, text } = memoryLogger('debug')
@@ -77,6 +91,7 @@ export async function authGateway (t: Test, authOptions: McpAuthenticationOption
   if (corsOptions !== undefined) plugins.push(await cors.create(validated(cors.optionsSchema, corsOptions), env('mcp.policies.cors')))
   const authPlugin = await mcpAuthentication.create(validated(mcpAuthentication.optionsSchema, authOptions), env('mcp.policies.mcpAuthentication'))
   plugins.push(authPlugin)
+  await firstKeyFetch(authPlugin)
   const server = new GatewayServer({
     pipeline: new Pipeline(plugins), routes: new RouteTable(plugins), mcp: endpoint, log, metrics,
     limits: { maxBodyBytes: 1 << 20, headersTimeoutMs: 10000, requestTimeoutMs: 30000, keepAliveTimeoutMs: 5000 },

@@ -1,0 +1,155 @@
+/**
+ * Start-up of the real CLI, black-box (issue 13 items 1, 23): requests that
+ * arrive the moment the port accepts get normal answers; an unreachable IdP
+ * does not hold up what does not need it.
+ */
+import t from 'tap'
+import type { Test } from 'tap'
+import { writeFile, mkdtemp } from 'node:fs/promises'
+import { join } from 'node:path'
+import { tmpdir } from 'node:os'
+import { createServer as createHttpServer } from 'node:http'
+import { createServer as createTcpServer, type Socket } from 'node:net'
+import { spawnCli, waitForPort, freePort, ROOT } from './helpers/cli.ts'
+import { devIdp } from './helpers/idp.ts'
+
+const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')
+const SLOW_PLUGIN = join(ROOT, 'test/fixtures/plugins/slow-create.js')
+const ORIGIN = 'http://app.example.test'
+const INIT = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } })
+const MCP_HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
+
+async function configFile (lines: string[]): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), 'mcpp-startup-'))
+  const file = join(dir, 'config.yaml')
+  await writeFile(file, lines.join('\n') + '\n')
+  return file
+}
+
+/** The CLI as a child process, SIGKILLed in teardown if the test left it running. */
+function cli (t: Test, file: string): ReturnType<typeof spawnCli> {
+  const run = spawnCli(['-f', file])
+  t.teardown(() => { if (run.child.exitCode === null && run.child.signalCode === null) run.child.kill('SIGKILL') })
+  return run
+}
+
+/** Resolves when the process exits: a start-up failure ends the wait for the port instead of a timeout. */
+const guard = (run: ReturnType<typeof spawnCli>): Promise<unknown> => run.exited
+
+const targetLines = (name = 'everything'): string[] => [
+  `    - name: ${name}`, `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
+]
+
+t.test('requests that arrive the moment the port accepts get normal answers (slow plugin, slow IdP keys)', async t => {
+  const idp = await devIdp(t)
+  // The real IdP's key set behind a hop that answers after a while: start-up that waits for it is slow.
+  const slowJwks = createHttpServer((req, res) => {
+    setTimeout(() => {
+      fetch(idp.jwksUrl).then(async r => {
+        res.writeHead(r.status, { 'content-type': 'application/json' })
+        res.end(await r.text())
+      }, () => { res.writeHead(502); res.end() })
+    }, 1500)
+  })
+  await new Promise<void>(resolve => slowJwks.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { slowJwks.closeAllConnections(); slowJwks.close() })
+  const jwks = `http://127.0.0.1:${(slowJwks.address() as import('node:net').AddressInfo).port}/jwks/`
+  const port = await freePort()
+  const file = await configFile([
+    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    '  policies:',
+    `    cors: { allowOrigins: ["${ORIGIN}"] }`,
+    '    mcpAuthentication:',
+    '      mode: strict', `      issuer: "${idp.issuer}"`, `      audiences: ["${idp.clientId}"]`, `      jwks: "${jwks}"`,
+    `      clientId: "${idp.clientId}"`, '      provider: { oss_idp: {} }',
+    `      resourceMetadata: { resource: "http://localhost:${port}/mcp" }`,
+    '  plugins:',
+    '    - builtin: cors', '    - builtin: mcpAuthentication', '    - builtin: providerBridge', '    - builtin: registration',
+    `    - module: "${SLOW_PLUGIN}"`, '      options: { delayMs: 1500 }',
+    'admin: { enabled: false }',
+  ])
+  const token = await idp.mintToken({ sub: 'alice', groups: ['mcp-users'] })
+  const run = cli(t, file)
+  await waitForPort(port, guard(run))
+  const base = `http://127.0.0.1:${port}`
+  const [init, prm, asm, preflight] = await Promise.all([
+    fetch(`${base}/mcp`, { method: 'POST', headers: { ...MCP_HEADERS, authorization: `Bearer ${token}` }, body: INIT }),
+    fetch(`${base}/.well-known/oauth-protected-resource/mcp`),
+    fetch(`${base}/.well-known/oauth-authorization-server`),
+    fetch(`${base}/mcp`, { method: 'OPTIONS', headers: { origin: ORIGIN, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type' } }),
+  ])
+  const initBody = await init.text()
+  t.equal(init.status, 200, init.status === 200 ? 'initialize' : `initialize: ${initBody}`)
+  t.ok(init.headers.get('mcp-session-id'), 'a session was opened')
+  t.match(initBody, /"protocolVersion":"2025-06-18"/)
+  t.equal(prm.status, 200, 'protected resource metadata')
+  t.equal(((await prm.json()) as { resource: string }).resource, `http://localhost:${port}/mcp`)
+  t.equal(asm.status, 200, 'authorization server metadata')
+  t.equal(((await asm.json()) as { issuer: string }).issuer, idp.issuer)
+  t.equal(preflight.status, 204, 'CORS preflight')
+  t.equal(preflight.headers.get('access-control-allow-origin'), ORIGIN)
+  t.notMatch(run.output(), /"level":50/, 'nothing logged at error level')
+  run.child.kill('SIGTERM')
+  t.equal((await run.exited).code, 0)
+})
+
+t.test('IdP unreachable at start (connections hang): what does not need it is served, /readyz explains the rest', async t => {
+  // Accepts and never answers, like an IdP whose packets are dropped.
+  const held = new Set<Socket>()
+  const hang = createTcpServer(s => { held.add(s); s.on('close', () => held.delete(s)) })
+  await new Promise<void>(resolve => hang.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { for (const s of held) s.destroy(); hang.close() })
+  const issuer = `http://127.0.0.1:${(hang.address() as import('node:net').AddressInfo).port}/application/o/mcp/`
+  const port = await freePort()
+  const adminPort = await freePort()
+  const file = await configFile([
+    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    '  policies:',
+    '    mcpAuthentication:',
+    '      mode: strict', `      issuer: "${issuer}"`, '      audiences: ["mcp-gateway-dev"]',
+    '      clientId: "mcp-gateway-dev"', '      provider: { oss_idp: {} }',
+    `      resourceMetadata: { resource: "http://localhost:${port}/mcp" }`,
+    // Key fetches give up after a second; discovery would hang for a minute.
+    '      keySet: { timeoutMs: 1000 }', '      discovery: { timeoutMs: 60000 }',
+    `admin: { port: ${adminPort} }`,
+  ])
+  const idp = await devIdp(t)
+  const token = await idp.mintToken({ sub: 'alice', iss: issuer })
+  const run = cli(t, file)
+  await waitForPort(port, guard(run))
+  const base = `http://127.0.0.1:${port}`
+  const prm = await fetch(`${base}/.well-known/oauth-protected-resource/mcp`)
+  t.equal(prm.status, 200, 'protected resource metadata needs no IdP')
+  t.equal(((await prm.json()) as { resource: string }).resource, `http://localhost:${port}/mcp`)
+  const noToken = await fetch(`${base}/mcp`, { method: 'POST', headers: MCP_HEADERS, body: INIT })
+  t.equal(noToken.status, 401, 'a request without a token is answered as always')
+  t.equal(((await noToken.json()) as { error_description: string }).error_description, 'JWT token required')
+  await waitForPort(adminPort, guard(run))
+  const admin = `http://127.0.0.1:${adminPort}`
+  const health = await fetch(`${admin}/healthz`)
+  t.equal(health.status, 200, '/healthz')
+  const ready = await fetch(`${admin}/readyz`)
+  t.equal(ready.status, 503, '/readyz is not ready')
+  const reasons = ((await ready.json()) as { reasons: string[] }).reasons
+  t.match(reasons.join('\n'), /mcpAuthentication: signing keys not loaded/)
+  t.match(reasons.join('\n'), /providerBridge: identity provider discovery document not fetched/)
+  const withToken = await fetch(`${base}/mcp`, { method: 'POST', headers: { ...MCP_HEADERS, authorization: `Bearer ${token}` }, body: INIT })
+  t.equal(withToken.status, 503, 'a token that needs the keys: 503, never 401')
+  t.ok(withToken.headers.get('retry-after'), 'with Retry-After')
+  await withToken.text()
+  run.child.kill('SIGTERM')
+  t.equal((await run.exited).code, 0)
+})
+
+t.test('a plugin that fails to start still exits 3', async t => {
+  const port = await freePort()
+  const file = await configFile([
+    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    '  plugins:', `    - module: "${join(ROOT, 'test/fixtures/plugins/throws-on-create.js')}"`,
+    'admin: { enabled: false }',
+  ])
+  const run = cli(t, file)
+  const { code } = await run.exited
+  t.equal(code, 3)
+  t.match(run.output(), /throws-on-create failed to start: cannot reach the quota service/)
+})
