@@ -239,6 +239,8 @@ class Context implements RequestContext {
 
 const RESOLVED: Promise<void> = Promise.resolve()
 
+function ignore (): void {}
+
 interface HeldRequest {
   readonly req: IncomingMessage
   readonly res: ServerResponse
@@ -319,6 +321,9 @@ export class GatewayServer {
    */
   #held: Set<HeldRequest> | undefined
   readonly #hold: StartupHold | undefined
+  /** Open `GET /mcp` streams: idle by nature, ended at once on close. */
+  readonly #streams = new Set<Context>()
+  #closing = false
 
   constructor (opts: GatewayServerOptions) {
     this.pipeline = opts.pipeline
@@ -484,6 +489,14 @@ export class GatewayServer {
           headers: { connection: 'close' }, rpcCode: RPC.INVALID_REQUEST,
         })
       }
+      if (ctx.method === 'GET' && ctx.kind === 'mcp') {
+        if (this.#closing) {
+          throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', {
+            headers: { 'retry-after': '1' }, expose: true, rpcCode: RPC.SERVER_ERROR,
+          })
+        }
+        this.#streams.add(ctx)
+      }
       const pending = this.pipeline.runRequest(ctx, ctx.ran)
       const reply = pending instanceof Promise ? await pending : pending
       if (reply !== undefined) {
@@ -521,6 +534,7 @@ export class GatewayServer {
       this.#receiving.delete(ctx)
       ctx.receiving = false
     }
+    if (ctx.method === 'GET') this.#streams.delete(ctx)
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
     const route = ctx.kind === 'mcp' ? '/mcp' : this.routes.has(ctx.path) ? ctx.path : 'other'
@@ -579,10 +593,15 @@ export class GatewayServer {
   }
 
   /**
-   * Stops accepting, waits up to `graceMs` for in-flight requests, then
-   * closes every socket. Requests still held from start-up get 503.
+   * Stops accepting, ends idle `GET /mcp` streams at once, waits up to
+   * `graceMs` for the requests still in flight, then closes every socket.
+   * A GET stream only carries what the server sends on its own (MCP
+   * 2025-06-18 Streamable HTTP, "Listening for Messages from the Server"):
+   * no answer to a client request is lost by ending it, and the client
+   * reconnects elsewhere. Requests still held from start-up get 503.
    */
   async close (graceMs: number): Promise<void> {
+    this.#closing = true
     const held = this.#held
     this.#held = undefined
     for (const h of held ?? []) {
@@ -591,6 +610,13 @@ export class GatewayServer {
     }
     const closed = new Promise<void>(resolve => this.server.close(() => resolve()))
     this.server.closeIdleConnections()
+    for (const ctx of this.#streams) {
+      if (!ctx.res.headersSent || ctx.res.writableEnded) continue
+      // A pipe into this response (HTTP passthrough) may still write once
+      // before it sees 'finish': that write-after-end error must not be uncaught.
+      ctx.res.on('error', ignore)
+      ctx.res.end()
+    }
     if (this.#inFlight > 0) {
       await Promise.race([
         new Promise<void>(resolve => { this.#drained = resolve }),

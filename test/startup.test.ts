@@ -1,7 +1,8 @@
 /**
- * Start-up of the real CLI, black-box (issue 13 items 1, 23): requests that
- * arrive the moment the port accepts get normal answers; an unreachable IdP
- * does not hold up what does not need it.
+ * Start-up and shutdown of the real CLI, black-box (issue 13 items 1, 22,
+ * 23): requests that arrive the moment the port accepts get normal answers;
+ * an unreachable IdP does not hold up what does not need it; SIGTERM does not
+ * wait for idle GET or listen streams.
  */
 import t from 'tap'
 import type { Test } from 'tap'
@@ -139,6 +140,66 @@ t.test('IdP unreachable at start (connections hang): what does not need it is se
   await withToken.text()
   run.child.kill('SIGTERM')
   t.equal((await run.exited).code, 0)
+})
+
+t.test('SIGTERM ends idle GET streams at once and exits without waiting for shutdownGraceMs', async t => {
+  const port = await freePort()
+  const file = await configFile([
+    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    // A wait for the idle stream would outlast the test's timeout by far.
+    '  limits: { shutdownGraceMs: 3600000 }',
+    'admin: { enabled: false }',
+  ])
+  const run = cli(t, file)
+  await waitForPort(port, guard(run))
+  const base = `http://127.0.0.1:${port}`
+  const init = await fetch(`${base}/mcp`, { method: 'POST', headers: MCP_HEADERS, body: INIT })
+  t.equal(init.status, 200)
+  await init.text()
+  const sid = init.headers.get('mcp-session-id')!
+  const initialized = await fetch(`${base}/mcp`, { method: 'POST', headers: { ...MCP_HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-06-18' }, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) })
+  t.equal(initialized.status, 202)
+  const stream = await fetch(`${base}/mcp`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'mcp-protocol-version': '2025-06-18' } })
+  t.equal(stream.status, 200)
+  t.equal(stream.headers.get('content-type'), 'text/event-stream')
+  const ended = stream.text().then(() => 'ended', (err: Error) => `cut: ${err.message}`)
+  run.child.kill('SIGTERM')
+  t.equal((await run.exited).code, 0, 'exits 0')
+  t.equal(await ended, 'ended', 'the GET stream was ended cleanly')
+})
+
+t.test('SIGTERM ends an idle subscriptions/listen stream (revision 2026-07-28) with its result and exits', async t => {
+  const port = await freePort()
+  const file = await configFile([
+    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    '  limits: { shutdownGraceMs: 3600000 }',
+    'admin: { enabled: false }',
+  ])
+  const run = cli(t, file)
+  await waitForPort(port, guard(run))
+  const meta = { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/clientInfo': { name: 't', version: '1' } }
+  const res = await fetch(`http://127.0.0.1:${port}/mcp`, {
+    method: 'POST',
+    headers: { ...MCP_HEADERS, 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'subscriptions/listen' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 'listen-1', method: 'subscriptions/listen', params: { notifications: { toolsListChanged: true }, _meta: meta } }),
+  })
+  t.equal(res.status, 200)
+  const reader = res.body!.getReader()
+  let text = ''
+  while (!text.includes('\n\n')) {
+    const { value, done } = await reader.read()
+    if (done) break
+    text += Buffer.from(value).toString('utf8')
+  }
+  t.match(text, /notifications\/subscriptions\/acknowledged/, 'the stream is open and acknowledged')
+  run.child.kill('SIGTERM')
+  for (;;) {
+    const { value, done } = await reader.read()
+    if (done) break
+    text += Buffer.from(value).toString('utf8')
+  }
+  t.match(text, /"id":"listen-1","result"/, 'the listen request got its result and the stream ended')
+  t.equal((await run.exited).code, 0, 'exits 0')
 })
 
 t.test('a plugin that fails to start still exits 3', async t => {

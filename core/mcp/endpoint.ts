@@ -69,7 +69,7 @@ export interface GatewayMcpEndpoint extends McpEndpoint {
   sessions(): SessionSummary[]
   /** Ends the session whose id or unique 8+ character prefix is given. */
   endSession(idOrPrefix: string): boolean
-  /** Stops accepting new sessions (initialize gets 503); existing ones keep working. */
+  /** Stops accepting new sessions (initialize gets 503) and ends listen streams; existing sessions keep working. */
   drain(): void
   describeTargets(): TargetSummary[]
   /** Pooled upstreams (revision 2026-07-28, and `share: subject` targets), per (target, subject). */
@@ -343,6 +343,9 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
 
     drain (): void {
       draining = true
+      // Listen streams are idle by nature: ended now (a result, then the end
+      // of the stream) instead of holding shutdown for the whole grace period.
+      modernHandler.close()
     },
 
     pooled (): PooledSummary[] {
