@@ -18,6 +18,7 @@ import { liveChildCount } from './targets/index.ts'
 import { redactConfig, secretValues, createScrubber } from './redact.ts'
 import { runTry } from './admin-try.ts'
 import { methodLabel } from './metric-labels.ts'
+import type { TargetReadiness, TargetHealth } from './target-readiness.ts'
 
 // ---- upstream tracking -----------------------------------------------------
 
@@ -293,6 +294,8 @@ export interface AdminStateOptions {
   /** Origin of the MCP listener reachable from this process, e.g. `http://127.0.0.1:8080`. */
   readonly mcpOrigin: string
   readonly version: string
+  /** Whether each target can start, and what that means for readiness (`mcp.readiness.targets`). */
+  readonly targetReadiness?: TargetReadiness
 }
 
 interface KeySetView { kids?: readonly string[]; loaded?: boolean; lastSuccessAt?: string; lastError?: string }
@@ -338,8 +341,8 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
   }
   metrics.gauge('mcp_proxy_build_info', 'Gateway version').collect = () => [[{ version: opts.version }, 1]]
 
-  function ready (): { ready: boolean; reasons: string[] } {
-    const reasons: string[] = []
+  function ready (): { ready: boolean; reasons: string[]; targets: TargetHealth[] } {
+    const reasons: string[] = [...(opts.targetReadiness?.reasons() ?? [])]
     for (const p of plugins) {
       let r: ReturnType<NonNullable<Plugin['ready']>> | undefined
       try { r = p.ready?.() } catch (err) { r = { ready: false, reason: (err as Error).message } }
@@ -347,7 +350,8 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
       if (r === false) reasons.push(`${p.name}: not ready`)
       else if (!r.ready) reasons.push(`${p.name}: ${r.reason ?? 'not ready'}`)
     }
-    return { ready: reasons.length === 0, reasons: scrub(reasons) as string[] }
+    const targets = opts.targetReadiness?.targets() ?? loaded.config.mcp.targets.map(t => ({ name: t.name, ok: true }))
+    return { ready: reasons.length === 0, reasons: scrub(reasons) as string[], targets: scrub(targets) as TargetHealth[] }
   }
   metrics.gauge('mcp_proxy_ready', '1 when every plugin reports ready (see /readyz)').collect = () => [[undefined, ready().ready ? 1 : 0]]
 

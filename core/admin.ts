@@ -33,7 +33,8 @@ export interface AdminState {
   plugins(): unknown
   /** The OAuth documents the gateway serves, the key-set and discovery state. */
   oauth(): Promise<unknown>
-  ready(): { ready: boolean; reasons: string[] }
+  /** `targets`: whether each target can start (reported whether or not it counts for readiness). */
+  ready(): { ready: boolean; reasons: string[]; targets?: unknown[] }
   /** Runs initialize -> tools/list -> tools/call against the gateway's own /mcp. */
   tryIt?(input: TryInput): Promise<unknown>
   /** Refreshes scrape-time metrics before /metrics renders. */
@@ -204,7 +205,7 @@ export function createAdminServer (opts: AdminOptions): Server {
     if (path === '/readyz') {
       if (method !== 'GET' && method !== 'HEAD') return apiError(res, 405, 'method_not_allowed', 'use GET', { allow: 'GET, HEAD' })
       const r = state.ready()
-      return send(res, r.ready ? 200 : 503, { status: r.ready ? 'ready' : 'not ready', reasons: r.reasons })
+      return send(res, r.ready ? 200 : 503, { status: r.ready ? 'ready' : 'not ready', reasons: r.reasons, ...(r.targets !== undefined ? { targets: r.targets } : {}) })
     }
     if (path === '/metrics') {
       if (method !== 'GET') return apiError(res, 405, 'method_not_allowed', 'use GET', { allow: 'GET' })

@@ -51,6 +51,7 @@ export interface GatewayConfig {
     failClosed: boolean
     session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }
     limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; startupHoldMs: number; startupMaxHeldRequests: number }
+    readiness: { targets?: 'all' | 'any' | 'none' }
   }
   admin: { host: string; port: number; token?: string; enabled: boolean }
   logging: { level: string; format: 'json' | 'pretty' }

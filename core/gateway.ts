@@ -20,6 +20,7 @@ import type { Plugin } from './plugin.ts'
 import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
 import { createHttpPassthrough } from './targets/http-passthrough.ts'
 import { createMcpEndpoint } from './mcp/index.ts'
+import { TargetReadiness } from './target-readiness.ts'
 
 /** The package version, read once at start-up. */
 export const VERSION: string = (JSON.parse(readFileSync(packagePath('package.json'), 'utf8')) as { version: string }).version
@@ -96,10 +97,18 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const bound = await gw.listen(mcpPort, config.mcp.host)
   const cleanup: Array<() => Promise<unknown>> = [() => gw.close(0)]
   let plugins: Plugin[] = []
+  const targetReadiness = new TargetReadiness({
+    targets: config.mcp.targets, baseDir: loaded.baseDir, log,
+    mode: config.mcp.readiness.targets ?? (config.mcp.failClosed ? 'all' : 'any'),
+  })
+  cleanup.push(async () => targetReadiness.close())
   try {
     const baseUrl = computeBaseUrl(loaded, bound.port)
+    // The targets' check (local files only) runs while the plugins are created.
+    const checked = targetReadiness.check()
     plugins = await loadPlugins({ config, baseDir: loaded.baseDir, env: { log, config: config as never, baseUrl, metrics } })
     cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
+    await checked
     const routes = new RouteTable(plugins)
     const pipeline = new Pipeline(plugins)
     // Wrapped for the admin UI and metrics: child pids, failures, upstream latency per target and method.
@@ -120,7 +129,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
         log, metrics, token: config.admin.token, host: config.admin.host,
         state: createAdminState({
           loaded, plugins, routes, endpoint, tracker, requests: requestLog, metrics, log, version: VERSION,
-          mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`,
+          mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
         }),
       })
       const adminPort = await listen(admin, opts.adminPort ?? config.admin.port, config.admin.host)
@@ -141,6 +150,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
         endpoint.drain?.()
         await serverClosed
         await endpoint.close()
+        targetReadiness.close()
         await Promise.allSettled(plugins.map(p => p.close?.()))
         if (admin !== undefined) await new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() })
         await killAllChildren()

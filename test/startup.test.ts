@@ -1,8 +1,9 @@
 /**
- * Start-up and shutdown of the real CLI, black-box (issue 13 items 1, 22,
- * 23): requests that arrive the moment the port accepts get normal answers;
- * an unreachable IdP does not hold up what does not need it; SIGTERM does not
- * wait for idle GET or listen streams.
+ * Start-up, readiness and shutdown of the real CLI, black-box (issue 13
+ * items 1, 17, 22, 23): requests that arrive the moment the port accepts get
+ * normal answers; an unreachable IdP does not hold up what does not need it;
+ * /readyz reports targets that cannot start; SIGTERM does not wait for idle
+ * GET or listen streams.
  */
 import t from 'tap'
 import type { Test } from 'tap'
@@ -200,6 +201,40 @@ t.test('SIGTERM ends an idle subscriptions/listen stream (revision 2026-07-28) w
   }
   t.match(text, /"id":"listen-1","result"/, 'the listen request got its result and the stream ended')
   t.equal((await run.exited).code, 0, 'exits 0')
+})
+
+t.test('/readyz reports a target that cannot start; mcp.readiness.targets decides whether that is not ready', async t => {
+  const broken = ['    - name: broken', '      stdio: { cmd: mcpp-no-such-command-7f3a, args: [] }']
+  const cases: Array<{ name: string; targets: string[]; readiness?: string; status: number; listed: Array<[string, boolean]> }> = [
+    { name: 'the only target cannot start: not ready (default)', targets: broken, status: 503, listed: [['broken', false]] },
+    { name: 'one of two cannot start: sessions still open, ready (default any)', targets: [...targetLines(), ...broken], status: 200, listed: [['everything', true], ['broken', false]] },
+    { name: 'one of two cannot start, readiness.targets: all', targets: [...targetLines(), ...broken], readiness: 'all', status: 503, listed: [['everything', true], ['broken', false]] },
+  ]
+  for (const c of cases) {
+    const port = await freePort()
+    const adminPort = await freePort()
+    const file = await configFile([
+      'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...c.targets,
+      ...(c.readiness === undefined ? [] : [`  readiness: { targets: ${c.readiness} }`]),
+      `admin: { port: ${adminPort} }`,
+    ])
+    const run = cli(t, file)
+    await waitForPort(adminPort, guard(run))
+    const r = await fetch(`http://127.0.0.1:${adminPort}/readyz`)
+    const body = await r.json() as { status: string; reasons: string[]; targets: Array<{ name: string; ok: boolean; error?: string }> }
+    t.equal(r.status, c.status, c.name)
+    t.same(body.targets.map(x => [x.name, x.ok]), c.listed, 'every target is reported')
+    t.match(body.targets.find(x => x.name === 'broken')!.error, /mcpp-no-such-command-7f3a: command not found/)
+    if (c.status === 503) t.match(body.reasons.join('\n'), /target broken: mcpp-no-such-command-7f3a: command not found/)
+    else t.same(body.reasons, [])
+    if (c.targets === broken) {
+      const init = await fetch(`http://127.0.0.1:${port}/mcp`, { method: 'POST', headers: MCP_HEADERS, body: INIT })
+      t.equal(init.status, 502, 'and indeed initialize fails')
+      await init.text()
+    }
+    run.child.kill('SIGTERM')
+    t.equal((await run.exited).code, 0)
+  }
 })
 
 t.test('a plugin that fails to start still exits 3', async t => {
