@@ -46,7 +46,12 @@ export interface AdminState {
 export interface AdminOptions {
   log: Logger
   metrics: Metrics
-  state: AdminState
+  /**
+   * The state, or a getter for it that returns undefined while the gateway
+   * starts: the listener is bound early so probes get an answer (/healthz
+   * 200, /readyz 503 "starting") instead of a refused connection.
+   */
+  state: AdminState | (() => AdminState | undefined)
   /** `admin.token`: when set, every route but /healthz needs it. */
   token?: string
   /** `admin.host`: while it is a loopback address, requests must name a loopback Host (DNS rebinding). */
@@ -131,8 +136,9 @@ const READ_ROUTES: Record<string, (s: AdminState) => unknown> = {
 }
 
 export function createAdminServer (opts: AdminOptions): Server {
-  const { state, metrics, log } = opts
-  const scrub = state.scrub ?? ((v: unknown) => v)
+  const { metrics, log } = opts
+  const given = opts.state
+  const stateOf = typeof given === 'function' ? given : () => given
   const assets: UiAssets = loadUiAssets()
   const loopbackOnly = opts.host === undefined || LOOPBACK_HOSTS.has(opts.host)
   // Keyed per process: the cookie proves the token was presented without being the token itself.
@@ -202,6 +208,12 @@ export function createAdminServer (opts: AdminOptions): Server {
       return send(res, 200, assets.html, 'text/html; charset=utf-8')
     }
     if (path === '/ui/app.js' && method === 'GET') return send(res, 200, assets.js, 'text/javascript; charset=utf-8')
+    const state = stateOf()
+    if (state === undefined) {
+      if (path === '/readyz') return send(res, 503, { status: 'not ready', reasons: ['the gateway is starting'] }, undefined, { 'retry-after': '1' })
+      return apiError(res, 503, 'temporarily_unavailable', 'the gateway is starting', { 'retry-after': '1' })
+    }
+    const scrub = state.scrub ?? ((v: unknown) => v)
     if (path === '/readyz') {
       if (method !== 'GET' && method !== 'HEAD') return apiError(res, 405, 'method_not_allowed', 'use GET', { allow: 'GET, HEAD' })
       const r = state.ready()

@@ -14,7 +14,7 @@ import { loadPlugins } from './plugin-loader.ts'
 import { Pipeline } from './pipeline.ts'
 import { RouteTable } from './routes.ts'
 import { GatewayServer, type McpEndpoint } from './server.ts'
-import { createAdminServer } from './admin.ts'
+import { createAdminServer, type AdminState } from './admin.ts'
 import { createAdminState, trackUpstreams, RequestLog } from './admin-state.ts'
 import type { Plugin } from './plugin.ts'
 import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
@@ -96,6 +96,26 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   })
   const bound = await gw.listen(mcpPort, config.mcp.host)
   const cleanup: Array<() => Promise<unknown>> = [() => gw.close(0)]
+  // The admin listener is bound early too (a port in use fails start-up
+  // before any plugin starts) and answers /readyz "starting" until then.
+  let adminState: AdminState | undefined
+  let admin: Server | undefined
+  let adminUrl: string | undefined
+  if (config.admin.enabled) {
+    const server = createAdminServer({ log, metrics, token: config.admin.token, host: config.admin.host, state: () => adminState })
+    cleanup.push(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
+    try {
+      const adminPort = await listen(server, opts.adminPort ?? config.admin.port, config.admin.host)
+      admin = server
+      adminUrl = `http://${hostForUrl(config.admin.host)}:${adminPort}`
+    } catch (err) {
+      for (const c of cleanup.reverse()) await c().catch(() => {})
+      throw err
+    }
+    if (!['127.0.0.1', '::1', 'localhost'].includes(config.admin.host) && config.admin.token === undefined) {
+      log.warn({ host: config.admin.host }, 'admin listener is exposed beyond loopback without admin.token')
+    }
+  }
   let plugins: Plugin[] = []
   const targetReadiness = new TargetReadiness({
     targets: config.mcp.targets, baseDir: loaded.baseDir, log,
@@ -122,22 +142,11 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     gw.attach(pipeline, routes, endpoint)
     const mcpUrl = `http://${hostForUrl(config.mcp.host)}:${bound.port}/mcp`
 
-    let admin: Server | undefined
-    let adminUrl: string | undefined
-    if (config.admin.enabled) {
-      admin = createAdminServer({
-        log, metrics, token: config.admin.token, host: config.admin.host,
-        state: createAdminState({
-          loaded, plugins, routes, endpoint, tracker, requests: requestLog, metrics, log, version: VERSION,
-          mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
-        }),
+    if (admin !== undefined) {
+      adminState = createAdminState({
+        loaded, plugins, routes, endpoint, tracker, requests: requestLog, metrics, log, version: VERSION,
+        mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
       })
-      const adminPort = await listen(admin, opts.adminPort ?? config.admin.port, config.admin.host)
-      adminUrl = `http://${hostForUrl(config.admin.host)}:${adminPort}`
-      cleanup.push(() => new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() }))
-      if (!['127.0.0.1', '::1', 'localhost'].includes(config.admin.host) && config.admin.token === undefined) {
-        log.warn({ host: config.admin.host }, 'admin listener is exposed beyond loopback without admin.token')
-      }
     }
     log.info({ mcp: mcpUrl, ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined, targets: config.mcp.targets.map(t => t.name), plugins: plugins.map(p => p.name) },
       `mcp-proxy ${VERSION} listening on ${mcpUrl}` + (adminUrl !== undefined ? `; UI at ${adminUrl}/ui` : ''))

@@ -12,7 +12,7 @@ import { join } from 'node:path'
 import { tmpdir } from 'node:os'
 import { createServer as createHttpServer } from 'node:http'
 import { createServer as createTcpServer, type Socket } from 'node:net'
-import { spawnCli, waitForPort, freePort, ROOT } from './helpers/cli.ts'
+import { spawnCli, waitForPort, freePort, eventually, ROOT } from './helpers/cli.ts'
 import { devIdp } from './helpers/idp.ts'
 
 const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')
@@ -57,6 +57,7 @@ t.test('requests that arrive the moment the port accepts get normal answers (slo
   t.teardown(() => { slowJwks.closeAllConnections(); slowJwks.close() })
   const jwks = `http://127.0.0.1:${(slowJwks.address() as import('node:net').AddressInfo).port}/jwks/`
   const port = await freePort()
+  const adminPort = await freePort()
   const file = await configFile([
     'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
     '  policies:',
@@ -67,12 +68,18 @@ t.test('requests that arrive the moment the port accepts get normal answers (slo
     `      resourceMetadata: { resource: "http://localhost:${port}/mcp" }`,
     '  plugins:',
     '    - builtin: cors', '    - builtin: mcpAuthentication', '    - builtin: providerBridge', '    - builtin: registration',
-    `    - module: "${SLOW_PLUGIN}"`, '      options: { delayMs: 1500 }',
-    'admin: { enabled: false }',
+    `    - module: "${SLOW_PLUGIN}"`, '      options: { delayMs: 2500 }',
+    `admin: { port: ${adminPort} }`,
   ])
   const token = await idp.mintToken({ sub: 'alice', groups: ['mcp-users'] })
   const run = cli(t, file)
   await waitForPort(port, guard(run))
+  // The admin listener is bound right after the MCP port, before the (slow) plugins exist.
+  await waitForPort(adminPort, guard(run))
+  const [health, early] = await Promise.all([fetch(`http://127.0.0.1:${adminPort}/healthz`), fetch(`http://127.0.0.1:${adminPort}/readyz`)])
+  t.equal(health.status, 200, '/healthz answers during start-up')
+  t.equal(early.status, 503, '/readyz is not ready during start-up')
+  t.same(await early.json(), { status: 'not ready', reasons: ['the gateway is starting'] })
   const base = `http://127.0.0.1:${port}`
   const [init, prm, asm, preflight] = await Promise.all([
     fetch(`${base}/mcp`, { method: 'POST', headers: { ...MCP_HEADERS, authorization: `Bearer ${token}` }, body: INIT }),
@@ -91,6 +98,9 @@ t.test('requests that arrive the moment the port accepts get normal answers (slo
   t.equal(preflight.status, 204, 'CORS preflight')
   t.equal(preflight.headers.get('access-control-allow-origin'), ORIGIN)
   t.notMatch(run.output(), /"level":50/, 'nothing logged at error level')
+  const ready = await fetch(`http://127.0.0.1:${adminPort}/readyz`)
+  t.equal(ready.status, 200, 'ready once started and the keys are loaded')
+  await ready.text()
   run.child.kill('SIGTERM')
   t.equal((await run.exited).code, 0)
 })
@@ -203,6 +213,8 @@ t.test('SIGTERM ends an idle subscriptions/listen stream (revision 2026-07-28) w
   t.equal((await run.exited).code, 0, 'exits 0')
 })
 
+interface ReadyBody { status: string; reasons: string[]; targets: Array<{ name: string; ok: boolean; error?: string }> }
+
 t.test('/readyz reports a target that cannot start; mcp.readiness.targets decides whether that is not ready', async t => {
   const broken = ['    - name: broken', '      stdio: { cmd: mcpp-no-such-command-7f3a, args: [] }']
   const cases: Array<{ name: string; targets: string[]; readiness?: string; status: number; listed: Array<[string, boolean]> }> = [
@@ -220,8 +232,12 @@ t.test('/readyz reports a target that cannot start; mcp.readiness.targets decide
     ])
     const run = cli(t, file)
     await waitForPort(adminPort, guard(run))
-    const r = await fetch(`http://127.0.0.1:${adminPort}/readyz`)
-    const body = await r.json() as { status: string; reasons: string[]; targets: Array<{ name: string; ok: boolean; error?: string }> }
+    // The admin port answers "starting" until the gateway has started.
+    const readyz = async (): Promise<{ r: Response; body: ReadyBody }> => {
+      const r = await fetch(`http://127.0.0.1:${adminPort}/readyz`)
+      return { r, body: await r.json() as ReadyBody }
+    }
+    const { r, body } = await eventually(readyz, x => !x.body.reasons.includes('the gateway is starting'))
     t.equal(r.status, c.status, c.name)
     t.same(body.targets.map(x => [x.name, x.ok]), c.listed, 'every target is reported')
     t.match(body.targets.find(x => x.name === 'broken')!.error, /mcpp-no-such-command-7f3a: command not found/)
@@ -235,6 +251,20 @@ t.test('/readyz reports a target that cannot start; mcp.readiness.targets decide
     run.child.kill('SIGTERM')
     t.equal((await run.exited).code, 0)
   }
+})
+
+t.test('an admin port in use still exits 3', async t => {
+  const blocker = createTcpServer()
+  await new Promise<void>(resolve => blocker.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { blocker.close() })
+  const port = await freePort()
+  const file = await configFile([
+    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    `admin: { port: ${(blocker.address() as import('node:net').AddressInfo).port} }`,
+  ])
+  const run = cli(t, file)
+  t.equal((await run.exited).code, 3)
+  t.match(run.output(), /cannot listen: address in use/)
 })
 
 t.test('a plugin that fails to start still exits 3', async t => {
