@@ -22,8 +22,6 @@ export interface McpMessageInfo {
   readonly body: unknown
   /** Method of the (first) request or notification, if any. */
   readonly method?: string
-  /** `params.name` for tools/call and prompts/get; `params.uri` for resources/read. */
-  readonly name?: string
 }
 
 /** A ready answer a hook or route returns instead of going on. */

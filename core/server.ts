@@ -13,6 +13,7 @@ import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import { ProxyError, RPC } from './errors.ts'
 import { writeError, bodyPending, errorBody } from './error-writer.ts'
+import { parseMcpBody } from './mcp/jsonrpc.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 import { methodLabel } from './metric-labels.ts'
 
@@ -81,41 +82,6 @@ export interface GatewayServerOptions {
   onAccess?: (rec: AccessRecord) => void
   /** Hold requests until `attach` (the gateway binds before its plugins exist). Default: serve at once. */
   hold?: StartupHold
-}
-
-/** Validates the shape of one JSON-RPC 2.0 message. */
-export function isJsonRpcMessage (m: unknown): boolean {
-  if (m === null || typeof m !== 'object' || Array.isArray(m)) return false
-  const o = m as Record<string, unknown>
-  if (o.jsonrpc !== '2.0') return false
-  const hasId = 'id' in o
-  if (hasId && typeof o.id !== 'string' && !(typeof o.id === 'number' && Number.isFinite(o.id)) && !(o.id === null && 'error' in o)) return false
-  if ('method' in o) {
-    if (typeof o.method !== 'string' || o.method === '') return false
-    if ('params' in o && (o.params === null || typeof o.params !== 'object')) return false
-    return !('result' in o) && !('error' in o)
-  }
-  if (!hasId) return false
-  return ('result' in o) !== ('error' in o)
-}
-
-export function parseMcpBody (buf: Buffer): McpMessageInfo {
-  let body: unknown
-  try {
-    body = JSON.parse(buf.toString('utf8'))
-  } catch {
-    throw new ProxyError('MCPP_ERR_PARSE', 400, 'Parse error: body is not valid JSON', { rpcCode: RPC.PARSE_ERROR })
-  }
-  const list = Array.isArray(body) ? body : [body]
-  if (list.length === 0 || !list.every(isJsonRpcMessage)) {
-    throw new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, 'Invalid Request: not a JSON-RPC 2.0 message', { rpcCode: RPC.INVALID_REQUEST })
-  }
-  const first = list.find(m => typeof (m as { method?: unknown }).method === 'string') as { method: string; params?: Record<string, unknown> } | undefined
-  const params = first?.params
-  const name = first === undefined
-    ? undefined
-    : typeof params?.name === 'string' ? params.name : typeof params?.uri === 'string' ? params.uri : undefined
-  return { body, method: first?.method, name }
 }
 
 /** Bound metric handles kept per route for (status, MCP method) pairs. */
