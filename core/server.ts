@@ -11,6 +11,7 @@ import type { Logger } from 'pino'
 import type { RequestContext, ResponseContext, Reply, McpMessageInfo } from './context.ts'
 import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
+import type { RouteDef } from './plugin.ts'
 import { ProxyError, RPC } from './errors.ts'
 import { writeError, bodyPending, errorBody } from './error-writer.ts'
 import { parseMcpBody } from './mcp/jsonrpc.ts'
@@ -95,11 +96,6 @@ interface RouteMeters {
   handles: number
 }
 
-function kindOf (path: string, routes: RouteTable): RequestContext['kind'] {
-  if (path === '/mcp') return 'mcp'
-  const r = routes.get(path)
-  return r === undefined ? 'other' : (r.kind ?? 'oauth')
-}
 
 /**
  * Request ids: a random per-process prefix and a counter, unique within the
@@ -127,6 +123,8 @@ class Context implements RequestContext {
   readonly query: string
   readonly startedAt: bigint
   readonly kind: RequestContext['kind']
+  /** The plugin route of this path, looked up once per request (kind, dispatch, metrics). */
+  readonly route: RouteDef | undefined
   readonly state = new Map<string, unknown>()
   auth?: RequestContext['auth']
   mcp?: McpMessageInfo
@@ -153,7 +151,8 @@ class Context implements RequestContext {
     this.path = q === -1 ? url : url.slice(0, q)
     this.query = q === -1 ? '' : url.slice(q + 1)
     this.startedAt = process.hrtime.bigint()
-    this.kind = kindOf(this.path, server.routes)
+    this.route = this.path === '/mcp' ? undefined : server.routes.get(this.path)
+    this.kind = this.path === '/mcp' ? 'mcp' : this.route === undefined ? 'other' : (this.route.kind ?? 'oauth')
   }
 
   /** The per-request child logger, made on first use: most requests never log on their own. */
@@ -469,7 +468,7 @@ export class GatewayServer {
         await sendReply(ctx, reply)
         return
       }
-      const route = this.routes.get(ctx.path)
+      const route = ctx.route
       if (route !== undefined) {
         if (!route.methods.includes(ctx.method)) {
           throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed`, {
@@ -503,7 +502,7 @@ export class GatewayServer {
     if (ctx.method === 'GET') this.#streams.delete(ctx)
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
-    const route = ctx.kind === 'mcp' ? '/mcp' : this.routes.has(ctx.path) ? ctx.path : 'other'
+    const route = ctx.kind === 'mcp' ? '/mcp' : ctx.route !== undefined ? ctx.path : 'other'
     // A label value from a bounded set: the client names the method (metric-labels.ts).
     const named = ctx.mcp?.method
     const mcpMethod = named === undefined ? '' : methodLabel(named)
