@@ -18,7 +18,7 @@ import { createAdminServer, type AdminState } from './admin.ts'
 import { createAdminState, trackUpstreams, RequestLog } from './admin-state.ts'
 import type { Plugin } from './plugin.ts'
 import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
-import { createHttpPassthrough } from './targets/http-passthrough.ts'
+import { createHttpPassthrough } from './mcp/passthrough.ts'
 import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
 

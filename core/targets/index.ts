@@ -47,9 +47,5 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
   throw new ProxyError('MCPP_ERR_CONFIG', 500, `mcp.targets: target ${name} has no supported kind`)
 }
 
-export { killAllChildren, liveChildCount, childEnv, CHILD_ENV_ALLOW_LIST, StdioUpstream } from './stdio.ts'
-export type { StdioUpstreamOptions } from './stdio.ts'
-export { HttpUpstream, SseParser } from './http.ts'
-export type { HttpUpstreamOptions, SseEvent } from './http.ts'
-export { createHttpPassthrough, newSessionId } from './http-passthrough.ts'
-export type { HttpPassthrough, HttpPassthroughOptions, PassthroughSession } from './http-passthrough.ts'
+// What the gateway (shutdown) and the admin gauges need of the stdio transport.
+export { killAllChildren, liveChildCount } from './stdio.ts'

@@ -1,6 +1,8 @@
 /**
  * Passthrough for a single remote streamable-HTTP target: /mcp is forwarded
- * with `http-proxy`, bodies and SSE streams piped, never buffered.
+ * with `http-proxy`, bodies and SSE streams piped, never buffered. It lives
+ * in the MCP layer, not with the transports (core/targets/), because it
+ * binds sessions to the caller's subject and drops the caller's credentials.
  *
  * What it rewrites (and nothing else): the session header both ways (the
  * client only ever sees gateway session ids, bound to the caller's subject),
