@@ -29,10 +29,12 @@ export function errorBody (ctx: RequestContext, e: ProxyError): Record<string, u
   if (e.oauthError !== undefined || ctx.kind !== 'mcp') {
     return { ...(e.data ?? {}), error: e.oauthError ?? (e.statusCode >= 500 ? 'server_error' : 'invalid_request'), error_description: message }
   }
+  const code = e.rpcCode ?? (e.statusCode >= 500 ? RPC.INTERNAL_ERROR : RPC.SERVER_ERROR)
   return {
     jsonrpc: '2.0',
     id: rpcIdOf(ctx),
-    error: { code: e.rpcCode ?? (e.statusCode >= 500 ? RPC.INTERNAL_ERROR : RPC.SERVER_ERROR), message },
+    // `data` of an exposed error is the JSON-RPC error's `data` (JSON-RPC 2.0 §5.1).
+    error: e.data === undefined || !e.expose ? { code, message } : { code, message, data: e.data },
   }
 }
 

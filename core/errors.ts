@@ -51,7 +51,7 @@ export interface ProxyErrorOptions {
   rpcCode?: number
   /** Whether `message` may be sent to the caller. Defaults to `statusCode < 500`. */
   expose?: boolean
-  /** Extra JSON fields merged into an OAuth-style body (never secrets). */
+  /** Extra JSON fields merged into an OAuth-style body, or the JSON-RPC error's `data` on `/mcp` (never secrets). */
   data?: Record<string, unknown>
   cause?: unknown
 }
