@@ -12,7 +12,7 @@ import type { Logger } from 'pino'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
 import { LATEST_SESSION_REVISION } from './revision.ts'
-import { GATEWAY_INFO } from './session.ts'
+import { GATEWAY_INFO } from './router.ts'
 
 export interface PoolOptions {
   readonly log: Logger

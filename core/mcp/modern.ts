@@ -4,20 +4,20 @@
  * protocol version and client capabilities, mirrored in the
  * `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers (checked here,
  * MCP 2026-07-28 "Streamable HTTP: Server Validation"). Requests are served
- * by pooled session-era upstreams (modern-pool.ts) with the same naming
- * (naming.ts) and per-operation authorization (policy.ts) as the session
- * era. endpoint.ts decides the era (revision.ts) and calls `post()` here.
+ * by pooled session-era upstreams (modern-pool.ts) through the same router
+ * (router.ts: naming, authorization, merged lists) as the session era.
+ * endpoint.ts decides the era (revision.ts) and calls `post()` here; what
+ * this revision refuses is thrown as a ProxyError like every other error.
  */
 import type { Logger } from 'pino'
 import type { RequestContext } from '../context.ts'
 import type { Plugin } from '../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage, UpstreamFactory } from '../targets/types.ts'
-import { RPC } from '../errors.ts'
+import { ProxyError, RPC } from '../errors.ts'
 import { SseStream, SSE_HEADERS, type StreamLimits } from './sse.ts'
 import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
-import { splitName, markUri, unmarkUri, mergeCapabilities, renameListItem } from './naming.ts'
-import { allowOperation, deniedStandIn, filterListItems } from './policy.ts'
-import { GATEWAY_INFO } from './session.ts'
+import { mergeCapabilities } from './naming.ts'
+import { GATEWAY_INFO, NAMED, Router } from './router.ts'
 import { randomBytes } from 'node:crypto'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
 import { subjectKeyOf } from './subject-key.ts'
@@ -42,12 +42,6 @@ export const MODERN_RPC = {
 /** Every revision /mcp serves, newest first (what `supported` lists). */
 export const SUPPORTED_VERSIONS: readonly string[] = [MODERN_REVISION, ...SESSION_REVISIONS]
 
-const LIST_KEYS: Record<string, 'tools' | 'prompts' | 'resources' | 'resourceTemplates'> = {
-  'tools/list': 'tools',
-  'prompts/list': 'prompts',
-  'resources/list': 'resources',
-  'resources/templates/list': 'resourceTemplates',
-}
 const CACHEABLE = new Set(['server/discover', 'tools/list', 'prompts/list', 'resources/list', 'resources/templates/list', 'resources/read'])
 /** Methods whose `Mcp-Name` header is required, and the param it mirrors. */
 const NAME_SOURCE: Record<string, 'name' | 'uri'> = { 'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri' }
@@ -104,26 +98,17 @@ function modernError (res: JsonRpcMessage): JsonRpcMessage {
   return res
 }
 
-/** A JSON-RPC error answered with an HTTP status of its own. */
-class RpcFailure extends Error {
-  readonly status: number
-  readonly rpcCode: number
-  readonly data: unknown
-  constructor (status: number, rpcCode: number, message: string, data?: unknown) {
-    super(message)
-    this.status = status
-    this.rpcCode = rpcCode
-    this.data = data
-  }
-}
-
 function header (ctx: RequestContext, name: string): string | undefined {
   const v = ctx.req.headers[name]
   return Array.isArray(v) ? v.join(', ') : v
 }
 
-function mismatch (message: string): RpcFailure {
-  return new RpcFailure(400, MODERN_RPC.HEADER_MISMATCH, 'Header mismatch: ' + message)
+function mismatch (message: string): ProxyError {
+  return new ProxyError('MCPP_ERR_HEADER_MISMATCH', 400, 'Header mismatch: ' + message, { rpcCode: MODERN_RPC.HEADER_MISMATCH })
+}
+
+function invalidParams (message: string): ProxyError {
+  return new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, message, { rpcCode: RPC.INVALID_PARAMS })
 }
 
 /** `Mcp-Name` as the client meant it: the Base64 sentinel form decoded (MCP 2026-07-28 "Value Encoding"). */
@@ -139,14 +124,14 @@ function validate (ctx: RequestContext, msg: JsonRpcMessage): void {
   const version = header(ctx, 'mcp-protocol-version')
   if (version === undefined || version === '') throw mismatch('required MCP-Protocol-Version header is missing')
   if (version !== MODERN_REVISION) {
-    throw new RpcFailure(400, MODERN_RPC.UNSUPPORTED_PROTOCOL_VERSION, 'Unsupported protocol version', { supported: SUPPORTED_VERSIONS, requested: version })
+    throw new ProxyError('MCPP_ERR_PROTOCOL_VERSION', 400, 'Unsupported protocol version', { rpcCode: MODERN_RPC.UNSUPPORTED_PROTOCOL_VERSION, data: { supported: SUPPORTED_VERSIONS, requested: version } })
   }
   const meta = msg.params?._meta as Record<string, unknown> | undefined
   const metaVersion = meta?.[META.protocolVersion]
-  if (typeof metaVersion !== 'string') throw new RpcFailure(400, RPC.INVALID_PARAMS, `Invalid params: _meta["${META.protocolVersion}"] is required`)
+  if (typeof metaVersion !== 'string') throw invalidParams(`Invalid params: _meta["${META.protocolVersion}"] is required`)
   if (metaVersion !== version) throw mismatch(`MCP-Protocol-Version header value '${version}' does not match body value '${metaVersion}'`)
   const caps = meta![META.clientCapabilities]
-  if (caps === null || typeof caps !== 'object' || Array.isArray(caps)) throw new RpcFailure(400, RPC.INVALID_PARAMS, `Invalid params: _meta["${META.clientCapabilities}"] is required`)
+  if (caps === null || typeof caps !== 'object' || Array.isArray(caps)) throw invalidParams(`Invalid params: _meta["${META.clientCapabilities}"] is required`)
   const method = header(ctx, 'mcp-method')
   if (method === undefined) throw mismatch('required Mcp-Method header is missing')
   if (method !== msg.method) throw mismatch(`Mcp-Method header value '${method}' does not match body value '${String(msg.method)}'`)
@@ -246,8 +231,8 @@ class Exchange {
 
 export function createModernHandler (opts: ModernOptions): ModernHandler {
   const { pool, checkers, log } = opts
-  const multi = opts.targets.length > 1
-  const byTarget = new Map(opts.targets.map(f => [f.target, f]))
+  const router = new Router(opts.targets, checkers)
+  const multi = router.multi
   const listens = new Set<() => void>()
   const continuations = new Map<string, Continuation>()
   let inputSeq = 0
@@ -407,77 +392,40 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       supportedVersions: SUPPORTED_VERSIONS,
       capabilities: multi ? mergeCapabilities(live.map(caps)) : caps(live[0]!),
     }
-    const instructions = live.flatMap(e => typeof e.initResult?.instructions === 'string' ? [multi ? `[${e.target}] ${e.initResult.instructions}` : e.initResult.instructions] : [])
-    if (instructions.length > 0) result.instructions = instructions.join('\n\n')
+    const instructions = router.instructions(live)
+    if (instructions !== undefined) result.instructions = instructions
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'server/discover', result, serverInfoOf(live[0])) })
   }
 
   async function list (ex: Exchange, method: string, params: Record<string, unknown>): Promise<void> {
-    const key = LIST_KEYS[method]!
     if (!multi) {
       const { res, entry } = await forward(ex, opts.targets[0]!, method, params)
       if (res.error !== undefined) { await ex.answer(res); return }
       const result = (res.result ?? {}) as Record<string, unknown>
-      const items = result[key]
-      if (Array.isArray(items)) result[key] = filterListItems(checkers, ex.ctx, method, items, entry.target)
+      router.filterResult(ex.ctx, method, result, entry.target)
       await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })
       return
     }
-    // Several targets: fan out, follow each target's pagination to the end, merge.
-    const parts = await Promise.all(opts.targets.map(async (f): Promise<unknown[] | { code: number; message: string }> => {
-      const out: unknown[] = []
-      const seen = new Set<unknown>()
-      let cursor: unknown
-      try {
-        do {
-          const { res } = await forward(ex, f, method, cursor === undefined ? {} : { cursor })
-          if (res.error !== undefined) return res.error
-          const result = res.result as Record<string, unknown> | undefined
-          const items = result?.[key]
-          if (Array.isArray(items)) for (const it of filterListItems(checkers, ex.ctx, method, items, f.target)) out.push(renameListItem(f.target, key, it))
-          seen.add(cursor)
-          cursor = result?.nextCursor
-        } while (typeof cursor === 'string' && !seen.has(cursor) && !ex.aborted)
-      } catch (err) {
-        return { code: RPC.SERVER_ERROR, message: (err as Error).message }
-      }
-      return out
-    }))
-    const merged: unknown[] = []
-    for (let i = 0; i < parts.length; i++) {
-      const p = parts[i]!
-      if (Array.isArray(p)) { for (const it of p) merged.push(it); continue }
-      log.warn({ target: opts.targets[i]!.target, method, err: p.message }, 'target failed during list')
-      if (opts.failClosed) { await ex.fail(p.code, `target ${opts.targets[i]!.target}: ${p.message}`); return }
-    }
-    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, { [key]: merged }, GATEWAY_INFO) })
+    const merged = await router.mergeLists(ex.ctx, method, (f, page) => forward(ex, f, method, page).then(r => r.res), () => ex.aborted, log, opts.failClosed)
+    if (merged.error !== undefined) { await ex.answer(merged); return }
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, merged.result as Record<string, unknown>, GATEWAY_INFO) })
   }
 
   /** tools/call, prompts/get, resources/read: route by name or URI, refuse what the rules deny. */
   async function named (ex: Exchange, method: string, params: Record<string, unknown>): Promise<void> {
-    const kind = method === 'tools/call' ? 'tool' : method === 'prompts/get' ? 'prompt' : 'resource'
-    const field = kind === 'resource' ? 'uri' : 'name'
+    const { kind, field } = NAMED[method]!
     const value = params[field]
-    // An unknown target prefix: the gateway's own namespace.
-    const unknown = (): Promise<void> => kind === 'resource'
-      ? ex.fail(RPC.INVALID_PARAMS, `Resource not found: ${String(value)}`)
-      : ex.fail(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(value)}`)
-    if (typeof value !== 'string') { await unknown(); return }
-    let factory: UpstreamFactory | undefined = opts.targets[0]
-    let name = value
-    if (multi) {
-      const split = kind === 'resource' ? unmarkUri(value) : splitName(value)
-      factory = split === undefined ? undefined : byTarget.get(split[0])
-      if (split !== undefined) name = split[1]
-    }
-    if (factory === undefined) {
-      await unknown()
+    const routed = typeof value === 'string' ? router.resolve(kind, value) : undefined
+    if (routed === undefined) {
+      // An unknown target prefix: the gateway's own namespace.
+      await ex.answer(modernError(router.unknown(kind, value)))
       return
     }
+    const { target: factory, name } = routed
     let res: JsonRpcMessage | undefined
-    if (!allowOperation(checkers, ex.ctx, kind === 'resource' ? 'resources/read' : method, kind, name, factory.target)) {
+    const standIn = router.refuse(ex.ctx, method, kind, name, factory.target)
+    if (standIn !== undefined) {
       // Refused: answered exactly as the upstream answers an item it does not have.
-      const standIn = deniedStandIn(name, kind)
       delete params.inputResponses
       delete params.requestState
       params[field] = standIn.value
@@ -492,28 +440,13 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     }
     if (res === undefined) return
     if (res.error !== undefined) { await ex.answer(res); return }
+    if (kind === 'resource') router.markContents(factory.target, res)
     const result = (res.result ?? {}) as Record<string, unknown>
-    if (multi && kind === 'resource' && Array.isArray(result.contents)) {
-      for (const c of result.contents as Array<{ uri?: unknown }>) if (typeof c.uri === 'string') c.uri = markUri(factory.target, c.uri)
-    }
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
   }
 
   async function complete (ex: Exchange, params: Record<string, unknown>): Promise<void> {
-    const ref = params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined
-    let factory: UpstreamFactory | undefined = opts.targets[0]
-    if (multi) {
-      factory = undefined
-      if (ref?.type === 'ref/prompt' && typeof ref.name === 'string') {
-        const split = splitName(ref.name)
-        factory = split === undefined ? undefined : byTarget.get(split[0])
-        if (factory !== undefined) ref.name = split![1]
-      } else if (ref?.type === 'ref/resource' && typeof ref.uri === 'string') {
-        const split = unmarkUri(ref.uri)
-        factory = split === undefined ? undefined : byTarget.get(split[0])
-        if (factory !== undefined) ref.uri = split![1]
-      }
-    }
+    const factory = router.completionTarget(params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
     if (factory === undefined) { await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference'); return }
     const { res, entry } = await forward(ex, factory, 'completion/complete', params)
     if (res.error !== undefined) { await ex.answer(res); return }
@@ -547,16 +480,17 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     if (Array.isArray(want.resourceSubscriptions)) {
       for (const uri of want.resourceSubscriptions) {
         if (typeof uri !== 'string') continue
-        const split = multi ? unmarkUri(uri) : [held[0]!.target, uri] as [string, string]
-        const entry = split === undefined ? undefined : held.find(e => e.target === split[0])
+        const routed = router.resolve('resource', uri)
+        const entry = routed === undefined ? undefined : held.find(e => e.target === routed.target.target)
         if (entry === undefined || !capOf(entry, 'resources', 'subscribe')) continue
-        if (!allowOperation(checkers, ex.ctx, 'resources/read', 'resource', split![1], entry.target)) continue
+        const name = routed!.name
+        if (!router.allows(ex.ctx, 'resources/read', 'resource', name, entry.target)) continue
         const set = subscribed.get(entry) ?? new Set<string>()
-        if (set.has(split![1])) { acked.push(uri); continue }
+        if (set.has(name)) { acked.push(uri); continue }
         // Counted on the upstream: another holder of the same URI keeps its subscription when this stream ends.
-        const r = await entry.subscribe(split![1])
+        const r = await entry.subscribe(name)
         if (r.error !== undefined) continue
-        set.add(split![1])
+        set.add(name)
         subscribed.set(entry, set)
         acked.push(uri)
       }
@@ -578,7 +512,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
           case 'notifications/resources/updated': {
             const uri = msg.params?.uri
             if (typeof uri !== 'string' || subscribed.get(entry)?.has(uri) !== true) return
-            stream.send({ jsonrpc: '2.0', method: msg.method, params: { ...msg.params, uri: multi ? markUri(entry.target, uri) : uri, _meta: tag() } })
+            stream.send({ jsonrpc: '2.0', method: msg.method, params: { ...msg.params, uri: router.clientUri(entry.target, uri), _meta: tag() } })
             return
           }
         }
@@ -631,27 +565,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     }
   }
 
-  async function writeFailure (ctx: RequestContext, id: unknown, f: RpcFailure): Promise<void> {
-    const body = JSON.stringify({
-      jsonrpc: '2.0',
-      id: typeof id === 'string' || typeof id === 'number' ? id : null,
-      error: f.data === undefined ? { code: f.rpcCode, message: f.message } : { code: f.rpcCode, message: f.message, data: f.data },
-    })
-    ctx.denial ??= f.rpcCode === MODERN_RPC.HEADER_MISMATCH ? 'MCPP_ERR_HEADER_MISMATCH' : f.rpcCode === MODERN_RPC.UNSUPPORTED_PROTOCOL_VERSION ? 'MCPP_ERR_PROTOCOL_VERSION' : 'MCPP_ERR_INVALID_REQUEST'
-    await ctx.writeHead(f.status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' })
-    ctx.res.end(body)
-  }
-
   return {
     async post (ctx: RequestContext, body: unknown): Promise<void> {
       if (Array.isArray(body)) {
-        await writeFailure(ctx, null, new RpcFailure(400, RPC.INVALID_REQUEST, `Invalid Request: JSON-RPC batches are not part of protocol revision ${MODERN_REVISION}`))
-        return
+        throw new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, `Invalid Request: JSON-RPC batches are not part of protocol revision ${MODERN_REVISION}`, { rpcCode: RPC.INVALID_REQUEST })
       }
       const msg = body as JsonRpcMessage
       if (msg.method === undefined) {
-        await writeFailure(ctx, msg.id, new RpcFailure(400, RPC.INVALID_REQUEST, 'Invalid Request: clients send no JSON-RPC responses in this revision'))
-        return
+        throw new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, 'Invalid Request: clients send no JSON-RPC responses in this revision', { rpcCode: RPC.INVALID_REQUEST })
       }
       if (msg.id === undefined || msg.id === null) {
         // No client notification is defined over HTTP in this revision; accepted and dropped.
@@ -659,12 +580,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
         ctx.res.end()
         return
       }
-      try {
-        validate(ctx, msg)
-      } catch (err) {
-        if (err instanceof RpcFailure) { await writeFailure(ctx, msg.id, err); return }
-        throw err
-      }
+      validate(ctx, msg)
       const meta = msg.params?._meta as Record<string, unknown>
       const level = meta[META.logLevel]
       const ex = new Exchange(ctx, msg.id, subjectKeyOf(ctx), typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined, meta[META.clientCapabilities] as Record<string, unknown>, opts.streams)

@@ -12,10 +12,8 @@ import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../ta
 import { ProxyError, RPC } from '../errors.ts'
 import { Backlog, SseStream, type StreamLimits } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
-import { splitName, markUri, unmarkUri, mergeCapabilities, renameListItem } from './naming.ts'
-import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
-
-export const GATEWAY_INFO = { name: 'mcp-proxy', version: '0.1.0' } as const
+import { mergeCapabilities } from './naming.ts'
+import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, rpcError } from './router.ts'
 
 /** What a session needs from its endpoint. */
 export interface SessionEnv {
@@ -29,8 +27,6 @@ export interface SessionEnv {
   /** Called once when the session ends, for any reason. */
   readonly onEnd: (session: Session, reason: string) => void
 }
-
-type RpcError = { code: number; message: string; data?: unknown }
 
 /** One upstream request in flight; `done` gets its response (or a synthesized error). */
 interface UpstreamCall {
@@ -72,16 +68,8 @@ interface Exchange {
 
 /** A child's start-up (node, npx) may be slow on a busy host: initialize waits at least this long. */
 const INIT_TIMEOUT_MIN_MS = 15_000
-const LIST_KEYS: Record<string, 'tools' | 'prompts' | 'resources' | 'resourceTemplates'> = {
-  'tools/list': 'tools',
-  'prompts/list': 'prompts',
-  'resources/list': 'resources',
-  'resources/templates/list': 'resourceTemplates',
-}
-
-function rpcError (code: number, message: string): JsonRpcMessage {
-  return { jsonrpc: '2.0', error: { code, message } }
-}
+/** A page of nothing: what a target that is down contributes to a merged list. */
+const NO_PAGE: Promise<JsonRpcMessage> = Promise.resolve({ jsonrpc: '2.0', result: {} })
 
 function isResponse (m: JsonRpcMessage): boolean {
   return m.method === undefined
@@ -109,7 +97,7 @@ export class Session {
   readonly #exchanges = new Set<Exchange>()
   #getStream: SseStream | undefined
   readonly #backlog: Backlog
-  readonly #byTarget = new Map<string, Link>()
+  readonly #router: Router<Link>
   #starting = true
 
   constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly UpstreamFactory[]; env: SessionEnv }) {
@@ -120,14 +108,14 @@ export class Session {
     this.#env = opts.env
     this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
     this.#backlog = new Backlog(opts.env.streams, this.#log)
-    this.multi = opts.factories.length > 1
     this.links = opts.factories.map(f => {
       const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), seq: 0, up: false, pending: new Map(), active: new Set(), initResult: undefined }
       link.upstream.onMessage = (msg) => this.#fromUpstream(link, msg)
       link.upstream.onClose = (err) => this.#upstreamClosed(link, err)
-      this.#byTarget.set(f.target, link)
       return link
     })
+    this.#router = new Router(this.links, opts.env.checkers)
+    this.multi = this.#router.multi
   }
 
   get hasGetStream (): boolean { return this.#getStream?.open === true }
@@ -163,13 +151,13 @@ export class Session {
       return { ...r, protocolVersion: this.version }
     }
     const live = this.links.filter(l => l.up)
-    const instructions = live.flatMap(l => typeof l.initResult!.instructions === 'string' ? [`[${l.target}] ${l.initResult!.instructions}`] : [])
     const result: Record<string, unknown> = {
       protocolVersion: this.version,
       capabilities: mergeCapabilities(live.map(l => (l.initResult!.capabilities ?? {}) as Record<string, unknown>)),
       serverInfo: GATEWAY_INFO,
     }
-    if (instructions.length > 0) result.instructions = instructions.join('\n\n')
+    const instructions = this.#router.instructions(live)
+    if (instructions !== undefined) result.instructions = instructions
     return result
   }
 
@@ -283,6 +271,12 @@ export class Session {
     }
   }
 
+  /**
+   * Routes one client request (router.ts): named items to their target
+   * (refused ones under a stand-in name), lists merged over every target,
+   * completions by their reference. One target: every other method goes to
+   * it unchanged; several: methods the gateway cannot route are unknown.
+   */
   #dispatch (inflight: Inflight, msg: JsonRpcMessage): void {
     const method = msg.method!
     if (method === 'ping') {
@@ -293,72 +287,36 @@ export class Session {
       this.#reply(inflight, rpcError(RPC.INVALID_REQUEST, 'session already initialized'))
       return
     }
-    if (!this.multi) {
-      this.#dispatchSingle(inflight, msg, method)
+    const named = NAMED[method]
+    if (named !== undefined) {
+      this.#named(inflight, msg, method, named.kind, named.field)
       return
     }
-    const params = msg.params ?? {}
-    switch (method) {
-      case 'tools/list': case 'prompts/list': case 'resources/list': case 'resources/templates/list':
-        void this.#fanOutList(inflight, method)
+    const router = this.#router
+    if (LIST_KEYS[method] !== undefined) {
+      if (router.multi) {
+        void router.mergeLists(inflight.exchange.ctx, method, (link, params) => link.up || params.cursor !== undefined ? this.#request(link, method, params, inflight) : NO_PAGE, () => inflight.finished, this.#log, this.#env.failClosed)
+          .then(r => this.#reply(inflight, r))
         return
+      }
+      const link = this.links[0]!
+      this.#forward(inflight, link, msg, router.checkers.length === 0
+        ? undefined
+        : (r) => { router.filterResult(inflight.exchange.ctx, method, r.result as Record<string, unknown> | undefined, link.target); return r })
+      return
+    }
+    if (!router.multi) {
+      this.#forward(inflight, this.links[0]!, msg, undefined)
+      return
+    }
+    switch (method) {
       case 'logging/setLevel':
         void this.#fanOutSetLevel(inflight, msg)
         return
-      case 'tools/call': case 'prompts/get': {
-        const kind = method === 'tools/call' ? 'tool' : 'prompt'
-        const unknown = rpcError(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(params.name)}`)
-        const split = typeof params.name === 'string' ? splitName(params.name) : undefined
-        const link = split === undefined ? undefined : this.#byTarget.get(split[0])
-        if (link === undefined) {
-          this.#reply(inflight, unknown)
-          return
-        }
-        if (!this.#allowed(inflight, method, kind, split![1], link.target)) {
-          const standIn = deniedStandIn(split![1], kind)
-          params.name = standIn.value
-          this.#forward(inflight, link, msg, standIn.restore, true)
-          return
-        }
-        params.name = split![1]
-        this.#forward(inflight, link, msg, undefined)
-        return
-      }
-      case 'resources/read': case 'resources/subscribe': case 'resources/unsubscribe': {
-        const uri = params.uri
-        const split = typeof uri === 'string' ? unmarkUri(uri) : undefined
-        const link = split === undefined ? undefined : this.#byTarget.get(split[0])
-        if (link === undefined) {
-          this.#reply(inflight, rpcError(RPC.RESOURCE_NOT_FOUND, `Resource not found: ${String(uri)}`))
-          return
-        }
-        if (method === 'resources/read' && !this.#allowed(inflight, 'resources/read', 'resource', split![1], link.target)) {
-          const standIn = deniedStandIn(split![1], 'resource')
-          params.uri = standIn.value
-          this.#forward(inflight, link, msg, (r) => this.#markContents(link.target, standIn.restore(r)), true)
-          return
-        }
-        params.uri = split![1]
-        this.#forward(inflight, link, msg, method === 'resources/read' ? (r) => this.#markContents(link.target, r) : undefined)
-        return
-      }
       case 'completion/complete': {
-        const ref = params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined
-        let link: Link | undefined
-        if (ref?.type === 'ref/prompt' && typeof ref.name === 'string') {
-          const split = splitName(ref.name)
-          link = split === undefined ? undefined : this.#byTarget.get(split[0])
-          if (link !== undefined) ref.name = split![1]
-        } else if (ref?.type === 'ref/resource' && typeof ref.uri === 'string') {
-          const split = unmarkUri(ref.uri)
-          link = split === undefined ? undefined : this.#byTarget.get(split[0])
-          if (link !== undefined) ref.uri = split![1]
-        }
-        if (link === undefined) {
-          this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
-          return
-        }
-        this.#forward(inflight, link, msg, undefined)
+        const link = router.completionTarget((msg.params ?? {}).ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+        if (link === undefined) this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
+        else this.#forward(inflight, link, msg, undefined)
         return
       }
       default:
@@ -366,86 +324,32 @@ export class Session {
     }
   }
 
-  #dispatchSingle (inflight: Inflight, msg: JsonRpcMessage, method: string): void {
-    const link = this.links[0]!
-    if (this.#env.checkers.length === 0) {
-      this.#forward(inflight, link, msg, undefined)
+  /** tools/call, prompts/get, resources/read and (un)subscribe: to the item's target, refused ones under a stand-in. */
+  #named (inflight: Inflight, msg: JsonRpcMessage, method: string, kind: 'tool' | 'prompt' | 'resource', field: 'name' | 'uri'): void {
+    const router = this.#router
+    const params = msg.params ?? {}
+    const value = params[field]
+    let link = this.links[0]!
+    let name = value
+    if (router.multi) {
+      const r = typeof value === 'string' ? router.resolve(kind, value) : undefined
+      if (r === undefined) {
+        this.#reply(inflight, router.unknown(kind, value))
+        return
+      }
+      link = r.target
+      name = r.name
+    }
+    const read = method === 'resources/read'
+    // Subscriptions are not checked here: what a caller may read is checked when it reads.
+    const refused = kind !== 'resource' || read ? router.refuse(inflight.exchange.ctx, method, kind, String(name), link.target) : undefined
+    if (refused !== undefined) {
+      params[field] = refused.value
+      this.#forward(inflight, link, msg, read ? (r) => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
       return
     }
-    const params = msg.params ?? {}
-    if (method === 'tools/call' || method === 'prompts/get') {
-      const kind = method === 'tools/call' ? 'tool' : 'prompt'
-      if (!this.#allowed(inflight, method, kind, String(params.name), link.target)) {
-        const standIn = deniedStandIn(String(params.name), kind)
-        params.name = standIn.value
-        this.#forward(inflight, link, msg, standIn.restore, true)
-        return
-      }
-    } else if (method === 'resources/read') {
-      if (!this.#allowed(inflight, method, 'resource', String(params.uri), link.target)) {
-        const standIn = deniedStandIn(String(params.uri), 'resource')
-        params.uri = standIn.value
-        this.#forward(inflight, link, msg, standIn.restore, true)
-        return
-      }
-    }
-    const key = LIST_KEYS[method]
-    this.#forward(inflight, link, msg, key === undefined ? undefined : (r) => {
-      const result = r.result as Record<string, unknown> | undefined
-      const items = result?.[key]
-      if (Array.isArray(items)) result![key] = this.#filterItems(inflight, method, items, link.target)
-      return r
-    })
-  }
-
-  #allowed (inflight: Inflight, method: string, kind: OperationKind, name: string, target: string): boolean {
-    return allowOperation(this.#env.checkers, inflight.exchange.ctx, method, kind, name, target)
-  }
-
-  /** Items of a list result the caller may see (rules see upstream names and the target). */
-  #filterItems (inflight: Inflight, listMethod: string, items: unknown[], target: string): unknown[] {
-    return filterListItems(this.#env.checkers, inflight.exchange.ctx, listMethod, items, target)
-  }
-
-  #markContents (target: string, r: JsonRpcMessage): JsonRpcMessage {
-    const contents = (r.result as { contents?: Array<{ uri?: unknown }> } | undefined)?.contents
-    if (Array.isArray(contents)) for (const c of contents) if (typeof c.uri === 'string') c.uri = markUri(target, c.uri)
-    return r
-  }
-
-  async #fanOutList (inflight: Inflight, method: string): Promise<void> {
-    const key = LIST_KEYS[method]!
-    const parts = await Promise.all(this.links.map(async (link): Promise<unknown[] | RpcError> => {
-      if (!link.up) return []
-      const out: unknown[] = []
-      let cursor: unknown
-      const seen = new Set<unknown>()
-      do {
-        const r = await this.#request(link, method, cursor === undefined ? {} : { cursor }, inflight)
-        if (r.error !== undefined) return r.error
-        const result = r.result as Record<string, unknown> | undefined
-        const items = result?.[key]
-        if (Array.isArray(items)) for (const it of this.#filterItems(inflight, method, items, link.target)) out.push(renameListItem(link.target, key, it))
-        seen.add(cursor)
-        cursor = result?.nextCursor
-        // A cursor seen before would loop forever: stop there.
-      } while (typeof cursor === 'string' && !seen.has(cursor) && !inflight.finished)
-      return out
-    }))
-    const merged: unknown[] = []
-    for (let i = 0; i < parts.length; i++) {
-      const p = parts[i]!
-      if (Array.isArray(p)) {
-        for (const it of p) merged.push(it)
-      } else {
-        this.#log.warn({ target: this.links[i]!.target, method, err: p.message }, 'target failed during list')
-        if (this.#env.failClosed) {
-          this.#reply(inflight, rpcError(p.code, `target ${this.links[i]!.target}: ${p.message}`))
-          return
-        }
-      }
-    }
-    this.#reply(inflight, { jsonrpc: '2.0', result: { [key]: merged } })
+    if (router.multi) params[field] = name
+    this.#forward(inflight, link, msg, read && router.multi ? (r) => router.markContents(link.target, r) : undefined)
   }
 
   async #fanOutSetLevel (inflight: Inflight, msg: JsonRpcMessage): Promise<void> {
@@ -597,7 +501,7 @@ export class Session {
         break
       }
       case 'notifications/resources/updated':
-        if (this.multi && typeof msg.params?.uri === 'string') msg.params.uri = markUri(link.target, msg.params.uri)
+        if (typeof msg.params?.uri === 'string') msg.params.uri = this.#router.clientUri(link.target, msg.params.uri)
         break
     }
     this.#deliver(msg, undefined)

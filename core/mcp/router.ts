@@ -1,0 +1,186 @@
+/**
+ * The routing both protocol eras share (session.ts for the session era,
+ * modern.ts for 2026-07-28): which target a client-facing name, URI or
+ * completion reference belongs to and what the upstream calls it
+ * (naming.ts), whether the caller may use it (policy.ts), and how the list
+ * results of several targets become one. The eras differ only in how they
+ * reach an upstream (a session's own link, or a pooled one) and how they
+ * answer the client; both hand that in as a function.
+ */
+import { readFileSync } from 'node:fs'
+import type { Logger } from 'pino'
+import type { RequestContext } from '../context.ts'
+import type { Plugin } from '../plugin.ts'
+import type { JsonRpcMessage } from '../targets/types.ts'
+import { packagePath } from '../config.ts'
+import { RPC } from '../errors.ts'
+import { splitName, markUri, unmarkUri, renameListItem } from './naming.ts'
+import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
+
+/** How the gateway names itself to clients (several targets) and to upstreams (pooled clients). */
+export const GATEWAY_INFO: Readonly<{ name: string; version: string }> = Object.freeze({
+  name: 'mcp-proxy',
+  version: (JSON.parse(readFileSync(packagePath('package.json'), 'utf8')) as { version: string }).version,
+})
+
+export type ListKey = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
+
+/** List methods and the result field that holds their items (MCP server features). */
+export const LIST_KEYS: Readonly<Record<string, ListKey>> = {
+  'tools/list': 'tools',
+  'prompts/list': 'prompts',
+  'resources/list': 'resources',
+  'resources/templates/list': 'resourceTemplates',
+}
+
+/** Requests addressed to one named item: its kind and the param that names it. */
+export const NAMED: Readonly<Record<string, { readonly kind: OperationKind; readonly field: 'name' | 'uri' }>> = {
+  'tools/call': { kind: 'tool', field: 'name' },
+  'prompts/get': { kind: 'prompt', field: 'name' },
+  'resources/read': { kind: 'resource', field: 'uri' },
+  'resources/subscribe': { kind: 'resource', field: 'uri' },
+  'resources/unsubscribe': { kind: 'resource', field: 'uri' },
+}
+
+export type RpcError = { code: number; message: string; data?: unknown }
+
+/** A refused call's stand-in name and how to put the caller's name back into the answer (policy.ts). */
+export type StandIn = ReturnType<typeof deniedStandIn>
+
+/** One page of a list, fetched from one target by the era's own means. */
+export type PageFetch<T> = (target: T, params: Record<string, unknown>) => Promise<JsonRpcMessage>
+
+export class Router<T extends { readonly target: string }> {
+  readonly targets: readonly T[]
+  /** More than one target: names and URIs carry the target. */
+  readonly multi: boolean
+  /** Plugins with `allowMcpOperation`; empty means no filtering. */
+  readonly checkers: readonly Plugin[]
+  readonly #byTarget: ReadonlyMap<string, T>
+
+  constructor (targets: readonly T[], checkers: readonly Plugin[]) {
+    this.targets = targets
+    this.multi = targets.length > 1
+    this.checkers = checkers
+    this.#byTarget = new Map(targets.map(t => [t.target, t]))
+  }
+
+  /**
+   * The target of a client-facing tool or prompt name or resource URI, and
+   * the upstream's own name for it. One target: everything is its, unrenamed.
+   */
+  resolve (kind: OperationKind, value: string): { target: T; name: string } | undefined {
+    if (!this.multi) return { target: this.targets[0]!, name: value }
+    const split = kind === 'resource' ? unmarkUri(value) : splitName(value)
+    const target = split === undefined ? undefined : this.#byTarget.get(split[0])
+    return target === undefined ? undefined : { target, name: split![1] }
+  }
+
+  /** The answer for a name or URI that no target has (the gateway's own namespace). */
+  unknown (kind: OperationKind, value: unknown): JsonRpcMessage {
+    return kind === 'resource'
+      ? rpcError(RPC.RESOURCE_NOT_FOUND, `Resource not found: ${String(value)}`)
+      : rpcError(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(value)}`)
+  }
+
+  /** completion/complete: the target of `ref`, whose name or URI is rewritten to the upstream's in place. */
+  completionTarget (ref: { type?: string; name?: unknown; uri?: unknown } | undefined): T | undefined {
+    if (!this.multi) return this.targets[0]
+    if (ref?.type === 'ref/prompt' && typeof ref.name === 'string') {
+      const r = this.resolve('prompt', ref.name)
+      if (r !== undefined) ref.name = r.name
+      return r?.target
+    }
+    if (ref?.type === 'ref/resource' && typeof ref.uri === 'string') {
+      const r = this.resolve('resource', ref.uri)
+      if (r !== undefined) ref.uri = r.name
+      return r?.target
+    }
+    return undefined
+  }
+
+  /**
+   * Undefined when the caller may use the item; otherwise the stand-in the
+   * call goes on with, so that a refusal reads exactly as the upstream's
+   * answer for an item it does not have (policy.ts).
+   */
+  refuse (ctx: RequestContext, method: string, kind: OperationKind, name: string, target: string): StandIn | undefined {
+    return allowOperation(this.checkers, ctx, method, kind, name, target) ? undefined : deniedStandIn(name, kind)
+  }
+
+  /** Whether the caller may see `name` of `target` (resource subscriptions). */
+  allows (ctx: RequestContext, method: string, kind: OperationKind, name: string, target: string): boolean {
+    return allowOperation(this.checkers, ctx, method, kind, name, target)
+  }
+
+  /** One target's list result, in place: only the items the caller may see. */
+  filterResult (ctx: RequestContext, method: string, result: Record<string, unknown> | undefined, target: string): void {
+    const key = LIST_KEYS[method]!
+    const items = result?.[key]
+    if (Array.isArray(items)) result![key] = filterListItems(this.checkers, ctx, method, items, target)
+  }
+
+  /** A URI of `target` as the client sees it (resources/read contents, resources/updated). */
+  clientUri (target: string, uri: string): string {
+    return this.multi ? markUri(target, uri) : uri
+  }
+
+  /** A resources/read result of `target`, in place: its contents' URIs as the client sees them. */
+  markContents (target: string, r: JsonRpcMessage): JsonRpcMessage {
+    if (!this.multi) return r
+    const contents = (r.result as { contents?: Array<{ uri?: unknown }> } | undefined)?.contents
+    if (Array.isArray(contents)) for (const c of contents) if (typeof c.uri === 'string') c.uri = markUri(target, c.uri)
+    return r
+  }
+
+  /**
+   * A list over every target: each target's pages followed to the end (a
+   * cursor seen before ends it), filtered, renamed, merged in config order.
+   * A failing target is left out and logged, or, fail-closed, fails the
+   * whole list. `stopped` ends the paging when the client went away.
+   */
+  async mergeLists (ctx: RequestContext, method: string, fetch: PageFetch<T>, stopped: () => boolean, log: Logger, failClosed: boolean): Promise<JsonRpcMessage> {
+    const key = LIST_KEYS[method]!
+    const parts = await Promise.all(this.targets.map(async (t): Promise<unknown[] | RpcError> => {
+      const out: unknown[] = []
+      const seen = new Set<unknown>()
+      let cursor: unknown
+      try {
+        do {
+          const r = await fetch(t, cursor === undefined ? {} : { cursor })
+          if (r.error !== undefined) return r.error
+          const result = r.result as Record<string, unknown> | undefined
+          const items = result?.[key]
+          if (Array.isArray(items)) for (const it of filterListItems(this.checkers, ctx, method, items, t.target)) out.push(renameListItem(t.target, key, it))
+          seen.add(cursor)
+          cursor = result?.nextCursor
+        } while (typeof cursor === 'string' && !seen.has(cursor) && !stopped())
+      } catch (err) {
+        return { code: RPC.SERVER_ERROR, message: (err as Error).message }
+      }
+      return out
+    }))
+    const merged: unknown[] = []
+    for (let i = 0; i < parts.length; i++) {
+      const p = parts[i]!
+      if (Array.isArray(p)) {
+        for (const it of p) merged.push(it)
+        continue
+      }
+      const target = this.targets[i]!.target
+      log.warn({ target, method, err: p.message }, 'target failed during list')
+      if (failClosed) return rpcError(p.code, `target ${target}: ${p.message}`)
+    }
+    return { jsonrpc: '2.0', result: { [key]: merged } }
+  }
+
+  /** Several targets' `instructions`, each marked with its target; one target's as they are. */
+  instructions (live: ReadonlyArray<{ readonly target: string; readonly initResult?: Record<string, unknown> | undefined }>): string | undefined {
+    const parts = live.flatMap(l => typeof l.initResult?.instructions === 'string' ? [this.multi ? `[${l.target}] ${l.initResult.instructions}` : l.initResult.instructions] : [])
+    return parts.length > 0 ? parts.join('\n\n') : undefined
+  }
+}
+
+export function rpcError (code: number, message: string): JsonRpcMessage {
+  return { jsonrpc: '2.0', error: { code, message } }
+}
