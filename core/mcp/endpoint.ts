@@ -2,8 +2,9 @@
  * The /mcp terminal handler: HTTP rules of the streamable-HTTP transport
  * (Accept, Content-Type, Mcp-Session-Id, MCP-Protocol-Version, batches),
  * the session registry with its caps and idle expiry, and the era dispatch
- * (session era now; the stateless 2026-07-28 era is a later issue and gets a
- * clear 400 here until then).
+ * (revision.ts): session-era requests to their Session (session.ts),
+ * 2026-07-28 requests to the stateless handler (modern.ts), both routed by
+ * router.ts over the same upstream factories.
  */
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
@@ -35,13 +36,6 @@ export interface McpEndpointOptions {
   readonly metrics: Metrics
   /** When set (one HTTP target), session-era traffic is handed to it unchanged. */
   readonly passthrough?: McpEndpoint
-  /** Upstream pool of the stateless revision 2026-07-28 (see README-modern.md). */
-  readonly modern?: {
-    /** Upstreams per (target, subject). Default 2. */
-    readonly perSubjectUpstreams?: number
-    /** Idle pooled upstreams are closed after this long. Default: `session.idleTimeoutSeconds`. */
-    readonly idleTimeoutMs?: number
-  }
 }
 
 /** What the admin UI shows about one session. Never the whole id. */
@@ -78,6 +72,8 @@ export interface GatewayMcpEndpoint extends McpEndpoint {
 
 const RETRY_AFTER_SECONDS = '10'
 const KEEPALIVE_MS = 15_000
+/** Pooled upstreams per (target, subject) for 2026-07-28 requests (README "Revision 2026-07-28"). */
+const POOLED_PER_SUBJECT = 2
 
 function sessionNotFound (): ProxyError {
   return new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: RPC.REQUEST_TIMEOUT })
@@ -182,9 +178,9 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   // Revision 2026-07-28: stateless requests served by pooled upstreams, never shared across subjects.
   const pool = new UpstreamPool({
     log,
-    perKeyMax: opts.modern?.perSubjectUpstreams ?? 2,
+    perKeyMax: POOLED_PER_SUBJECT,
     globalMax: config.session.maxSessions,
-    idleMs: opts.modern?.idleTimeoutMs ?? idleMs,
+    idleMs,
     requestTimeoutMs: env.requestTimeoutMs,
   })
   const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Pooled upstreams: revision 2026-07-28 requests and share: subject targets')

@@ -11,7 +11,7 @@ import type { RequestContext } from '../context.ts'
 export const SESSION_REVISIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'] as const
 export type SessionRevision = typeof SESSION_REVISIONS[number]
 export const LATEST_SESSION_REVISION: SessionRevision = '2025-11-25'
-/** The stateless revision (served by a later issue). */
+/** The stateless revision (modern.ts). */
 export const MODERN_REVISION = '2026-07-28'
 /** Revision assumed when a session-era request carries no MCP-Protocol-Version (MCP 2025-06-18, transports). */
 export const DEFAULT_HEADER_REVISION: SessionRevision = '2025-03-26'
