@@ -13,6 +13,7 @@ import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../ta
 import { ProxyError, RPC } from '../errors.ts'
 import { LATEST_SESSION_REVISION } from './revision.ts'
 import { GATEWAY_INFO } from './router.ts'
+import { UpstreamCalls } from './calls.ts'
 
 export interface PoolOptions {
   readonly log: Logger
@@ -93,14 +94,13 @@ export class PooledUpstream {
   readonly listeners = new Set<(msg: JsonRpcMessage) => void>()
   /** Called once when this upstream ends (crash, idle close, gateway close). */
   readonly onGone = new Set<() => void>()
-  readonly #pending = new Map<number, Pending>()
+  readonly #pending = new UpstreamCalls<Pending>()
   readonly #progress = new Map<string, Pending>()
   /** Upstream URI -> holders subscribed to it. */
   readonly #subscriptions = new Map<string, number>()
   readonly #log: Logger
   readonly #timeoutMs: number
   readonly #unregister: (entry: PooledUpstream) => void
-  #seq = 0
 
   constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void) {
     this.target = factory.target
@@ -143,7 +143,7 @@ export class PooledUpstream {
    * id, and a progress token mapped to one unique on this upstream).
    */
   call (msg: JsonRpcMessage, hooks: CallHooks = {}): PoolCall {
-    const id = ++this.#seq
+    const id = this.#pending.nextId()
     msg.id = id
     const meta = msg.params?._meta as Record<string, unknown> | undefined
     const clientToken = meta?.progressToken
@@ -161,7 +161,7 @@ export class PooledUpstream {
       resolve(rpcError(RPC.CONNECTION_CLOSED, `upstream ${this.target} closed`))
       return { done, cancel () {} }
     }
-    this.#pending.set(id, pending)
+    this.#pending.add(pending)
     if (token !== undefined) this.#progress.set(token, pending)
     try {
       this.upstream.send(msg)
@@ -171,7 +171,7 @@ export class PooledUpstream {
     }
     if (hooks.timeoutMs !== 0) {
       pending.timer = setTimeout(() => {
-        if (this.#pending.get(id) !== pending) return
+        if (!this.#pending.remove(pending)) return
         this.#cancelUpstream(id, 'request timed out')
         this.#settle(pending, rpcError(RPC.REQUEST_TIMEOUT, 'Request timed out'))
       }, hooks.timeoutMs ?? this.#timeoutMs)
@@ -179,7 +179,7 @@ export class PooledUpstream {
     return {
       done,
       cancel: (reason: string) => {
-        if (this.#pending.get(id) !== pending) return
+        if (!this.#pending.remove(pending)) return
         this.#cancelUpstream(id, reason)
         this.#settle(pending, rpcError(RPC.REQUEST_TIMEOUT, 'Request cancelled'))
       },
@@ -225,7 +225,7 @@ export class PooledUpstream {
   }
 
   #settle (p: Pending, msg: JsonRpcMessage): void {
-    this.#pending.delete(p.id)
+    this.#pending.remove(p)
     if (p.token !== undefined) this.#progress.delete(p.token)
     clearTimeout(p.timer)
     this.lastUsedAt = Date.now()
@@ -238,7 +238,7 @@ export class PooledUpstream {
 
   #fromUpstream (msg: JsonRpcMessage): void {
     if (msg.method === undefined) {
-      const p = typeof msg.id === 'number' ? this.#pending.get(msg.id) : undefined
+      const p = this.#pending.answered(msg.id)
       if (p === undefined) {
         this.#log.debug({ id: msg.id }, 'upstream answered an unknown request')
         return
@@ -286,7 +286,7 @@ export class PooledUpstream {
   }
 
   #failAll (message: string): void {
-    for (const p of [...this.#pending.values()]) this.#settle(p, rpcError(RPC.CONNECTION_CLOSED, message))
+    for (const p of this.#pending.drain()) this.#settle(p, rpcError(RPC.CONNECTION_CLOSED, message))
   }
 
   #closedByUpstream (err: Error | undefined): void {

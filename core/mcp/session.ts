@@ -14,6 +14,7 @@ import { Backlog, SseStream, type StreamLimits } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
 import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, rpcError } from './router.ts'
+import { UpstreamCalls } from './calls.ts'
 
 /** What a session needs from its endpoint. */
 export interface SessionEnv {
@@ -41,9 +42,8 @@ interface UpstreamCall {
 interface Link {
   readonly target: string
   readonly upstream: Upstream
-  seq: number
   up: boolean
-  readonly pending: Map<number, UpstreamCall>
+  readonly pending: UpstreamCalls<UpstreamCall>
   /** Client requests currently forwarded to this link, oldest first. */
   readonly active: Set<Inflight>
   initResult: Record<string, unknown> | undefined
@@ -109,7 +109,7 @@ export class Session {
     this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
     this.#backlog = new Backlog(opts.env.streams, this.#log)
     this.links = opts.factories.map(f => {
-      const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), seq: 0, up: false, pending: new Map(), active: new Set(), initResult: undefined }
+      const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), up: false, pending: new UpstreamCalls(), active: new Set(), initResult: undefined }
       link.upstream.onMessage = (msg) => this.#fromUpstream(link, msg)
       link.upstream.onClose = (err) => this.#upstreamClosed(link, err)
       return link
@@ -380,14 +380,14 @@ export class Session {
   }
 
   #send (link: Link, msg: JsonRpcMessage, done: (r: JsonRpcMessage) => void, timeoutMs = this.#env.requestTimeoutMs): UpstreamCall | undefined {
-    const id = ++link.seq
+    const id = link.pending.nextId()
     msg.id = id
     const call: UpstreamCall = { link, id, done, deadline: Date.now() + timeoutMs }
-    link.pending.set(id, call)
+    link.pending.add(call)
     try {
       link.upstream.send(msg)
     } catch (err) {
-      link.pending.delete(id)
+      link.pending.remove(call)
       done(rpcError(RPC.CONNECTION_CLOSED, `upstream ${link.target} closed`))
       return undefined
     }
@@ -407,8 +407,7 @@ export class Session {
 
   #timedOut (call: UpstreamCall): void {
     const { link, id } = call
-    if (link.pending.get(id) !== call) return
-    link.pending.delete(id)
+    if (!link.pending.remove(call)) return
     this.#cancelUpstream(link, id, 'request timed out')
     call.done(rpcError(RPC.REQUEST_TIMEOUT, 'Request timed out'))
   }
@@ -421,8 +420,7 @@ export class Session {
   #abandon (inflight: Inflight, replyless: boolean): void {
     if (inflight.finished) return
     for (const call of inflight.calls) {
-      if (call.link.pending.get(call.id) !== call) continue
-      call.link.pending.delete(call.id)
+      if (!call.link.pending.remove(call)) continue
       this.#cancelUpstream(call.link, call.id, replyless ? 'cancelled by client' : 'client disconnected')
     }
     this.#finish(inflight)
@@ -469,12 +467,11 @@ export class Session {
   #fromUpstream (link: Link, msg: JsonRpcMessage): void {
     if (this.ended) return
     if (msg.method === undefined) {
-      const call = typeof msg.id === 'number' ? link.pending.get(msg.id) : undefined
+      const call = link.pending.answered(msg.id)
       if (call === undefined) {
         this.#log.debug({ target: link.target, id: msg.id }, 'upstream answered an unknown request')
         return
       }
-      link.pending.delete(call.id)
       call.done(msg)
       return
     }
@@ -529,9 +526,7 @@ export class Session {
   }
 
   #failPending (link: Link, message: string): void {
-    const calls = [...link.pending.values()]
-    link.pending.clear()
-    for (const call of calls) {
+    for (const call of link.pending.drain()) {
       call.done(rpcError(RPC.CONNECTION_CLOSED, message))
     }
   }
