@@ -11,7 +11,7 @@ import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from
 import type { Plugin } from './plugin.ts'
 import type { RouteTable } from './routes.ts'
 import type { AccessRecord } from './server.ts'
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory, UpstreamOwner } from './targets/types.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from './targets/types.ts'
 import type { AdminState, TryInput } from './admin.ts'
 import type { PooledSummary, SessionSummary, TargetSummary } from './mcp/index.ts'
 import { liveChildCount } from './targets/index.ts'
@@ -183,8 +183,8 @@ export function trackUpstreams (factories: readonly UpstreamFactory[], metrics: 
       // Everything of the factory (share, ...) but create(), which is wrapped.
       return {
         ...f,
-        create (owner?: UpstreamOwner): Upstream {
-          return new TrackedUpstream(f.create(owner), stats, meters)
+        create (): Upstream {
+          return new TrackedUpstream(f.create(), stats, meters)
         },
       }
     }),

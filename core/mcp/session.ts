@@ -8,7 +8,8 @@
 import type { Logger } from 'pino'
 import type { RequestContext } from '../context.ts'
 import type { Plugin } from '../plugin.ts'
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream } from '../targets/types.ts'
+import type { SessionUpstreamFactory } from './shared-upstream.ts'
 import { ProxyError, RPC } from '../errors.ts'
 import { Backlog, SseStream, type StreamLimits } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
@@ -100,7 +101,7 @@ export class Session {
   readonly #router: Router<Link>
   #starting = true
 
-  constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly UpstreamFactory[]; env: SessionEnv }) {
+  constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly SessionUpstreamFactory[]; env: SessionEnv }) {
     this.id = opts.id
     this.subject = opts.subject
     this.subjectKey = opts.subjectKey

@@ -21,9 +21,21 @@
  *   in flight; `logging/setLevel` is the child's, so the last one set wins.
  * When the child ends, every session on it sees its upstream close.
  */
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory, UpstreamOwner } from '../targets/types.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
+
+/** Whose upstream a session creates: the session's token subject. */
+export interface UpstreamOwner {
+  /** Subject of the session's token, or a fixed key for anonymous callers. */
+  readonly subjectKey: string
+  readonly subject: string | undefined
+}
+
+/** A factory as a session uses it: told whose upstream it creates (only a shared lease cares). */
+export interface SessionUpstreamFactory extends UpstreamFactory {
+  create(owner?: UpstreamOwner): Upstream
+}
 
 const OK: Readonly<{ jsonrpc: '2.0'; result: Record<string, never> }> = { jsonrpc: '2.0', result: {} }
 /** Server-to-client request method -> the client capability it needs. */
@@ -208,7 +220,7 @@ export class SharedUpstream implements Upstream {
 }
 
 /** The factory a session uses for a `share: subject` target: a lease per session. */
-export function sharedFactory (factory: UpstreamFactory, pool: UpstreamPool): UpstreamFactory {
+export function sharedFactory (factory: UpstreamFactory, pool: UpstreamPool): SessionUpstreamFactory {
   return {
     ...factory,
     create (owner?: UpstreamOwner): Upstream {

@@ -55,24 +55,20 @@ export interface Upstream extends UpstreamInfo {
   close(): Promise<void>
 }
 
-/** Whose upstream is being created: the session's token subject. */
-export interface UpstreamOwner {
-  /** Subject of the session's token, or a fixed key for anonymous callers. */
-  readonly subjectKey: string
-  readonly subject: string | undefined
-}
-
-/** Creates upstreams for one configured target; one upstream per gateway session. */
+/**
+ * Creates upstreams for one configured target. Who an upstream serves
+ * (sessions, subjects, pools) is the MCP layer's business, not the transport's.
+ */
 export interface UpstreamFactory {
   readonly target: string
   readonly kind: 'stdio' | 'http'
   /**
-   * `subject`: sessions of one subject share processes (the session layer
-   * then leases from its pool instead of calling `create()` per session).
-   * Absent or `session`: one upstream per session.
+   * The target's `share` setting. `subject`: sessions of one subject share
+   * processes (the MCP layer then leases from its pool instead of calling
+   * `create()` per session). Absent or `session`: one upstream per session.
    */
   readonly share?: 'session' | 'subject'
   /** With `share: subject`: processes per (target, subject). */
   readonly processesPerSubject?: number
-  create(owner?: UpstreamOwner): Upstream
+  create(): Upstream
 }
