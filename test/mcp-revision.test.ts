@@ -1,0 +1,45 @@
+/**
+ * core/mcp/revision.ts: the revisions served and the per-request era decision.
+ */
+import t from 'tap'
+import type { RequestContext } from '../core/context.ts'
+import { SESSION_REVISIONS, LATEST_SESSION_REVISION, MODERN_REVISION, isSessionRevision, negotiateRevision, allowsBatch, eraOf } from '../core/mcp/revision.ts'
+
+function ctx (headers: Record<string, string>): RequestContext {
+  return { req: { headers } } as unknown as RequestContext
+}
+const meta = (v: string): Record<string, unknown> => ({ _meta: { 'io.modelcontextprotocol/protocolVersion': v } })
+
+t.test('revisions and negotiation', async t => {
+  t.same(SESSION_REVISIONS, ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'])
+  t.equal(LATEST_SESSION_REVISION, '2025-11-25')
+  t.equal(MODERN_REVISION, '2026-07-28')
+  t.ok(isSessionRevision('2024-11-05'))
+  t.notOk(isSessionRevision('2026-07-28'))
+  t.notOk(isSessionRevision(20241105))
+  t.equal(negotiateRevision('2024-11-05'), '2024-11-05', 'a supported revision is kept')
+  t.equal(negotiateRevision('1999-01-01'), '2025-11-25', 'else our latest')
+  t.equal(negotiateRevision(undefined), '2025-11-25')
+  t.ok(allowsBatch('2025-03-26'))
+  t.notOk(allowsBatch('2025-06-18'))
+  t.notOk(allowsBatch('2024-11-05'))
+})
+
+t.test('eraOf: the table of README "Revision 2026-07-28"', async t => {
+  const cases: Array<[Record<string, string>, unknown, 'session' | 'modern', string]> = [
+    [{ 'mcp-protocol-version': '2026-07-28' }, undefined, 'modern', 'version header 2026-07-28'],
+    [{ 'mcp-protocol-version': '2026-07-28', 'mcp-session-id': 's' }, undefined, 'modern', 'the session id is then ignored'],
+    [{}, { jsonrpc: '2.0', id: 1, method: 'initialize', params: meta('2026-07-28') }, 'session', 'initialize is always session era'],
+    [{ 'mcp-session-id': 's' }, { jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2026-07-28') }, 'modern', '_meta 2026-07-28, even with a session id'],
+    [{}, { jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2030-01-01') }, 'modern', 'any _meta version without a session id'],
+    [{ 'mcp-session-id': 's' }, { jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2030-01-01') }, 'session', 'another _meta version with a session id'],
+    [{}, { jsonrpc: '2.0', id: 1, method: 'server/discover' }, 'modern', 'discover without version and session headers'],
+    [{ 'mcp-protocol-version': '2025-06-18' }, { jsonrpc: '2.0', id: 1, method: 'server/discover' }, 'session', 'discover with a session-era version header'],
+    [{ 'mcp-protocol-version': '2030-01-01' }, undefined, 'modern', 'a version header naming no session-era revision'],
+    [{ 'mcp-protocol-version': '2030-01-01', 'mcp-session-id': 's' }, undefined, 'session', '... unless there is a session id'],
+    [{}, [{ jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2026-07-28') }], 'session', 'a batch is never read for _meta'],
+    [{}, { jsonrpc: '2.0', id: 1, method: 'tools/list' }, 'session', 'anything else'],
+    [{ 'mcp-protocol-version': '2025-11-25' }, undefined, 'session', 'a session-era version header'],
+  ]
+  for (const [headers, body, era, why] of cases) t.equal(eraOf(ctx(headers), body), era, why)
+})
