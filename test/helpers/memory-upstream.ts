@@ -1,0 +1,142 @@
+/**
+ * An in-process session-era MCP server behind the `Upstream` contract, for
+ * unit tests of the MCP layer (session.ts, modern-pool.ts, modern.ts,
+ * endpoint.ts) that need to see exactly what reaches an upstream. The
+ * end-to-end files use real servers (server-everything, the fixtures).
+ *
+ * Tools: `echo` (answers `args.message`), `hang` (never answers), `progress`
+ * (one progress notification, then the answer), `ask` (a sampling request
+ * to the client first, then its answer as text). `tools/list` comes in two
+ * pages. `resources/read` answers any URI with its own contents.
+ */
+import type { JsonRpcMessage, Upstream, UpstreamFactory } from '../../core/targets/types.ts'
+
+export interface MemoryServer {
+  /** Every message the upstream received, in order (copies). */
+  readonly received: JsonRpcMessage[]
+  /** Upstreams created so far. */
+  readonly created: MemoryUpstream[]
+}
+
+export class MemoryUpstream implements Upstream {
+  readonly target: string
+  readonly kind = 'stdio' as const
+  readonly pid: number
+  startedAt: number | undefined
+  onMessage: (message: JsonRpcMessage) => void = () => {}
+  onClose: (error: Error | undefined) => void = () => {}
+  alive = false
+  readonly #server: MemoryServer
+  /** Pending `ask` calls: server-request id -> the tools/call id to answer. */
+  readonly #asks = new Map<number | string, number | string>()
+  #serverSeq = 0
+
+  constructor (target: string, server: MemoryServer, pid: number) {
+    this.target = target
+    this.#server = server
+    this.pid = pid
+  }
+
+  async start (): Promise<void> {
+    this.alive = true
+    this.startedAt = Date.now()
+  }
+
+  send (msg: JsonRpcMessage): void {
+    if (!this.alive) throw new Error('closed')
+    this.#server.received.push(structuredClone(msg))
+    queueMicrotask(() => this.#handle(msg))
+  }
+
+  /** Sends a message of the upstream's own to the gateway. */
+  emit (msg: JsonRpcMessage): void {
+    if (this.alive) this.onMessage(msg)
+  }
+
+  /** Ends as a crashed server would. */
+  crash (): void {
+    if (!this.alive) return
+    this.alive = false
+    this.onClose(new Error('crashed'))
+  }
+
+  async close (): Promise<void> {
+    if (!this.alive) return
+    this.alive = false
+    this.onClose(undefined)
+  }
+
+  #answer (id: JsonRpcMessage['id'], result: unknown): void {
+    this.emit({ jsonrpc: '2.0', id: id!, result })
+  }
+
+  #handle (msg: JsonRpcMessage): void {
+    if (!this.alive) return
+    if (msg.method === undefined) {
+      const callId = msg.id === undefined || msg.id === null ? undefined : this.#asks.get(msg.id)
+      if (callId !== undefined) {
+        this.#asks.delete(msg.id!)
+        this.#answer(callId, { content: [{ type: 'text', text: `answered: ${JSON.stringify(msg.result ?? msg.error)}` }] })
+      }
+      return
+    }
+    if (msg.id === undefined || msg.id === null) return
+    const params = msg.params ?? {}
+    switch (msg.method) {
+      case 'initialize':
+        return this.#answer(msg.id, {
+          protocolVersion: params.protocolVersion,
+          capabilities: { tools: { listChanged: true }, resources: { subscribe: true }, logging: {} },
+          serverInfo: { name: `memory-${this.target}`, version: '1.0.0' },
+          instructions: `instructions of ${this.target}`,
+        })
+      case 'ping': case 'logging/setLevel': case 'resources/subscribe': case 'resources/unsubscribe':
+        return this.#answer(msg.id, {})
+      case 'tools/list':
+        return params.cursor === undefined
+          ? this.#answer(msg.id, { tools: [{ name: 'echo', inputSchema: { type: 'object' } }, { name: 'hang', inputSchema: { type: 'object' } }], nextCursor: 'page2' })
+          : this.#answer(msg.id, { tools: [{ name: 'progress', inputSchema: { type: 'object' } }, { name: 'ask', inputSchema: { type: 'object' } }] })
+      case 'resources/read':
+        return this.#answer(msg.id, { contents: [{ uri: params.uri, text: `contents of ${String(params.uri)}` }] })
+      case 'tools/call': {
+        const args = (params.arguments ?? {}) as Record<string, unknown>
+        switch (params.name) {
+          case 'echo': return this.#answer(msg.id, { content: [{ type: 'text', text: String(args.message ?? '') }] })
+          case 'hang': return
+          case 'progress': {
+            const token = (params._meta as Record<string, unknown> | undefined)?.progressToken
+            if (token !== undefined) this.emit({ jsonrpc: '2.0', method: 'notifications/progress', params: { progressToken: token, progress: 1, total: 2 } })
+            return this.#answer(msg.id, { content: [{ type: 'text', text: 'done' }] })
+          }
+          case 'ask': {
+            const sid = `srv-${++this.#serverSeq}`
+            this.#asks.set(sid, msg.id)
+            return this.emit({ jsonrpc: '2.0', id: sid, method: 'sampling/createMessage', params: { messages: [], maxTokens: 1 } })
+          }
+          default:
+            return this.emit({ jsonrpc: '2.0', id: msg.id, error: { code: -32602, message: `Unknown tool: ${String(params.name)}` } })
+        }
+      }
+      default:
+        return this.emit({ jsonrpc: '2.0', id: msg.id, error: { code: -32601, message: `Method not found: ${msg.method}` } })
+    }
+  }
+}
+
+let pids = 1_000_000
+
+/** A factory of in-memory upstreams for `target`, and what they received. */
+export function memoryFactory (target: string, extra: Partial<UpstreamFactory> = {}): UpstreamFactory & { server: MemoryServer } {
+  const server: MemoryServer = { received: [], created: [] }
+  return {
+    target,
+    kind: 'stdio',
+    ...extra,
+    server,
+    create (): Upstream {
+      const up = new MemoryUpstream(target, server, ++pids)
+      server.created.push(up)
+      return up
+    },
+  }
+}
