@@ -15,6 +15,7 @@ import { Metrics } from '../../core/metrics.ts'
 import type { Plugin } from '../../core/plugin.ts'
 import type { TargetConfig, GatewayConfig } from '../../core/config.ts'
 import { createUpstreamFactory } from '../../core/targets/index.ts'
+import type { UpstreamFactory } from '../../core/targets/types.ts'
 import { createMcpEndpoint, type GatewayMcpEndpoint } from '../../core/mcp/index.ts'
 import { memoryLogger } from './logger.ts'
 
@@ -42,6 +43,8 @@ export interface GatewayHarness {
 
 export async function startGateway (t: Test, opts: {
   targets: TargetConfig[]
+  /** Upstream factories to use instead of the targets' own (unit tests with in-memory upstreams). */
+  factories?: UpstreamFactory[]
   plugins?: Plugin[]
   session?: Partial<GatewayConfig['mcp']['session']>
   failClosed?: boolean
@@ -50,7 +53,7 @@ export async function startGateway (t: Test, opts: {
   const metrics = new Metrics()
   const plugins = opts.plugins ?? []
   const endpoint = createMcpEndpoint({
-    targets: opts.targets.map(tc => createUpstreamFactory(tc, { log, baseDir: ROOT, maxLineBytes: 16 * 1024 * 1024, metrics })),
+    targets: opts.factories ?? opts.targets.map(tc => createUpstreamFactory(tc, { log, baseDir: ROOT, maxLineBytes: 16 * 1024 * 1024, metrics })),
     plugins,
     config: {
       session: { idleTimeoutSeconds: 1800, maxSessions: 1000, maxSessionsPerSubject: 100, requestTimeoutSeconds: 120, ...opts.session },
