@@ -1,9 +1,11 @@
 /**
  * One MCP session of the session era: its upstreams (one per target), the
- * JSON-RPC id mapping both ways, the client's SSE streams (one per POST with
- * requests, plus the standalone GET stream) and the routing of upstream
- * messages onto them. Knows nothing of HTTP status codes; core/mcp/endpoint.ts
- * does the HTTP side.
+ * JSON-RPC id mapping both ways (calls.ts toward the upstreams), the
+ * client's SSE streams (one per POST with requests, plus the standalone GET
+ * stream) and the routing of upstream messages onto them. Which target a
+ * client request goes to is the router's answer (router.ts), shared with
+ * the 2026-07-28 era. Knows nothing of HTTP status codes; endpoint.ts does
+ * the HTTP side.
  */
 import type { Logger } from 'pino'
 import type { RequestContext } from '../context.ts'
