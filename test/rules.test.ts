@@ -1,7 +1,7 @@
 import t from 'tap'
 import type { Test } from 'tap'
-import { compileRule, compileRules, MAX_RULE_DEPTH, MAX_RULE_LENGTH } from '../core/rules.ts'
-import type { RuleVariables } from '../core/rules.ts'
+import { compileRule, compileRules, MAX_RULE_DEPTH, MAX_RULE_LENGTH } from '../plugins/authorization/rules.ts'
+import type { RuleVariables } from '../plugins/authorization/rules.ts'
 import { ProxyError } from '../core/errors.ts'
 
 const claims = Object.freeze({

@@ -11,8 +11,8 @@ import type { McpOperation, Plugin, PluginEnv } from '../../core/plugin.ts'
 import type { RequestContext } from '../../core/context.ts'
 import type { AuthorizationConfig, GatewayConfig } from '../../core/config.ts'
 import { ProxyError } from '../../core/errors.ts'
-import { compileRules } from '../../core/rules.ts'
-import type { CompiledRule, RuleFailure, RuleVariables } from '../../core/rules.ts'
+import { compileRules } from './rules.ts'
+import type { CompiledRule, RuleFailure, RuleVariables } from './rules.ts'
 import optionsSchema from './schema.json' with { type: 'json' }
 
 const NAME = 'authorization'
