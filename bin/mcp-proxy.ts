@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 /**
- * mcp-proxy CLI: argv -> loadConfig -> startGateway; signals; exit codes.
+ * mcp-proxy CLI: argv -> loadConfig -> startGateway, both handed the
+ * built-in plugins (plugins/index.ts); signals; exit codes.
  *
  * Exit codes: 0 success (or clean shutdown), 1 invalid configuration
  * (including `environment variable not found`), 2 usage error,
@@ -13,6 +14,8 @@ import { loadPlugins } from '../core/plugin-loader.ts'
 import { ProxyError } from '../core/errors.ts'
 import { createLogger } from '../core/logger.ts'
 import { Metrics } from '../core/metrics.ts'
+import { builtins } from '../plugins/index.ts'
+import type { McpAuthenticationOptions } from '../plugins/mcp-authentication/index.ts'
 
 export const EXIT = { OK: 0, CONFIG: 1, USAGE: 2, STARTUP: 3 } as const
 
@@ -58,7 +61,7 @@ async function main (): Promise<void> {
 
   let loaded
   try {
-    loaded = await loadConfig(v.file)
+    loaded = await loadConfig(v.file, process.env, builtins)
   } catch (err) {
     fail(EXIT.CONFIG, ProxyError.is(err) ? err.message : String(err))
   }
@@ -67,8 +70,8 @@ async function main (): Promise<void> {
   if (v.check === true) {
     try {
       const silent = createLogger({ level: 'silent' })
-      const names = await loadPlugins({ config: cfg, baseDir: loaded.baseDir, env: { log: silent, config: cfg as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
-      const auth = cfg.mcp.policies.mcpAuthentication
+      const names = await loadPlugins({ config: cfg, baseDir: loaded.baseDir, registry: builtins, env: { log: silent, config: cfg as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
+      const auth = cfg.mcp.policies.mcpAuthentication as McpAuthenticationOptions | undefined
       const lines = [
         `config OK: ${v.file}`,
         `  listen: ${cfg.mcp.host}:${cfg.mcp.port} (admin ${cfg.admin.enabled ? `${cfg.admin.host}:${cfg.admin.port}` : 'disabled'})`,
@@ -85,7 +88,7 @@ async function main (): Promise<void> {
 
   let gateway
   try {
-    gateway = await startGateway(loaded)
+    gateway = await startGateway(loaded, { registry: builtins })
   } catch (err) {
     const code = ProxyError.is(err) && err.code === 'MCPP_ERR_CONFIG' ? EXIT.CONFIG : EXIT.STARTUP
     const errno = (err as NodeJS.ErrnoException).code as string | undefined

@@ -1,7 +1,10 @@
 /**
  * Configuration: YAML -> ${NAME} expansion (scalar values only) -> ajv
  * validation against schemas/config.schema.json (all errors, each naming its
- * path) -> defaults -> deep freeze. Everything fails here, at start-up.
+ * path) -> defaults -> each `mcp.policies` block validated by the plugin that
+ * claims it (the registry the caller hands in) -> deep freeze. Everything
+ * fails here, at start-up. Core keys only: plugin option types live with
+ * their plugins.
  */
 import { readFile } from 'node:fs/promises'
 import { dirname, resolve } from 'node:path'
@@ -10,6 +13,7 @@ import { parseDocument, isScalar, visit, Scalar } from 'yaml'
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv'
 import addFormatsModule from 'ajv-formats'
 import { ProxyError } from './errors.ts'
+import { EMPTY_REGISTRY, type PluginModule, type PluginRegistry } from './plugin.ts'
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv
 
@@ -20,32 +24,14 @@ export interface StdioTargetConfig {
 }
 export interface HttpTargetConfig { url: string; headers: Record<string, string> }
 export interface TargetConfig { name: string; stdio?: StdioTargetConfig; mcp?: HttpTargetConfig }
-export interface McpAuthenticationConfig {
-  mode: 'strict' | 'optional' | 'permissive'
-  issuer: string
-  audiences?: string[]
-  provider?: { oss_idp?: Record<string, never>; cloud_idp?: Record<string, never> }
-  clientId?: string
-  clientSecret?: string
-  jwks?: string
-  resourceMetadata: { resource: string; scopesSupported?: string[]; bearerMethodsSupported: string[] }
-  clockToleranceSeconds: number
-  tokenCache: { enabled: boolean; maxEntries: number }
-  keySet: { refreshSeconds: number; cooldownSeconds: number; timeoutMs: number; maxBytes: number }
-  discovery: { ttlSeconds: number; timeoutMs: number }
-}
-export interface CorsConfig {
-  allowOrigins: string[]; allowHeaders: string[]; exposeHeaders: string[]; allowMethods: string[]
-  allowCredentials: boolean; maxAgeSeconds: number
-}
-export interface AuthorizationConfig { rules: string[] }
 export interface PluginEntryConfig { builtin?: string; module?: string; options?: Record<string, unknown> }
 export interface GatewayConfig {
   mcp: {
     host: string
     port: number
     baseUrl?: string
-    policies: { cors?: CorsConfig; mcpAuthentication?: McpAuthenticationConfig; authorization?: AuthorizationConfig }
+    /** Options of built-in plugins by `PluginModule.policy`, validated by those plugins. */
+    policies: Readonly<Record<string, unknown>>
     plugins?: PluginEntryConfig[]
     targets: TargetConfig[]
     failClosed: boolean
@@ -66,19 +52,13 @@ export interface LoadedConfig {
 }
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', fileURLToPath(import.meta.url).endsWith('.ts') ? '' : '..')
-const SCHEMA_ID = 'https://mcp-idp-gateway.invalid/schemas/config.schema.json'
-const PLUGIN_SCHEMAS: Record<string, string> = {
-  cors: 'plugins/cors/schema.json',
-  mcpAuthentication: 'plugins/mcp-authentication/schema.json',
-  authorization: 'plugins/authorization/schema.json',
-  providerBridge: 'plugins/provider-bridge/schema.json',
-  registration: 'plugins/registration/schema.json',
-}
-
 /** Path to a file shipped with the package (schemas/, plugins/x/schema.json). */
 export function packagePath (rel: string): string {
   return resolve(ROOT, rel)
 }
+
+/** RFC 9110 §5.5 field-value: visible ASCII, space, tab and obs-text; what Node accepts in a header. */
+export const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/
 
 let validatorPromise: Promise<{ ajv: Ajv; validate: ValidateFunction }> | undefined
 
@@ -86,6 +66,10 @@ let validatorPromise: Promise<{ ajv: Ajv; validate: ValidateFunction }> | undefi
 export function createAjv (): Ajv {
   const ajv = new Ajv({ allErrors: true, useDefaults: true, strict: false, verbose: true })
   addFormats(ajv)
+  // A value that ends up in an HTTP header (a scope in WWW-Authenticate, a CORS
+  // list): Node refuses to write one holding a control character (RFC 9110
+  // §5.5 field-value), so it must fail at load, not on every response.
+  ajv.addFormat('header-value', HEADER_VALUE)
   ajv.addKeyword({ keyword: 'errorMessage', schemaType: 'string' })
   return ajv
 }
@@ -93,10 +77,6 @@ export function createAjv (): Ajv {
 async function getValidator (): Promise<{ ajv: Ajv; validate: ValidateFunction }> {
   validatorPromise ??= (async () => {
     const ajv = createAjv()
-    for (const rel of Object.values(PLUGIN_SCHEMAS)) {
-      const schema = JSON.parse(await readFile(packagePath(rel), 'utf8'))
-      ajv.addSchema(schema, new URL('../' + rel, SCHEMA_ID).href)
-    }
     const root = JSON.parse(await readFile(packagePath('schemas/config.schema.json'), 'utf8'))
     return { ajv, validate: ajv.compile(root) }
   })()
@@ -113,14 +93,17 @@ export function toDotted (pointer: string, prefix = ''): string {
   return out
 }
 
+/** Keywords whose error a schema's `errorMessage` replaces. */
+const CUSTOM_KEYWORDS = ['minProperties', 'maxProperties', 'oneOf', 'required', 'pattern']
+
 /** Turns ajv errors into `path: message` lines, one per problem, deduplicated. */
 export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): string[] {
   const lines = new Set<string>()
   const custom = new Set<string>()
-  // A schema with `errorMessage` speaks for every error under it at that path.
+  // A schema with `errorMessage` speaks for its structural errors at that path.
   for (const e of errors) {
     const parent = e.parentSchema as { errorMessage?: string } | undefined
-    if (parent?.errorMessage !== undefined && ['minProperties', 'maxProperties', 'oneOf', 'required'].includes(e.keyword)) {
+    if (parent?.errorMessage !== undefined && CUSTOM_KEYWORDS.includes(e.keyword)) {
       const at = toDotted(e.instancePath, prefix) || '(root)'
       custom.add(at)
       lines.add(`${at}: ${parent.errorMessage}`)
@@ -128,7 +111,7 @@ export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): s
   }
   for (const e of errors) {
     let at = toDotted(e.instancePath, prefix)
-    if (custom.has(at || '(root)') && ['minProperties', 'maxProperties', 'oneOf', 'required'].includes(e.keyword)) continue
+    if (custom.has(at || '(root)') && CUSTOM_KEYWORDS.includes(e.keyword)) continue
     if (e.keyword === 'if') continue
     let msg = e.message ?? 'is invalid'
     if (e.keyword === 'additionalProperties') {
@@ -141,8 +124,8 @@ export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): s
       msg = 'is required'
     } else if (e.keyword === 'enum') {
       msg = `must be one of ${((e.params as { allowedValues: unknown[] }).allowedValues).map(v => JSON.stringify(v)).join(', ')}`
-    } else if (e.keyword === 'pattern' && e.instancePath.endsWith('/resource')) {
-      msg = 'must be an http(s) URL ending in /mcp'
+    } else if (e.keyword === 'format' && (e.params as { format: string }).format === 'header-value') {
+      msg = 'must not contain control characters (the value is sent in an HTTP header)'
     } else if (e.keyword === 'format') {
       msg = `must be a valid ${(e.params as { format: string }).format}`
     }
@@ -230,6 +213,62 @@ export function parseConfigText (text: string, env: NodeJS.ProcessEnv): { data: 
   return { data: doc.toJS({ maxAliasCount: 50 }), secretPaths }
 }
 
+const compiled = new WeakMap<object, ValidateFunction>()
+
+/**
+ * Validates (a copy of) a plugin's options against its schema, applying the
+ * schema's defaults. The one path for built-ins, policy blocks and
+ * third-party modules alike.
+ */
+export function validatePluginOptions (mod: PluginModule, options: unknown, path: string): unknown {
+  const copy = structuredClone(options ?? {})
+  if (mod.optionsSchema === undefined) return copy
+  let validate = compiled.get(mod.optionsSchema)
+  if (validate === undefined) {
+    try {
+      validate = createAjv().compile(mod.optionsSchema)
+    } catch (err) {
+      throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${path}: plugin ${mod.name} has an invalid options schema: ${(err as Error).message}`, { cause: err })
+    }
+    compiled.set(mod.optionsSchema, validate)
+  }
+  if (!validate(copy)) {
+    const lines = formatAjvErrors(validate.errors ?? [], path)
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, `invalid options for plugin ${mod.name}:\n` + lines.map(l => '  ' + l).join('\n'), { data: { problems: lines } })
+  }
+  return copy
+}
+
+/**
+ * Problems with the `mcp.policies` blocks and `builtin` names, as
+ * `path: message` lines: a policy no built-in claims is an unknown key; each
+ * block is validated against its plugin's schema, with its defaults written
+ * into `config` (called by validateConfig on its own copy).
+ */
+export function checkPolicies (config: GatewayConfig, registry: PluginRegistry): string[] {
+  const problems: string[] = []
+  const byPolicy = new Map<string, PluginModule>()
+  for (const mod of Object.values(registry.modules)) if (mod.policy !== undefined) byPolicy.set(mod.policy, mod)
+  const policies = config.mcp.policies as Record<string, unknown>
+  for (const key of Object.keys(policies)) {
+    const mod = byPolicy.get(key)
+    if (mod === undefined) { problems.push(`mcp.policies.${key}: unknown key`); continue }
+    try {
+      policies[key] = validatePluginOptions(mod, policies[key], `mcp.policies.${key}`)
+    } catch (err) {
+      if (!ProxyError.is(err)) throw err
+      problems.push(...((err.data?.problems as string[] | undefined) ?? [err.message]))
+    }
+  }
+  const names = Object.keys(registry.modules)
+  config.mcp.plugins?.forEach((e, i) => {
+    if (e.builtin !== undefined && !Object.hasOwn(registry.modules, e.builtin)) {
+      problems.push(`mcp.plugins[${i}].builtin: must be one of ${names.map(n => JSON.stringify(n)).join(', ')}`)
+    }
+  })
+  return problems
+}
+
 export function deepFreeze<T> (value: T): T {
   if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
     Object.freeze(value)
@@ -238,8 +277,11 @@ export function deepFreeze<T> (value: T): T {
   return value
 }
 
-/** Validates already-parsed config data; throws one ProxyError listing every problem. */
-export async function validateConfig (data: unknown): Promise<GatewayConfig> {
+/**
+ * Validates already-parsed config data, the `mcp.policies` blocks by the
+ * registry's plugins; throws one ProxyError listing every problem.
+ */
+export async function validateConfig (data: unknown, registry: PluginRegistry = EMPTY_REGISTRY): Promise<GatewayConfig> {
   const { validate } = await getValidator()
   const copy = structuredClone(data ?? {})
   if (!validate(copy)) {
@@ -253,21 +295,15 @@ export async function validateConfig (data: unknown): Promise<GatewayConfig> {
     if (names.has(t.name)) problems.push(`mcp.targets[${i}].name: duplicate target name "${t.name}"`)
     names.add(t.name)
   })
-  const auth = cfg.mcp.policies.mcpAuthentication
-  if (auth?.provider?.cloud_idp !== undefined && auth.clientId === undefined) {
-    problems.push('mcp.policies.mcpAuthentication.clientId: is required for cloud_idp')
-  }
-  if (auth?.clientSecret !== undefined && auth.provider?.cloud_idp === undefined) {
-    problems.push('mcp.policies.mcpAuthentication.clientSecret: is only used with provider cloud_idp')
-  }
+  problems.push(...checkPolicies(cfg, registry))
   if (problems.length > 0) {
     throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid configuration:\n' + problems.map(l => '  ' + l).join('\n'), { data: { problems } })
   }
   return cfg
 }
 
-/** Reads, expands, validates and freezes a config file. */
-export async function loadConfig (file: string, env: NodeJS.ProcessEnv = process.env): Promise<LoadedConfig> {
+/** Reads, expands, validates (the policy blocks by the registry's plugins) and freezes a config file. */
+export async function loadConfig (file: string, env: NodeJS.ProcessEnv = process.env, registry: PluginRegistry = EMPTY_REGISTRY): Promise<LoadedConfig> {
   let text: string
   try {
     text = await readFile(file, 'utf8')
@@ -275,6 +311,6 @@ export async function loadConfig (file: string, env: NodeJS.ProcessEnv = process
     throw new ProxyError('MCPP_ERR_CONFIG', 500, `cannot read config file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`, { cause: err })
   }
   const { data, secretPaths } = parseConfigText(text, env)
-  const config = await validateConfig(data)
+  const config = await validateConfig(data, registry)
   return { config: deepFreeze(config), baseDir: dirname(resolve(file)), secretPaths }
 }

@@ -8,6 +8,11 @@
 
 const kProxyError = Symbol.for('mcp-proxy.ProxyError')
 
+/**
+ * The codes core itself raises. `UNAUTHORIZED`, `FORBIDDEN` and `BAD_REQUEST`
+ * are generic: any plugin that authenticates or refuses uses them. Codes only
+ * one plugin raises are declared by that plugin (`PluginModule.errors`).
+ */
 export const ERROR_CODES = {
   MCPP_ERR_CONFIG: 'Configuration is invalid',
   MCPP_ERR_ENV_NOT_FOUND: 'A ${NAME} reference names an unset environment variable',
@@ -20,11 +25,6 @@ export const ERROR_CODES = {
   MCPP_ERR_REQUEST_TIMEOUT: 'Request body not received within mcp.limits.bodyTimeoutMs',
   MCPP_ERR_UNAUTHORIZED: 'Missing or invalid bearer token',
   MCPP_ERR_FORBIDDEN: 'Authenticated but not allowed (authorization rule or origin)',
-  MCPP_ERR_KEYS_UNAVAILABLE: 'Signing keys of the identity provider could not be fetched',
-  MCPP_ERR_IDP_UNAVAILABLE: 'The identity provider\'s metadata could not be fetched',
-  MCPP_ERR_INVALID_CLIENT_METADATA: 'Client registration request is invalid',
-  MCPP_ERR_OAUTH_REQUEST: 'Proxied OAuth request is invalid',
-  MCPP_ERR_RATE_LIMITED: 'Too many requests from one client address',
   MCPP_ERR_NOT_ACCEPTABLE: 'Accept header does not allow the response types MCP needs',
   MCPP_ERR_UNSUPPORTED_MEDIA_TYPE: 'Content-Type is not application/json',
   MCPP_ERR_PARSE: 'Body is not valid JSON',
@@ -40,7 +40,9 @@ export const ERROR_CODES = {
   MCPP_ERR_INTERNAL: 'Unexpected internal error',
 } as const
 
-export type ErrorCode = keyof typeof ERROR_CODES
+export type CoreErrorCode = keyof typeof ERROR_CODES
+/** A core code, or one a plugin declared with `createError` (upper-case, e.g. `MCPP_ERR_KEYS_UNAVAILABLE`). */
+export type ErrorCode = CoreErrorCode | (string & {})
 
 export interface ProxyErrorOptions {
   /** Extra response headers, e.g. `WWW-Authenticate` or `Retry-After`. */
@@ -83,6 +85,29 @@ export class ProxyError extends Error {
   static is (value: unknown): value is ProxyError {
     return typeof value === 'object' && value !== null && (value as Record<symbol, unknown>)[kProxyError] === true
   }
+}
+
+/** Upper-case letters, digits and `_`: what a declared error code may be. */
+export const ERROR_CODE_RE = /^[A-Z][A-Z0-9_]*$/
+
+/**
+ * An error code bound to its HTTP status in one place (fastify's
+ * `createError`): call it to get a ProxyError. Plugins list the factories
+ * they use in `PluginModule.errors`; the loader refuses a code declared twice.
+ */
+export interface ErrorFactory {
+  (message?: string, options?: ProxyErrorOptions): ProxyError
+  readonly code: string
+  readonly statusCode: number
+  /** One line for the README's error table and the admin view. */
+  readonly description: string
+}
+
+export function createError (code: string, statusCode: number, description: string, defaults: ProxyErrorOptions = {}): ErrorFactory {
+  if (!ERROR_CODE_RE.test(code)) throw new TypeError(`error code ${code} must match ${ERROR_CODE_RE}`)
+  const make = (message: string = description, options: ProxyErrorOptions = {}): ProxyError =>
+    new ProxyError(code, statusCode, message, { ...defaults, ...options, headers: { ...defaults.headers, ...options.headers } })
+  return Object.assign(make, { code, statusCode, description })
 }
 
 /** JSON-RPC 2.0 and MCP error codes used by the gateway. */

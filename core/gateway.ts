@@ -16,7 +16,7 @@ import { RouteTable } from './routes.ts'
 import { GatewayServer, type McpEndpoint } from './server.ts'
 import { createAdminServer, type AdminState } from './admin.ts'
 import { createAdminState, trackUpstreams, RequestLog } from './admin-state.ts'
-import type { Plugin } from './plugin.ts'
+import { EMPTY_REGISTRY, type Plugin, type PluginRegistry } from './plugin.ts'
 import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
 import { createHttpPassthrough } from './mcp/passthrough.ts'
 import { createMcpEndpoint } from './mcp/index.ts'
@@ -31,6 +31,8 @@ export interface StartOptions {
   /** Override listen ports (tests use 0). */
   mcpPort?: number
   adminPort?: number
+  /** The built-in plugins (bin/ passes plugins/index.ts); core imports none. */
+  registry?: PluginRegistry
 }
 
 export interface RunningGateway {
@@ -44,11 +46,14 @@ export interface RunningGateway {
   close(): Promise<void>
 }
 
-/** `{base_url}`: from resourceMetadata.resource (minus /mcp), else mcp.baseUrl, else the listen address. */
-export function computeBaseUrl (loaded: LoadedConfig, port: number): string {
+/** `{base_url}`: from a built-in's policy (mcpAuthentication's resource, minus /mcp), else mcp.baseUrl, else the listen address. */
+export function computeBaseUrl (loaded: LoadedConfig, port: number, registry: PluginRegistry = EMPTY_REGISTRY): string {
   const c = loaded.config.mcp
-  const resource = c.policies.mcpAuthentication?.resourceMetadata.resource
-  if (resource !== undefined) return resource.replace(/\/mcp$/, '')
+  for (const mod of Object.values(registry.modules)) {
+    const options = mod.policy !== undefined ? c.policies[mod.policy] : undefined
+    const url = options !== undefined ? mod.baseUrlOf?.(options) : undefined
+    if (url !== undefined) return url
+  }
   if (c.baseUrl !== undefined) return c.baseUrl
   return `http://localhost:${port}`
 }
@@ -123,10 +128,10 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   })
   cleanup.push(async () => targetReadiness.close())
   try {
-    const baseUrl = computeBaseUrl(loaded, bound.port)
+    const baseUrl = computeBaseUrl(loaded, bound.port, opts.registry)
     // The targets' check (local files only) runs while the plugins are created.
     const checked = targetReadiness.check()
-    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, env: { log, config: config as never, baseUrl, metrics } })
+    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics } })
     cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
     await checked
     const routes = new RouteTable(plugins)

@@ -1,49 +1,24 @@
 /**
- * Builds the plugin pipeline from the config: the built-ins (whose options
- * are the `mcp.policies.*` blocks) and third-party modules loaded with
- * import(), each validated against its own options schema with the config
- * path in every error. The pipeline order is decided here and nowhere else.
+ * Builds the plugin pipeline from the config: built-ins from the registry the
+ * caller hands in (core imports no plugin) and third-party modules loaded
+ * with import(). Every plugin goes through the same steps: options (inline,
+ * else its `mcp.policies` block) validated against its own schema with the
+ * config path in every error, `check` (cross-field checks, what it provides),
+ * `needs` met by a plugin listed before it, then `create`. The pipeline order
+ * is decided here and nowhere else.
  */
 import { createRequire } from 'node:module'
 import { isAbsolute, join, resolve } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
-import type { Plugin, PluginEnv, PluginModule } from './plugin.ts'
-import { PLUGIN_API_VERSION } from './plugin.ts'
+import type { Plugin, PluginEnv, PluginModule, PluginRegistry } from './plugin.ts'
+import { PLUGIN_API_VERSION, EMPTY_REGISTRY } from './plugin.ts'
 import type { GatewayConfig, PluginEntryConfig } from './config.ts'
-import { createAjv, formatAjvErrors, deepFreeze } from './config.ts'
-import { ProxyError } from './errors.ts'
+import { deepFreeze, validatePluginOptions } from './config.ts'
+import { ProxyError, ERROR_CODES, ERROR_CODE_RE } from './errors.ts'
 
-export const BUILTIN_NAMES = ['cors', 'mcpAuthentication', 'authorization', 'providerBridge', 'registration'] as const
-export type BuiltinName = typeof BUILTIN_NAMES[number]
-
-const BUILTINS: Record<BuiltinName, () => Promise<{ default: PluginModule<any> }>> = {
-  cors: () => import('../plugins/cors/index.ts'),
-  mcpAuthentication: () => import('../plugins/mcp-authentication/index.ts'),
-  authorization: () => import('../plugins/authorization/index.ts'),
-  providerBridge: () => import('../plugins/provider-bridge/index.ts'),
-  registration: () => import('../plugins/registration/index.ts'),
-}
-
-/** Where a built-in's options live in the config. */
-function builtinOptions (name: BuiltinName, config: GatewayConfig): { options: unknown; path: string } {
-  const p = config.mcp.policies
-  switch (name) {
-    case 'cors': return { options: p.cors ?? {}, path: 'mcp.policies.cors' }
-    case 'mcpAuthentication': return { options: p.mcpAuthentication, path: 'mcp.policies.mcpAuthentication' }
-    case 'authorization': return { options: p.authorization ?? { rules: [] }, path: 'mcp.policies.authorization' }
-    default: return { options: {}, path: 'mcp.policies.mcpAuthentication' }
-  }
-}
-
-/** The default pipeline when `mcp.plugins` is not given: built-ins whose policy is configured. */
-export function defaultEntries (config: GatewayConfig): PluginEntryConfig[] {
-  const p = config.mcp.policies
-  const out: PluginEntryConfig[] = []
-  if (p.cors !== undefined) out.push({ builtin: 'cors' })
-  if (p.mcpAuthentication !== undefined) out.push({ builtin: 'mcpAuthentication' })
-  if (p.authorization !== undefined && p.authorization.rules.length > 0) out.push({ builtin: 'authorization' })
-  if (p.mcpAuthentication?.provider !== undefined) out.push({ builtin: 'providerBridge' }, { builtin: 'registration' })
-  return out
+/** The default pipeline when `mcp.plugins` is not given, from the registry. */
+export function defaultEntries (config: GatewayConfig, registry: PluginRegistry = EMPTY_REGISTRY): PluginEntryConfig[] {
+  return registry.defaultPipeline(config.mcp.policies ?? {}).map(builtin => ({ builtin }))
 }
 
 /** Minimal semver-range check for plugin `engine` fields: `*`, `^X`, `^X.Y`, `>=X.Y.Z`, `X.x`. */
@@ -106,56 +81,104 @@ async function importModule (spec: string, baseDir: string, at: string): Promise
 export interface LoadPluginsOptions {
   config: GatewayConfig
   baseDir: string
-  env: Omit<PluginEnv, 'configPath' | 'log'> & { log: PluginEnv['log'] }
+  env: Omit<PluginEnv, 'configPath' | 'log' | 'provided'> & { log: PluginEnv['log'] }
+  /** The built-ins `- builtin: <name>` and the default pipeline refer to. */
+  registry?: PluginRegistry
   /** Resolve and validate everything, run `check()`, but create nothing (`--check`). */
   dryRun?: boolean
 }
 
+interface Resolved { readonly mod: PluginModule; readonly at: string; readonly path: string; readonly options: unknown }
+
+/** The module and validated options of one pipeline entry. */
+async function resolveEntry (entry: PluginEntryConfig, at: string, config: GatewayConfig, baseDir: string, registry: PluginRegistry): Promise<Resolved> {
+  let mod: PluginModule
+  if (entry.builtin !== undefined) {
+    const found = Object.hasOwn(registry.modules, entry.builtin) ? registry.modules[entry.builtin] : undefined
+    if (found === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `${at}.builtin: unknown built-in plugin "${entry.builtin}"`)
+    mod = found
+  } else {
+    mod = await importModule(entry.module!, baseDir, at)
+    if (!engineSatisfied(mod.engine)) {
+      throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${at}: plugin ${mod.name} needs plugin API ${mod.engine}, this gateway has ${PLUGIN_API_VERSION}`)
+    }
+  }
+  const policies = (config.mcp.policies ?? {}) as Record<string, unknown>
+  const fromPolicy = entry.options === undefined && mod.policy !== undefined && Object.hasOwn(policies, mod.policy)
+  // Unlisted (the default pipeline) and without a policy block: no options to point at but the policies.
+  const path = fromPolicy ? `mcp.policies.${mod.policy!}` : entry.options !== undefined || at !== 'mcp.policies' ? `${at}.options` : at
+  const options = deepFreeze(validatePluginOptions(mod, fromPolicy ? policies[mod.policy!] : entry.options, path))
+  return { mod, at, path, options }
+}
+
+/** Error codes: well-formed, and none declared twice (by core or another plugin). */
+function checkErrorCodes (resolved: readonly Resolved[]): void {
+  const owner = new Map<string, string>(Object.keys(ERROR_CODES).map(c => [c, 'core']))
+  for (const r of resolved) {
+    for (const e of r.mod.errors ?? []) {
+      if (!ERROR_CODE_RE.test(e.code)) throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${r.at}: plugin ${r.mod.name} declares an invalid error code ${JSON.stringify(e.code)}`)
+      const other = owner.get(e.code)
+      if (other !== undefined && other !== r.mod.name) {
+        throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${r.at}: plugin ${r.mod.name} declares error code ${e.code}, already declared by ${other}`)
+      }
+      owner.set(e.code, r.mod.name)
+    }
+  }
+}
+
+/** Which module (among the listed and the registry) provides `name`, for error messages. */
+function providerHint (name: string, registry: PluginRegistry): string {
+  const mods = Object.values(registry.modules).filter(m => m.provides?.includes(name)).map(m => m.name)
+  return mods.length > 0 ? mods.join(' or ') : 'no known plugin'
+}
+
 /** Loads and creates every plugin, in pipeline order. Closes the ones created if a later one fails. */
-export async function loadPlugins ({ config, baseDir, env, dryRun = false }: LoadPluginsOptions): Promise<Plugin[]> {
-  const entries = config.mcp.plugins ?? defaultEntries(config)
+export async function loadPlugins ({ config, baseDir, env, registry = EMPTY_REGISTRY, dryRun = false }: LoadPluginsOptions): Promise<Plugin[]> {
   const listed = config.mcp.plugins !== undefined
+  const entries = config.mcp.plugins ?? defaultEntries(config, registry)
+  // Everything that can fail without side effects fails first: modules, options, checks, dependencies.
+  const resolved: Resolved[] = []
+  for (let i = 0; i < entries.length; i++) {
+    resolved.push(await resolveEntry(entries[i]!, listed ? `mcp.plugins[${i}]` : 'mcp.policies', config, baseDir, registry))
+  }
+  checkErrorCodes(resolved)
+  const provided: Array<Readonly<Record<string, unknown>>> = []
+  const available = new Map<string, unknown>()
+  for (const r of resolved) {
+    const own: Record<string, unknown> = {}
+    for (const name of r.mod.needs ?? []) {
+      if (!available.has(name)) {
+        const later = resolved.slice(resolved.indexOf(r) + 1).find(o => o.mod.provides?.includes(name))
+        throw new ProxyError('MCPP_ERR_CONFIG', 500, later !== undefined
+          ? `${r.at}: plugin ${r.mod.name} needs "${name}" from plugin ${later.mod.name}, which must be listed before it`
+          : `${r.at}: plugin ${r.mod.name} needs "${name}", provided by ${providerHint(name, registry)}, which is not in the pipeline`)
+      }
+    }
+    for (const [name, value] of available) own[name] = value
+    provided.push(Object.freeze(own))
+    let out: Readonly<Record<string, unknown>> | undefined
+    try {
+      out = r.mod.check?.(r.options, r.path) ?? undefined
+    } catch (err) {
+      if (ProxyError.is(err)) throw err
+      throw new ProxyError('MCPP_ERR_CONFIG', 500, `${r.path}: ${(err as Error).message}`, { cause: err })
+    }
+    for (const name of r.mod.provides ?? []) {
+      if (out === undefined || !Object.hasOwn(out, name)) {
+        throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${r.at}: plugin ${r.mod.name} declares that it provides "${name}" but its check() returned none`)
+      }
+      if (!available.has(name)) available.set(name, deepFreeze(out[name]))
+    }
+  }
+  if (dryRun) return resolved.map(r => ({ name: r.mod.name }))
+
   const plugins: Plugin[] = []
   try {
-    for (let i = 0; i < entries.length; i++) {
-      const entry = entries[i]!
-      const at = listed ? `mcp.plugins[${i}]` : `mcp.policies`
-      let mod: PluginModule
-      let options: unknown
-      let path: string
-      if (entry.builtin !== undefined) {
-        const name = entry.builtin as BuiltinName
-        mod = (await BUILTINS[name]()).default
-        const b = builtinOptions(name, config)
-        if (name === 'mcpAuthentication' && b.options === undefined) {
-          throw new ProxyError('MCPP_ERR_CONFIG', 500, `${at}: builtin mcpAuthentication needs mcp.policies.mcpAuthentication`)
-        }
-        options = entry.options ?? b.options
-        path = entry.options !== undefined ? `${at}.options` : b.path
-      } else {
-        mod = await importModule(entry.module!, baseDir, at)
-        if (!engineSatisfied(mod.engine)) {
-          throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${at}: plugin ${mod.name} needs plugin API ${mod.engine}, this gateway has ${PLUGIN_API_VERSION}`)
-        }
-        options = structuredClone(entry.options ?? {})
-        path = `${at}.options`
-        if (mod.optionsSchema !== undefined) {
-          const validate = createAjv().compile(mod.optionsSchema)
-          if (!validate(options)) {
-            const lines = formatAjvErrors(validate.errors ?? [], path)
-            throw new ProxyError('MCPP_ERR_CONFIG', 500, `invalid options for plugin ${mod.name}:\n` + lines.map(l => '  ' + l).join('\n'))
-          }
-        }
-        deepFreeze(options)
-      }
-      if (dryRun) {
-        mod.check?.(options, path)
-        plugins.push({ name: mod.name })
-        continue
-      }
+    for (let i = 0; i < resolved.length; i++) {
+      const { mod, at, path, options } = resolved[i]!
       let plugin: Plugin
       try {
-        plugin = await mod.create(options, { ...env, configPath: path, log: env.log.child({ plugin: mod.name }) })
+        plugin = await mod.create(options, { ...env, configPath: path, log: env.log.child({ plugin: mod.name }), provided: provided[i]! })
       } catch (err) {
         if (ProxyError.is(err)) throw err
         throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${at}: plugin ${mod.name} failed to start: ${(err as Error).message}`, { cause: err })

@@ -1,10 +1,12 @@
 /**
  * The plugin contract. The gateway is an ordered list of plugins; the order
- * lives in one place (`mcp.plugins` in the config, or the default list in
- * `core/plugin-loader.ts`).
+ * lives in one place (`mcp.plugins` in the config, or the registry's default
+ * pipeline). Core knows no plugin by name: the built-ins reach it as a
+ * `PluginRegistry` handed in by the caller (bin/ passes `plugins/index.ts`).
  */
 import type { Logger } from 'pino'
 import type { RequestContext, ResponseContext, Reply } from './context.ts'
+import type { ErrorFactory } from './errors.ts'
 
 export interface RouteDef {
   /** HTTP methods this route answers; others get 405 with `Allow`. */
@@ -64,6 +66,11 @@ export interface PluginEnv {
   readonly configPath: string
   /** Registry of gateway metrics (counters/histograms), see core/metrics.ts. */
   readonly metrics: import('./metrics.ts').Metrics
+  /**
+   * What earlier-listed plugins provide (`PluginModule.provides`), by name.
+   * Every name in this module's `needs` is present; others may be missing.
+   */
+  readonly provided: Readonly<Record<string, unknown>>
 }
 
 /** What a plugin module (built-in or third-party) exports. */
@@ -71,14 +78,55 @@ export interface PluginModule<O = unknown> {
   readonly name: string
   /** Semver range of the gateway's plugin API this module supports, e.g. `^1`. */
   readonly engine: string
-  /** JSON Schema for the options; validated with the config path in every error. */
-  readonly optionsSchema?: Record<string, unknown>
-  create(options: O, env: PluginEnv): Plugin | Promise<Plugin>
   /**
-   * Optional static check of the options for `mcp-proxy --check` (no network,
-   * no side effects), e.g. compiling rules. Throws a ProxyError naming the path.
+   * JSON Schema for the options (draft-07, ajv with `allErrors` and
+   * `useDefaults`); validated with the config path in every error, the same
+   * way for built-ins and third-party modules. Beyond the standard formats,
+   * `header-value` refuses control characters in a value that ends up in an
+   * HTTP header.
    */
-  check?(options: O, configPath: string): void
+  readonly optionsSchema?: Record<string, unknown>
+  /**
+   * The `mcp.policies` key that holds this plugin's options when the pipeline
+   * entry gives none inline (built-ins: `cors`, `mcpAuthentication`, ...).
+   * Those blocks are validated against `optionsSchema` when the config loads.
+   */
+  readonly policy?: string
+  /**
+   * Names of what this plugin provides to plugins listed after it (fastify's
+   * decorators), each computed by `provide`.
+   */
+  readonly provides?: readonly string[]
+  /**
+   * Names this plugin needs from an earlier plugin (fastify-plugin's
+   * `dependencies`). A pipeline without a provider listed before it is a
+   * config error naming both plugins.
+   */
+  readonly needs?: readonly string[]
+  /**
+   * The gateway's public `{base_url}` when this built-in's `mcp.policies`
+   * block fixes it (mcpAuthentication: its resource without `/mcp`). Read
+   * before any plugin is created; wins over `mcp.baseUrl`.
+   */
+  baseUrlOf?(options: O): string | undefined
+  /** Error codes this plugin raises, each bound to its status (`createError`). */
+  readonly errors?: readonly ErrorFactory[]
+  /**
+   * Cross-field checks and static derivations (no network, no side effects):
+   * runs at start-up and in `mcp-proxy --check` alike, so both give the same
+   * verdict. Throws a ProxyError naming the path. Returns the values of
+   * `provides`, by name.
+   */
+  check?(options: O, configPath: string): void | Readonly<Record<string, unknown>>
+  create(options: O, env: PluginEnv): Plugin | Promise<Plugin>
+}
+
+/** The built-in plugins, handed to core by its caller (core imports none). */
+export interface PluginRegistry {
+  /** Modules by the name `mcp.plugins[].builtin` uses. */
+  readonly modules: Readonly<Record<string, PluginModule<any>>>
+  /** The pipeline (builtin names, in order) when `mcp.plugins` is not given. */
+  defaultPipeline(policies: Readonly<Record<string, unknown>>): readonly string[]
 }
 
 /** Version of the plugin API, checked against `PluginModule.engine`. */
@@ -88,3 +136,6 @@ export const PLUGIN_API_VERSION = '1.0.0'
 export function definePlugin<O> (mod: PluginModule<O>): PluginModule<O> {
   return mod
 }
+
+/** No built-ins: what a caller that hands in no registry gets. */
+export const EMPTY_REGISTRY: PluginRegistry = Object.freeze({ modules: Object.freeze({}), defaultPipeline: () => [] })

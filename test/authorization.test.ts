@@ -37,7 +37,9 @@ function makeEnv (scopes: string[] | null = ['openid', 'profile']) {
       },
     },
   })
-  const env: PluginEnv = { log, config, baseUrl: BASE, configPath: 'mcp.policies.authorization', metrics }
+  // What the loader hands authorization when mcpAuthentication is listed before it.
+  const protectedResource = { resource: BASE + '/mcp', scopesSupported: scopes === null ? undefined : scopes }
+  const env: PluginEnv = { log, config, baseUrl: BASE, configPath: 'mcp.policies.authorization', metrics, provided: { protectedResource } }
   return { env, lines, metrics }
 }
 

@@ -4,6 +4,8 @@ import { join } from 'node:path'
 import { tmpdir } from 'node:os'
 import { parseConfigText, validateConfig, loadConfig, expandString } from '../core/config.ts'
 import { ProxyError } from '../core/errors.ts'
+import { builtins } from '../plugins/index.ts'
+import type { McpAuthenticationOptions } from '../plugins/mcp-authentication/index.ts'
 
 const minimal = {
   mcp: { port: 3000, targets: [{ name: 'everything', stdio: { cmd: 'node', args: ['x.js'] } }] },
@@ -24,7 +26,7 @@ const goodAuth = {
 
 async function problems (data: unknown): Promise<string[]> {
   try {
-    await validateConfig(data)
+    await validateConfig(data, builtins)
   } catch (err) {
     if (ProxyError.is(err)) return (err.data?.problems as string[]) ?? [err.message]
     throw err
@@ -45,9 +47,10 @@ t.test('a minimal config validates and gets defaults from the schema', async t =
 })
 
 t.test('the SPEC example config validates', async t => {
-  const cfg = await validateConfig(withAuth(goodAuth))
-  t.equal(cfg.mcp.policies.mcpAuthentication!.clockToleranceSeconds, 30)
-  t.same(cfg.mcp.policies.mcpAuthentication!.resourceMetadata.bearerMethodsSupported, ['header'])
+  const cfg = await validateConfig(withAuth(goodAuth), builtins)
+  const auth = cfg.mcp.policies.mcpAuthentication as McpAuthenticationOptions
+  t.equal(auth.clockToleranceSeconds, 30)
+  t.same(auth.resourceMetadata.bearerMethodsSupported, ['header'])
 })
 
 const bad: Array<[string, unknown, RegExp]> = [

@@ -99,9 +99,10 @@ t.test('without a cors block, Origin is still validated: only the gateway\'s own
   const { RouteTable } = await import('../core/routes.ts')
   const { Metrics } = await import('../core/metrics.ts')
   const { memoryLogger } = await import('./helpers/logger.ts')
-  const config = await validateConfig({ mcp: { port: 0, baseUrl: 'https://gw.example.test', targets: [{ name: 'a', stdio: { cmd: 'node' } }] } })
+  const { builtins } = await import('../plugins/index.ts')
+  const config = await validateConfig({ mcp: { port: 0, baseUrl: 'https://gw.example.test', targets: [{ name: 'a', stdio: { cmd: 'node' } }] } }, builtins)
   const { log } = memoryLogger()
-  const plugins = await loadPlugins({ config, baseDir: '.', env: { log, config: config as never, baseUrl: 'https://gw.example.test', metrics: new Metrics() } })
+  const plugins = await loadPlugins({ config, baseDir: '.', registry: builtins, env: { log, config: config as never, baseUrl: 'https://gw.example.test', metrics: new Metrics() } })
   t.same(plugins.map(p => p.name), ['cors'])
   const server = new GatewayServer({
     pipeline: new Pipeline(plugins), routes: new RouteTable(plugins), log, metrics: new Metrics(),

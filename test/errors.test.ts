@@ -1,14 +1,35 @@
 import t from 'tap'
 import { readFile } from 'node:fs/promises'
-import { ERROR_CODES, ProxyError } from '../core/errors.ts'
+import { ERROR_CODES, ProxyError, createError } from '../core/errors.ts'
+import { builtins } from '../plugins/index.ts'
+
+/** Core's codes and the ones the built-in plugins declare (`PluginModule.errors`). */
+const declared = Object.values(builtins.modules).flatMap(m => m.errors ?? [])
+const allCodes = [...Object.keys(ERROR_CODES), ...declared.map(e => e.code)]
 
 t.test('every error code is documented in the README error table', async t => {
   const readme = await readFile(new URL('../README.md', import.meta.url), 'utf8')
-  const codes = Object.keys(ERROR_CODES)
-  t.ok(codes.length >= 20)
-  for (const code of codes) t.match(readme, new RegExp('\\| `' + code + '` \\|'), `${code} is in the README table`)
+  t.ok(allCodes.length >= 24)
+  t.equal(new Set(allCodes).size, allCodes.length, 'no code is declared twice')
+  for (const code of allCodes) t.match(readme, new RegExp('\\| `' + code + '` \\|'), `${code} is in the README table`)
+  for (const e of declared) {
+    const row = new RegExp('\\| `' + e.code + '` \\| ([^|]+) \\|').exec(readme)
+    t.match(row?.[1], String(e.statusCode), `${e.code}: the README gives its declared status ${e.statusCode}`)
+  }
   const documented = [...readme.matchAll(/\| `(MCPP_ERR_[A-Z_]+)` \|/g)].map(m => m[1])
-  t.same(documented.filter(c => !(c! in ERROR_CODES)), [], 'the README documents no code that does not exist')
+  t.same(documented.filter(c => !allCodes.includes(c!)), [], 'the README documents no code that does not exist')
+})
+
+t.test('createError binds a code to its status in one place', async t => {
+  const Teapot = createError('MCPP_ERR_TEAPOT', 418, 'I am a teapot', { oauthError: 'teapot', headers: { 'x-a': '1' } })
+  t.equal(Teapot.code, 'MCPP_ERR_TEAPOT')
+  t.equal(Teapot.statusCode, 418)
+  const e = Teapot(undefined, { headers: { 'x-b': '2' } })
+  t.ok(ProxyError.is(e))
+  t.match(e, { code: 'MCPP_ERR_TEAPOT', statusCode: 418, message: 'I am a teapot', oauthError: 'teapot', expose: true })
+  t.same(e.headers, { 'x-a': '1', 'x-b': '2' }, 'headers of the call are added to the declared ones')
+  t.equal(Teapot('short and stout').message, 'short and stout')
+  t.throws(() => createError('lower_case', 400, 'x'), TypeError)
 })
 
 t.test('ProxyError is recognised across package copies by its brand', async t => {

@@ -7,7 +7,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from 'node:ht
 import type { AddressInfo } from 'node:net'
 import { randomUUID } from 'node:crypto'
 import { generateKeyPair, exportJWK } from 'jose'
-import { deriveKeySetSource, cloudKeySetUrl, baseUrlOf } from '../plugins/mcp-authentication/issuer.ts'
+import { deriveKeySetSource, cloudKeySetUrl, baseUrlOf } from '../plugins/mcp-authentication/identity.ts'
 import { RemoteKeySet, NoMatchingKeyError, KeysUnavailableError } from '../plugins/mcp-authentication/key-set.ts'
 
 t.test('derivation per variant', async t => {
@@ -21,7 +21,10 @@ t.test('derivation per variant', async t => {
   t.equal(cloudKeySetUrl(`https://sts.chinacloudapi.cn/${tenant}/`), `https://login.chinacloudapi.cn/${tenant}/discovery/v2.0/keys`, 'v1 China cloud')
   t.equal(cloudKeySetUrl(`https://login.microsoftonline.us/${tenant}/v2.0`), `https://login.microsoftonline.us/${tenant}/discovery/v2.0/keys`, 'v2 US government cloud')
   t.equal(cloudKeySetUrl(`http://127.0.0.1:8080/${tenant}/v2.0`), `http://127.0.0.1:8080/${tenant}/discovery/v2.0/keys`, 'v2 on an emulator origin')
-  t.throws(() => cloudKeySetUrl(`https://sts.example.com/${tenant}/`), /unknown v1 issuer host/)
+  // One issuer parser with the provider bridge (issue 13 item 15): a v1 issuer on another host is served by its own origin.
+  t.equal(cloudKeySetUrl(`https://sts.microsoftonline.de/${tenant}/`), `https://login.microsoftonline.de/${tenant}/discovery/v2.0/keys`, 'v1 German cloud')
+  t.equal(cloudKeySetUrl(`https://sts.example.com/${tenant}/`), `https://sts.example.com/${tenant}/discovery/v2.0/keys`, 'v1 on another host: its own origin')
+  t.throws(() => cloudKeySetUrl('https://login.microsoftonline.com/'), { code: 'MCPP_ERR_CONFIG', message: /cloud_idp needs/ })
   t.same(deriveKeySetSource({ issuer: `https://login.microsoftonline.com/${tenant}/v2.0`, provider: { cloud_idp: {} } }),
     { kind: 'url', url: `https://login.microsoftonline.com/${tenant}/discovery/v2.0/keys` })
   t.same(deriveKeySetSource({ issuer: 'https://idp.example.com/realm/', jwks: 'https://keys.example.com/k' }), { kind: 'url', url: 'https://keys.example.com/k' }, 'jwks wins')

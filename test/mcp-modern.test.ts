@@ -20,6 +20,7 @@ import { fullGateway } from './helpers/full-gateway.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import { freePort } from './helpers/cli.ts'
 import { outcome } from './helpers/outcome.ts'
+import { builtins } from '../plugins/index.ts'
 
 const MODERN = '2026-07-28'
 const V = 'io.modelcontextprotocol/protocolVersion'
@@ -49,10 +50,10 @@ async function setup (t: Test): Promise<Env> {
       },
     },
     admin: { enabled: false },
-  }))
+  }, builtins))
   const loaded: LoadedConfig = { config, baseDir: process.cwd(), secretPaths: new Set() }
   const mem = memoryLogger('info')
-  const gw = await startGateway(loaded, { log: mem.log })
+  const gw = await startGateway(loaded, { log: mem.log, registry: builtins })
   t.teardown(() => gw.close())
   return {
     gw, idp, url: new URL(`${base}/mcp`), logText: mem.text,

@@ -23,6 +23,7 @@ import { startDevIdp } from '../bin/dev-idp.ts'
 import { startEntraEmulator, type EntraEmulator } from './helpers/entra-emulator.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import { freePort } from './helpers/cli.ts'
+import { builtins } from '../plugins/index.ts'
 
 const EVERYTHING = fileURLToPath(new URL('../node_modules/@modelcontextprotocol/server-everything/dist/index.js', import.meta.url))
 const SECRET = 'entra-app-secret-value'
@@ -42,10 +43,10 @@ async function gateway (t: Test, auth: (base: string) => Record<string, unknown>
       },
     },
     admin: { enabled: false },
-  }))
+  }, builtins))
   const loaded: LoadedConfig = { config, baseDir: process.cwd(), secretPaths: new Set() }
   const mem = memoryLogger('info')
-  const gw = await startGateway(loaded, { log: mem.log })
+  const gw = await startGateway(loaded, { log: mem.log, registry: builtins })
   t.teardown(() => gw.close())
   return { gw, url: new URL(`${base}/mcp`), logText: mem.text }
 }

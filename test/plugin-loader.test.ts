@@ -8,17 +8,20 @@ import { GatewayServer } from '../core/server.ts'
 import { Pipeline } from '../core/pipeline.ts'
 import { RouteTable } from '../core/routes.ts'
 import { memoryLogger } from './helpers/logger.ts'
+import type { Plugin, PluginModule, PluginRegistry } from '../core/plugin.ts'
+import { createError } from '../core/errors.ts'
+import { builtins } from '../plugins/index.ts'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const baseDir = join(here, 'fixtures')
 
 async function configWith (plugins: unknown[], policies: Record<string, unknown> = {}): Promise<GatewayConfig> {
-  return validateConfig({ mcp: { port: 0, policies, plugins, targets: [{ name: 'a', stdio: { cmd: 'node' } }] } })
+  return validateConfig({ mcp: { port: 0, policies, plugins, targets: [{ name: 'a', stdio: { cmd: 'node' } }] } }, builtins)
 }
 
 function load (config: GatewayConfig) {
   const { log } = memoryLogger()
-  return loadPlugins({ config, baseDir, env: { log, config: config as never, baseUrl: 'http://localhost:0', metrics: new Metrics() } })
+  return loadPlugins({ config, baseDir, registry: builtins, env: { log, config: config as never, baseUrl: 'http://localhost:0', metrics: new Metrics() } })
 }
 
 t.test('engine ranges', async t => {
@@ -43,10 +46,10 @@ t.test('default pipeline: built-ins whose policy is configured, in the fixed ord
         mcpAuthentication: { mode: 'strict', issuer: 'https://idp.example/', audiences: ['c'], clientId: 'c', provider: { oss_idp: {} }, resourceMetadata: { resource: 'https://gw.example/mcp' } },
       },
     },
-  })
-  t.same(defaultEntries(config).map(e => e.builtin), ['cors', 'mcpAuthentication', 'authorization', 'providerBridge', 'registration'])
+  }, builtins)
+  t.same(defaultEntries(config, builtins).map(e => e.builtin), ['cors', 'mcpAuthentication', 'authorization', 'providerBridge', 'registration'])
   const bare = await configWith([])
-  t.same(defaultEntries({ ...bare, mcp: { ...bare.mcp, plugins: undefined } }), [{ builtin: 'cors' }],
+  t.same(defaultEntries({ ...bare, mcp: { ...bare.mcp, plugins: undefined } }, builtins), [{ builtin: 'cors' }],
     'cors always runs: it validates Origin (DNS-rebinding protection) even without a cors block')
 })
 
@@ -108,4 +111,64 @@ t.test('the example rate limiter loads from the config as a third party would, a
   }
   t.same(statuses, [200, 200, 429])
   t.match(retryAfter, /^\d+$/)
+})
+
+t.test('a built-in\'s inline options are validated against its own schema, like a module\'s', async t => {
+  await t.rejects(load(await configWith([{ builtin: 'cors', options: { tyypo: 1, allowOrigins: 'x' } }])), {
+    code: 'MCPP_ERR_CONFIG', message: /mcp\.plugins\[0\]\.options\.tyypo: unknown key[\s\S]*mcp\.plugins\[0\]\.options\.allowOrigins: must be array/,
+  })
+  await t.rejects(configWith([{ builtin: 'corz' }]), { code: 'MCPP_ERR_CONFIG', message: /mcp\.plugins\[0\]\.builtin: must be one of "cors", / })
+  await t.rejects(configWith([], { corz: {} }), { code: 'MCPP_ERR_CONFIG', message: /mcp\.policies\.corz: unknown key/ }, 'a policy no built-in claims is an unknown key')
+})
+
+/** A registry of stand-in modules, to drive the loader's dependency and error-code checks. */
+function registryOf (...modules: PluginModule<any>[]): PluginRegistry {
+  return { modules: Object.fromEntries(modules.map(m => [m.name, m])), defaultPipeline: () => modules.map(m => m.name) }
+}
+const created: string[] = []
+const stub = (name: string, extra: Partial<PluginModule<any>> = {}): PluginModule<any> => ({
+  name, engine: '^1', create (_o, env) { created.push(`${name}:${Object.keys(env.provided).join(',')}`); return { name } }, ...extra,
+})
+
+async function loadWith (registry: PluginRegistry, plugins: unknown[] | undefined): Promise<Plugin[]> {
+  const config = await validateConfig({ mcp: { port: 0, plugins, targets: [{ name: 'a', stdio: { cmd: 'node' } }] } }, registry)
+  return loadPlugins({ config, baseDir, registry, env: { log: memoryLogger().log, config: config as never, baseUrl: 'http://localhost:0', metrics: new Metrics() } })
+}
+
+t.test('provides and needs: a dependency is met by a plugin listed before, and the value reaches create()', async t => {
+  const provider = stub('provider', { provides: ['thing'], check: () => ({ thing: { n: 1 } }) })
+  const consumer = stub('consumer', {
+    needs: ['thing'],
+    create (_o, env) { created.push(`consumer:${JSON.stringify(env.provided.thing)}`); return { name: 'consumer' } },
+  })
+  const registry = registryOf(provider, consumer)
+  created.length = 0
+  t.same((await loadWith(registry, undefined)).map(p => p.name), ['provider', 'consumer'])
+  t.same(created, ['provider:', 'consumer:{"n":1}'])
+  await t.rejects(loadWith(registry, [{ builtin: 'consumer' }]), {
+    code: 'MCPP_ERR_CONFIG', message: /^mcp\.plugins\[0\]: plugin consumer needs "thing", provided by provider, which is not in the pipeline$/,
+  }, 'a missing dependency names both plugins')
+  await t.rejects(loadWith(registry, [{ builtin: 'consumer' }, { builtin: 'provider' }]), {
+    code: 'MCPP_ERR_CONFIG', message: /^mcp\.plugins\[0\]: plugin consumer needs "thing" from plugin provider, which must be listed before it$/,
+  })
+  await t.rejects(loadWith(registryOf(stub('liar', { provides: ['thing'] })), undefined), { code: 'MCPP_ERR_PLUGIN_LOAD', message: /liar declares that it provides "thing"/ })
+})
+
+t.test('the built-ins: bridge and registration need mcpAuthentication listed before them', async t => {
+  const auth = { mode: 'strict', issuer: 'https://idp.example/', audiences: ['c'], clientId: 'c', provider: { oss_idp: {} }, resourceMetadata: { resource: 'https://gw.example/mcp' } }
+  const config = await configWith([{ builtin: 'registration' }], { mcpAuthentication: auth })
+  await t.rejects(loadPlugins({ config, baseDir, registry: builtins, dryRun: true, env: { log: memoryLogger().log, config: config as never, baseUrl: '', metrics: new Metrics() } }), {
+    code: 'MCPP_ERR_CONFIG', message: /^mcp\.plugins\[0\]: plugin registration needs "idp", provided by mcpAuthentication, which is not in the pipeline$/,
+  })
+})
+
+t.test('error codes: each declared once, upper-case', async t => {
+  const A = createError('MCPP_ERR_A_THING', 409, 'a thing')
+  await t.rejects(loadWith(registryOf(stub('one', { errors: [A] }), stub('two', { errors: [A] })), undefined), {
+    code: 'MCPP_ERR_PLUGIN_LOAD', message: /plugin two declares error code MCPP_ERR_A_THING, already declared by one/,
+  })
+  const shadow = createError('MCPP_ERR_CONFIG', 400, 'not mine')
+  await t.rejects(loadWith(registryOf(stub('three', { errors: [shadow] })), undefined), { code: 'MCPP_ERR_PLUGIN_LOAD', message: /already declared by core/ })
+  const ok = await loadWith(registryOf(stub('four', { errors: [A] })), undefined)
+  t.same(ok.map(p => p.name), ['four'])
 })

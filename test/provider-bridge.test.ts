@@ -10,7 +10,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from 'node:ht
 import type { AddressInfo } from 'node:net'
 import { createHash, randomBytes } from 'node:crypto'
 import { ProxyError } from '../core/errors.ts'
-import { parseCloudIssuer, discoveryUrlFor, ossJwksUri } from '../plugins/provider-bridge/idp.ts'
+import { parseCloudIssuer, discoveryUrlFor, ossJwksUri } from '../plugins/mcp-authentication/identity.ts'
 import { DiscoveryCache, DISCOVERY_MAX_BYTES } from '../plugins/provider-bridge/discovery.ts'
 import { buildAuthorizationServerMetadata, MCP_METADATA_PATHS } from '../plugins/provider-bridge/metadata.ts'
 import { shouldInjectSecret } from '../plugins/provider-bridge/cloud-proxy.ts'

@@ -13,6 +13,7 @@ import registrationModule, { buildRegistrationResponse, redirectUriProblem } fro
 import { RateLimiter, addressKey } from '../plugins/registration/rate-limit.ts'
 import { startBridgeServer, makeEnv, type BridgeServer } from './helpers/bridge-server.ts'
 import { memoryLogger } from './helpers/logger.ts'
+import { builtins } from '../plugins/index.ts'
 
 const PATH = '/.well-known/oauth-authorization-server/client-registration'
 const CLIENT_ID = 'pre-registered-client'
@@ -143,11 +144,11 @@ t.test('configuration', async t => {
   t.same((await registrationModule.create({}, none)).routes, [], 'no provider: no routes')
   await t.rejects(validateConfig({
     mcp: { port: 1, targets: [{ name: 'a', stdio: { cmd: 'node' } }], policies: { mcpAuthentication: { mode: 'strict', issuer: 'https://idp.example/app/', provider: { oss_idp: {} }, resourceMetadata: { resource: 'https://gw.example/mcp' } } } },
-  }), /clientId/, 'oss_idp without clientId is rejected at start-up, naming the field')
+  }, builtins), /clientId/, 'oss_idp without clientId is rejected at start-up, naming the field')
   // Guard in create() for configs that bypass the validator.
   const { env } = await makeEnv({ issuer: 'https://idp.example/app/', audiences: ['x'], clientId: 'x', provider: { oss_idp: {} } }, log)
-  const auth = (env.config as { mcp: { policies: { mcpAuthentication: Record<string, unknown> } } }).mcp.policies.mcpAuthentication
-  const bypass = { ...env, config: { mcp: { policies: { mcpAuthentication: { ...auth, clientId: undefined } } } } }
+  const idp = env.provided.idp as Record<string, unknown>
+  const bypass = { ...env, provided: { ...env.provided, idp: { ...idp, clientId: undefined } } }
   let err: unknown
   try { await registrationModule.create({}, bypass) } catch (e) { err = e }
   t.ok(ProxyError.is(err))

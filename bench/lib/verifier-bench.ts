@@ -37,6 +37,7 @@ async function makePlugin (issuer: string, clientId: string, cache: boolean): Pr
     baseUrl: 'http://127.0.0.1:1',
     configPath: 'mcp.policies.mcpAuthentication',
     metrics: new Metrics(),
+    provided: {},
   })
 }
 

@@ -9,8 +9,8 @@
 import { definePlugin } from '../../core/plugin.ts'
 import type { McpOperation, Plugin, PluginEnv } from '../../core/plugin.ts'
 import type { RequestContext } from '../../core/context.ts'
-import type { AuthorizationConfig, GatewayConfig } from '../../core/config.ts'
 import { ProxyError } from '../../core/errors.ts'
+import type { ProtectedResource } from '../mcp-authentication/identity.ts'
 import { compileRules } from './rules.ts'
 import type { CompiledRule, RuleFailure, RuleVariables } from './rules.ts'
 import optionsSchema from './schema.json' with { type: 'json' }
@@ -50,21 +50,25 @@ function quoteParam (value: string): string {
   return value.replace(/\\/g, '\\\\').replace(/"/g, '\\"')
 }
 
+/** Options as validated by schema.json. */
+export interface AuthorizationOptions { rules?: string[] }
+
 export interface RuleDescription { readonly index: number; readonly text: string; readonly kind: 'endpoint' | 'operation' }
 
-export default definePlugin<AuthorizationConfig>({
+export default definePlugin<AuthorizationOptions>({
   name: NAME,
   engine: '^1',
-  optionsSchema,
-  check (options: AuthorizationConfig, configPath: string): void {
+  optionsSchema: optionsSchema as Record<string, unknown>,
+  policy: 'authorization',
+  check (options: AuthorizationOptions, configPath: string): void {
     compileRules(options.rules ?? [], `${configPath}.rules`)
   },
-  create (options: AuthorizationConfig, env: PluginEnv): Plugin {
+  create (options: AuthorizationOptions, env: PluginEnv): Plugin {
     const set = compileRules(options.rules ?? [], `${env.configPath}.rules`)
     const denials = env.metrics.counter('mcp_proxy_authorization_denials_total', 'Authorization denials by rule')
 
-    const config = env.config as unknown as Partial<GatewayConfig>
-    const scopes = config.mcp?.policies?.mcpAuthentication?.resourceMetadata?.scopesSupported ?? []
+    // Optional: without an authentication plugin listed before, the challenge names no scope.
+    const scopes = (env.provided.protectedResource as ProtectedResource | undefined)?.scopesSupported ?? []
     const metadataUrl = `${env.baseUrl.replace(/\/+$/, '')}/.well-known/oauth-protected-resource/mcp`
     // MCP authorization "Scope challenge" (RFC 6750 §3.1): tell the client which scopes to ask for.
     const stepUpChallenge = 'Bearer error="insufficient_scope"' +

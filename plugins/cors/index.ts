@@ -5,17 +5,17 @@
  * request to /mcp whose Origin is present and not allowed gets 403 (MCP
  * transport security: DNS-rebinding protection).
  */
-import { readFileSync } from 'node:fs'
 import type { OutgoingHttpHeaders } from 'node:http'
-import { packagePath } from '../../core/config.ts'
 import { definePlugin, type Plugin } from '../../core/plugin.ts'
-import type { CorsConfig } from '../../core/config.ts'
 import type { Reply, RequestContext, ResponseContext } from '../../core/context.ts'
 import { ProxyError } from '../../core/errors.ts'
+import optionsSchema from './schema.json' with { type: 'json' }
 
-const optionsSchema = JSON.parse(readFileSync(packagePath('plugins/cors/schema.json'), 'utf8')) as Record<string, unknown>
-
-export type CorsOptions = Partial<CorsConfig>
+/** Options as validated by schema.json (defaults applied); any may be missing when built by hand. */
+export interface CorsOptions {
+  allowOrigins?: string[]; allowHeaders?: string[]; exposeHeaders?: string[]; allowMethods?: string[]
+  allowCredentials?: boolean; maxAgeSeconds?: number
+}
 
 /** Request headers MCP clients send; always allowed. */
 export const ALWAYS_ALLOWED_HEADERS = ['Authorization', 'Content-Type', 'Accept', 'Mcp-Session-Id', 'MCP-Protocol-Version', 'Last-Event-ID', 'Mcp-Method', 'Mcp-Name']
@@ -51,7 +51,8 @@ interface Decision { readonly origin: string; readonly allowed: boolean }
 export default definePlugin<CorsOptions>({
   name: 'cors',
   engine: '^1',
-  optionsSchema,
+  optionsSchema: optionsSchema as Record<string, unknown>,
+  policy: 'cors',
   create (options, env) {
     const origins = options.allowOrigins ?? []
     const allowAll = origins.includes('*')

@@ -8,20 +8,23 @@
  * token in the query string or two Authorization headers get 400, and the
  * Authorization header is removed once read so nothing forwards it.
  */
-import { readFileSync } from 'node:fs'
-import { packagePath } from '../../core/config.ts'
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http'
 import { definePlugin, type Plugin, type RouteDef } from '../../core/plugin.ts'
 import type { AuthInfo, Reply, RequestContext } from '../../core/context.ts'
-import type { McpAuthenticationConfig } from '../../core/config.ts'
-import { ProxyError } from '../../core/errors.ts'
-import { baseUrlOf, deriveKeySetSource } from './issuer.ts'
+import { ProxyError, createError } from '../../core/errors.ts'
+import { baseUrlOf, identityOf, type IdpIdentity, type ProtectedResource } from './identity.ts'
 import { acquireKeySet } from './key-set.ts'
 import { AuthFailure, createVerifier } from './verifier.ts'
 import { TokenCache } from './token-cache.ts'
 import { KeysUnavailableError } from './key-set.ts'
+import optionsSchema from './schema.json' with { type: 'json' }
 
-const optionsSchema = JSON.parse(readFileSync(packagePath('plugins/mcp-authentication/schema.json'), 'utf8')) as Record<string, unknown>
+export type { IdpIdentity, ProtectedResource } from './identity.ts'
+
+/** 503, not 401: a client would go back to its login, get a new token and fail again, in a loop. */
+export const KeysUnavailable = createError('MCPP_ERR_KEYS_UNAVAILABLE', 503, 'The IdP\'s signing keys could never be fetched (`Retry-After`)', {
+  oauthError: 'temporarily_unavailable', expose: true,
+})
 
 /** The MCP protocol version the protected resource metadata advertises (SPEC "Versioning"). */
 export const PRM_PROTOCOL_VERSION = '2025-06-18'
@@ -29,7 +32,14 @@ export const PRM_PATH = '/.well-known/oauth-protected-resource/mcp'
 export const PRM_ROOT_PATH = '/.well-known/oauth-protected-resource'
 
 /** Options as validated by schema.json (defaults applied); nested blocks may be missing when built by hand. */
-export type McpAuthenticationOptions = Omit<McpAuthenticationConfig, 'tokenCache' | 'keySet' | 'clockToleranceSeconds' | 'discovery' | 'resourceMetadata'> & {
+export interface McpAuthenticationOptions {
+  mode: 'strict' | 'optional' | 'permissive'
+  issuer: string
+  audiences?: string[]
+  provider?: { oss_idp?: Record<string, never>; cloud_idp?: Record<string, never> }
+  clientId?: string
+  clientSecret?: string
+  jwks?: string
   resourceMetadata: { resource: string; scopesSupported?: string[]; bearerMethodsSupported?: string[] }
   clockToleranceSeconds?: number
   tokenCache?: { enabled?: boolean; maxEntries?: number; ttlSeconds?: number }
@@ -40,6 +50,20 @@ export type McpAuthenticationOptions = Omit<McpAuthenticationConfig, 'tokenCache
   maxTokenBytes?: number
   maxClaimDepth?: number
   discovery?: { ttlSeconds?: number; timeoutMs?: number }
+}
+
+/** What this plugin provides to the plugins listed after it (`PluginEnv.provided`). */
+export interface McpAuthenticationProvides {
+  readonly idp: IdpIdentity
+  readonly protectedResource: ProtectedResource
+}
+
+/** Cross-field checks and the provided identity: the same at start-up and in `--check`. */
+export function provides (options: McpAuthenticationOptions, configPath = 'mcp.policies.mcpAuthentication'): McpAuthenticationProvides {
+  return {
+    idp: identityOf(options, configPath),
+    protectedResource: { resource: options.resourceMetadata.resource, scopesSupported: options.resourceMetadata.scopesSupported },
+  }
 }
 
 function isAuthorizationName (name: string): boolean {
@@ -116,9 +140,19 @@ function quote (s: string): string {
 export default definePlugin<McpAuthenticationOptions>({
   name: 'mcpAuthentication',
   engine: '^1',
-  optionsSchema,
+  optionsSchema: optionsSchema as Record<string, unknown>,
+  policy: 'mcpAuthentication',
+  provides: ['idp', 'protectedResource'],
+  errors: [KeysUnavailable],
+  baseUrlOf (options) {
+    return options.resourceMetadata.resource.replace(/\/mcp$/, '')
+  },
+  check (options, configPath) {
+    return provides(options, configPath) as unknown as Readonly<Record<string, unknown>>
+  },
   async create (options, env) {
     const mode = options.mode
+    const { idp } = provides(options, env.configPath)
     const baseUrl = env.baseUrl !== '' && env.baseUrl !== undefined ? env.baseUrl : baseUrlOf(options.resourceMetadata.resource)
     const prmUrl = `${baseUrl}${PRM_PATH}`
     const scopes = options.resourceMetadata.scopesSupported
@@ -136,7 +170,7 @@ export default definePlugin<McpAuthenticationOptions>({
     let lastLoggedError: string | undefined
 
     const { set: keySet, release } = await acquireKeySet({
-      source: deriveKeySetSource(options),
+      source: idp.keySet,
       refreshMs: (ks.refreshSeconds ?? 300) * 1000,
       cooldownMs,
       maxBackoffMs: (ks.maxBackoffSeconds ?? 60) * 1000,
@@ -225,9 +259,8 @@ export default definePlugin<McpAuthenticationOptions>({
         if (err instanceof KeysUnavailableError) {
           failures.inc({ reason: 'keys_unavailable' })
           ctx.denial = 'keys unavailable'
-          // Not 401: a client would go back to its login, get a new token and fail again, in a loop.
-          throw new ProxyError('MCPP_ERR_KEYS_UNAVAILABLE', 503, 'signing keys of the identity provider are unavailable; retry later', {
-            oauthError: 'temporarily_unavailable', expose: true, headers: { 'retry-after': String(ks.retryAfterSeconds ?? err.retryAfterSeconds) }, cause: err,
+          throw KeysUnavailable('signing keys of the identity provider are unavailable; retry later', {
+            headers: { 'retry-after': String(ks.retryAfterSeconds ?? err.retryAfterSeconds) }, cause: err,
           })
         }
         if (err instanceof AuthFailure) throw unauthorized(ctx, err)
@@ -271,7 +304,7 @@ export default definePlugin<McpAuthenticationOptions>({
           mode,
           issuer: options.issuer,
           audiences: options.audiences ?? [],
-          provider: options.provider?.oss_idp !== undefined ? 'oss_idp' : options.provider?.cloud_idp !== undefined ? 'cloud_idp' : undefined,
+          provider: idp.family,
           clientId: options.clientId,
           resourceMetadataUrl: prmUrl,
           keySet: keySet.state(),

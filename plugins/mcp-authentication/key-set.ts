@@ -14,7 +14,7 @@
  * a background timer, keep-last-good and these limits.
  */
 import { importJWK, type CryptoKey, type JWK, type JWSHeaderParameters } from 'jose'
-import type { KeySetSource } from './issuer.ts'
+import type { KeySetSource } from './identity.ts'
 import { readCapped } from '../../core/read-capped.ts'
 
 export interface KeySetOptions {

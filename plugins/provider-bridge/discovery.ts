@@ -10,7 +10,7 @@
  * Responses are size-capped, redirects are refused, fetches time out.
  */
 import type { Logger } from 'pino'
-import { ProxyError } from '../../core/errors.ts'
+import { IdpUnavailable } from './errors.ts'
 import { readCapped, BodyTooLargeError } from '../../core/read-capped.ts'
 
 /** Discovery documents are a few KiB; anything near this is not one. */
@@ -149,13 +149,10 @@ export class DiscoveryCache {
     if (this.#inFlight !== undefined || this.#now() - this.#lastAttempt >= this.#retryMs) await this.refresh()
     if (this.#doc !== undefined) return this.#doc
     const retryAfter = Math.max(1, Math.ceil(this.#retryMs / 1000))
-    throw new ProxyError('MCPP_ERR_IDP_UNAVAILABLE', 503,
-      'the identity provider\'s discovery document could not be fetched yet; try again later', {
-        oauthError: 'temporarily_unavailable',
-        expose: true,
-        headers: { 'retry-after': String(retryAfter), 'access-control-allow-origin': '*' },
-        cause: new Error(`discovery ${this.url}: ${this.#lastError ?? 'not fetched yet'}`),
-      })
+    throw IdpUnavailable('the identity provider\'s discovery document could not be fetched yet; try again later', {
+      headers: { 'retry-after': String(retryAfter), 'access-control-allow-origin': '*' },
+      cause: new Error(`discovery ${this.url}: ${this.#lastError ?? 'not fetched yet'}`),
+    })
   }
 
   /** Fetches now (single-flight). Resolves true when a good document was stored. */

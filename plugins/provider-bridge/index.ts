@@ -10,21 +10,21 @@
  * - cloud_idp: serves the authorize and token endpoints it advertises,
  *   stripping `resource` and adding the operator's secret (cloud-proxy.ts).
  *
- * Options come from `mcp.policies.mcpAuthentication`; without a provider the
- * plugin has no routes.
+ * Needs `idp` and `protectedResource` (provided by mcpAuthentication, listed
+ * before it); has no options of its own. Without a provider family there
+ * are no routes.
  */
 import { definePlugin, type Plugin, type RouteDef, type PluginEnv } from '../../core/plugin.ts'
-import type { GatewayConfig, McpAuthenticationConfig } from '../../core/config.ts'
 import type { RequestContext, Reply } from '../../core/context.ts'
 import { ProxyError } from '../../core/errors.ts'
 import schema from './schema.json' with { type: 'json' }
 import { DiscoveryCache } from './discovery.ts'
-import { providerKind, discoveryUrlFor, ossJwksUri, cloudTenantOf, cloudFallbackEndpoints, type ProviderKind } from './idp.ts'
+import { ossJwksUri, type CloudTenant, type IdpIdentity, type ProtectedResource, type ProviderKind } from '../mcp-authentication/identity.ts'
 import { buildAuthorizationServerMetadata, ROOT_METADATA_PATH, MCP_METADATA_PATHS, AUTHORIZE_PATH, TOKEN_PATH } from './metadata.ts'
 import { createCloudProxy, BASE_SCOPES } from './cloud-proxy.ts'
+import { IdpUnavailable, OAuthRequestInvalid } from './errors.ts'
 
 export { DiscoveryCache } from './discovery.ts'
-export { parseCloudIssuer, cloudTenantOf, discoveryUrlFor, ossJwksUri } from './idp.ts'
 export { buildAuthorizationServerMetadata, AUTHORIZE_PATH, TOKEN_PATH, REGISTRATION_PATH, ROOT_METADATA_PATH, MCP_METADATA_PATHS } from './metadata.ts'
 export { shouldInjectSecret } from './cloud-proxy.ts'
 
@@ -35,13 +35,17 @@ const METADATA_CORS = {
   'access-control-allow-headers': '*',
 } as const
 
-function authConfigOf (env: PluginEnv): McpAuthenticationConfig | undefined {
-  return (env.config as unknown as Partial<GatewayConfig>).mcp?.policies?.mcpAuthentication
+/** The scopes a request that gets the operator's secret may ask for. */
+export function allowedScopesOf (resource: ProtectedResource | undefined): Set<string> {
+  return new Set<string>([...BASE_SCOPES, ...(resource?.scopesSupported ?? [])])
 }
 
-/** The scopes a request that gets the operator's secret may ask for. */
-export function allowedScopesOf (auth: McpAuthenticationConfig): Set<string> {
-  return new Set<string>([...BASE_SCOPES, ...(auth.resourceMetadata.scopesSupported ?? [])])
+/** cloud_idp endpoints used when discovery has never succeeded. */
+export function cloudFallbackEndpoints (t: CloudTenant): { authorize: string; token: string } {
+  return {
+    authorize: `${t.origin}/${t.tenant}/oauth2/v2.0/authorize`,
+    token: `${t.origin}/${t.tenant}/oauth2/v2.0/token`,
+  }
 }
 
 export interface ProviderBridgePlugin extends Plugin {
@@ -50,21 +54,20 @@ export interface ProviderBridgePlugin extends Plugin {
 }
 
 export async function createProviderBridge (env: PluginEnv): Promise<ProviderBridgePlugin> {
-  const auth = authConfigOf(env)
-  const kind = providerKind(auth)
-  if (auth === undefined || kind === undefined) {
+  const idp = env.provided.idp as IdpIdentity | undefined
+  const kind = idp?.family
+  if (idp === undefined || kind === undefined) {
     return { name: 'providerBridge', provider: undefined, discovery: undefined, routes: [] }
   }
-  const where = 'mcp.policies.mcpAuthentication'
-  if (auth.clientId === undefined) {
-    throw new ProxyError('MCPP_ERR_CONFIG', 500, `${where}.clientId: is required for ${kind}`)
+  if (idp.clientId === undefined) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, `${env.configPath}: providerBridge needs the clientId of mcpAuthentication for ${kind}`)
   }
   const baseUrl = env.baseUrl.replace(/\/+$/, '')
-  const tenant = kind === 'cloud_idp' ? cloudTenantOf(auth.issuer, where) : undefined
+  const tenant = idp.cloud
   const discovery = new DiscoveryCache({
-    url: discoveryUrlFor(kind, auth.issuer),
-    ttlMs: auth.discovery.ttlSeconds * 1000,
-    timeoutMs: auth.discovery.timeoutMs,
+    url: idp.discoveryUrl,
+    ttlMs: idp.discovery.ttlSeconds * 1000,
+    timeoutMs: idp.discovery.timeoutMs,
     log: env.log,
   })
   env.log.info({ provider: kind, discovery: discovery.url }, 'provider bridge: fetching the identity provider\'s discovery document')
@@ -72,8 +75,8 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
   // item 23); a request that needs the document waits for this fetch.
   void discovery.start()
 
-  const jwksUri = kind === 'oss_idp' ? (auth.jwks ?? ossJwksUri(auth.issuer)) : undefined
-  const cacheSeconds = Math.min(300, auth.discovery.ttlSeconds)
+  const jwksUri = kind === 'oss_idp' ? (idp.keySet.kind === 'url' ? idp.keySet.url : ossJwksUri(idp.issuer)) : undefined
+  const cacheSeconds = Math.min(300, idp.discovery.ttlSeconds)
 
   async function metadataReply (ctx: RequestContext, issuerOverride: string | undefined): Promise<Reply> {
     if (ctx.method === 'OPTIONS') return { status: 204, headers: { ...METADATA_CORS, 'access-control-max-age': '600' } }
@@ -98,13 +101,13 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
   if (tenant !== undefined) {
     const fallback = cloudFallbackEndpoints(tenant)
     const proxy = createCloudProxy({
-      clientId: auth.clientId,
-      clientSecret: auth.clientSecret,
-      allowedScopes: allowedScopesOf(auth),
+      clientId: idp.clientId,
+      clientSecret: idp.clientSecret,
+      allowedScopes: allowedScopesOf(env.provided.protectedResource as ProtectedResource | undefined),
       discovery,
       fallbackAuthorize: fallback.authorize,
       fallbackToken: fallback.token,
-      timeoutMs: Math.max(auth.discovery.timeoutMs, 10_000),
+      timeoutMs: Math.max(idp.discovery.timeoutMs, 10_000),
       log: env.log,
     })
     routes.push(
@@ -133,7 +136,7 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
         stale: s.stale,
         lastError: s.lastError ?? null,
         tenant: tenant?.tenant,
-        clientSecretConfigured: auth.clientSecret !== undefined,
+        clientSecretConfigured: idp.clientSecret !== undefined,
       }
     },
     async close () { discovery.close() },
@@ -144,6 +147,8 @@ export default definePlugin<Record<string, never>>({
   name: 'providerBridge',
   engine: '^1',
   optionsSchema: schema as Record<string, unknown>,
+  needs: ['idp', 'protectedResource'],
+  errors: [IdpUnavailable, OAuthRequestInvalid],
   create (_options, env) {
     return createProviderBridge(env)
   },

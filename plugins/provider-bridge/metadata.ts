@@ -3,7 +3,7 @@
  * discovery document, with the gaps of each provider bridged.
  */
 import type { DiscoveryDocument } from './discovery.ts'
-import type { ProviderKind } from './idp.ts'
+import type { ProviderKind } from '../mcp-authentication/identity.ts'
 
 export const REGISTRATION_PATH = '/.well-known/oauth-authorization-server/client-registration'
 /** Gateway-proxied cloud_idp endpoints. */

@@ -2,15 +2,16 @@
  * registration: answers RFC 7591 Dynamic Client Registration with the
  * pre-registered `clientId` (SPEC "Client registration"). No client is created
  * at the identity provider; MCP clients stay public clients using PKCE
- * (`token_endpoint_auth_method: none`). The client id and provider come from
- * `mcp.policies.mcpAuthentication`; without a provider there are no routes.
- * The plugin's own options (schema.json) bound what one request may cost:
- * body size, redirect URI count and length, registrations per client address.
+ * (`token_endpoint_auth_method: none`). Needs `idp` (provided by
+ * mcpAuthentication, listed before it); without a provider family there are
+ * no routes. The plugin's own options (schema.json) bound what one request
+ * may cost: body size, redirect URI count and length, registrations per
+ * client address.
  */
 import { definePlugin, type Plugin, type PluginEnv } from '../../core/plugin.ts'
-import type { GatewayConfig, McpAuthenticationConfig } from '../../core/config.ts'
 import type { RequestContext, Reply } from '../../core/context.ts'
-import { ProxyError } from '../../core/errors.ts'
+import { ProxyError, createError } from '../../core/errors.ts'
+import type { IdpIdentity } from '../mcp-authentication/identity.ts'
 import schema from './schema.json' with { type: 'json' }
 import { RateLimiter, addressKey, type RateLimitOptions } from './rate-limit.ts'
 
@@ -63,8 +64,16 @@ const SCHEME_RE = /^[A-Za-z][A-Za-z0-9+.-]*:/
 // Any C0 control, DEL, whitespace.
 const BAD_CHARS_RE = /[\u0000-\u0020\u007f]/
 
+export const InvalidClientMetadata = createError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, 'Client registration request is invalid', {
+  oauthError: 'invalid_client_metadata',
+})
+
+export const RateLimited = createError('MCPP_ERR_RATE_LIMITED', 429, 'Too many requests from one client address', {
+  oauthError: 'temporarily_unavailable',
+})
+
 function invalid (message: string, oauthError = 'invalid_client_metadata'): ProxyError {
-  return new ProxyError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, message, { oauthError })
+  return InvalidClientMetadata(message, { oauthError })
 }
 
 /**
@@ -140,19 +149,14 @@ export function buildRegistrationResponse (
   return out
 }
 
-function authConfigOf (env: PluginEnv): McpAuthenticationConfig | undefined {
-  return (env.config as unknown as Partial<GatewayConfig>).mcp?.policies?.mcpAuthentication
-}
-
 export function createRegistration (env: PluginEnv, options?: RegistrationOptionsInput): Plugin {
-  const auth = authConfigOf(env)
-  const hasProvider = auth?.provider?.oss_idp !== undefined || auth?.provider?.cloud_idp !== undefined
-  if (auth === undefined || !hasProvider) return { name: 'registration', routes: [] }
-  // The config schema already rejects this; never answer a made-up client id.
-  if (auth.clientId === undefined) {
-    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'mcp.policies.mcpAuthentication.clientId: is required for client registration')
+  const idp = env.provided.idp as IdpIdentity | undefined
+  if (idp?.family === undefined) return { name: 'registration', routes: [] }
+  // The options' schema already rejects this; never answer a made-up client id.
+  if (idp.clientId === undefined) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, `${env.configPath}: registration needs the clientId of mcpAuthentication (mcp.policies.mcpAuthentication.clientId: is required for client registration)`)
   }
-  const clientId = auth.clientId
+  const clientId = idp.clientId
   const opts = withDefaults(options)
   const limiter = new RateLimiter(opts.rateLimit)
 
@@ -171,9 +175,7 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
     const limited = limiter.take(address)
     if (limited.retryAfter > 0) {
       if (limited.firstRefusal) ctx.log.warn({ address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
-      throw new ProxyError('MCPP_ERR_RATE_LIMITED', 429, 'too many client registrations from this address; retry later', {
-        oauthError: 'temporarily_unavailable', headers: { 'retry-after': String(limited.retryAfter) },
-      })
+      throw RateLimited('too many client registrations from this address; retry later', { headers: { 'retry-after': String(limited.retryAfter) } })
     }
     const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
     if (type !== 'application/json') throw invalid('the request must be application/json')
@@ -200,6 +202,8 @@ export default definePlugin<RegistrationOptionsInput>({
   name: 'registration',
   engine: '^1',
   optionsSchema: schema as Record<string, unknown>,
+  needs: ['idp'],
+  errors: [InvalidClientMetadata, RateLimited],
   create (options, env) {
     return createRegistration(env, options)
   },

@@ -13,6 +13,7 @@ import type { DevIdp } from '../../bin/dev-idp.ts'
 import { devIdp } from './idp.ts'
 import { memoryLogger } from './logger.ts'
 import { EVERYTHING } from './gateway-harness.ts'
+import { builtins } from '../../plugins/index.ts'
 
 /** Values that must never leave the gateway through the admin listener. */
 export const SECRETS = {
@@ -75,9 +76,9 @@ admin:
 `
   const file = join(dir, 'gateway.yaml')
   await writeFile(file, yaml)
-  const loaded = await loadConfig(file, { UPSTREAM_API_KEY: SECRETS.upstreamKey, ADMIN_TOKEN: SECRETS.adminToken })
+  const loaded = await loadConfig(file, { UPSTREAM_API_KEY: SECRETS.upstreamKey, ADMIN_TOKEN: SECRETS.adminToken }, builtins)
   const { log, text } = memoryLogger('debug')
-  const gw = await startGateway(loaded, { mcpPort: 0, adminPort: 0, log })
+  const gw = await startGateway(loaded, { mcpPort: 0, adminPort: 0, log, registry: builtins })
   t.teardown(() => gw.close())
   const admin = gw.adminUrl!.replace('localhost', '127.0.0.1')
   const mcp = gw.mcpUrl.replace('localhost', '127.0.0.1')

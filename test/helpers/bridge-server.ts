@@ -13,6 +13,8 @@ import type { Plugin, PluginEnv } from '../../core/plugin.ts'
 import bridgeModule from '../../plugins/provider-bridge/index.ts'
 import registrationModule from '../../plugins/registration/index.ts'
 import { memoryLogger } from './logger.ts'
+import { builtins } from '../../plugins/index.ts'
+import { provides, type McpAuthenticationOptions } from '../../plugins/mcp-authentication/index.ts'
 
 /** The public {base_url} used in these tests; requests go to the loopback listener. */
 export const BASE_URL = 'https://gateway.example.test'
@@ -34,8 +36,11 @@ export async function makeEnv (auth: Record<string, unknown> | undefined, log: L
       targets: [{ name: 'stub', stdio: { cmd: 'node' } }],
       policies: auth === undefined ? {} : { mcpAuthentication: { mode: 'strict', resourceMetadata: { resource: `${BASE_URL}/mcp` }, ...auth } },
     },
-  }))
-  return { env: { log, config: config as never, baseUrl: BASE_URL, configPath: 'mcp.policies.mcpAuthentication', metrics: new Metrics() }, config }
+  }, builtins))
+  // What the plugin loader hands the bridge and registration: mcpAuthentication's `idp` and `protectedResource`.
+  const options = config.mcp.policies.mcpAuthentication as McpAuthenticationOptions | undefined
+  const provided = options === undefined ? {} : provides(options) as unknown as Record<string, unknown>
+  return { env: { log, config: config as never, baseUrl: BASE_URL, configPath: 'mcp.policies', metrics: new Metrics(), provided }, config }
 }
 
 export interface BridgeServerOptions {

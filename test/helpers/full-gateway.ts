@@ -8,6 +8,7 @@ import { validateConfig, deepFreeze, type LoadedConfig } from '../../core/config
 import { startGateway, type RunningGateway } from '../../core/gateway.ts'
 import { memoryLogger } from './logger.ts'
 import { ROOT } from './gateway-harness.ts'
+import { builtins } from '../../plugins/index.ts'
 
 export interface FullGateway {
   gw: RunningGateway
@@ -18,10 +19,10 @@ export interface FullGateway {
 
 /** `mcp` is the config's `mcp` section; host defaults to 127.0.0.1 and port to 0 (any free port). */
 export async function fullGateway (t: Test, mcp: Record<string, unknown>, logLevel = 'info'): Promise<FullGateway> {
-  const config = deepFreeze(await validateConfig({ mcp: { host: '127.0.0.1', port: 0, ...mcp }, admin: { enabled: false } }))
+  const config = deepFreeze(await validateConfig({ mcp: { host: '127.0.0.1', port: 0, ...mcp }, admin: { enabled: false } }, builtins))
   const loaded: LoadedConfig = { config, baseDir: ROOT, secretPaths: new Set() }
   const mem = memoryLogger(logLevel)
-  const gw = await startGateway(loaded, { log: mem.log, mcpPort: config.mcp.port })
+  const gw = await startGateway(loaded, { log: mem.log, mcpPort: config.mcp.port, registry: builtins })
   t.teardown(() => gw.close())
   // mcpUrl names `localhost`; the listener is bound to 127.0.0.1 only.
   const url = new URL(gw.mcpUrl)

@@ -85,7 +85,7 @@ export async function authGateway (t: Test, authOptions: McpAuthenticationOption
     },
     async close () {},
   }
-  const env = (configPath: string): PluginEnv => ({ log, config: {}, baseUrl: BASE, configPath, metrics })
+  const env = (configPath: string): PluginEnv => ({ log, config: {}, baseUrl: BASE, configPath, metrics, provided: {} })
   const plugins: Plugin[] = []
   t.teardown(async () => { for (const p of plugins) await p.close?.() })
   if (corsOptions !== undefined) plugins.push(await cors.create(validated(cors.optionsSchema, corsOptions), env('mcp.policies.cors')))

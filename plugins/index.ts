@@ -1,0 +1,30 @@
+/**
+ * The built-in plugins: the registry bin/ hands to core (core imports no
+ * plugin). A built-in is used by name (`mcp.plugins: [{ builtin: cors }]`) or
+ * by the default pipeline below; its options are its `mcp.policies` block.
+ */
+import type { PluginRegistry } from '../core/plugin.ts'
+import cors from './cors/index.ts'
+import mcpAuthentication from './mcp-authentication/index.ts'
+import authorization from './authorization/index.ts'
+import providerBridge from './provider-bridge/index.ts'
+import registration from './registration/index.ts'
+
+export const builtins: PluginRegistry = Object.freeze({
+  modules: Object.freeze({ cors, mcpAuthentication, authorization, providerBridge, registration }),
+  /**
+   * cors always runs (it validates Origin: MCP transport security, DNS
+   * rebinding); the others when their policy is configured; the bridge and
+   * registration when mcpAuthentication names a provider.
+   */
+  defaultPipeline (policies: Readonly<Record<string, unknown>>): readonly string[] {
+    const auth = policies.mcpAuthentication as { provider?: unknown } | undefined
+    const rules = (policies.authorization as { rules?: unknown[] } | undefined)?.rules
+    return [
+      'cors',
+      ...(auth !== undefined ? ['mcpAuthentication'] : []),
+      ...(rules !== undefined && rules.length > 0 ? ['authorization'] : []),
+      ...(auth?.provider !== undefined ? ['providerBridge', 'registration'] : []),
+    ]
+  },
+})

@@ -1,0 +1,14 @@
+/**
+ * The error codes the provider bridge raises, each bound to its status.
+ * The token proxy answers IdpUnavailable's code with 502 or 504 as well
+ * (unreachable, timed out), which the README's error table lists.
+ */
+import { createError } from '../../core/errors.ts'
+
+export const IdpUnavailable = createError('MCPP_ERR_IDP_UNAVAILABLE', 503, 'The IdP\'s discovery document or token endpoint could not be reached', {
+  oauthError: 'temporarily_unavailable', expose: true,
+})
+
+export const OAuthRequestInvalid = createError('MCPP_ERR_OAUTH_REQUEST', 400, 'A proxied authorize/token request is invalid', {
+  oauthError: 'invalid_request',
+})
