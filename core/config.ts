@@ -52,7 +52,7 @@ export interface LoadedConfig {
 }
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', fileURLToPath(import.meta.url).endsWith('.ts') ? '' : '..')
-/** Path to a file shipped with the package (schemas/, plugins/x/schema.json). */
+/** Path to a file shipped with the package (package.json, schemas/). */
 export function packagePath (rel: string): string {
   return resolve(ROOT, rel)
 }
