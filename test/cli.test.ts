@@ -148,6 +148,18 @@ t.test('inline options of a built-in are validated against its schema: exit 1 na
   t.equal(await canConnect(port), false)
 })
 
+t.test('a plugin whose dependency is not in the pipeline fails --check, naming both plugins', async t => {
+  const file = await configFile([
+    'mcp:', '  port: 0', '  plugins:', '    - builtin: registration', '  policies:', '    mcpAuthentication:',
+    '      mode: strict', '      issuer: https://idp.example.test/app/', '      audiences: [c1]', '      clientId: c1', '      provider: { oss_idp: {} }',
+    '      resourceMetadata: { resource: "https://gw.example.test/mcp" }',
+    '  targets:', '    - name: a', '      stdio: { cmd: node }', '',
+  ].join('\n'))
+  const r = await runCli(['-f', file, '--check'], {}, 15000)
+  t.equal(r.code, 1, r.stderr)
+  t.match(r.stderr, /mcp\.plugins\[0\]: plugin registration needs "idp", provided by mcpAuthentication, which is not in the pipeline/)
+})
+
 t.test('a ${NAME} value bound for a response header is checked at load: exit 1 naming the path', async t => {
   const port = await freePort()
   const file = await configFile([
