@@ -10,6 +10,7 @@ import { startDevIdp } from './dev-idp.ts'
 import { loadConfig } from '../core/config.ts'
 import { startGateway } from '../core/gateway.ts'
 import { ProxyError } from '../core/errors.ts'
+import { builtins } from '../plugins/index.ts'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = here.endsWith('/dist/bin') || here.endsWith('\\dist\\bin') ? resolve(here, '../..') : resolve(here, '..')
@@ -21,7 +22,7 @@ async function main (): Promise<void> {
   process.env.DEMO_IDP_ISSUER = idp.issuer
   let gateway
   try {
-    gateway = await startGateway(await loadConfig(configFile))
+    gateway = await startGateway(await loadConfig(configFile, process.env, builtins), { registry: builtins })
   } catch (err) {
     await idp.close()
     process.stderr.write(`mcp-proxy demo: ${ProxyError.is(err) ? err.message : String(err)}\n`)
