@@ -1,10 +1,10 @@
-import t, { type Test } from 'tap'
+import t from 'tap'
 import { writeFile, mkdtemp, readFile } from 'node:fs/promises'
-import { execFileSync, spawn } from 'node:child_process'
+import { execFileSync } from 'node:child_process'
 import { join } from 'node:path'
 import { tmpdir } from 'node:os'
 import { connect, createServer } from 'node:net'
-import { runCli, startCli, freePort, isAlive, eventually, ROOT, CLI } from './helpers/cli.ts'
+import { runCli, startCli, freePort, isAlive, eventually, ROOT } from './helpers/cli.ts'
 
 const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')
 
@@ -122,86 +122,4 @@ t.test('SIGTERM stops accepting, ends every child process and exits 0', async t 
   const alive = await eventually(() => kids.filter(isAlive), a => a.length === 0)
   t.same(alive, [], 'no child process is left')
   t.equal(await canConnect(port), false)
-})
-
-/** Starts the CLI, waits until the port accepts or the process exits; the caller ends it. */
-async function runUntilListening (t: Test, file: string, port: number, env: NodeJS.ProcessEnv = {}): Promise<{ exited: () => number | null | undefined; stderr: () => string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, '-f', file], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] })
-  let stderr = ''
-  let code: number | null | undefined
-  child.stderr.on('data', d => { stderr += d })
-  const exit = new Promise<void>(resolve => child.on('exit', c => { code = c; resolve() }))
-  t.teardown(async () => { if (code === undefined) { child.kill('SIGTERM'); await exit } })
-  await eventually(async () => code !== undefined || await canConnect(port), v => v, 300, 50)
-  return { exited: () => code, stderr: () => stderr }
-}
-
-t.test('inline options of a built-in are validated against its schema: exit 1 naming the path, in --check and at start-up', async t => {
-  const port = await freePort()
-  const file = await configFile(`mcp:\n  port: ${port}\n  host: 127.0.0.1\n  plugins:\n    - builtin: cors\n      options: { tyypo: 1 }\n  targets:\n    - name: a\n      stdio: { cmd: node }\nadmin: { enabled: false }\n`)
-  for (const args of [['-f', file, '--check'], ['-f', file]]) {
-    const r = await runCli(args, {}, 15000)
-    t.equal(r.code, 1, `${args.join(' ')}: ${r.stderr}`)
-    t.match(r.stderr, /mcp\.plugins\[0\]\.options\.tyypo: unknown key/)
-    t.notMatch(r.stderr, /is not a function/)
-  }
-  t.equal(await canConnect(port), false)
-})
-
-t.test('a plugin whose dependency is not in the pipeline fails --check, naming both plugins', async t => {
-  const file = await configFile([
-    'mcp:', '  port: 0', '  plugins:', '    - builtin: registration', '  policies:', '    mcpAuthentication:',
-    '      mode: strict', '      issuer: https://idp.example.test/app/', '      audiences: [c1]', '      clientId: c1', '      provider: { oss_idp: {} }',
-    '      resourceMetadata: { resource: "https://gw.example.test/mcp" }',
-    '  targets:', '    - name: a', '      stdio: { cmd: node }', '',
-  ].join('\n'))
-  const r = await runCli(['-f', file, '--check'], {}, 15000)
-  t.equal(r.code, 1, r.stderr)
-  t.match(r.stderr, /mcp\.plugins\[0\]: plugin registration needs "idp", provided by mcpAuthentication, which is not in the pipeline/)
-})
-
-t.test('a ${NAME} value bound for a response header is checked at load: exit 1 naming the path', async t => {
-  const port = await freePort()
-  const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1',
-    '  policies:',
-    '    cors: { allowOrigins: ["https://app.example"], exposeHeaders: ["${MCPP_TEST_HEADER}"] }',
-    '    mcpAuthentication:',
-    '      mode: strict', '      issuer: https://idp.example.test/app/', '      audiences: [c1]', '      jwks: https://idp.example.test/app/jwks/',
-    '      resourceMetadata: { resource: "http://127.0.0.1:1/mcp", scopesSupported: ["${MCPP_TEST_SCOPE}"] }',
-    '  targets:', '    - name: a', '      stdio: { cmd: node }', 'admin: { enabled: false }', '',
-  ].join('\n'))
-  const env = { MCPP_TEST_SCOPE: 'openid\r\nset-cookie: x=1', MCPP_TEST_HEADER: 'Mcp-Session-Id\nX' }
-  for (const args of [['-f', file, '--check'], ['-f', file]]) {
-    const r = await runCli(args, env, 15000)
-    t.equal(r.code, 1, `${args.join(' ')}: ${r.stderr}`)
-    t.match(r.stderr, /mcp\.policies\.mcpAuthentication\.resourceMetadata\.scopesSupported\[0\]: must not contain control characters/)
-    t.match(r.stderr, /mcp\.policies\.cors\.exposeHeaders\[0\]: must not contain control characters/)
-    t.notMatch(r.stderr, /set-cookie/, 'the value itself is not echoed')
-  }
-  t.equal(await canConnect(port), false)
-})
-
-t.test('one issuer parser: --check and start-up give the same verdict for a v1 cloud issuer', async t => {
-  const port = await freePort()
-  const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1',
-    '  policies:',
-    '    mcpAuthentication:',
-    '      mode: strict', '      issuer: https://sts.microsoftonline.de/t1/', '      audiences: [c1]', '      clientId: c1',
-    '      provider: { cloud_idp: {} }',
-    // Nothing is reachable from the tests: fail fast instead of waiting for the defaults.
-    '      keySet: { timeoutMs: 200 }', '      discovery: { timeoutMs: 200 }',
-    `      resourceMetadata: { resource: "http://127.0.0.1:${port}/mcp" }`,
-    '  targets:', '    - name: a', '      stdio: { cmd: node }', 'admin: { enabled: false }', '',
-  ].join('\n'))
-  const check = await runCli(['-f', file, '--check'])
-  t.equal(check.code, 0, check.stderr)
-  const run = await runUntilListening(t, file, port)
-  // Until start-up completes the listener may answer 404 here (issue 13 item 1): ask again, bounded.
-  const prm = await eventually(() => run.exited() !== undefined ? undefined : fetch(`http://127.0.0.1:${port}/.well-known/oauth-protected-resource/mcp`),
-    r => r === undefined || r.status === 200, 100, 50)
-  t.equal(run.exited(), undefined, `start-up agrees with --check: ${run.stderr()}`)
-  t.equal(prm?.status, 200)
-  t.equal((await prm?.json() as { resource: string } | undefined)?.resource, `http://127.0.0.1:${port}/mcp`)
 })
