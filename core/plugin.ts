@@ -58,7 +58,10 @@ export interface Plugin {
 /** What `create` receives besides its options. */
 export interface PluginEnv {
   readonly log: Logger
-  /** The whole validated, frozen config (read-only). */
+  /**
+   * The whole validated, frozen config (read-only). What another plugin owns
+   * (the IdP's identity, say) comes through `provided`, not from here.
+   */
   readonly config: Readonly<Record<string, unknown>>
   /** `{base_url}`: the public origin of the gateway, from `resourceMetadata.resource` or the listen address. */
   readonly baseUrl: string
