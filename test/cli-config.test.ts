@@ -4,13 +4,12 @@
  * schema, dependencies between plugins, values bound for headers, the one
  * issuer parser (issue 13 items 13-15, issue 14 items 1-2).
  */
-import t, { type Test } from 'tap'
+import t from 'tap'
 import { writeFile, mkdtemp } from 'node:fs/promises'
-import { spawn } from 'node:child_process'
 import { join } from 'node:path'
 import { tmpdir } from 'node:os'
 import { connect } from 'node:net'
-import { runCli, freePort, eventually, ROOT, CLI } from './helpers/cli.ts'
+import { runCli, spawnCli, waitForPort, freePort } from './helpers/cli.ts'
 
 async function configFile (text: string): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-cli-config-'))
@@ -24,18 +23,6 @@ const canConnect = (port: number): Promise<boolean> => new Promise(resolve => {
   s.once('connect', () => { s.destroy(); resolve(true) })
   s.once('error', () => resolve(false))
 })
-
-/** Starts the CLI, waits until the port accepts or the process exits; the caller ends it. */
-async function runUntilListening (t: Test, file: string, port: number, env: NodeJS.ProcessEnv = {}): Promise<{ exited: () => number | null | undefined; stderr: () => string }> {
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, '-f', file], { cwd: ROOT, env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'pipe'] })
-  let stderr = ''
-  let code: number | null | undefined
-  child.stderr.on('data', d => { stderr += d })
-  const exit = new Promise<void>(resolve => child.on('exit', c => { code = c; resolve() }))
-  t.teardown(async () => { if (code === undefined) { child.kill('SIGTERM'); await exit } })
-  await eventually(async () => code !== undefined || await canConnect(port), v => v, 300, 50)
-  return { exited: () => code, stderr: () => stderr }
-}
 
 t.test('inline options of a built-in are validated against its schema: exit 1 naming the path, in --check and at start-up', async t => {
   const port = await freePort()
@@ -98,11 +85,14 @@ t.test('one issuer parser: --check and start-up give the same verdict for a v1 c
   ].join('\n'))
   const check = await runCli(['-f', file, '--check'])
   t.equal(check.code, 0, check.stderr)
-  const run = await runUntilListening(t, file, port)
-  // Until start-up completes the listener may answer 404 here (issue 13 item 1): ask again, bounded.
-  const prm = await eventually(() => run.exited() !== undefined ? undefined : fetch(`http://127.0.0.1:${port}/.well-known/oauth-protected-resource/mcp`),
-    r => r === undefined || r.status === 200, 100, 50)
-  t.equal(run.exited(), undefined, `start-up agrees with --check: ${run.stderr()}`)
+  const run = spawnCli(['-f', file])
+  let exit: { code: number | null } | undefined
+  void run.exited.then(e => { exit = e })
+  t.teardown(async () => { if (exit === undefined) { run.child.kill('SIGTERM'); await run.exited } })
+  await waitForPort(port, run.exited).catch(() => {})
+  // Asked as soon as the port accepts: the gateway holds it until start-up is done (or dies at it, as it did).
+  const prm = await fetch(`http://127.0.0.1:${port}/.well-known/oauth-protected-resource/mcp`).catch(() => undefined)
+  t.equal(exit, undefined, `start-up agrees with --check: ${run.output()}`)
   t.equal(prm?.status, 200)
   t.equal((await prm?.json() as { resource: string } | undefined)?.resource, `http://127.0.0.1:${port}/mcp`)
 })
