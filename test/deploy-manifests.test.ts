@@ -17,6 +17,7 @@ import { validate as validateService } from 'kubernetes-models/_schemas/IoK8sApi
 import { validate as validateDeployment } from 'kubernetes-models/_schemas/IoK8sApiAppsV1Deployment'
 import { validate as validatePdb } from 'kubernetes-models/_schemas/IoK8sApiPolicyV1PodDisruptionBudget'
 import { loadConfig } from '../core/config.ts'
+import { builtins } from '../plugins/index.ts'
 import { loadPlugins } from '../core/plugin-loader.ts'
 import { Metrics } from '../core/metrics.ts'
 import { memoryLogger } from './helpers/logger.ts'
@@ -168,8 +169,8 @@ for (const file of files) {
     t.teardown(() => rm(tmp, { recursive: true, force: true }))
     const configFile = join(tmp, 'config.yaml')
     await writeFile(configFile, configMap?.data['config.yaml'] ?? '')
-    const loaded = await loadConfig(configFile, env)
-    await loadPlugins({ config: loaded.config, baseDir: loaded.baseDir, env: { log: memoryLogger().log, config: loaded.config as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
+    const loaded = await loadConfig(configFile, env, builtins)
+    await loadPlugins({ config: loaded.config, baseDir: loaded.baseDir, registry: builtins, env: { log: memoryLogger().log, config: loaded.config as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
     t.equal(loaded.config.mcp.port, gateway.ports![0]!.containerPort, 'mcp.port is the container port')
     t.equal(loaded.config.admin.host, '127.0.0.1', 'the admin listener stays on loopback, where the exec probes reach it')
     t.equal(loaded.config.admin.port, 15000, 'on the port mcp-proxy-healthcheck calls by default')
