@@ -10,7 +10,7 @@ import type { LoadedConfig } from './config.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 import type { Plugin } from './plugin.ts'
 import type { RouteTable } from './routes.ts'
-import type { AccessRecord } from './server.ts'
+import { outcomeOf, type AccessRecord } from './server.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from './targets/types.ts'
 import type { AdminState, TryInput } from './admin.ts'
 import type { PooledSummary, SessionSummary, TargetSummary } from './mcp/index.ts'
@@ -264,11 +264,9 @@ export function decisionOf (rec: AccessRecord, ruleText: (index: number) => stri
   const reason = rec.denial === undefined
     ? null
     : rule !== null ? `${rec.denial}${ruleText(Number(rule[1])) !== undefined ? `: ${ruleText(Number(rule[1]))}` : ''}` : rec.denial
-  if (rec.status === 401) return { decision: 'unauthenticated', reason: reason ?? 'no or invalid token' }
-  if (rec.status === 403) return { decision: 'forbidden', reason }
-  if (rec.denial !== undefined && rec.status < 400) return { decision: 'denied', reason }
-  if (rec.status >= 400 || rec.status === 0) return { decision: 'error', reason }
-  return { decision: 'allowed', reason: null }
+  const decision = outcomeOf(rec.status, rec.denial)
+  if (decision === 'unauthenticated') return { decision, reason: reason ?? 'no or invalid token' }
+  return { decision, reason: decision === 'allowed' ? null : reason }
 }
 
 // ---- the admin state ----------------------------------------------------------

@@ -14,6 +14,7 @@ import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv'
 import addFormatsModule from 'ajv-formats'
 import { ProxyError } from './errors.ts'
 import { EMPTY_REGISTRY, type PluginModule, type PluginRegistry } from './plugin.ts'
+import { parseCidr } from './client-address.ts'
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv
 
@@ -34,13 +35,15 @@ export interface GatewayConfig {
     policies: Readonly<Record<string, unknown>>
     plugins?: PluginEntryConfig[]
     targets: TargetConfig[]
+    /** CIDR ranges or addresses of reverse proxies whose X-Forwarded-For is believed (core/client-address.ts). */
+    trustedProxies: string[]
     failClosed: boolean
     session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }
     limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; startupHoldMs: number; startupMaxHeldRequests: number }
     readiness: { targets?: 'all' | 'any' | 'none' }
   }
   admin: { host: string; port: number; token?: string; enabled: boolean }
-  logging: { level: string; format: 'json' | 'pretty' }
+  logging: { level: string; format: 'json' | 'pretty'; levels: 'name' | 'number'; time: 'iso' | 'epoch' }
 }
 
 export interface LoadedConfig {
@@ -294,6 +297,10 @@ export async function validateConfig (data: unknown, registry: PluginRegistry = 
   cfg.mcp.targets.forEach((t, i) => {
     if (names.has(t.name)) problems.push(`mcp.targets[${i}].name: duplicate target name "${t.name}"`)
     names.add(t.name)
+  })
+  cfg.mcp.trustedProxies.forEach((text, i) => {
+    const c = parseCidr(text)
+    if (typeof c === 'string') problems.push(`mcp.trustedProxies[${i}]: ${c}`)
   })
   problems.push(...checkPolicies(cfg, registry))
   if (problems.length > 0) {

@@ -22,6 +22,8 @@ export interface McpMessageInfo {
   readonly body: unknown
   /** Method of the (first) request or notification, if any. */
   readonly method?: string
+  /** For the access log: `params.name` of tools/call and prompts/get, `params.uri` of resources/* requests. */
+  readonly name?: string
 }
 
 /** A ready answer a hook or route returns instead of going on. */
@@ -45,12 +47,20 @@ export interface RequestContext {
   /** Per-request child logger. */
   readonly log: Logger
   readonly startedAt: bigint
+  /**
+   * The caller's IP address: the TCP peer, or when the peer is one of
+   * `mcp.trustedProxies` the client it names in X-Forwarded-For. Rate limits
+   * and anything else keyed per caller use this, never the header itself.
+   */
+  readonly clientAddress: string
   /** Which error body shape this path uses: JSON-RPC on /mcp, OAuth elsewhere. */
   readonly kind: 'mcp' | 'oauth' | 'other'
   /** Set by the authentication plugin after a token was verified. */
   auth?: AuthInfo
   /** Set by core the first time `readMcpMessage()` parses a POST /mcp body. */
   mcp?: McpMessageInfo
+  /** The target that serves this request, set by the MCP router when one target does (access log). */
+  target?: string
   /** Reason a request was denied, for the access log and admin UI (never secrets). */
   denial?: string
   /** Scratch space for plugins, keyed by plugin name. */

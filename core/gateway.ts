@@ -96,6 +96,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const requestLog = new RequestLog()
   const gw = new GatewayServer({
     pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: starting, log, limits: config.mcp.limits, metrics,
+    trustedProxies: config.mcp.trustedProxies,
     onAccess: rec => requestLog.add(rec),
     hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })

@@ -17,6 +17,7 @@ import { writeError, bodyPending, errorBody } from './error-writer.ts'
 import { parseMcpBody } from './mcp/jsonrpc.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 import { methodLabel } from './metric-labels.ts'
+import { ClientAddresses } from './client-address.ts'
 
 /** The terminal handler for /mcp (see core/mcp/). */
 export interface McpEndpoint {
@@ -79,10 +80,32 @@ export interface GatewayServerOptions {
   log: Logger
   limits: ServerLimits
   metrics: Metrics
+  /** `mcp.trustedProxies`: peers whose X-Forwarded-For names the client (see client-address.ts). */
+  trustedProxies?: readonly string[]
   /** Called once per finished request (admin UI's recent-requests list). */
   onAccess?: (rec: AccessRecord) => void
   /** Hold requests until `attach` (the gateway binds before its plugins exist). Default: serve at once. */
   hold?: StartupHold
+}
+
+/** Client-chosen strings (tool names, URIs, user agents) are cut to this many characters in the access log. */
+const MAX_LOGGED_CHARS = 256
+
+function clip (s: string): string {
+  return s.length > MAX_LOGGED_CHARS ? s.slice(0, MAX_LOGGED_CHARS) + '…' : s
+}
+
+/**
+ * How a request ended, for the access log and the admin UI: `allowed`,
+ * `unauthenticated` (401), `forbidden` (403), `denied` (a per-operation
+ * refusal answered inside a 2xx), or `error`.
+ */
+export function outcomeOf (status: number, denial: string | undefined): 'allowed' | 'unauthenticated' | 'forbidden' | 'denied' | 'error' {
+  if (status === 401) return 'unauthenticated'
+  if (status === 403) return 'forbidden'
+  if (denial !== undefined && status < 400) return 'denied'
+  if (status >= 400 || status === 0) return 'error'
+  return 'allowed'
 }
 
 /** Bound metric handles kept per route for (status, MCP method) pairs. */
@@ -128,6 +151,7 @@ class Context implements RequestContext {
   readonly state = new Map<string, unknown>()
   auth?: RequestContext['auth']
   mcp?: McpMessageInfo
+  target?: string
   denial?: string
   headersSent = false
   ran = { count: 0 }
@@ -138,6 +162,7 @@ class Context implements RequestContext {
   #body: Promise<Buffer> | undefined
   #mcp: Promise<McpMessageInfo> | undefined
   #log: Logger | undefined
+  #clientAddress: string | undefined
   readonly #server: GatewayServer
 
   constructor (server: GatewayServer, req: IncomingMessage, res: ServerResponse) {
@@ -164,6 +189,11 @@ class Context implements RequestContext {
   /** Whether `log` has been used, so the access line can go through the same logger. */
   get hasLog (): boolean { return this.#log !== undefined }
 
+  get clientAddress (): string {
+    this.#clientAddress ??= this.#server.clientAddresses.resolve(this.req.socket.remoteAddress, this.req.headers['x-forwarded-for'])
+    return this.#clientAddress
+  }
+
   readBody (maxBytes?: number): Promise<Buffer> {
     const limit = this.#server.limits.maxBodyBytes
     this.#body ??= readBounded(this, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit)
@@ -186,6 +216,9 @@ class Context implements RequestContext {
   writeHead (status: number, headers: OutgoingHttpHeaders = {}): Promise<void> {
     if (this.headersSent) return Promise.reject(new Error('writeHead called twice'))
     this.headersSent = true
+    // Every answer names its request (the client's X-Request-ID, cleaned, or ours), before
+    // the hooks run so that CORS may expose it.
+    headers['x-request-id'] = this.id
     const rctx: ResponseContext = { request: this, statusCode: status, headers }
     try {
       const pending = this.#server.pipeline.runResponse(rctx, this.ran.count)
@@ -261,6 +294,7 @@ export class GatewayServer {
   routes: RouteTable
   readonly log: Logger
   readonly limits: ServerLimits
+  readonly clientAddresses: ClientAddresses
   #mcp: McpEndpoint
   readonly #onAccess: ((rec: AccessRecord) => void) | undefined
   readonly #requests: Counter
@@ -295,6 +329,7 @@ export class GatewayServer {
     this.routes = opts.routes
     this.log = opts.log
     this.limits = opts.limits
+    this.clientAddresses = new ClientAddresses(opts.trustedProxies)
     this.#mcp = opts.mcp
     this.#onAccess = opts.onAccess
     this.#hold = opts.hold
@@ -531,10 +566,18 @@ export class GatewayServer {
     const sessionId = (ctx.state.get('sessionId') as string | undefined)?.slice(0, 8)
     if (this.log.isLevelEnabled('info')) {
       // No child logger just for this line: the request id goes in the object.
+      const info = ctx.mcp
+      const named = info?.name === undefined ? undefined : clip(info.name)
+      const ua = ctx.req.headers['user-agent']
       const line = {
         reqId: ctx.hasLog ? undefined : ctx.id,
         method: ctx.method, path: ctx.path, status, durationMs: Math.round(durationMs * 1000) / 1000,
-        mcpMethod: ctx.mcp?.method, sessionId, subject: ctx.auth?.subject, denial: ctx.denial,
+        client: ctx.clientAddress, userAgent: ua === undefined ? undefined : clip(ua),
+        mcpMethod: info?.method, tool: info?.method === 'tools/call' ? named : undefined,
+        prompt: info?.method === 'prompts/get' ? named : undefined,
+        uri: info?.method?.startsWith('resources/') === true ? named : undefined,
+        target: ctx.target, sessionId, subject: ctx.auth?.subject,
+        outcome: outcomeOf(status, ctx.denial), denial: ctx.denial,
       }
       const log = ctx.hasLog ? ctx.log : this.log
       log.info(line, 'request')

@@ -97,7 +97,7 @@ t.test('endpoint rule fails: 403 with an OAuth body that does not reveal the rul
   t.equal(ctx.denial, 'rule[1]')
   t.equal(metrics.counter('mcp_proxy_authorization_denials_total', '').get({ rule: '1' }), 1)
   const line = lines.find(l => l.msg === 'authorization denied')
-  t.match(line, { level: 30, rule: 1, ruleText: '"mcp-users" in jwt.groups', reason: 'rule is false' })
+  t.match(line, { level: 'info', rule: 1, ruleText: '"mcp-users" in jwt.groups', reason: 'rule is false' })
   t.notMatch(JSON.stringify(lines), /secret-token/, 'the bearer token is never logged')
 })
 
@@ -175,8 +175,8 @@ t.test('per-operation rules: not evaluated in onRequest, filter via allowMcpOper
   t.same(tools.filter(op => plugin.allowMcpOperation!(admin, op)).map(op => op.tool.name), ['read_file', 'delete_file', 'write_file'])
   t.equal(user.denial, undefined, 'filtering a list is not a denial')
   t.equal(metrics.counter('mcp_proxy_authorization_denials_total', '').get({ rule: '1' }), 0)
-  t.ok(lines.some(l => l.level === 20 && l.rule === 1 && l.item === 'delete_file'), 'filtered items are logged at debug')
-  t.notOk(lines.some(l => l.level === 30 && l.rule === 1), 'and not at info')
+  t.ok(lines.some(l => l.level === 'debug' && l.rule === 1 && l.item === 'delete_file'), 'filtered items are logged at debug')
+  t.notOk(lines.some(l => l.level === 'info' && l.rule === 1), 'and not at info')
   t.equal(plugin.allowMcpOperation!(user, { method: 'tools/list', tool: { name: 'delete_file', target: 'fs' } }), false, 'a list-method operation is filtered too')
   t.equal(user.denial, undefined)
 
@@ -185,7 +185,7 @@ t.test('per-operation rules: not evaluated in onRequest, filter via allowMcpOper
   t.equal(plugin.allowMcpOperation!(user, { method: 'tools/call', tool: { name: 'delete_file', target: 'fs' } }), false)
   t.equal(user.denial, 'rule[1]')
   t.equal(metrics.counter('mcp_proxy_authorization_denials_total', '').get({ rule: '1' }), 1)
-  t.ok(lines.some(l => l.level === 30 && l.rule === 1 && l.method === 'tools/call'))
+  t.ok(lines.some(l => l.level === 'info' && l.rule === 1 && l.method === 'tools/call'))
   t.equal(plugin.allowMcpOperation!(admin, { method: 'tools/call', tool: { name: 'delete_file', target: 'fs' } }), true)
 
   t.equal(plugin.allowMcpOperation!(user, { method: 'prompts/get', prompt: { name: 'p', target: 'secret' } }), false)

@@ -42,7 +42,11 @@ t.test('parseMcpBody: one message or a batch, method of the first request', asyn
   t.same(info.body, batch)
   t.equal(info.method, 'notifications/progress', 'the first message that has a method names the batch')
   t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, result: {} })).method, undefined, 'a response has no method')
-  t.notOk('name' in parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'x' } })), 'nothing else is extracted')
+  // For the access log: the tool, prompt or URI a request names, nothing else.
+  t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'x' } })).name, 'x')
+  t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'resources/read', params: { uri: 'test://a' } })).name, 'test://a')
+  t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/list', params: { name: 'x' } })).name, undefined, 'only for tools/call, prompts/get and resources/*')
+  t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 7 } })).name, undefined)
 })
 
 t.test('parseMcpBody: -32700 for invalid JSON, -32600 for anything else that is not JSON-RPC', async t => {

@@ -5,8 +5,8 @@ import t from 'tap'
 import type { RequestContext } from '../core/context.ts'
 import { subjectKeyOf } from '../core/mcp/subject-key.ts'
 
-function ctx (subject: string | undefined, remoteAddress: string | undefined): RequestContext {
-  return { auth: subject === undefined ? undefined : { subject, claims: {} }, req: { socket: { remoteAddress } } } as unknown as RequestContext
+function ctx (subject: string | undefined, clientAddress: string | undefined): RequestContext {
+  return { auth: subject === undefined ? undefined : { subject, claims: {} }, clientAddress: clientAddress ?? '' } as unknown as RequestContext
 }
 
 t.test('the subject when authenticated, else the client address, never one from the other', async t => {

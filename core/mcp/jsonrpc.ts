@@ -42,11 +42,18 @@ export function parseMcpBody (buf: Buffer): McpMessageInfo {
   }
   if (Array.isArray(body)) {
     if (body.length === 0 || !body.every(isJsonRpcMessage)) throw invalid()
-    const first = body.find(m => typeof (m as { method?: unknown }).method === 'string') as { method: string } | undefined
-    return { body, method: first?.method }
+    const first = body.find(m => typeof (m as { method?: unknown }).method === 'string') as { method: string; params?: Record<string, unknown> } | undefined
+    return { body, method: first?.method, name: nameOf(first) }
   }
   if (!isJsonRpcMessage(body)) throw invalid()
-  return { body, method: (body as { method?: string }).method }
+  const m = body as { method?: string; params?: Record<string, unknown> }
+  return { body, method: m.method, name: nameOf(m) }
+}
+
+/** What the access log names: the tool or prompt of tools/call and prompts/get, the URI of resources/*. */
+function nameOf (m: { method?: string; params?: Record<string, unknown> } | undefined): string | undefined {
+  const v = m?.method === 'tools/call' || m?.method === 'prompts/get' ? m.params?.name : m?.method?.startsWith('resources/') === true ? m.params?.uri : undefined
+  return typeof v === 'string' ? v : undefined
 }
 
 function invalid (): ProxyError {

@@ -285,6 +285,8 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
 
   /** Leases an upstream, forwards one request, releases. */
   async function forward (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>): Promise<{ res: JsonRpcMessage; entry: PooledUpstream }> {
+    // The access log's target: with one target every request is its; fan-outs name none.
+    if (!multi) ex.ctx.target = factory.target
     const run = await start(ex, factory, method, params)
     try {
       ex.calls.add(run.call)
@@ -422,6 +424,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       return
     }
     const { target: factory, name } = routed
+    ex.ctx.target = factory.target
     let res: JsonRpcMessage | undefined
     const standIn = router.refuse(ex.ctx, method, kind, name, factory.target)
     if (standIn !== undefined) {
@@ -448,6 +451,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   async function complete (ex: Exchange, params: Record<string, unknown>): Promise<void> {
     const factory = router.completionTarget(params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
     if (factory === undefined) { await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference'); return }
+    ex.ctx.target = factory.target
     const { res, entry } = await forward(ex, factory, 'completion/complete', params)
     if (res.error !== undefined) { await ex.answer(res); return }
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'completion/complete', (res.result ?? {}) as Record<string, unknown>, serverInfoOf(entry)) })

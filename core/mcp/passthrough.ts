@@ -254,6 +254,7 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
   /** Sends the request upstream; the promise settles when the exchange is over (and is then forgotten). */
   function forward (ctx: RequestContext, gatewayId: string | undefined, upstreamId: string | undefined, buffered: Buffer | undefined): Promise<void> {
     const req = ctx.req
+    ctx.target = target.name
     const done = new Promise<void>((resolve, reject) => {
       exchanges.set(req, {
         ctx,

@@ -369,6 +369,8 @@ export class Session {
       return
     }
     inflight.link = link
+    // The access log's target (the first one routed to, as the log's method is the first message's).
+    inflight.exchange.ctx.target ??= link.target
     link.active.add(inflight)
     const call = this.#send(link, msg, (r) => this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : post(r)))
     if (call !== undefined) inflight.calls.push(call)

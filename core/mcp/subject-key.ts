@@ -4,7 +4,8 @@
  * Without authentication every caller used to be one subject, so the
  * 101st anonymous session anywhere got 429 from maxSessionsPerSubject and
  * `share: subject` children were shared by everyone. Behind a reverse proxy
- * all anonymous callers have the proxy's address and share one key again.
+ * all anonymous callers have the proxy's address and share one key again,
+ * unless the proxy is one of `mcp.trustedProxies` (then X-Forwarded-For names them).
  */
 import type { RequestContext } from '../context.ts'
 
@@ -13,5 +14,5 @@ export function subjectKeyOf (ctx: RequestContext): string {
   if (subject !== undefined) return subject
   // The NUL prefix keeps it apart from real subjects: those come from IdP-signed claims,
   // and identity providers do not issue subjects that start with a control character.
-  return `\u0000anonymous@${ctx.req.socket.remoteAddress ?? ''}`
+  return `\u0000anonymous@${ctx.clientAddress}`
 }
