@@ -29,9 +29,9 @@ async function idpStub (t: Test): Promise<string> {
   return `http://127.0.0.1:${(server.address() as AddressInfo).port}/app/`
 }
 
-async function ossServer (t: Test, maxBodyBytes?: number, registration?: Record<string, unknown>): Promise<BridgeServer> {
+async function ossServer (t: Test, maxBodyBytes?: number, registration?: Record<string, unknown>, trustedProxies?: string[]): Promise<BridgeServer> {
   const issuer = await idpStub(t)
-  const s = await startBridgeServer({ issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } }, { maxBodyBytes, registration })
+  const s = await startBridgeServer({ issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } }, { maxBodyBytes, registration, trustedProxies })
   t.teardown(() => s.close())
   return s
 }
@@ -162,13 +162,13 @@ interface RawAnswer { status: number; headers: Record<string, string | string[] 
  * when `contentLength` is false). The server may answer and close before the
  * body is sent: that answer is what counts.
  */
-function rawRegister (s: BridgeServer, chunks: Buffer[], o: { localAddress?: string; contentLength?: boolean } = {}): Promise<RawAnswer> {
+function rawRegister (s: BridgeServer, chunks: Buffer[], o: { localAddress?: string; contentLength?: boolean; headers?: Record<string, string> } = {}): Promise<RawAnswer> {
   const url = new URL(s.url + PATH)
   const size = chunks.reduce((n, c) => n + c.length, 0)
   return new Promise((resolve, reject) => {
     const req = request({
       host: url.hostname, port: url.port, path: PATH, method: 'POST', localAddress: o.localAddress, agent: false,
-      headers: { 'content-type': 'application/json', ...(o.contentLength === false ? {} : { 'content-length': size }) },
+      headers: { 'content-type': 'application/json', ...(o.contentLength === false ? {} : { 'content-length': size }), ...o.headers },
     }, res => {
       const got: Buffer[] = []
       res.on('data', (c: Buffer) => got.push(c))
@@ -256,6 +256,18 @@ t.test('registration limits: a burst from one address gets 429 with Retry-After;
   t.equal(other.status, 201, 'another client address still registers')
   const pre = await fetch(s.url + PATH, { method: 'OPTIONS', headers: { origin: 'http://localhost:6274', 'access-control-request-method': 'POST' } })
   t.equal(pre.status, 204, 'preflights are not limited')
+})
+
+t.test('registration limits: behind a trusted proxy each client has its own bucket; a spoofed X-Forwarded-For from elsewhere changes nothing', async t => {
+  const s = await ossServer(t, 65536, { rateLimit: { requests: 2, windowSeconds: 3600 } }, ['127.0.0.1'])
+  const via = (forwardedFor: string, localAddress = '127.0.0.1'): Promise<{ status: number }> =>
+    rawRegister(s, [Buffer.from(JSON.stringify(validBody()))], { localAddress, headers: { 'x-forwarded-for': forwardedFor } })
+  t.same([(await via('203.0.113.1')).status, (await via('203.0.113.1')).status, (await via('203.0.113.1')).status], [201, 201, 429], 'one client through the proxy')
+  t.equal((await via('203.0.113.2')).status, 201, 'another client through the same proxy is not limited by the first')
+  t.equal((await via('198.51.100.7, 203.0.113.1')).status, 429, 'a client cannot escape by prepending addresses')
+  const spoofed = []
+  for (let i = 0; i < 4; i++) spoofed.push((await via(`198.51.100.${i + 10}`, '127.0.0.2')).status)
+  t.same(spoofed, [201, 201, 429, 429], 'a peer that is not a trusted proxy is limited by its own address whatever it claims')
 })
 
 t.test('registration limits: the configured rate, refilled evenly', async t => {

@@ -171,7 +171,7 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
       }
     }
     // Counted before anything is read: a refused request costs a map lookup.
-    const address = addressKey(ctx.req.socket.remoteAddress)
+    const address = addressKey(ctx.clientAddress)
     const limited = limiter.take(address)
     if (limited.retryAfter > 0) {
       if (limited.firstRefusal) ctx.log.warn({ address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')

@@ -48,6 +48,8 @@ export interface BridgeServerOptions {
   maxBodyBytes?: number
   /** Options of the registration plugin (its own schema). */
   registration?: Record<string, unknown>
+  /** `mcp.trustedProxies` */
+  trustedProxies?: string[]
 }
 
 export async function startBridgeServer (auth: Record<string, unknown> | undefined, opts: BridgeServerOptions = {}): Promise<BridgeServer> {
@@ -64,6 +66,7 @@ export async function startBridgeServer (auth: Record<string, unknown> | undefin
     log: mem.log,
     limits: { maxBodyBytes: opts.maxBodyBytes ?? 16384, headersTimeoutMs: 10_000, requestTimeoutMs: 10_000, keepAliveTimeoutMs: 1000 },
     metrics: env.metrics,
+    trustedProxies: opts.trustedProxies,
   })
   const { port } = await server.listen(0, '127.0.0.1')
   return {
