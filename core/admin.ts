@@ -222,6 +222,7 @@ export function createAdminServer (opts: AdminOptions): Server {
     if (path === '/metrics') {
       if (method !== 'GET') return apiError(res, 405, 'method_not_allowed', 'use GET', { allow: 'GET' })
       state.beforeScrape?.()
+      await metrics.collect()
       return send(res, 200, metrics.render(), 'text/plain; version=0.0.4; charset=utf-8')
     }
     const read = READ_ROUTES[path]

@@ -9,6 +9,7 @@ import type { Logger } from 'pino'
 import { createLogger } from './logger.ts'
 import { ProxyError } from './errors.ts'
 import { Metrics } from './metrics.ts'
+import { collectProcessMetrics } from './process-metrics.ts'
 import { packagePath, type LoadedConfig } from './config.ts'
 import { loadPlugins } from './plugin-loader.ts'
 import { Pipeline } from './pipeline.ts'
@@ -84,6 +85,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const { config } = loaded
   const log = opts.log ?? createLogger(config.logging)
   const metrics = new Metrics()
+  const stopProcessMetrics = collectProcessMetrics(metrics)
   const mcpPort = opts.mcpPort ?? config.mcp.port
   // Bind first: `{base_url}` (derived from the listen address when not configured)
   // must name the actual port, and a port in use should fail before any plugin starts.
@@ -101,7 +103,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })
   const bound = await gw.listen(mcpPort, config.mcp.host)
-  const cleanup: Array<() => Promise<unknown>> = [() => gw.close(0)]
+  const cleanup: Array<() => Promise<unknown>> = [async () => stopProcessMetrics(), () => gw.close(0)]
   // The admin listener is bound early too (a port in use fails start-up
   // before any plugin starts) and answers /readyz "starting" until then.
   let adminState: AdminState | undefined
@@ -169,6 +171,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
         await Promise.allSettled(plugins.map(p => p.close?.()))
         if (admin !== undefined) await new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() })
         await killAllChildren()
+        stopProcessMetrics()
       })()
       return closing
     }

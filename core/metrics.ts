@@ -63,6 +63,8 @@ function labelKey (labels: Labels | undefined): string {
 
 export class Counter {
   readonly values = new Map<string, number>()
+  /** A counter kept elsewhere (e.g. CPU seconds), read on scrape. */
+  collect: (() => Array<[Labels | undefined, number]>) | undefined
   readonly name: string
   readonly help: string
   readonly #keys = new LabelKeys()
@@ -72,6 +74,15 @@ export class Counter {
     this.values.set(k, (this.values.get(k) ?? 0) + by)
   }
   get (labels?: Labels): number { return this.values.get(this.#keys.keyOf(labels)) ?? 0 }
+  /**
+   * Creates the series at 0 when it does not exist yet, so it is scraped
+   * before its first event: rate() and increase() see the first one, and
+   * a dashboard shows 0 rather than nothing.
+   */
+  init (labels?: Labels): void {
+    const k = this.#keys.keyOf(labels)
+    if (!this.values.has(k)) this.values.set(k, 0)
+  }
   /** Binds a label set: keep the handle where the labels are known ahead. */
   labels (labels?: Labels): CounterHandle {
     const k = this.#keys.keyOf(labels)
@@ -83,6 +94,9 @@ export class Counter {
   }
   render (): string {
     let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} counter\n`
+    if (this.collect !== undefined) {
+      for (const [l, v] of this.collect()) out += `${this.name}${l ? `{${labelKey(l)}}` : ''} ${v}\n`
+    }
     for (const [k, v] of this.values) out += `${this.name}${k ? `{${k}}` : ''} ${v}\n`
     return out
   }
@@ -117,6 +131,10 @@ export class Histogram {
   constructor (name: string, help: string, buckets: readonly number[]) { this.name = name; this.help = help; this.buckets = buckets }
   observe (value: number, labels?: Labels): void {
     this.#record(this.#series(this.#keys.keyOf(labels)), value)
+  }
+  /** Creates the series with no observations (see Counter.init). */
+  init (labels?: Labels): void {
+    this.#series(this.#keys.keyOf(labels))
   }
   /** Binds a label set: keep the handle where the labels are known ahead. */
   labels (labels?: Labels): HistogramHandle {
@@ -153,6 +171,13 @@ export class Histogram {
 
 export class Metrics {
   readonly #all = new Map<string, Counter | Gauge | Histogram>()
+  readonly #before: Array<() => Promise<void>> = []
+  /** Work done before each scrape that cannot be synchronous (e.g. counting open file descriptors). */
+  beforeScrape (fn: () => Promise<void>): void { this.#before.push(fn) }
+  /** Runs the `beforeScrape` work; the admin listener awaits it before `render()`. */
+  async collect (): Promise<void> {
+    await Promise.all(this.#before.map(fn => fn().catch(() => {})))
+  }
   counter (name: string, help: string): Counter {
     return this.#get(name, () => new Counter(name, help)) as Counter
   }

@@ -48,3 +48,23 @@ t.test('bound handles share the series of unbound calls and create none before u
   t.ok(text.includes('dur_seconds_count{route="/mcp"} 2\n'))
   t.ok(text.includes('dur_seconds_sum{route="/mcp"} 0.55\n'))
 })
+
+t.test('init() makes a series at 0 (once), collect() reads kept-elsewhere counters, collect awaits beforeScrape work', async t => {
+  const m = new Metrics()
+  const c = m.counter('c_total', 'c')
+  c.inc({ reason: 'a' }, 2)
+  c.init({ reason: 'a' })
+  c.init({ reason: 'b' })
+  const h = m.histogram('h_seconds', 'h', [1])
+  h.init({ kind: 'x' })
+  const cpu = m.counter('cpu_seconds_total', 'cpu')
+  let value = 1.5
+  cpu.collect = () => [[undefined, value]]
+  m.beforeScrape(async () => { value = 2.5 })
+  await m.collect()
+  const text = m.render()
+  t.ok(text.includes('c_total{reason="a"} 2\n'), 'init keeps a value already counted')
+  t.ok(text.includes('c_total{reason="b"} 0\n'))
+  t.ok(text.includes('h_seconds_bucket{kind="x",le="+Inf"} 0\nh_seconds_sum{kind="x"} 0\nh_seconds_count{kind="x"} 0\n'))
+  t.ok(text.includes('# TYPE cpu_seconds_total counter\ncpu_seconds_total 2.5\n'))
+})
