@@ -23,6 +23,9 @@ import { UpstreamPool, type PooledSummary } from './modern-pool.ts'
 import { sharedFactory } from './shared-upstream.ts'
 import { subjectKeyOf } from './subject-key.ts'
 
+/** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
+const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
+
 export interface McpEndpointOptions {
   /** One factory per configured target, in config order. */
   readonly targets: readonly UpstreamFactory[]
@@ -137,6 +140,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   const sessionGauge = opts.metrics.gauge('mcp_proxy_sessions', 'Open MCP sessions')
   sessionGauge.collect = () => [[undefined, sessions.size]]
   const sessionsEnded = opts.metrics.counter('mcp_proxy_sessions_ended_total', 'Ended MCP sessions by reason')
+  for (const reason of SESSION_END_REASONS) sessionsEnded.init({ reason })
 
   const streams = streamLimits({ ...config.limits, log, metrics: opts.metrics })
   const env: SessionEnv = {

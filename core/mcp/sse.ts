@@ -170,11 +170,15 @@ export class Backlog {
 
 /** The limits of one endpoint, with their metrics registered. */
 export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; log: Logger; metrics: import('../metrics.ts').Metrics }): StreamLimits {
+  const slowClosed = opts.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', 'SSE streams closed because the client did not read and the buffer reached mcp.limits.maxStreamBufferBytes')
+  const backlogDropped = opts.metrics.counter('mcp_proxy_sse_backlog_dropped_total', 'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes')
+  slowClosed.init()
+  backlogDropped.init()
   return {
     maxBufferedBytes: opts.maxStreamBufferBytes ?? DEFAULT_STREAM_BUFFER_BYTES,
     maxBacklogBytes: opts.maxBacklogBytes ?? DEFAULT_BACKLOG_BYTES,
     log: opts.log,
-    slowClosed: opts.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', 'SSE streams closed because the client did not read and the buffer reached mcp.limits.maxStreamBufferBytes'),
-    backlogDropped: opts.metrics.counter('mcp_proxy_sse_backlog_dropped_total', 'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes'),
+    slowClosed,
+    backlogDropped,
   }
 }

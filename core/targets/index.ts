@@ -7,7 +7,7 @@ import type { Logger } from 'pino'
 import type { TargetConfig } from '../config.ts'
 import type { Metrics } from '../metrics.ts'
 import { ProxyError } from '../errors.ts'
-import { StdioUpstream } from './stdio.ts'
+import { StdioUpstream, STDIO_EXIT_REASONS } from './stdio.ts'
 import { HttpUpstream } from './http.ts'
 import type { Upstream, UpstreamFactory } from './types.ts'
 
@@ -24,6 +24,10 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
   const { name } = target
   if (target.stdio !== undefined) {
     const config = target.stdio
+    // Every series at 0 from start-up, before the first session starts a child.
+    const exits = opts.metrics.counter('mcp_proxy_upstream_exits_total', 'Upstream ends by target and reason')
+    for (const reason of STDIO_EXIT_REASONS) exits.init({ target: name, reason })
+    opts.metrics.counter('mcp_proxy_upstream_dropped_lines_total', 'Non-JSON stdout lines of stdio targets that were dropped').init({ target: name })
     return {
       target: name,
       kind: 'stdio',
@@ -36,6 +40,7 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
   }
   if (target.mcp !== undefined) {
     const { url, headers } = target.mcp
+    opts.metrics.counter('mcp_proxy_upstream_http_errors_total', 'Failed HTTP exchanges with remote MCP targets').init({ target: name })
     return {
       target: name,
       kind: 'http',

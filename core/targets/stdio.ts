@@ -126,6 +126,10 @@ export function liveChildCount (): number {
   return registry.size
 }
 
+/** `reason` of mcp_proxy_upstream_exits_total: every value, so each series can start at 0. */
+export const STDIO_EXIT_REASONS = ['start_failed', 'exited', 'stdin_backlog', 'line_too_long'] as const
+export type StdioExitReason = typeof STDIO_EXIT_REASONS[number]
+
 export class StdioUpstream implements Upstream {
   readonly target: string
   readonly kind = 'stdio' as const
@@ -377,7 +381,7 @@ export class StdioUpstream implements Upstream {
   }
 
   /** Ends the child because of something it did: report now, then escalate. */
-  #fail (error: Error, reason: string): void {
+  #fail (error: Error, reason: StdioExitReason): void {
     if (this.#state !== 'running') return
     this.#state = 'stopping'
     this.#exits?.inc({ target: this.target, reason })

@@ -66,6 +66,7 @@ export default definePlugin<AuthorizationOptions>({
   create (options: AuthorizationOptions, env: PluginEnv): Plugin {
     const set = compileRules(options.rules ?? [], `${env.configPath}.rules`)
     const denials = env.metrics.counter('mcp_proxy_authorization_denials_total', 'Authorization denials by rule')
+    for (let i = 0; i < (options.rules ?? []).length; i++) denials.init({ rule: String(i) })
 
     // Optional: without an authentication plugin listed before, the challenge names no scope.
     const scopes = (env.provided.protectedResource as ProtectedResource | undefined)?.scopesSupported ?? []

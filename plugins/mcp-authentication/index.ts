@@ -14,7 +14,7 @@ import type { AuthInfo, Reply, RequestContext } from '../../core/context.ts'
 import { ProxyError, createError } from '../../core/errors.ts'
 import { baseUrlOf, identityOf, type IdpIdentity, type ProtectedResource } from './identity.ts'
 import { acquireKeySet } from './key-set.ts'
-import { AuthFailure, createVerifier } from './verifier.ts'
+import { AuthFailure, createVerifier, TOKEN_FAILURE_REASONS } from './verifier.ts'
 import { TokenCache } from './token-cache.ts'
 import { KeysUnavailableError } from './key-set.ts'
 import optionsSchema from './schema.json' with { type: 'json' }
@@ -167,6 +167,10 @@ export default definePlugin<McpAuthenticationOptions>({
     const failures = env.metrics.counter('mcp_proxy_auth_failures_total', 'Rejected or unverifiable bearer tokens by reason')
     const fetches = env.metrics.counter('mcp_proxy_keyset_fetches_total', 'Key set fetch attempts by result')
     const verifications = env.metrics.counter('mcp_proxy_token_verifications_total', 'Signature verifications (token cache misses)')
+    // Every series at 0 before the first event, so a first failure is a visible increase.
+    for (const reason of [...TOKEN_FAILURE_REASONS, 'missing', 'keys_unavailable']) failures.init({ reason })
+    for (const result of ['ok', 'error']) fetches.init({ result })
+    verifications.init()
     let lastLoggedError: string | undefined
 
     const { set: keySet, release } = await acquireKeySet({

@@ -12,10 +12,17 @@ export const ALLOWED_ALGORITHMS: readonly string[] = ['RS256', 'RS384', 'RS512',
 /** Header parameters that point at keys the token chooses itself; refused without fetching anything. */
 const KEY_BEARING_HEADERS = ['jwk', 'jku', 'x5u', 'x5c']
 
+/** Every `reason` an AuthFailure can carry (mcp_proxy_auth_failures_total starts each at 0). */
+export const TOKEN_FAILURE_REASONS = [
+  'malformed', 'too_large', 'header', 'algorithm', 'signature', 'unknown_key', 'issuer', 'audience', 'expired',
+  'not_yet_valid', 'issued_in_future', 'no_expiry', 'lifetime', 'claims', 'no_subject', 'not_access_token',
+] as const
+export type TokenFailureReason = typeof TOKEN_FAILURE_REASONS[number]
+
 export class AuthFailure extends Error {
   /** Metric label, e.g. `expired`. */
-  readonly reason: string
-  constructor (reason: string, description: string) {
+  readonly reason: TokenFailureReason
+  constructor (reason: TokenFailureReason, description: string) {
     super(description)
     this.name = 'AuthFailure'
     this.reason = reason
