@@ -17,7 +17,7 @@ import type { PooledSummary, SessionSummary, TargetSummary } from './mcp/index.t
 import { liveChildCount } from './targets/index.ts'
 import { redactConfig, secretValues, createScrubber } from './redact.ts'
 import { runTry } from './admin-try.ts'
-import { methodLabel } from './metric-labels.ts'
+import { methodLabel, AdvertisedNames } from './metric-labels.ts'
 import type { TargetReadiness, TargetHealth } from './target-readiness.ts'
 
 // ---- upstream tracking -----------------------------------------------------
@@ -26,6 +26,9 @@ interface TargetStats {
   readonly target: string
   /** Metric handles per upstream method, bound once (see methodMeters). */
   readonly byMethod: Map<string, MethodMeters>
+  /** Tool names this target advertised (label values), and their metric handles. */
+  readonly tools: AdvertisedNames
+  readonly byTool: Map<string, ToolMeters>
   readonly kind: 'stdio' | 'http'
   readonly live: Set<TrackedUpstream>
   started: number
@@ -37,7 +40,32 @@ interface TargetStats {
 /** Upstream requests awaiting an answer, per upstream; bounded so a silent upstream cannot grow it. */
 const MAX_PENDING = 10_000
 
-interface Meters { duration: Histogram; requests: Counter; starts: Counter; failures: Counter }
+interface Meters { duration: Histogram; requests: Counter; starts: Counter; failures: Counter; toolDuration: Histogram; toolCalls: Counter }
+
+/** `outcome` of mcp_proxy_tool_calls_total: `tool_error` is a result with isError (MCP server/tools, "Error Handling"). */
+const TOOL_OUTCOMES = ['ok', 'tool_error', 'error', 'closed'] as const
+type ToolOutcome = typeof TOOL_OUTCOMES[number]
+type ToolMeters = { duration: HistogramHandle } & Record<ToolOutcome, CounterHandle>
+
+/** The handles of one (target, tool label), made once; every series starts at 0. */
+function toolMeters (stats: TargetStats, meters: Meters, tool: string): ToolMeters {
+  let m = stats.byTool.get(tool)
+  if (m === undefined) {
+    const labels = { target: stats.target, tool }
+    meters.toolDuration.init(labels)
+    const counter = (outcome: ToolOutcome): CounterHandle => {
+      meters.toolCalls.init({ ...labels, outcome })
+      return meters.toolCalls.labels({ ...labels, outcome })
+    }
+    m = { duration: meters.toolDuration.labels(labels), ok: counter('ok'), tool_error: counter('tool_error'), error: counter('error'), closed: counter('closed') }
+    // Bounded: tool labels come from AdvertisedNames (at most maxToolLabels, plus other).
+    stats.byTool.set(tool, m)
+  }
+  return m
+}
+
+/** What an upstream request waits for: its method's meters, and for tools the tool's or a tools/list answer. */
+interface Pending { meters: MethodMeters; t0: bigint; tool?: ToolMeters; list?: boolean }
 
 interface MethodMeters { duration: HistogramHandle; ok: CounterHandle; error: CounterHandle; closed: CounterHandle }
 
@@ -66,7 +94,7 @@ class TrackedUpstream implements Upstream {
   onClose: (error: Error | undefined) => void = () => {}
   readonly #inner: Upstream
   readonly #stats: TargetStats
-  readonly #pending = new Map<JsonRpcId, { meters: MethodMeters; t0: bigint }>()
+  readonly #pending = new Map<JsonRpcId, Pending>()
   readonly #meters: Meters
   #didFail = false
 
@@ -75,7 +103,7 @@ class TrackedUpstream implements Upstream {
     this.#stats = stats
     this.#meters = meters
     inner.onMessage = (msg) => {
-      if (msg.method === undefined && msg.id !== undefined && msg.id !== null) this.#answered(msg.id, msg.error === undefined ? 'ok' : 'error')
+      if (msg.method === undefined && msg.id !== undefined && msg.id !== null) this.#answered(msg.id, msg.error === undefined ? 'ok' : 'error', msg)
       this.onMessage(msg)
     }
     inner.onClose = (err) => {
@@ -111,7 +139,12 @@ class TrackedUpstream implements Upstream {
     const timed = method !== undefined && id !== undefined && id !== null
     if (timed) {
       if (this.#pending.size >= MAX_PENDING) this.#pending.clear()
-      this.#pending.set(id, { meters: methodMeters(this.#stats, this.#meters, method), t0: process.hrtime.bigint() })
+      const p: Pending = { meters: methodMeters(this.#stats, this.#meters, method), t0: process.hrtime.bigint() }
+      if (method === 'tools/call') {
+        const name = message.params?.name
+        p.tool = toolMeters(this.#stats, this.#meters, typeof name === 'string' ? this.#stats.tools.label(name) : 'other')
+      } else if (method === 'tools/list') p.list = true
+      this.#pending.set(id, p)
     }
     try {
       this.#inner.send(message)
@@ -123,12 +156,26 @@ class TrackedUpstream implements Upstream {
 
   close (): Promise<void> { return this.#inner.close() }
 
-  #answered (id: JsonRpcId, outcome: 'ok' | 'error' | 'closed'): void {
+  #answered (id: JsonRpcId, outcome: 'ok' | 'error' | 'closed', msg?: JsonRpcMessage): void {
     const p = this.#pending.get(id)
     if (p === undefined) return
     this.#pending.delete(id)
-    p.meters.duration.observe(Number(process.hrtime.bigint() - p.t0) / 1e9)
+    const seconds = Number(process.hrtime.bigint() - p.t0) / 1e9
+    p.meters.duration.observe(seconds)
     p.meters[outcome].inc()
+    if (p.tool !== undefined) {
+      p.tool.duration.observe(seconds)
+      p.tool[outcome === 'ok' && (msg?.result as { isError?: unknown } | undefined)?.isError === true ? 'tool_error' : outcome].inc()
+    } else if (p.list === true && outcome === 'ok') {
+      // The tools this target advertises become label values (bounded, metric-labels.ts).
+      const tools = (msg?.result as { tools?: unknown } | undefined)?.tools
+      if (Array.isArray(tools)) {
+        for (const t of tools) {
+          const name = (t as { name?: unknown } | null)?.name
+          if (this.#stats.tools.add(name)) toolMeters(this.#stats, this.#meters, name)
+        }
+      }
+    }
   }
 
   #failed (err: Error): void {
@@ -167,14 +214,25 @@ export interface UpstreamTracker {
  * `mcp_proxy_upstream_requests_total{target,method,outcome}`, and the live
  * upstream gauges. The wrapper is transparent to the session layer.
  */
-export function trackUpstreams (factories: readonly UpstreamFactory[], metrics: Metrics): UpstreamTracker {
+export function trackUpstreams (factories: readonly UpstreamFactory[], metrics: Metrics, opts: { maxToolLabels?: number } = {}): UpstreamTracker {
   const meters: Meters = {
     duration: metrics.histogram('mcp_proxy_upstream_duration_seconds', 'Time from forwarding a request to an upstream to its answer, by target and MCP method'),
     requests: metrics.counter('mcp_proxy_upstream_requests_total', 'Requests forwarded to upstreams by target, MCP method and outcome (ok, error, closed)'),
     starts: metrics.counter('mcp_proxy_upstream_starts_total', 'Upstreams started by target (each session starts its own, unless the target is shared)'),
     failures: metrics.counter('mcp_proxy_upstream_failures_total', 'Upstreams that failed to start or ended with an error, by target'),
+    toolCalls: metrics.counter('mcp_proxy_tool_calls_total', 'tools/call requests forwarded to upstreams by target, tool (advertised names, else other) and outcome (ok, tool_error, error, closed)'),
+    toolDuration: metrics.histogram('mcp_proxy_tool_call_duration_seconds', 'Time from forwarding a tools/call upstream to its answer, by target and tool'),
   }
-  const all: TargetStats[] = factories.map(f => ({ target: f.target, kind: f.kind, live: new Set(), byMethod: new Map(), started: 0, failures: 0, lastError: undefined, lastErrorAt: undefined }))
+  const maxTools = opts.maxToolLabels ?? 200
+  const all: TargetStats[] = factories.map(f => ({
+    target: f.target, kind: f.kind, live: new Set(), byMethod: new Map(), tools: new AdvertisedNames(maxTools), byTool: new Map(),
+    started: 0, failures: 0, lastError: undefined, lastErrorAt: undefined,
+  }))
+  for (const s of all) {
+    meters.starts.init({ target: s.target })
+    meters.failures.init({ target: s.target })
+    toolMeters(s, meters, 'other')
+  }
   metrics.gauge('mcp_proxy_upstreams', 'Running upstreams (one per session and target, or per shared child) by target').collect = () => all.map(s => [{ target: s.target }, s.live.size])
   metrics.gauge('mcp_proxy_child_processes', 'Live stdio child processes').collect = () => [[undefined, liveChildCount()]]
   return {

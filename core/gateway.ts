@@ -140,7 +140,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const routes = new RouteTable(plugins)
     const pipeline = new Pipeline(plugins)
     // Wrapped for the admin UI and metrics: child pids, failures, upstream latency per target and method.
-    const tracker = trackUpstreams(config.mcp.targets.map(t => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics })), metrics)
+    const tracker = trackUpstreams(config.mcp.targets.map(t => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics })), metrics, { maxToolLabels: config.mcp.limits.maxToolLabels })
     const factories = tracker.factories
     const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')

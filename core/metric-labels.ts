@@ -30,3 +30,36 @@ const MCP_METHODS: ReadonlySet<string> = new Set([
 export function methodLabel (method: string): string {
   return MCP_METHODS.has(method) ? method : 'other'
 }
+
+/**
+ * MCP 2025-11-25 (server/tools, "Tool names"): a tool name SHOULD be 1 to
+ * 128 characters; a longer one is never a label value.
+ */
+const MAX_NAME_LENGTH = 128
+
+/**
+ * Names a target advertised (its tools/list answers) as label values: a
+ * client can put any name in a tools/call, so only advertised names become
+ * labels, at most `max` per target (the first advertised), and every other
+ * name is `other`. Names are only ever added: a tool that disappears keeps
+ * its series, and the cap bounds them.
+ */
+export class AdvertisedNames {
+  readonly #names = new Set<string>()
+  readonly #max: number
+
+  constructor (max: number) { this.#max = max }
+
+  /** Records an advertised name; true when it became a label value now. */
+  add (name: unknown): name is string {
+    if (typeof name !== 'string' || name === '' || name.length > MAX_NAME_LENGTH) return false
+    if (this.#names.size >= this.#max || this.#names.has(name)) return false
+    this.#names.add(name)
+    return true
+  }
+
+  /** The name as a label value: itself when advertised, else `other`. */
+  label (name: string): string {
+    return this.#names.has(name) ? name : 'other'
+  }
+}

@@ -8,6 +8,7 @@
 import t from 'tap'
 import { randomBytes } from 'node:crypto'
 import { adminGateway, parsePrometheus } from './helpers/admin.ts'
+import { AdvertisedNames } from '../core/metric-labels.ts'
 import { rawInitialize } from './helpers/gateway-harness.ts'
 
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
@@ -75,4 +76,17 @@ t.test('2000 made-up method names leave /metrics bounded', async t => {
   }
   t.ok(methods.has('other'), 'made-up methods are counted as other')
   t.ok(methods.has('ping') && methods.has('tools/list'), 'MCP methods keep their name')
+})
+
+t.test('AdvertisedNames: only advertised names, at most max, 1-128 characters; the rest is other', async t => {
+  const names = new AdvertisedNames(2)
+  t.equal(names.label('echo'), 'other', 'nothing advertised yet')
+  t.equal(names.add('echo'), true)
+  t.equal(names.add('echo'), false, 'once')
+  t.equal(names.add('x'.repeat(129)), false, 'too long for a tool name')
+  t.equal(names.add(42), false)
+  t.equal(names.add(''), false)
+  t.equal(names.add('add'), true)
+  t.equal(names.add('third'), false, 'past the cap')
+  t.same(['echo', 'add', 'third', 'x'.repeat(129)].map(n => names.label(n)), ['echo', 'add', 'other', 'other'])
 })
