@@ -41,15 +41,9 @@ async function post (url: string, body: unknown, headers: Record<string, string>
   return fetch(url, { method: 'POST', headers: { ...INIT_HEADERS, ...headers }, body: JSON.stringify(body) })
 }
 
-/** The first request: a gateway still starting may answer 503 with Retry-After (README, Running); that is honoured. */
-async function initialize (url: string, headers: Record<string, string>): Promise<Response> {
-  const body = { jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'access-log', version: '1' } } }
-  for (let i = 0; ; i++) {
-    const r = await post(url, body, headers)
-    if (r.status !== 503 || i === 50) return r
-    await r.text()
-    await new Promise(resolve => setTimeout(resolve, 100))
-  }
+/** The first request, sent as soon as the port accepts (a gateway still starting holds it). */
+function initialize (url: string, headers: Record<string, string>): Promise<Response> {
+  return post(url, { jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'access-log', version: '1' } } }, headers)
 }
 
 /** Polls the CLI's output for a line matching `pred` (the access line is written when the response ends). */
