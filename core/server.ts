@@ -50,10 +50,16 @@ function checkingIntervalOf (limits: ServerLimits): number {
 }
 
 /** A whole response for a connection the parser gave up on: small JSON body, then the connection is closed. */
-function rawAnswer (status: number, description: string): Buffer {
+/** A parser-level answer: the status line, then (per connection) X-Request-ID, then the rest of the head and the body. */
+interface RawAnswer { readonly status: number; readonly statusLine: string; readonly rest: string }
+
+function rawAnswer (status: number, description: string): RawAnswer {
   const body = JSON.stringify({ error: 'invalid_request', error_description: description })
-  return Buffer.from(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nconnection: close\r\ncontent-type: application/json\r\n` +
-    `cache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`, 'latin1')
+  return {
+    status,
+    statusLine: `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n`,
+    rest: `connection: close\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+  }
 }
 
 const HEADERS_TOO_LARGE = rawAnswer(431, 'request header fields too large')
@@ -134,6 +140,10 @@ function requestIdOf (req: IncomingMessage): string {
     const clean = given.slice(0, 64).replace(/[^\w.-]/g, '')
     if (clean !== '') return clean
   }
+  return newRequestId()
+}
+
+function newRequestId (): string {
   return `${REQUEST_ID_PREFIX}-${(++requestSeq).toString(36)}`
 }
 
@@ -375,8 +385,10 @@ export class GatewayServer {
       socket.destroy()
       return
     }
-    this.log.info({ code: err.code, status: answer === HEADERS_TOO_LARGE ? 431 : answer === REQUEST_TIMEOUT ? 408 : 400, remote: socket.remoteAddress }, 'client error')
-    socket.write(answer)
+    // No request object, so no client X-Request-ID to trust: a fresh id names this answer and its log line.
+    const reqId = newRequestId()
+    this.log.info({ reqId, code: err.code, status: answer.status, remote: socket.remoteAddress }, 'client error')
+    socket.write(answer.statusLine + 'x-request-id: ' + reqId + '\r\n' + answer.rest, 'latin1')
     socket.destroySoon()
   }
 

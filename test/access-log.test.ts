@@ -9,6 +9,7 @@
 import t, { type Test } from 'tap'
 import { mkdtemp, writeFile, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
+import { connect } from 'node:net'
 import { join } from 'node:path'
 import { spawnCli, waitForPort, freePort } from './helpers/cli.ts'
 import { EVERYTHING, INIT_HEADERS, sseMessages } from './helpers/gateway-harness.ts'
@@ -95,6 +96,15 @@ admin: { host: 0.0.0.0, port: ${adminPort} }
   t.equal(unauth.status, 404)
   t.ok(unauth.headers.get('x-request-id'))
   await Promise.all([missing.text(), unauth.text()])
+  // A request the HTTP parser refuses has no request object: the gateway's answer still names one.
+  const raw = await new Promise<string>((resolve, reject) => {
+    const s = connect(Number(new URL(cli.mcp).port), '127.0.0.1', () => s.write('NOT HTTP AT ALL\r\n\r\n'))
+    let got = ''
+    s.on('data', d => { got += String(d) })
+    s.on('close', () => resolve(got))
+    s.on('error', reject)
+  })
+  t.match(raw, /^HTTP\/1\.1 400 [^\r]*\r\nx-request-id: [\w-]+\r\n/, 'a malformed request gets 400 with a request id')
 
   const access = await lineWhere(cli, l => l.msg === 'request' && l.reqId === callId)
   t.ok(access, 'the tools/call has an access line under its request id')
