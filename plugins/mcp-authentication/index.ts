@@ -17,7 +17,11 @@ import { acquireKeySet } from './key-set.ts'
 import { AuthFailure, createVerifier, TOKEN_FAILURE_REASONS } from './verifier.ts'
 import { TokenCache } from './token-cache.ts'
 import { KeysUnavailableError } from './key-set.ts'
-import optionsSchema from './schema.json' with { type: 'json' }
+import ownSchema from './schema.json' with { type: 'json' }
+import { facadeSchema, facadeOptions, type FacadeOptions } from '../oauth-facade/options.ts'
+
+/** The `facade` block (opt-in OAuth facade) is validated by the facade's own schema, as part of these options. */
+const optionsSchema = { ...ownSchema, properties: { ...ownSchema.properties, facade: facadeSchema } }
 
 export type { IdpIdentity, ProtectedResource } from './identity.ts'
 
@@ -41,6 +45,8 @@ export interface McpAuthenticationOptions {
   clientSecret?: string
   jwks?: string
   resourceMetadata: { resource: string; scopesSupported?: string[]; bearerMethodsSupported?: string[] }
+  /** Opt-in OAuth facade (plugins/oauth-facade/schema.json). */
+  facade?: unknown
   clockToleranceSeconds?: number
   tokenCache?: { enabled?: boolean; maxEntries?: number; ttlSeconds?: number }
   keySet?: { refreshSeconds?: number; cooldownSeconds?: number; maxBackoffSeconds?: number; timeoutMs?: number; maxBytes?: number; retryAfterSeconds?: number }
@@ -56,6 +62,8 @@ export interface McpAuthenticationOptions {
 export interface McpAuthenticationProvides {
   readonly idp: IdpIdentity
   readonly protectedResource: ProtectedResource
+  /** The facade's options (defaults applied, checked), or undefined when the SPEC's behaviour applies. */
+  readonly facade: FacadeOptions | undefined
 }
 
 /** Cross-field checks and the provided identity: the same at start-up and in `--check`. */
@@ -63,6 +71,7 @@ export function provides (options: McpAuthenticationOptions, configPath = 'mcp.p
   return {
     idp: identityOf(options, configPath),
     protectedResource: { resource: options.resourceMetadata.resource, scopesSupported: options.resourceMetadata.scopesSupported },
+    facade: options.facade === undefined ? undefined : facadeOptions(options.facade, `${configPath}.facade`),
   }
 }
 
@@ -142,7 +151,7 @@ export default definePlugin<McpAuthenticationOptions>({
   engine: '^1',
   optionsSchema: optionsSchema as Record<string, unknown>,
   policy: 'mcpAuthentication',
-  provides: ['idp', 'protectedResource'],
+  provides: ['idp', 'protectedResource', 'facade'],
   errors: [KeysUnavailable],
   baseUrlOf (options) {
     return options.resourceMetadata.resource.replace(/\/mcp$/, '')
