@@ -1,0 +1,84 @@
+/**
+ * The official conformance suite's authorization-server checks against the
+ * facade (`conformance authorization --url {base_url}/mcp`, pinned; the
+ * `authorization` command exists from the 0.2 line): the metadata endpoint
+ * scenario, and the authorization-code grant, whose login the suite leaves to
+ * a browser: the test follows the printed URL (IdP login, consent) to the
+ * suite's own callback.
+ */
+import t from 'tap'
+import { spawn } from 'node:child_process'
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { freePort } from './helpers/cli.ts'
+import { ROOT } from './helpers/gateway-harness.ts'
+import { ossSetup, Agent, FACADE_KEY } from './helpers/facade.ts'
+
+const SUITE = '@modelcontextprotocol/conformance@0.2.0-alpha.12'
+const NODE = 'node@22'
+
+function env (): NodeJS.ProcessEnv {
+  return { PATH: process.env.PATH, HOME: process.env.HOME, NO_COLOR: '1', npm_config_update_notifier: 'false' }
+}
+
+async function resolveSuite (): Promise<{ node: string; bin: string }> {
+  const child = spawn('npx', ['-y', '-p', NODE, '-p', SUITE, '--', 'sh', '-c', 'command -v node && command -v conformance'], { cwd: ROOT, env: env(), stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  child.stdout.setEncoding('utf8').on('data', (d: string) => { out += d })
+  child.stderr.setEncoding('utf8').on('data', (d: string) => { out += d })
+  const timer = setTimeout(() => child.kill('SIGKILL'), 180_000)
+  await new Promise(resolve => child.once('close', resolve))
+  clearTimeout(timer)
+  const lines = out.split('\n').map(l => l.trim()).filter(l => l.startsWith('/'))
+  const node = lines.find(l => /\/node$/.test(l))
+  const bin = lines.find(l => /\/conformance$/.test(l))
+  if (node === undefined || bin === undefined) throw new Error(`could not install ${SUITE}:\n${out.slice(-2000)}`)
+  return { node, bin }
+}
+
+t.test('conformance authorization: metadata endpoint and authorization code grant pass against the facade', async t => {
+  const suite = await resolveSuite()
+  const { g } = await ossSetup(t, {
+    keys: [FACADE_KEY],
+    clients: [{ clientId: 'conformance-client', clientName: 'MCP conformance suite', redirectUris: ['http://127.0.0.1/callback'] }],
+  })
+  const port = await freePort()
+  const outDir = await mkdtemp(join(tmpdir(), 'facade-conformance-'))
+  t.teardown(() => rm(outDir, { recursive: true, force: true }))
+  const child = spawn(suite.node, [suite.bin, 'authorization', '--url', `${g.base}/mcp`, '--client-id', 'conformance-client', '-p', String(port), '-o', outDir], {
+    cwd: ROOT, env: env(), stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  const guard = setTimeout(() => child.kill('SIGKILL'), 120_000)
+  t.teardown(() => { clearTimeout(guard); if (child.exitCode === null) child.kill('SIGKILL') })
+  let output = ''
+  let browsed: Promise<void> | undefined
+  const agent = new Agent()
+  const onData = (d: string): void => {
+    output += d
+    const m = new RegExp(`^(${g.base.replace(/[.]/g, '\\.')}/oauth/authorize\\?\\S+)$`, 'm').exec(output)
+    if (m !== null && browsed === undefined) {
+      // The "browser": IdP login, consent, then the suite's callback.
+      browsed = agent.follow(m[1]!, `http://127.0.0.1:${port}/callback`).then(async cb => { await fetch(cb) })
+    }
+  }
+  child.stdout.setEncoding('utf8').on('data', onData)
+  child.stderr.setEncoding('utf8').on('data', onData)
+  const code = await new Promise<number | null>(resolve => child.once('close', resolve))
+  t.ok(browsed !== undefined, 'the suite printed the authorization URL')
+  await browsed
+  t.equal(agent.consentPages, 1, 'consent was asked')
+  const results = new Map<string, Array<{ id: string; status: string; errorMessage?: string }>>()
+  for (const dir of await readdir(outDir, { recursive: true })) {
+    if (!String(dir).endsWith('checks.json')) continue
+    const checks = JSON.parse(await readFile(join(outDir, String(dir)), 'utf8')) as Array<{ id: string; status: string; errorMessage?: string }>
+    for (const c of checks) results.set(c.id, [...(results.get(c.id) ?? []), c])
+  }
+  for (const id of ['authorization-server-metadata', 'authorization-code-grant']) {
+    const checks = [...results.entries()].filter(([k]) => k.startsWith(id)).flatMap(([, v]) => v)
+    t.ok(checks.length > 0, `${id}: checks ran`)
+    t.same(checks.filter(c => c.status === 'FAILURE'), [], `${id}: no failure`)
+  }
+  if (code !== 0) t.comment(output.slice(-3000))
+  t.equal(code, 0, 'the suite exits 0')
+})
