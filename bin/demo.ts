@@ -14,11 +14,15 @@ import { builtins } from '../plugins/index.ts'
 
 const here = dirname(fileURLToPath(import.meta.url))
 const root = here.endsWith('/dist/bin') || here.endsWith('\\dist\\bin') ? resolve(here, '../..') : resolve(here, '..')
-const configFile = resolve(root, 'examples/demo/config.yaml')
+// `--facade`: the OAuth facade (issue 17): the IdP knows only the gateway's callback.
+const facade = process.argv.includes('--facade')
+const configFile = resolve(root, facade ? 'examples/demo/facade.yaml' : 'examples/demo/config.yaml')
 const idpPort = Number(process.env.DEMO_IDP_PORT ?? 9400)
 
 async function main (): Promise<void> {
-  const idp = await startDevIdp({ port: idpPort, clientId: 'mcp-gateway-dev' })
+  const idp = await startDevIdp(facade
+    ? { port: idpPort, clientId: 'mcp-gateway-dev', allowLoopbackRedirects: false, redirectUris: ['http://localhost:3000/oauth/callback'] }
+    : { port: idpPort, clientId: 'mcp-gateway-dev' })
   process.env.DEMO_IDP_ISSUER = idp.issuer
   let gateway
   try {
@@ -35,7 +39,7 @@ async function main (): Promise<void> {
   MCP endpoint      ${mcp}
   Management UI     ${gateway.adminUrl ?? '(disabled)'}/ui
   Dev OpenID issuer ${idp.issuer}   (127.0.0.1 only; logs every authorize request in as "alice")
-  Config            examples/demo/config.yaml
+  Config            examples/demo/${facade ? 'facade.yaml (OAuth facade: the IdP knows only http://localhost:3000/oauth/callback)' : 'config.yaml'}
 
   Get a token by hand (the SPEC's client-credentials request with a service account):
 
@@ -53,7 +57,8 @@ async function main (): Promise<void> {
 
   MCP Inspector: npx @modelcontextprotocol/inspector, choose "Streamable HTTP",
   URL ${mcp}, then "Open Auth Settings" -> "Quick OAuth Flow": it discovers the
-  metadata, registers, and logs in through the dev provider without a password prompt.
+  metadata, registers, and logs in through the dev provider without a password prompt.${facade ? `
+  In facade mode the gateway then shows its consent page before the Inspector gets a code.` : ''}
 
   Ctrl-C stops everything.
 `)
