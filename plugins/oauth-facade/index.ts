@@ -38,6 +38,7 @@ import { FACADE_PATH, type FacadeOptions } from './options.ts'
 
 export { facadeOptions, FACADE_PATH, type FacadeOptions } from './options.ts'
 import { MemoryUsedCodes, RedisUsedCodes, type UsedCodes } from './used-codes.ts'
+import { CodeStoreUnavailable } from './errors.ts'
 
 export const AUTHORIZE_PATH = '/oauth/authorize'
 export const TOKEN_PATH = '/oauth/token'
@@ -570,6 +571,7 @@ export default definePlugin<Record<string, never>>({
   // Its options are mcpAuthentication's `facade` block, validated there with this plugin's schema.json.
   optionsSchema: { type: 'object', additionalProperties: false, properties: {} },
   needs: ['idp', 'protectedResource', 'facade'],
+  errors: [CodeStoreUnavailable],
   create (_options, env) {
     const options = env.provided.facade as FacadeOptions | undefined
     if (options === undefined) {

@@ -8,7 +8,8 @@
  * accepted twice.
  */
 import { createConnection, type Socket } from 'node:net'
-import { ProxyError } from '../../core/errors.ts'
+import type { ProxyError } from '../../core/errors.ts'
+import { CodeStoreUnavailable } from './errors.ts'
 
 export interface UsedCodes {
   /** Records `id` as redeemed until `exp` (seconds); false when it already was. */
@@ -18,7 +19,7 @@ export interface UsedCodes {
 }
 
 function unavailable (message: string): ProxyError {
-  return new ProxyError('MCPP_ERR_OAUTH_REQUEST', 503, message, { oauthError: 'temporarily_unavailable', expose: true, headers: { 'retry-after': '5' } })
+  return CodeStoreUnavailable(message)
 }
 
 export class MemoryUsedCodes implements UsedCodes {
