@@ -18,6 +18,7 @@ import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
 import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, rpcError } from './router.ts'
 import { UpstreamCalls } from './calls.ts'
+import { tracer } from '../tracing.ts'
 
 /** What a session needs from its endpoint. */
 export interface SessionEnv {
@@ -372,14 +373,17 @@ export class Session {
     // The access log's target (the first one routed to, as the log's method is the first message's).
     inflight.exchange.ctx.target ??= link.target
     link.active.add(inflight)
-    const call = this.#send(link, msg, (r) => this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : post(r)))
+    const traced = tracer?.upstreamCall(inflight.exchange.ctx, link.target, msg)
+    const call = this.#send(link, msg, (r) => { traced?.(r); this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : post(r)) })
     if (call !== undefined) inflight.calls.push(call)
   }
 
   /** A request of the gateway's own (initialize, list pages, fan-outs). */
   #request (link: Link, method: string, params: Record<string, unknown>, inflight: Inflight | undefined, timeoutMs = this.#env.requestTimeoutMs): Promise<JsonRpcMessage> {
     return new Promise(resolve => {
-      const call = this.#send(link, { jsonrpc: '2.0', method, params }, resolve, timeoutMs)
+      const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
+      const traced = inflight === undefined ? undefined : tracer?.upstreamCall(inflight.exchange.ctx, link.target, msg)
+      const call = this.#send(link, msg, traced === undefined ? resolve : (r) => { traced(r); resolve(r) }, timeoutMs)
       if (call !== undefined) inflight?.calls.push(call)
     })
   }
