@@ -182,6 +182,50 @@ t.test('tracing.recordSubject: the token subject is recorded as user.id', async 
   t.equal(server === undefined ? undefined : attr(server, 'user.id'), 'mcp-service')
 })
 
+t.test('revision 2026-07-28: a traceparent in _meta only is linked, the rest of _meta goes upstream with the call\'s own context', async t => {
+  const receiver = await otlpReceiver(t)
+  const upstream = await recordingUpstream(t)
+  const gw = await fullGateway(t, {
+    targets: [{ name: 'remote', mcp: { url: upstream.url } }],
+    policies: { mcpAuthentication: ossOptions(idp) },
+  }, 'info', { tracing: { enabled: true, endpoint: receiver.url } })
+  const token = await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password')
+  const traceId = randomUUID().replaceAll('-', '')
+  const callerSpan = randomUUID().replaceAll('-', '').slice(0, 16)
+  const meta = {
+    'io.modelcontextprotocol/protocolVersion': '2026-07-28',
+    'io.modelcontextprotocol/clientCapabilities': {},
+    'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' },
+    traceparent: `00-${traceId}-${callerSpan}-01`,
+  }
+  const res = await fetch(gw.url, {
+    method: 'POST',
+    headers: {
+      'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${token}`,
+      'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'echo',
+    },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name: 'echo', arguments: { message: 'modern' }, _meta: meta } }),
+  })
+  t.equal(res.status, 200)
+  t.match(await res.text(), /echo: modern/)
+  await gw.gw.close()
+  const spans = receiver.spans()
+  const server = spans.find(s => s.kind === SERVER && attr(s, 'mcp.method.name') === 'tools/call')
+  t.ok(server, 'a server span')
+  if (server === undefined) return
+  t.equal(attr(server, 'jsonrpc.request.id'), '7')
+  t.equal(attr(server, 'mcp.protocol.version'), '2026-07-28')
+  const link = (server as OtlpSpan & { links?: Array<{ traceId: string; spanId: string }> }).links?.[0]
+  t.same(link === undefined ? undefined : { traceId: link.traceId, spanId: link.spanId }, { traceId, spanId: callerSpan }, 'linked to the caller\'s _meta context')
+  const call = spans.find(s => s.kind === CLIENT && s.parentSpanId === server.spanId)
+  t.ok(call, 'a client span under the server span')
+  if (call === undefined) return
+  const seen = upstream.calls.at(-1)!
+  const expected = `00-${server.traceId}-${call.spanId}-01`
+  t.equal(seen.meta?.traceparent, expected, '_meta.traceparent is the client span\'s context, not the caller\'s')
+  t.equal(seen.headers.traceparent, expected, 'and so is the header')
+})
+
 /**
  * Runs a gateway in a child process whose module loader refuses every
  * `@opentelemetry/*` import, sends it one request, and reports what happened.
