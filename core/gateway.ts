@@ -148,8 +148,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const factories = tracker.factories
     const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
-    // Traced requests go through the session layer, where each upstream call gets its client span and _meta context.
-    const passthrough = only?.mcp !== undefined && !perOperation && !config.tracing.enabled ? createHttpPassthrough(only, { log, metrics }) : undefined
+    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics }) : undefined
     const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined })
     cleanup.push(() => endpoint.close())
     gw.attach(pipeline, routes, endpoint)

@@ -85,6 +85,30 @@ export function createTracer (config: TracingConfig, log: Logger, version: strin
   const otel = provider.getTracer('mcp-idp-gateway', version)
   const servers = new WeakMap<RequestContext, { span: Span; context: Context }>()
 
+  /** A client span for a call of `msg` to `target`, child of the request's server span. */
+  function clientSpan (ctx: RequestContext, target: string, msg: JsonRpcMessage | undefined): Span {
+    const method = msg?.method ?? `${ctx.method} ${ctx.path}`
+    const attrs: Attributes = { 'mcp_proxy.target': target }
+    let name: string | undefined
+    if (msg?.method !== undefined) {
+      attrs['mcp.method.name'] = msg.method
+      attrs['jsonrpc.protocol.version'] = '2.0'
+      name = targetAttributes(msg.method, msg.params, attrs)
+    }
+    const session = sessionOf(ctx)
+    if (session !== undefined) attrs['mcp.session.id'] = session
+    return otel.startSpan(spanName(method, name), { kind: SpanKind.CLIENT, attributes: attrs }, contextOf(ctx))
+  }
+
+  /** Puts `span`'s context into the message's `params._meta`, replacing the caller's: the upstream's spans are children of this call. */
+  function withContext (msg: JsonRpcMessage, span: Span): void {
+    const meta: Record<string, unknown> = {}
+    const given = msg.params?._meta as Record<string, unknown> | undefined
+    if (given !== null && typeof given === 'object') for (const k of Object.keys(given)) if (k !== 'traceparent' && k !== 'tracestate') meta[k] = given[k]
+    w3c.inject(trace.setSpan(ROOT_CONTEXT, span), meta, { set: setter })
+    msg.params = { ...msg.params, _meta: meta }
+  }
+
   /** The context children of the request's server span start in. */
   function contextOf (ctx: RequestContext): Context {
     return servers.get(ctx)?.context ?? ROOT_CONTEXT
@@ -93,12 +117,9 @@ export function createTracer (config: TracingConfig, log: Logger, version: strin
   return {
     requestStarted (ctx) {
       const parent = w3c.extract(ROOT_CONTEXT, ctx.req.headers as Record<string, unknown>, getter)
-      const attrs: Attributes = {
-        'http.request.method': ctx.method,
-        'url.path': ctx.path,
-        'network.protocol.name': 'http',
-        'client.address': ctx.req.socket.remoteAddress,
-      }
+      const attrs: Attributes = { 'http.request.method': ctx.method, 'url.path': ctx.path, 'network.protocol.name': 'http' }
+      const peer = ctx.req.socket.remoteAddress
+      if (peer !== undefined) attrs['client.address'] = peer
       const span = otel.startSpan(`${ctx.method} ${ctx.path}`, { kind: SpanKind.SERVER, attributes: attrs }, parent)
       servers.set(ctx, { span, context: trace.setSpan(parent, span) })
     },
@@ -153,18 +174,8 @@ export function createTracer (config: TracingConfig, log: Logger, version: strin
     },
 
     upstreamCall (ctx, target, msg) {
-      const method = msg.method ?? ''
-      const attrs: Attributes = { 'mcp.method.name': method, 'mcp_proxy.target': target, 'jsonrpc.protocol.version': '2.0' }
-      const name = targetAttributes(method, msg.params, attrs)
-      const session = sessionOf(ctx)
-      if (session !== undefined) attrs['mcp.session.id'] = session
-      const span = otel.startSpan(spanName(method, name), { kind: SpanKind.CLIENT, attributes: attrs }, contextOf(ctx))
-      // Our context replaces the client's in what goes upstream: the upstream's spans are children of this call.
-      const meta: Record<string, unknown> = { ...(msg.params?._meta as Record<string, unknown> | undefined) }
-      delete meta.traceparent
-      delete meta.tracestate
-      w3c.inject(trace.setSpan(ROOT_CONTEXT, span), meta, { set: setter })
-      msg.params = { ...msg.params, _meta: meta }
+      const span = clientSpan(ctx, target, msg)
+      withContext(msg, span)
       return (answer: JsonRpcMessage) => {
         if (answer.error !== undefined) {
           const code = String(answer.error.code)
@@ -177,6 +188,36 @@ export function createTracer (config: TracingConfig, log: Logger, version: strin
         }
         span.end()
       }
+    },
+
+    async passthroughCall (ctx, target) {
+      const isPost = ctx.method === 'POST'
+      const body = isPost ? (await ctx.readMcpMessage()).body : undefined
+      const list = (Array.isArray(body) ? body : body === undefined ? [] : [body]) as JsonRpcMessage[]
+      const span = clientSpan(ctx, target, list.find(m => m.method !== undefined))
+      const carrier: Record<string, unknown> = {}
+      w3c.inject(trace.setSpan(ROOT_CONTEXT, span), carrier, { set: setter })
+      const headers = ctx.req.headers
+      headers.traceparent = carrier.traceparent as string
+      if (typeof carrier.tracestate === 'string') headers.tracestate = carrier.tracestate
+      // Removed, not set to undefined: the upstream request copies every key, and an undefined value is an invalid header.
+      else if (headers.tracestate !== undefined) delete headers.tracestate
+      ctx.res.once('close', () => {
+        const status = ctx.res.headersSent ? ctx.res.statusCode : 0
+        span.setAttribute('http.response.status_code', status)
+        if (status >= 500 || status === 0) {
+          span.setAttribute('error.type', status === 0 ? 'aborted' : String(status))
+          span.setStatus({ code: SpanStatusCode.ERROR })
+        }
+        span.end()
+      })
+      if (!isPost) return undefined
+      for (const m of list) if (m.method !== undefined) withContext(m, span)
+      // The body sent upstream is the rewritten one: its length, not the client's framing.
+      const out = Buffer.from(JSON.stringify(body))
+      headers['content-length'] = String(out.length)
+      if (headers['transfer-encoding'] !== undefined) delete headers['transfer-encoding']
+      return out
     },
 
     httpHeaders (msg, headers) {

@@ -51,6 +51,14 @@ export interface Tracer {
    * the span with the upstream's answer.
    */
   upstreamCall(ctx: RequestContext, target: string, msg: JsonRpcMessage): (answer: JsonRpcMessage) => void
+  /**
+   * For the single-HTTP-target passthrough: a client span for the exchange,
+   * its context in the request's `traceparent` header and, for a POST, in
+   * `params._meta` of each message of the body, which is returned rewritten
+   * (undefined for GET and DELETE: nothing to rewrite). The span ends with
+   * the response.
+   */
+  passthroughCall(ctx: RequestContext, target: string): Promise<Buffer | undefined>
   /** Copies the message's `_meta` trace context into the headers of its HTTP request (W3C Trace Context). */
   httpHeaders(msg: JsonRpcMessage, headers: Record<string, string>): void
   /** Exports what is left and stops. */
@@ -66,11 +74,13 @@ export async function startTracing (config: TracingConfig | undefined, log: Logg
   const { createTracer } = await import('./tracing-otel.ts')
   await tracer?.shutdown()
   tracer = createTracer(config, log, version)
-  log.info({ endpoint: config.endpoint, samplingRatio: config.samplingRatio }, 'tracing: exporting spans over OTLP/HTTP')
+  // The endpoint without any user:password part: credentials are never logged.
+  const shown = new URL(config.endpoint)
+  log.info({ endpoint: shown.origin + shown.pathname, samplingRatio: config.samplingRatio }, 'tracing: exporting spans over OTLP/HTTP')
   return true
 }
 
-/** Flushes and stops the active tracer, if any. */
+/** Exports the spans left (waiting at most `exportTimeoutMs`) and stops the active tracer, if any. */
 export async function stopTracing (): Promise<void> {
   const t = tracer
   tracer = undefined

@@ -111,12 +111,20 @@ let idp: DevIdp
 t.before(async () => { idp = await startDevIdp() })
 t.teardown(() => idp.close())
 
-async function tracedCall (t: Test, tracing: Record<string, unknown>) {
+/**
+ * `sessionLayer`: a per-operation rule (one that reads `mcp.*`) makes the
+ * gateway serve the single HTTP target through its session layer instead of
+ * the passthrough; both paths must trace alike.
+ */
+async function tracedCall (t: Test, tracing: Record<string, unknown>, sessionLayer = false) {
   const receiver = await otlpReceiver(t)
   const upstream = await recordingUpstream(t)
   const gw = await fullGateway(t, {
     targets: [{ name: 'remote', mcp: { url: upstream.url } }],
-    policies: { mcpAuthentication: ossOptions(idp) },
+    policies: {
+      mcpAuthentication: ossOptions(idp),
+      ...(sessionLayer ? { authorization: { rules: ['mcp.tool.name != "forbidden"'] } } : {}),
+    },
   }, 'info', { tracing: { enabled: true, endpoint: receiver.url, ...tracing } })
   const token = await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password')
   // The caller's own trace: the gateway's server spans must continue it.
@@ -128,14 +136,18 @@ async function tracedCall (t: Test, tracing: Record<string, unknown>) {
   }))
   const result = await client.callTool({ name: 'echo', arguments: { message: 'traced' } })
   t.same(result.content, [{ type: 'text', text: 'echo: traced' }], 'the call went through')
+  // The session layer lists its sessions; the passthrough keeps none of its own.
+  const layerSessions = gw.gw.endpoint.sessions().length
   await client.close()
   // Closing flushes the batch: every span is exported by the time close() returns.
   await gw.gw.close()
-  return { receiver, upstream, gw, token, traceId, callerSpan, spans: receiver.spans() }
+  return { receiver, upstream, layerSessions, token, traceId, callerSpan, spans: receiver.spans() }
 }
 
-t.test('one tools/call: one connected span tree, and its context reaches the HTTP upstream in the header and in _meta', async t => {
-  const { receiver, upstream, token, traceId, callerSpan, spans } = await tracedCall(t, {})
+for (const sessionLayer of [false, true]) {
+  t.test(`one tools/call (${sessionLayer ? 'session layer' : 'passthrough'}): one connected span tree, and its context reaches the HTTP upstream in the header and in _meta`, async t => {
+  const { receiver, upstream, layerSessions, token, traceId, callerSpan, spans } = await tracedCall(t, {}, sessionLayer)
+  t.equal(layerSessions, sessionLayer ? 1 : 0, sessionLayer ? 'served by the session layer' : 'served by the passthrough')
   const server = spans.find(s => s.kind === SERVER && attr(s, 'mcp.method.name') === 'tools/call')
   t.ok(server, 'a server span for the tools/call request')
   if (server === undefined) return
@@ -174,7 +186,8 @@ t.test('one tools/call: one connected span tree, and its context reaches the HTT
   const exported = receiver.bodies.join('\n')
   t.notOk(exported.includes(token), 'the token is never exported')
   t.notOk(exported.includes(token.split('.')[2]!), 'nor its signature')
-})
+  })
+}
 
 t.test('tracing.recordSubject: the token subject is recorded as user.id', async t => {
   const { spans } = await tracedCall(t, { recordSubject: true })
@@ -267,4 +280,19 @@ t.test('tracing off: a gateway starts and serves without loading any @openteleme
   const on = await gatewayWithoutOtel(true)
   t.not(on.code, 0)
   t.match(on.output, /loaded @opentelemetry\//)
+})
+
+t.test('config: tracing defaults, a bad value names its path, export headers are redacted in the admin view', async t => {
+  const { validateConfig } = await import('../core/config.ts')
+  const { redactConfig } = await import('../core/redact.ts')
+  const base = { mcp: { port: 0, targets: [{ name: 'remote', mcp: { url: 'http://127.0.0.1:9/mcp' } }] } }
+  const config = await validateConfig(base)
+  t.same(config.tracing, {
+    enabled: false, endpoint: 'http://localhost:4318/v1/traces', headers: {}, samplingRatio: 1, serviceName: 'mcp-proxy',
+    recordSubject: false, maxQueueSize: 2048, batchDelayMs: 5000, exportTimeoutMs: 10000,
+  }, 'off, with the documented defaults')
+  await t.rejects(validateConfig({ ...base, tracing: { enabled: true, samplingRatio: 2 } }), /tracing\.samplingRatio/)
+  await t.rejects(validateConfig({ ...base, tracing: { endpoint: 'collector:4318' } }), /tracing\.endpoint/)
+  const shown = JSON.stringify(redactConfig(await validateConfig({ ...base, tracing: { enabled: true, headers: { 'x-api-key': 'collector-secret-123' } } }), new Set()))
+  t.notOk(shown.includes('collector-secret-123'), 'the collector credential is not shown')
 })
