@@ -55,30 +55,35 @@ async function otlpReceiver (t: Test): Promise<{ url: string; bodies: string[]; 
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1/traces`, bodies, spans }
 }
 
-interface Seen { headers: IncomingHttpHeaders; meta: Record<string, unknown> | undefined }
+interface Seen { method: string; headers: IncomingHttpHeaders; meta: Record<string, unknown> | undefined }
 
-/** A real MCP SDK server over streamable HTTP with an `echo` tool; records each tools/call's headers and _meta. */
-async function recordingUpstream (t: Test): Promise<{ url: string; calls: Seen[] }> {
-  const calls: Seen[] = []
+/** A real MCP SDK server over streamable HTTP with an `echo` tool; records the headers and _meta of every request it receives. */
+async function recordingUpstream (t: Test): Promise<{ url: string; calls: Seen[]; received: Seen[] }> {
+  const received: Seen[] = []
   const sessions = new Map<string, StreamableHTTPServerTransport>()
   const servers: Server[] = []
-  let lastHeaders: IncomingHttpHeaders = {}
   const http = createServer((req, res) => {
     void (async () => {
-      lastHeaders = { ...req.headers }
+      let parsed: unknown
+      if (req.method === 'POST') {
+        const chunks: Buffer[] = []
+        for await (const c of req) chunks.push(c as Buffer)
+        parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'))
+        for (const m of (Array.isArray(parsed) ? parsed : [parsed]) as Array<{ method?: string; params?: { _meta?: Record<string, unknown> } }>) {
+          if (m.method !== undefined) received.push({ method: m.method, headers: { ...req.headers }, meta: m.params?._meta })
+        }
+      }
       const sid = req.headers['mcp-session-id']
       if (typeof sid === 'string') {
         const transport = sessions.get(sid)
         if (transport === undefined) { res.writeHead(404).end(); return }
-        await transport.handleRequest(req, res)
+        await transport.handleRequest(req, res, parsed)
         return
       }
       const server = new Server({ name: 'recording', version: '1.0.0' }, { capabilities: { tools: {} } })
       servers.push(server)
       server.setRequestHandler(ListToolsRequestSchema, async () => ({ tools: [{ name: 'echo', inputSchema: { type: 'object' } }] }))
       server.setRequestHandler(CallToolRequestSchema, async req => {
-        // Handled within the POST that carried it: lastHeaders are that POST's.
-        calls.push({ headers: lastHeaders, meta: req.params._meta as Record<string, unknown> | undefined })
         return { content: [{ type: 'text', text: `echo: ${String(req.params.arguments?.message)}` }] }
       })
       const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
@@ -87,7 +92,7 @@ async function recordingUpstream (t: Test): Promise<{ url: string; calls: Seen[]
         onsessioninitialized: id => { sessions.set(id, transport) },
       })
       await server.connect(transport)
-      await transport.handleRequest(req, res)
+      await transport.handleRequest(req, res, parsed)
     })().catch(err => { res.destroy(err as Error) })
   })
   await new Promise<void>(resolve => http.listen(0, '127.0.0.1', resolve))
@@ -96,7 +101,11 @@ async function recordingUpstream (t: Test): Promise<{ url: string; calls: Seen[]
     http.closeAllConnections()
     await new Promise<void>(resolve => http.close(() => resolve()))
   })
-  return { url: `http://127.0.0.1:${(http.address() as AddressInfo).port}/mcp`, calls }
+  return {
+    url: `http://127.0.0.1:${(http.address() as AddressInfo).port}/mcp`,
+    get calls () { return received.filter(r => r.method === 'tools/call') },
+    received,
+  }
 }
 
 function attr (span: OtlpSpan, key: string): unknown {
@@ -183,6 +192,11 @@ for (const sessionLayer of [false, true]) {
   const servers = spans.filter(s => s.kind === SERVER)
   t.ok(servers.length >= 3, 'initialize, notifications/initialized and tools/call each have a server span')
   t.ok(servers.every(s => s.traceId === traceId && s.parentSpanId === callerSpan), 'all in the caller\'s trace')
+  // The upstream handshake of the client's initialize is in the trace too (session layer: the gateway's own request).
+  const init = spans.find(s => s.kind === SERVER && attr(s, 'mcp.method.name') === 'initialize')
+  const initCall = spans.find(s => s.kind === CLIENT && s.name === 'initialize' && s.parentSpanId === init?.spanId)
+  t.ok(initCall, 'a client span for the upstream initialize under the initialize server span')
+  t.equal(upstream.received.find(r => r.method === 'initialize')?.meta?.traceparent, `00-${traceId}-${initCall?.spanId}-01`, 'the upstream initialize carries its context in _meta')
   const exported = receiver.bodies.join('\n')
   t.notOk(exported.includes(token), 'the token is never exported')
   t.notOk(exported.includes(token.split('.')[2]!), 'nor its signature')

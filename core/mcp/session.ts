@@ -131,12 +131,13 @@ export class Session {
    * Starts every upstream and runs the initialize handshake with each.
    * Returns the initialize result for the client. Throws a ProxyError (502)
    * when no target (or, fail-closed, any target) could be initialized.
+   * `ctx`: the client's initialize request, whose trace the handshakes join.
    */
-  async start (params: Record<string, unknown>): Promise<Record<string, unknown>> {
+  async start (params: Record<string, unknown>, ctx?: RequestContext): Promise<Record<string, unknown>> {
     const upParams = { ...params, protocolVersion: this.version }
     const results = await Promise.allSettled(this.links.map(async link => {
       await link.upstream.start()
-      const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS))
+      const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
       if (res.error !== undefined) throw new Error(res.error.message)
       link.initResult = res.result as Record<string, unknown>
       link.up = true
@@ -379,10 +380,11 @@ export class Session {
   }
 
   /** A request of the gateway's own (initialize, list pages, fan-outs). */
-  #request (link: Link, method: string, params: Record<string, unknown>, inflight: Inflight | undefined, timeoutMs = this.#env.requestTimeoutMs): Promise<JsonRpcMessage> {
+  /** `ctx`: the client request this serves (for its trace), when there is no `inflight` (initialize). */
+  #request (link: Link, method: string, params: Record<string, unknown>, inflight: Inflight | undefined, timeoutMs = this.#env.requestTimeoutMs, ctx = inflight?.exchange.ctx): Promise<JsonRpcMessage> {
     return new Promise(resolve => {
       const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
-      const traced = inflight === undefined ? undefined : tracer?.upstreamCall(inflight.exchange.ctx, link.target, msg)
+      const traced = ctx === undefined ? undefined : tracer?.upstreamCall(ctx, link.target, msg)
       const call = this.#send(link, msg, traced === undefined ? resolve : (r) => { traced(r); resolve(r) }, timeoutMs)
       if (call !== undefined) inflight?.calls.push(call)
     })
