@@ -264,9 +264,10 @@ function gatewayWithoutOtel (tracing: boolean): Promise<{ code: number | null; o
   const config = pathToFileURL(join(ROOT, 'core/config.ts')).href
   const script = `
     import { register } from 'node:module'
+    // Before the gateway's modules load: a static @opentelemetry import anywhere would fail too.
+    register(${JSON.stringify(refuse)})
     const { startGateway } = await import(${JSON.stringify(gateway)})
     const { validateConfig, deepFreeze } = await import(${JSON.stringify(config)})
-    register(${JSON.stringify(refuse)})
     const config = deepFreeze(await validateConfig({
       mcp: { host: '127.0.0.1', port: 0, targets: [{ name: 'remote', mcp: { url: 'http://127.0.0.1:9/mcp' } }] },
       admin: { enabled: false }, logging: { level: 'silent' }, tracing: { enabled: ${tracing} },
