@@ -18,7 +18,11 @@
  * letters; b and c run with a), BENCH_LEVELS (sessions for a-c, default
  * 1,16,64), BENCH_D_RATE (offered req/s of d's fixed-rate phase, default
  * 500), BENCH_CPU_PROF=<dir> (profile the gateway; summarise with
- * bench/lib/cpuprofile.ts).
+ * bench/lib/cpuprofile.ts), BENCH_TRACING=1 (adds the gateway with tracing
+ * on, every trace sampled, exporting to a sink process: in a with a shared
+ * child, and in d), BENCH_BASELINE_ROOT=<checkout> (adds the gateway built
+ * from another checkout, `baseline`, in the same shapes: before/after in one
+ * run).
  */
 import { mkdir, writeFile, readFile } from 'node:fs/promises'
 import { existsSync } from 'node:fs'
@@ -31,7 +35,7 @@ import { startDevIdp } from '../bin/dev-idp.ts'
 import { runClosedLoop, runFixedRate, summarize, summarizeRate, type Sample, type Summary, type RateSample, type RateSummary } from './lib/load.ts'
 import { makeAgent, McpHttpSession } from './lib/http-client.ts'
 import { rssOf, cpuMsOf, sleep, stopAll } from './lib/procs.ts'
-import { buildGateway, startGatewayProcess, type AuthSettings } from './lib/gateway.ts'
+import { buildGateway, startGatewayProcess, startOtlpSink, type AuthSettings } from './lib/gateway.ts'
 import { findNginx, startNginx } from './lib/nginx.ts'
 import { benchVerifier, type VerifyResult } from './lib/verifier-bench.ts'
 import {
@@ -63,6 +67,9 @@ const D_RATE_WARMUP_MS = 100
 const D_RATE_MS = Math.round(DURATION_MS * 0.4)
 const LEVELS = (process.env.BENCH_LEVELS ?? '1,16,64').split(',').map(Number)
 const ONLY = new Set((process.env.BENCH_ONLY ?? 'a,b,c,d,e,f').split(',').map(s => s.trim()))
+/** BENCH_TRACING=1: the OTLP endpoint traced gateways export to, set once the sink runs. */
+let tracingEndpoint: string | undefined
+const BASELINE_ROOT = process.env.BENCH_BASELINE_ROOT !== undefined && process.env.BENCH_BASELINE_ROOT !== '' ? process.env.BENCH_BASELINE_ROOT : undefined
 const T0 = performance.now()
 
 function say (s: string): void {
@@ -225,6 +232,8 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
   const up = await sseUpstream(P)
   const gwAuth = await startGatewayProcess(ROOT, { url: up.url }, auth)
   const gwOpen = await startGatewayProcess(ROOT, { url: up.url }, undefined)
+  const gwTraced = tracingEndpoint === undefined ? undefined : await startGatewayProcess(ROOT, { url: up.url }, auth, 'warn', tracingEndpoint)
+  const gwBase = BASELINE_ROOT === undefined ? undefined : await startGatewayProcess(BASELINE_ROOT, { url: up.url }, auth)
   const nginxBin = await findNginx(say)
   const ngx = nginxBin === undefined ? undefined : await startNginx(nginxBin, up.port)
   const bearer = { authorization: `Bearer ${token}` }
@@ -232,6 +241,9 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
     { name: 'direct (no proxy)', role: 'limit', url: up.url, headers: {}, pid: up.service.pid },
     { name: 'gateway (JWT)', role: 'gateway', url: gwAuth.url, headers: bearer, pid: gwAuth.service.pid },
     { name: 'gateway (no auth)', role: 'gateway', url: gwOpen.url, headers: {}, pid: gwOpen.service.pid },
+    // Tracing on serves a single HTTP target through the session layer (client spans, _meta), not the passthrough.
+    ...(gwTraced !== undefined ? [{ name: 'gateway (JWT, tracing on)', role: 'gateway', url: gwTraced.url, headers: bearer, pid: gwTraced.service.pid }] : []),
+    ...(gwBase !== undefined ? [{ name: 'gateway (JWT, baseline)', role: 'gateway', url: gwBase.url, headers: bearer, pid: gwBase.service.pid }] : []),
     ...(ngx !== undefined ? [{ name: 'nginx proxy_pass (1 worker)', role: 'peer', url: ngx.url, headers: {}, pid: ngx.workerPid }] : []),
   ]
   const state = new Map<string, { workers: McpHttpSession[]; agent: ReturnType<typeof makeAgent>; closed: Measured[]; rate: RateMeasured[] }>()
@@ -290,7 +302,7 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
     return { added, lines }
   } finally {
     for (const st of state.values()) { await closeWorkers(st.workers); st.agent.destroy() }
-    await Promise.allSettled([up.service.stop(), gwAuth.service.stop(), gwOpen.service.stop(), ngx?.service.stop()])
+    await Promise.allSettled([up.service.stop(), gwAuth.service.stop(), gwOpen.service.stop(), gwTraced?.service.stop(), gwBase?.service.stop(), ngx?.service.stop()])
   }
 }
 
@@ -438,9 +450,11 @@ async function main (): Promise<void> {
   const mach = await machine()
   say(`mcp-proxy bench: ${JSON.stringify(mach)}; phases ${WARMUP_MS} ms warm-up + ${DURATION_MS} ms measured`)
   await buildGateway(ROOT)
+  if (BASELINE_ROOT !== undefined) await buildGateway(BASELINE_ROOT)
   const idp = await startDevIdp({ accessTokenTtlSeconds: 3600 })
   const token = await idp.mintToken({ sub: 'bench-user' })
   const auth: AuthSettings = { issuer: idp.issuer, clientId: idp.clientId }
+  if (process.env.BENCH_TRACING === '1') tracingEndpoint = (await startOtlpSink()).endpoint
   const results: Record<string, unknown> = {}
   const ratios: Record<string, number | undefined> = {}
   const targets: Array<{ target: string; measured: string; met: boolean | undefined }> = []
@@ -458,11 +472,14 @@ async function main (): Promise<void> {
       ])
       const raw = rawStdioSystem(P)
       const gws = gwShared !== undefined ? [gwShared] : []
+      const gwTraced = tracingEndpoint === undefined || !ONLY.has('a') ? undefined : await gatewaySharedSystem(P, auth, () => token, tracingEndpoint)
+      const gwBase = BASELINE_ROOT === undefined || !ONLY.has('a') ? undefined : await gatewaySharedSystem(P, auth, () => token, undefined, BASELINE_ROOT)
+      const extra = [...(gwTraced !== undefined ? [gwTraced] : []), ...(gwBase !== undefined ? [gwBase] : [])]
       if (ONLY.has('a') || ONLY.has('b') || ONLY.has('c')) {
-        const all = [gw, ...gws, sg, pp, bare, barePer, direct, raw]
+        const all = [gw, ...gws, ...extra, sg, pp, bare, barePer, direct, raw]
         if (LEVELS.includes(1)) await throughputAlternating(all, 1)
         if (LEVELS.includes(16)) await throughputAlternating(all, 16)
-        if (LEVELS.includes(64)) await throughputSequential([gw, ...gws, sg, pp, bare, direct], 64)
+        if (LEVELS.includes(64)) await throughputSequential([gw, ...gws, ...extra, sg, pp, bare, direct], 64)
         for (const n of LEVELS) {
           const find = (s: System | undefined): Row | undefined => s === undefined ? undefined : rows.find(r => r.workload === 'a-c echo' && r.system === s.name && r.sessions === n)
           ratios[`x${n} gateway/supergateway`] = ratio(find(gw), find(sg))
@@ -477,6 +494,14 @@ async function main (): Promise<void> {
           ratios[`x${n} gateway shared/bare bridge`] = ratio(find(gwShared), find(bare))
           ratios[`x${n} gateway shared/server-everything http`] = ratio(find(gwShared), find(direct))
           ratios[`x${n} gateway shared/gateway child per session`] = ratio(find(gwShared), find(gw))
+          if (gwTraced !== undefined) {
+            ratios[`x${n} gateway shared tracing on/off`] = ratio(find(gwTraced), find(gwShared))
+            ratios[`x${n} CPU/req gateway shared tracing on/off`] = cpuRatio(find(gwTraced), find(gwShared))
+          }
+          if (gwBase !== undefined) {
+            ratios[`x${n} gateway shared this tree/baseline`] = ratio(find(gwShared), find(gwBase))
+            ratios[`x${n} CPU/req gateway shared this tree/baseline`] = cpuRatio(find(gwShared), find(gwBase))
+          }
           // CPU per request of the proxy process alone (lower is better): robust to other load on the box.
           ratios[`x${n} CPU/req gateway/supergateway`] = cpuRatio(find(gw), find(sg))
           ratios[`x${n} CPU/req gateway/punkpeye`] = cpuRatio(find(gw), find(pp))
@@ -503,7 +528,7 @@ async function main (): Promise<void> {
         }
       }
       if (ONLY.has('e')) await churn([gw, ...gws, sg, pp, direct])
-      await Promise.allSettled([gw, ...gws, sg, pp, bare, barePer, direct].map(s => s.stop()))
+      await Promise.allSettled([gw, ...gws, sg, pp, bare, barePer, direct, ...extra].map(s => s.stop()))
     }
     if (ONLY.has('d')) {
       const d = await httpTarget(auth, token)

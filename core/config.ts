@@ -15,6 +15,7 @@ import addFormatsModule from 'ajv-formats'
 import { ProxyError } from './errors.ts'
 import { EMPTY_REGISTRY, type PluginModule, type PluginRegistry } from './plugin.ts'
 import { parseCidr } from './client-address.ts'
+import type { TracingConfig } from './tracing.ts'
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv
 
@@ -44,6 +45,7 @@ export interface GatewayConfig {
   }
   admin: { host: string; port: number; token?: string; enabled: boolean }
   logging: { level: string; format: 'json' | 'pretty'; levels: 'name' | 'number'; time: 'iso' | 'epoch' }
+  tracing: TracingConfig
 }
 
 export interface LoadedConfig {

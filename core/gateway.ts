@@ -22,6 +22,7 @@ import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
 import { createHttpPassthrough } from './mcp/passthrough.ts'
 import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
+import { startTracing, stopTracing } from './tracing.ts'
 
 /** The package version, read once at start-up. */
 export const VERSION: string = (JSON.parse(readFileSync(packagePath('package.json'), 'utf8')) as { version: string }).version
@@ -95,6 +96,9 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     async handle () { throw new ProxyError('MCPP_ERR_STARTING', 503, 'Service Unavailable: the gateway is starting', { headers: { 'retry-after': '1' } }) },
     async close () {},
   }
+  // Before the listener: the first request already gets its span. Loads nothing when tracing is off.
+  const traced = await startTracing(config.tracing, log, VERSION)
+  const endTracing = (): Promise<void> => traced ? stopTracing() : Promise.resolve()
   const requestLog = new RequestLog()
   const gw = new GatewayServer({
     pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: starting, log, limits: config.mcp.limits, metrics,
@@ -102,8 +106,8 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     onAccess: rec => requestLog.add(rec),
     hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })
-  const bound = await gw.listen(mcpPort, config.mcp.host)
-  const cleanup: Array<() => Promise<unknown>> = [async () => stopProcessMetrics(), () => gw.close(0)]
+  const bound = await gw.listen(mcpPort, config.mcp.host).catch(async (err: unknown) => { await endTracing(); throw err })
+  const cleanup: Array<() => Promise<unknown>> = [endTracing, async () => stopProcessMetrics(), () => gw.close(0)]
   // The admin listener is bound early too (a port in use fails start-up
   // before any plugin starts) and answers /readyz "starting" until then.
   let adminState: AdminState | undefined
@@ -172,6 +176,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
         if (admin !== undefined) await new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() })
         await killAllChildren()
         stopProcessMetrics()
+        await endTracing()
       })()
       return closing
     }

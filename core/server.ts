@@ -18,6 +18,7 @@ import { parseMcpBody } from './mcp/jsonrpc.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 import { methodLabel } from './metric-labels.ts'
 import { ClientAddresses } from './client-address.ts'
+import { tracer } from './tracing.ts'
 
 /** The terminal handler for /mcp (see core/mcp/). */
 export interface McpEndpoint {
@@ -488,6 +489,7 @@ export class GatewayServer {
 
   async handle (req: IncomingMessage, res: ServerResponse): Promise<void> {
     const ctx = new Context(this, req, res)
+    tracer?.requestStarted(ctx)
     this.#inFlight++
     // 'close' comes once per response: `on` spares the once-wrapper.
     res.on('close', () => this.#finish(ctx))
@@ -549,6 +551,7 @@ export class GatewayServer {
     if (ctx.method === 'GET') this.#streams.delete(ctx)
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
+    tracer?.requestFinished(ctx, status)
     const route = ctx.kind === 'mcp' ? '/mcp' : ctx.route !== undefined ? ctx.path : 'other'
     // A label value from a bounded set: the client names the method (metric-labels.ts).
     const named = ctx.mcp?.method

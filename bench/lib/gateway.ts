@@ -1,4 +1,16 @@
 /**
+ * A collector stand-in for BENCH_TRACING=1: its own process (the export load
+ * stays off the load generator's event loop), reads each OTLP export and
+ * answers 200.
+ */
+export async function startOtlpSink (): Promise<{ endpoint: string; service: Service }> {
+  const port = await freePort()
+  const code = `require('node:http').createServer((q, s) => { q.resume(); q.on('end', () => s.writeHead(200, { 'content-type': 'application/json' }).end('{}')) }).listen(${port}, '127.0.0.1')`
+  const service = await startService('otlp-sink', process.execPath, ['-e', code], { port })
+  return { endpoint: `http://127.0.0.1:${port}/v1/traces`, service }
+}
+
+/**
  * Runs our gateway as its own process (the built `dist/bin/mcp-proxy.js`,
  * what `npm i -g` users run; BENCH_GATEWAY_TSX=1 runs bin/mcp-proxy.ts through tsx) from a
  * generated config, so its RSS and CPU are its own and the load generator
@@ -41,7 +53,8 @@ export async function buildGateway (root: string): Promise<void> {
   })
 }
 
-export async function startGatewayProcess (root: string, target: GatewayTarget, auth: AuthSettings | undefined, logLevel = 'warn'): Promise<RunningGatewayProcess> {
+/** `tracingEndpoint`: export spans there (`tracing.enabled`, every trace sampled); default: tracing off. */
+export async function startGatewayProcess (root: string, target: GatewayTarget, auth: AuthSettings | undefined, logLevel = 'warn', tracingEndpoint?: string): Promise<RunningGatewayProcess> {
   const port = await freePort()
   const dir = await mkdtemp(join(tmpdir(), 'mcp-proxy-bench-'))
   const config = {
@@ -70,6 +83,7 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
     },
     admin: { enabled: false },
     logging: { level: logLevel },
+    ...(tracingEndpoint !== undefined ? { tracing: { enabled: true, endpoint: tracingEndpoint, samplingRatio: 1 } } : {}),
   }
   const file = join(dir, 'gateway.yaml')
   // JSON is YAML.

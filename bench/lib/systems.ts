@@ -55,9 +55,11 @@ export async function gatewaySystem (p: Paths, auth: AuthSettings, token: () => 
 }
 
 /** The same gateway with `share: 'subject'` on the stdio target: every bench session has the same subject, so all share one child. */
-export async function gatewaySharedSystem (p: Paths, auth: AuthSettings, token: () => string): Promise<System> {
-  const gw = await startGatewayProcess(p.root, { stdio: { cmd: process.execPath, args: [p.everything, 'stdio'], share: 'subject' } }, auth)
-  return httpSystem('gateway (JWT, sessions, shared child)', 'gateway', 'one stdio child per subject (shared)', gw.url, gw.service, { headers: () => ({ authorization: `Bearer ${token()}` }) })
+/** `tracingEndpoint`: with tracing on; `root`: the gateway built from another checkout (BENCH_BASELINE_ROOT), named `baseline`. */
+export async function gatewaySharedSystem (p: Paths, auth: AuthSettings, token: () => string, tracingEndpoint?: string, root = p.root): Promise<System> {
+  const gw = await startGatewayProcess(root, { stdio: { cmd: process.execPath, args: [p.everything, 'stdio'], share: 'subject' } }, auth, 'warn', tracingEndpoint)
+  const name = 'gateway (JWT, sessions, shared child' + (tracingEndpoint !== undefined ? ', tracing on' : '') + (root !== p.root ? ', baseline' : '') + ')'
+  return httpSystem(name, 'gateway', 'one stdio child per subject (shared)', gw.url, gw.service, { headers: () => ({ authorization: `Bearer ${token()}` }) })
 }
 
 export async function supergatewaySystem (p: Paths): Promise<System> {

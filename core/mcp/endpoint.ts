@@ -259,7 +259,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     sessions.set(id, session)
     perSubject.set(subjectKey, mine + 1)
     ctx.state.set('sessionId', id)
-    const result = await session.start(params)
+    const result = await session.start(params, ctx)
     if (session.ended) throw new ProxyError('MCPP_ERR_UPSTREAM', 502, 'upstream closed during initialize', { rpcCode: RPC.SERVER_ERROR, expose: true })
     ctx.log.debug({ session: id.slice(0, 8), protocolVersion: session.version }, 'session started')
     await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': id })

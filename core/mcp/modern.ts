@@ -21,6 +21,7 @@ import { GATEWAY_INFO, NAMED, Router } from './router.ts'
 import { randomBytes } from 'node:crypto'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
 import { subjectKeyOf } from './subject-key.ts'
+import { tracer } from '../tracing.ts'
 
 /** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`). */
 export const META = {
@@ -276,7 +277,11 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
         await entry.call({ jsonrpc: '2.0', method: 'logging/setLevel', params: { level: ex.logLevel } }).done
       }
       const hooks = hookTo(ex, {})
-      return { entry, hooks, call: entry.call({ jsonrpc: '2.0', method, params }, hooks) }
+      const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
+      const traced = tracer?.upstreamCall(ex.ctx, factory.target, msg)
+      const call = entry.call(msg, hooks)
+      if (traced !== undefined) void call.done.then(traced)
+      return { entry, hooks, call }
     } catch (err) {
       pool.release(entry)
       throw err

@@ -21,6 +21,7 @@ import type { RequestContext } from '../context.ts'
 import type { TargetConfig } from '../config.ts'
 import { ProxyError, RPC } from '../errors.ts'
 import type { Metrics, Counter } from '../metrics.ts'
+import { tracer } from '../tracing.ts'
 
 export interface PassthroughSession {
   /** First 8 characters of the gateway session id (never the whole id). */
@@ -244,6 +245,8 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       upstreamId = m.upstream
       ctx.state.set('sessionId', presented)
     }
+    // Traced: a client span, its context in the traceparent header and params._meta (the body is rewritten).
+    if (tracer !== undefined) return tracer.passthroughCall(ctx, target.name).then(body => forward(ctx, gatewayId, upstreamId, body))
     // core may already have read the body (a plugin parsed the MCP message):
     // then it is replayed from the cached Buffer; otherwise req is piped.
     const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead

@@ -18,6 +18,7 @@ import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
 import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, rpcError } from './router.ts'
 import { UpstreamCalls } from './calls.ts'
+import { tracer } from '../tracing.ts'
 
 /** What a session needs from its endpoint. */
 export interface SessionEnv {
@@ -130,12 +131,13 @@ export class Session {
    * Starts every upstream and runs the initialize handshake with each.
    * Returns the initialize result for the client. Throws a ProxyError (502)
    * when no target (or, fail-closed, any target) could be initialized.
+   * `ctx`: the client's initialize request, whose trace the handshakes join.
    */
-  async start (params: Record<string, unknown>): Promise<Record<string, unknown>> {
+  async start (params: Record<string, unknown>, ctx?: RequestContext): Promise<Record<string, unknown>> {
     const upParams = { ...params, protocolVersion: this.version }
     const results = await Promise.allSettled(this.links.map(async link => {
       await link.upstream.start()
-      const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS))
+      const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
       if (res.error !== undefined) throw new Error(res.error.message)
       link.initResult = res.result as Record<string, unknown>
       link.up = true
@@ -372,14 +374,18 @@ export class Session {
     // The access log's target (the first one routed to, as the log's method is the first message's).
     inflight.exchange.ctx.target ??= link.target
     link.active.add(inflight)
-    const call = this.#send(link, msg, (r) => this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : post(r)))
+    const traced = tracer?.upstreamCall(inflight.exchange.ctx, link.target, msg)
+    const call = this.#send(link, msg, (r) => { traced?.(r); this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : post(r)) })
     if (call !== undefined) inflight.calls.push(call)
   }
 
   /** A request of the gateway's own (initialize, list pages, fan-outs). */
-  #request (link: Link, method: string, params: Record<string, unknown>, inflight: Inflight | undefined, timeoutMs = this.#env.requestTimeoutMs): Promise<JsonRpcMessage> {
+  /** `ctx`: the client request this serves (for its trace), when there is no `inflight` (initialize). */
+  #request (link: Link, method: string, params: Record<string, unknown>, inflight: Inflight | undefined, timeoutMs = this.#env.requestTimeoutMs, ctx = inflight?.exchange.ctx): Promise<JsonRpcMessage> {
     return new Promise(resolve => {
-      const call = this.#send(link, { jsonrpc: '2.0', method, params }, resolve, timeoutMs)
+      const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
+      const traced = ctx === undefined ? undefined : tracer?.upstreamCall(ctx, link.target, msg)
+      const call = this.#send(link, msg, traced === undefined ? resolve : (r) => { traced(r); resolve(r) }, timeoutMs)
       if (call !== undefined) inflight?.calls.push(call)
     })
   }

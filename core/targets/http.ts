@@ -16,6 +16,7 @@ import type { Logger } from 'pino'
 import { ProxyError, RPC } from '../errors.ts'
 import type { Metrics, Counter } from '../metrics.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream } from './types.ts'
+import { tracer } from '../tracing.ts'
 
 export interface SseEvent { event: string; data: string; id?: string }
 
@@ -224,9 +225,11 @@ export class HttpUpstream implements Upstream {
     let answered = false
     try {
       const hadSession = this.#sessionId !== undefined
+      const headers = this.#headers({ accept: 'application/json, text/event-stream', 'content-type': 'application/json' })
+      tracer?.httpHeaders(message, headers)
       const res = await fetch(this.#opts.url, {
         method: 'POST',
-        headers: this.#headers({ accept: 'application/json, text/event-stream', 'content-type': 'application/json' }),
+        headers,
         body: JSON.stringify(message),
         signal: ac.signal,
       })

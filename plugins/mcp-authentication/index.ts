@@ -12,6 +12,7 @@ import type { IncomingHttpHeaders, IncomingMessage } from 'node:http'
 import { definePlugin, type Plugin, type RouteDef } from '../../core/plugin.ts'
 import type { AuthInfo, Reply, RequestContext } from '../../core/context.ts'
 import { ProxyError, createError } from '../../core/errors.ts'
+import { tracer } from '../../core/tracing.ts'
 import { baseUrlOf, identityOf, type IdpIdentity, type ProtectedResource } from './identity.ts'
 import { acquireKeySet } from './key-set.ts'
 import { AuthFailure, createVerifier, TOKEN_FAILURE_REASONS } from './verifier.ts'
@@ -261,10 +262,14 @@ export default definePlugin<McpAuthenticationOptions>({
 
     /** The slow path of `onRequest`: verify the signature, then map failures to answers by mode. */
     async function verifyRequest (ctx: RequestContext, token: string): Promise<undefined> {
+      // The span records the outcome, never the token.
+      const endSpan = tracer?.verification(ctx, false)
       try {
         ctx.auth = await verifyToken(token, ctx.req.socket)
+        endSpan?.()
         return undefined
       } catch (err) {
+        endSpan?.(err instanceof AuthFailure ? err.reason : err instanceof KeysUnavailableError ? 'keys_unavailable' : 'error')
         if (mode === 'permissive') {
           if (err instanceof AuthFailure) failures.inc({ reason: err.reason })
           return undefined
@@ -304,6 +309,7 @@ export default definePlugin<McpAuthenticationOptions>({
         // is settled here without a promise; only a verification awaits.
         const hit = cache?.get(token, stillValidKid, ctx.req.socket)
         if (hit !== undefined) {
+          tracer?.verification(ctx, true)
           ctx.auth = hit
           return undefined
         }

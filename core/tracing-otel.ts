@@ -1,0 +1,235 @@
+/**
+ * The OpenTelemetry side of core/tracing.ts, loaded only when tracing is
+ * enabled: a tracer provider with a batching OTLP/HTTP (JSON) exporter, W3C
+ * Trace Context in and out, and span attributes after OpenTelemetry's MCP
+ * semantic conventions (gen-ai/mcp.md: `{mcp.method.name} {target}` span
+ * names, mcp.*, gen_ai.tool.name, jsonrpc.request.id, rpc.response.status_code).
+ */
+import type { Logger } from 'pino'
+import { diag, DiagLogLevel, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span, type TextMapGetter } from '@opentelemetry/api'
+import { W3CTraceContextPropagator } from '@opentelemetry/core'
+import { resourceFromAttributes } from '@opentelemetry/resources'
+import { BasicTracerProvider, BatchSpanProcessor, ParentBasedSampler, TraceIdRatioBasedSampler } from '@opentelemetry/sdk-trace-base'
+import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
+import type { RequestContext } from './context.ts'
+import type { JsonRpcMessage } from './targets/types.ts'
+import type { Tracer, TracingConfig } from './tracing.ts'
+
+const w3c = new W3CTraceContextPropagator()
+
+/** Reads `traceparent` / `tracestate` from request headers or from a `_meta` object alike. */
+const getter: TextMapGetter<Record<string, unknown>> = {
+  keys: carrier => Object.keys(carrier),
+  get (carrier, key) {
+    const v = carrier[key]
+    return typeof v === 'string' ? v : Array.isArray(v) && typeof v[0] === 'string' ? v[0] : undefined
+  },
+}
+
+function setter (carrier: Record<string, unknown>, key: string, value: string): void {
+  carrier[key] = value
+}
+
+/** What the request's method names: the tool or prompt (low cardinality, the span name's target), or a resource URI (attribute only). */
+function targetAttributes (method: string | undefined, params: Record<string, unknown> | undefined, attrs: Attributes): string | undefined {
+  if (method === 'tools/call' && typeof params?.name === 'string') {
+    attrs['gen_ai.tool.name'] = params.name
+    attrs['gen_ai.operation.name'] = 'execute_tool'
+    return params.name
+  }
+  if (method === 'prompts/get' && typeof params?.name === 'string') {
+    attrs['gen_ai.prompt.name'] = params.name
+    return params.name
+  }
+  if (typeof params?.uri === 'string' && method?.startsWith('resources/') === true) attrs['mcp.resource.uri'] = params.uri
+  return undefined
+}
+
+function spanName (method: string, target: string | undefined): string {
+  return target === undefined ? method : `${method} ${target}`
+}
+
+/** The first request (or notification) of a POST /mcp body. */
+function firstMessage (body: unknown): JsonRpcMessage | undefined {
+  const list = Array.isArray(body) ? body : [body]
+  return list.find(m => typeof (m as JsonRpcMessage | null)?.method === 'string') as JsonRpcMessage | undefined
+}
+
+/** The session id as logs and the admin UI show it: its first 8 characters (the whole id is a credential of sorts). */
+function sessionOf (ctx: RequestContext): string | undefined {
+  return (ctx.state.get('sessionId') as string | undefined)?.slice(0, 8)
+}
+
+export function createTracer (config: TracingConfig, log: Logger, version: string): Tracer {
+  // The SDK reports export failures through `diag`: into our log, warnings and up.
+  const dlog = log.child({ component: 'tracing' })
+  diag.setLogger({
+    error: (msg: string) => dlog.warn(msg),
+    warn: (msg: string) => dlog.warn(msg),
+    info: () => {},
+    debug: () => {},
+    verbose: () => {},
+  }, { logLevel: DiagLogLevel.WARN, suppressOverrideMessage: true })
+  const exporter = new OTLPTraceExporter({ url: config.endpoint, headers: { ...config.headers }, timeoutMillis: config.exportTimeoutMs })
+  const provider = new BasicTracerProvider({
+    resource: resourceFromAttributes({ 'service.name': config.serviceName, 'service.version': version }),
+    // A client that sent a sampled traceparent has decided for its trace; new traces are sampled by ratio.
+    sampler: new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(config.samplingRatio) }),
+    spanProcessors: [new BatchSpanProcessor(exporter, {
+      maxQueueSize: config.maxQueueSize,
+      maxExportBatchSize: Math.min(512, config.maxQueueSize),
+      scheduledDelayMillis: config.batchDelayMs,
+      exportTimeoutMillis: config.exportTimeoutMs,
+    })],
+  })
+  const otel = provider.getTracer('mcp-idp-gateway', version)
+  const servers = new WeakMap<RequestContext, { span: Span; context: Context }>()
+
+  /** A client span for a call of `msg` to `target`, child of the request's server span. */
+  function clientSpan (ctx: RequestContext, target: string, msg: JsonRpcMessage | undefined): Span {
+    const method = msg?.method ?? `${ctx.method} ${ctx.path}`
+    const attrs: Attributes = { 'mcp_proxy.target': target }
+    let name: string | undefined
+    if (msg?.method !== undefined) {
+      attrs['mcp.method.name'] = msg.method
+      attrs['jsonrpc.protocol.version'] = '2.0'
+      name = targetAttributes(msg.method, msg.params, attrs)
+    }
+    const session = sessionOf(ctx)
+    if (session !== undefined) attrs['mcp.session.id'] = session
+    return otel.startSpan(spanName(method, name), { kind: SpanKind.CLIENT, attributes: attrs }, contextOf(ctx))
+  }
+
+  /** Puts `span`'s context into the message's `params._meta`, replacing the caller's: the upstream's spans are children of this call. */
+  function withContext (msg: JsonRpcMessage, span: Span): void {
+    const meta: Record<string, unknown> = {}
+    const given = msg.params?._meta as Record<string, unknown> | undefined
+    if (given !== null && typeof given === 'object') for (const k of Object.keys(given)) if (k !== 'traceparent' && k !== 'tracestate') meta[k] = given[k]
+    w3c.inject(trace.setSpan(ROOT_CONTEXT, span), meta, { set: setter })
+    msg.params = { ...msg.params, _meta: meta }
+  }
+
+  /** The context children of the request's server span start in. */
+  function contextOf (ctx: RequestContext): Context {
+    return servers.get(ctx)?.context ?? ROOT_CONTEXT
+  }
+
+  return {
+    requestStarted (ctx) {
+      const parent = w3c.extract(ROOT_CONTEXT, ctx.req.headers as Record<string, unknown>, getter)
+      const attrs: Attributes = { 'http.request.method': ctx.method, 'url.path': ctx.path, 'network.protocol.name': 'http' }
+      const peer = ctx.req.socket.remoteAddress
+      if (peer !== undefined) attrs['client.address'] = peer
+      const span = otel.startSpan(`${ctx.method} ${ctx.path}`, { kind: SpanKind.SERVER, attributes: attrs }, parent)
+      servers.set(ctx, { span, context: trace.setSpan(parent, span) })
+    },
+
+    requestFinished (ctx, status) {
+      const entry = servers.get(ctx)
+      if (entry === undefined) return
+      servers.delete(ctx)
+      const { span } = entry
+      const attrs: Attributes = { 'http.response.status_code': status }
+      const msg = ctx.mcp === undefined ? undefined : firstMessage(ctx.mcp.body)
+      if (msg?.method !== undefined) {
+        attrs['mcp.method.name'] = msg.method
+        attrs['jsonrpc.protocol.version'] = '2.0'
+        if (msg.id !== undefined && msg.id !== null) attrs['jsonrpc.request.id'] = String(msg.id)
+        const target = targetAttributes(msg.method, msg.params, attrs)
+        span.updateName(spanName(msg.method, target))
+        // A client that sends its context only in _meta (OpenTelemetry's MCP convention) is linked.
+        const meta = msg.params?._meta
+        if (meta !== null && typeof meta === 'object') {
+          const linked = trace.getSpanContext(w3c.extract(ROOT_CONTEXT, meta as Record<string, unknown>, getter))
+          if (linked !== undefined && linked.traceId !== span.spanContext().traceId) span.addLink({ context: linked })
+        }
+      }
+      const version = ctx.req.headers['mcp-protocol-version']
+      if (typeof version === 'string') attrs['mcp.protocol.version'] = version
+      const session = sessionOf(ctx)
+      if (session !== undefined) attrs['mcp.session.id'] = session
+      if (config.recordSubject && ctx.auth !== undefined) attrs['user.id'] = ctx.auth.subject
+      if (ctx.denial !== undefined) attrs['mcp_proxy.denial'] = ctx.denial
+      if (status >= 500 || status === 0) {
+        attrs['error.type'] = status === 0 ? 'aborted' : String(status)
+        span.setStatus({ code: SpanStatusCode.ERROR })
+      }
+      span.setAttributes(attrs)
+      span.end()
+    },
+
+    verification (ctx, cached) {
+      const span = otel.startSpan('verify token', { kind: SpanKind.INTERNAL, attributes: { 'mcp_proxy.token.cached': cached } }, contextOf(ctx))
+      if (cached) {
+        span.end()
+        return () => {}
+      }
+      return (error?: string) => {
+        if (error !== undefined) {
+          span.setAttribute('error.type', error)
+          span.setStatus({ code: SpanStatusCode.ERROR, message: error })
+        }
+        span.end()
+      }
+    },
+
+    upstreamCall (ctx, target, msg) {
+      const span = clientSpan(ctx, target, msg)
+      withContext(msg, span)
+      return (answer: JsonRpcMessage) => {
+        if (answer.error !== undefined) {
+          const code = String(answer.error.code)
+          span.setAttributes({ 'rpc.response.status_code': code, 'error.type': code })
+          span.setStatus({ code: SpanStatusCode.ERROR, message: answer.error.message })
+        } else if ((answer.result as { isError?: unknown } | undefined)?.isError === true) {
+          // A tool's own failure (MCP tools: isError) is an error of this call.
+          span.setAttribute('error.type', 'tool_error')
+          span.setStatus({ code: SpanStatusCode.ERROR })
+        }
+        span.end()
+      }
+    },
+
+    async passthroughCall (ctx, target) {
+      const isPost = ctx.method === 'POST'
+      const body = isPost ? (await ctx.readMcpMessage()).body : undefined
+      const list = (Array.isArray(body) ? body : body === undefined ? [] : [body]) as JsonRpcMessage[]
+      const span = clientSpan(ctx, target, list.find(m => m.method !== undefined))
+      const carrier: Record<string, unknown> = {}
+      w3c.inject(trace.setSpan(ROOT_CONTEXT, span), carrier, { set: setter })
+      const headers = ctx.req.headers
+      headers.traceparent = carrier.traceparent as string
+      if (typeof carrier.tracestate === 'string') headers.tracestate = carrier.tracestate
+      // Removed, not set to undefined: the upstream request copies every key, and an undefined value is an invalid header.
+      else if (headers.tracestate !== undefined) delete headers.tracestate
+      ctx.res.once('close', () => {
+        const status = ctx.res.headersSent ? ctx.res.statusCode : 0
+        span.setAttribute('http.response.status_code', status)
+        if (status >= 500 || status === 0) {
+          span.setAttribute('error.type', status === 0 ? 'aborted' : String(status))
+          span.setStatus({ code: SpanStatusCode.ERROR })
+        }
+        span.end()
+      })
+      if (!isPost) return undefined
+      for (const m of list) if (m.method !== undefined) withContext(m, span)
+      // The body sent upstream is the rewritten one: its length, not the client's framing.
+      const out = Buffer.from(JSON.stringify(body))
+      headers['content-length'] = String(out.length)
+      if (headers['transfer-encoding'] !== undefined) delete headers['transfer-encoding']
+      return out
+    },
+
+    httpHeaders (msg, headers) {
+      const meta = msg.params?._meta as Record<string, unknown> | undefined
+      if (typeof meta?.traceparent !== 'string') return
+      headers.traceparent = meta.traceparent
+      if (typeof meta.tracestate === 'string') headers.tracestate = meta.tracestate
+    },
+
+    async shutdown () {
+      await provider.shutdown().catch((err: unknown) => { dlog.warn({ err: (err as Error).message }, 'tracing: final export failed') })
+      diag.disable()
+    },
+  }
+}
