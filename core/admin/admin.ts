@@ -10,13 +10,13 @@
 import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http'
 import { timingSafeEqual, createHmac, randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
-import type { Metrics } from './metrics.ts'
+import type { Metrics } from '../metrics.ts'
 import { loadUiAssets, loginPage, type UiAssets } from './ui.ts'
 import { validateTryInput, type TryInput } from './admin-try.ts'
 
 export type { TryInput } from './admin-try.ts'
 
-/** What the admin API reads; built by `createAdminState` (core/admin-state.ts). */
+/** What the admin API reads; built by `createAdminState` (admin-state.ts). */
 export interface AdminState {
   /** Redacted effective config. */
   config(): unknown

@@ -5,7 +5,7 @@
  * because /mcp is another origin (CORS) and may not allow the admin page's.
  * The token is used for these requests only: never logged, stored or echoed.
  */
-import { readCapped } from './read-capped.ts'
+import { readCapped } from '../read-capped.ts'
 
 export interface TryInput {
   /** Bearer token to send; empty or absent sends none (shows the 401 path). */

@@ -6,19 +6,19 @@
  * discovery), the redacted config and the "try it" client.
  */
 import type { Logger } from 'pino'
-import type { LoadedConfig } from './config.ts'
-import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
-import type { Plugin } from './plugin.ts'
-import type { RouteTable } from './routes.ts'
-import { outcomeOf, type AccessRecord } from './server.ts'
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from './targets/types.ts'
+import type { LoadedConfig } from '../config.ts'
+import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from '../metrics.ts'
+import type { Plugin } from '../plugin.ts'
+import type { RouteTable } from '../routes.ts'
+import { outcomeOf, type AccessRecord } from '../server.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import type { AdminState, TryInput } from './admin.ts'
-import type { PooledSummary, SessionSummary, TargetSummary } from './mcp/index.ts'
-import { liveChildCount } from './targets/index.ts'
+import type { PooledSummary, SessionSummary, TargetSummary } from '../mcp/index.ts'
+import { liveChildCount } from '../targets/index.ts'
 import { redactConfig, secretValues, createScrubber } from './redact.ts'
 import { runTry } from './admin-try.ts'
-import { methodLabel, AdvertisedNames } from './metric-labels.ts'
-import type { TargetReadiness, TargetHealth } from './target-readiness.ts'
+import { methodLabel, AdvertisedNames } from '../metric-labels.ts'
+import type { TargetReadiness, TargetHealth } from '../target-readiness.ts'
 
 // ---- upstream tracking -----------------------------------------------------
 

@@ -1,11 +1,11 @@
 /**
- * The management page's assets: core/ui/index.html, app.js and app.css,
+ * The management page's assets: core/admin/ui/index.html, app.js and app.css,
  * committed as plain source (no bundler, no CDN) and read once when the
  * admin listener is created. The script and stylesheet are separate files so
  * the page runs under a CSP without 'unsafe-inline'.
  */
 import { readFileSync } from 'node:fs'
-import { packagePath } from './config.ts'
+import { packagePath } from '../config.ts'
 
 export interface UiAssets {
   readonly html: string
@@ -17,9 +17,9 @@ let cached: UiAssets | undefined
 
 export function loadUiAssets (): UiAssets {
   cached ??= Object.freeze({
-    html: readFileSync(packagePath('core/ui/index.html'), 'utf8'),
-    js: readFileSync(packagePath('core/ui/app.js'), 'utf8'),
-    css: readFileSync(packagePath('core/ui/app.css'), 'utf8'),
+    html: readFileSync(packagePath('core/admin/ui/index.html'), 'utf8'),
+    js: readFileSync(packagePath('core/admin/ui/app.js'), 'utf8'),
+    css: readFileSync(packagePath('core/admin/ui/app.css'), 'utf8'),
   })
   return cached
 }
