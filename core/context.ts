@@ -61,8 +61,8 @@ export interface RequestContext {
   mcp?: McpMessageInfo
   /** The target that serves this request, set by the MCP router when one target does (access log). */
   target?: string
-  /** Reason a request was denied, for the access log and admin UI (never secrets). */
-  denial?: string
+  /** Why the request was refused, for the access log and admin UI (never secrets). */
+  denial?: Denial
   /** Scratch space for plugins, keyed by plugin name. */
   readonly state: Map<string, unknown>
   /**
@@ -83,6 +83,17 @@ export interface RequestContext {
   writeHead(status: number, headers?: OutgoingHttpHeaders): Promise<void>
   /** True once `writeHead` ran. */
   readonly headersSent: boolean
+}
+
+/**
+ * Why a request was refused, structured so that the access log and the admin
+ * view read it as fields instead of parsing a string.
+ */
+export interface Denial {
+  /** Short reason: the refusing rule's text, an error code, a phrase. Never a secret. */
+  readonly reason: string
+  /** Index of the refusing rule in its plugin's rule list (authorization's `describe().rules`). */
+  readonly rule?: number
 }
 
 /** What an `onResponse` hook sees and may change: status and headers, never the body. */

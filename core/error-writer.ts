@@ -53,7 +53,7 @@ export async function writeError (ctx: RequestContext, err: unknown): Promise<vo
     return
   }
   const body = JSON.stringify(errorBody(ctx, e))
-  ctx.denial ??= e.code
+  ctx.denial ??= { reason: e.code }
   const headers: Record<string, string | number> = {
     ...e.headers,
     'content-type': 'application/json',

@@ -50,9 +50,36 @@ export interface Plugin {
   allowMcpOperation?(ctx: RequestContext, op: McpOperation): boolean
   /** Whether the plugin is ready to serve (e.g. keys loaded); reported by `/readyz`. */
   ready?(): boolean | { ready: boolean; reason?: string }
-  /** Read-only state for the admin UI/API. Must never contain secrets. */
-  describe?(): unknown
+  /**
+   * Read-only state for the admin UI/API (`GET /api/plugins`), asked only
+   * when someone looks. Must never contain secrets.
+   */
+  describe?(): PluginDescription
   close?(): Promise<void>
+}
+
+/**
+ * What `describe()` returns: the plugin's own fields, shown as they are, plus
+ * optional sections the admin view also places on its OAuth panel. Any
+ * plugin (built-in or third-party) can fill them; the admin never looks a
+ * plugin up by name.
+ */
+export interface PluginDescription {
+  /** Signing keys of the identity provider. */
+  readonly keySet?: {
+    readonly kids?: readonly string[]
+    readonly loaded?: boolean
+    readonly lastSuccessAt?: string
+    readonly lastError?: string
+  }
+  /** The identity provider's discovery document cache; `fetchedAt` in ms since the epoch. */
+  readonly discovery?: {
+    readonly fetchedAt: number | null
+    readonly lastError: string | null
+    readonly fetches: number
+    readonly loaded: boolean
+  }
+  readonly [field: string]: unknown
 }
 
 /** What `create` receives besides its options. */

@@ -8,7 +8,7 @@ import { createServer, STATUS_CODES, type IncomingMessage, type ServerResponse, 
 import type { Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
-import type { RequestContext, ResponseContext, Reply, McpMessageInfo } from './context.ts'
+import type { RequestContext, ResponseContext, Reply, McpMessageInfo, Denial } from './context.ts'
 import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import type { RouteDef } from './plugin.ts'
@@ -77,7 +77,7 @@ export interface StartupHold {
 
 export interface AccessRecord {
   id: string; method: string; path: string; status: number; durationMs: number
-  mcpMethod?: string; sessionId?: string; subject?: string; denial?: string; at: number
+  mcpMethod?: string; sessionId?: string; subject?: string; denial?: Denial; at: number
 }
 
 export interface GatewayServerOptions {
@@ -107,7 +107,7 @@ function clip (s: string): string {
  * `unauthenticated` (401), `forbidden` (403), `denied` (a per-operation
  * refusal answered inside a 2xx), or `error`.
  */
-export function outcomeOf (status: number, denial: string | undefined): 'allowed' | 'unauthenticated' | 'forbidden' | 'denied' | 'error' {
+export function outcomeOf (status: number, denial: Denial | undefined): 'allowed' | 'unauthenticated' | 'forbidden' | 'denied' | 'error' {
   if (status === 401) return 'unauthenticated'
   if (status === 403) return 'forbidden'
   if (denial !== undefined && status < 400) return 'denied'
@@ -163,7 +163,7 @@ class Context implements RequestContext {
   auth?: RequestContext['auth']
   mcp?: McpMessageInfo
   target?: string
-  denial?: string
+  denial?: Denial
   headersSent = false
   ran = { count: 0 }
   /** Whether the server tracks this request's body deadline. */

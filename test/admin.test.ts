@@ -51,7 +51,7 @@ t.test('RequestLog keeps the newest requests and ten-second buckets; decisionOf 
   const now = 1_800_000_000_000
   const rec = (over: Partial<AccessRecord>): AccessRecord => ({ id: 'x', method: 'POST', path: '/mcp', status: 200, durationMs: 10, at: now, ...over })
   for (let i = 0; i < 250; i++) log.add(rec({ id: String(i), at: now - 1000 }))
-  log.add(rec({ id: 'last', status: 401, durationMs: 30, at: now, denial: 'unauthorized: no token' }))
+  log.add(rec({ id: 'last', status: 401, durationMs: 30, at: now, denial: { reason: 'unauthorized: no token' } }))
   const recent = log.recent()
   t.equal(recent.length, 200, 'bounded')
   t.equal(recent[0]!.id, 'last', 'newest first')
@@ -63,12 +63,12 @@ t.test('RequestLog keeps the newest requests and ten-second buckets; decisionOf 
   t.ok(last.count >= 1 && last.maxMs === 30)
   t.same(log.stats(now + 600_000).buckets.filter(b => b.count > 0), [], 'old seconds fall out of the window')
 
-  const text = (i: number): string | undefined => i === 0 ? RULE : undefined
-  t.same(decisionOf(rec({}), text), { decision: 'allowed', reason: null })
-  t.same(decisionOf(rec({ status: 401, denial: 'unauthorized: no token' }), text), { decision: 'unauthenticated', reason: 'unauthorized: no token' })
-  t.same(decisionOf(rec({ status: 403, denial: 'rule[0]' }), text), { decision: 'forbidden', reason: `rule[0]: ${RULE}` })
-  t.same(decisionOf(rec({ status: 200, denial: 'rule[0]' }), text), { decision: 'denied', reason: `rule[0]: ${RULE}` })
-  t.same(decisionOf(rec({ status: 502 }), text), { decision: 'error', reason: null })
+  // Denials arrive structured (rule index, reason): nothing is parsed out of a string.
+  t.same(decisionOf(rec({})), { decision: 'allowed', reason: null })
+  t.same(decisionOf(rec({ status: 401, denial: { reason: 'unauthorized: no token' } })), { decision: 'unauthenticated', reason: 'unauthorized: no token' })
+  t.same(decisionOf(rec({ status: 403, denial: { rule: 0, reason: RULE } })), { decision: 'forbidden', reason: `rule[0]: ${RULE}` })
+  t.same(decisionOf(rec({ status: 200, denial: { rule: 0, reason: RULE } })), { decision: 'denied', reason: `rule[0]: ${RULE}` })
+  t.same(decisionOf(rec({ status: 502 })), { decision: 'error', reason: null })
 })
 
 /** A raw request, so the Host and Origin headers are exactly what the test says. */

@@ -8,7 +8,7 @@
 import type { Logger } from 'pino'
 import type { LoadedConfig } from '../config.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from '../metrics.ts'
-import type { Plugin } from '../plugin.ts'
+import type { Plugin, PluginDescription } from '../plugin.ts'
 import type { RouteTable } from '../routes.ts'
 import { outcomeOf, type AccessRecord } from '../server.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
@@ -316,13 +316,11 @@ export class RequestLog {
   }
 }
 
-/** How a request ended, for the UI: allowed, or which check refused it and why. */
-export function decisionOf (rec: AccessRecord, ruleText: (index: number) => string | undefined): { decision: string; reason: string | null } {
-  const rule = rec.denial !== undefined ? /^rule\[(\d+)\]$/.exec(rec.denial) : null
-  const reason = rec.denial === undefined
-    ? null
-    : rule !== null ? `${rec.denial}${ruleText(Number(rule[1])) !== undefined ? `: ${ruleText(Number(rule[1]))}` : ''}` : rec.denial
-  const decision = outcomeOf(rec.status, rec.denial)
+/** How a request ended, for the UI: allowed, or which check refused it and why (`rule[i]: text` for a rule). */
+export function decisionOf (rec: AccessRecord): { decision: string; reason: string | null } {
+  const d = rec.denial
+  const reason = d === undefined ? null : d.rule !== undefined ? `rule[${d.rule}]: ${d.reason}` : d.reason
+  const decision = outcomeOf(rec.status, d)
   if (decision === 'unauthenticated') return { decision, reason: reason ?? 'no or invalid token' }
   return { decision, reason: decision === 'allowed' ? null : reason }
 }
@@ -354,13 +352,18 @@ export interface AdminStateOptions {
   readonly targetReadiness?: TargetReadiness
 }
 
-interface KeySetView { kids?: readonly string[]; loaded?: boolean; lastSuccessAt?: string; lastError?: string }
-interface DiscoveryView { state?: { fetchedAt?: number; lastError?: string; fetches?: number; doc?: unknown } }
+/** A plugin's description, or its error; asked only when someone looks. */
+function describeOf (p: Plugin): PluginDescription | undefined {
+  try { return p.describe?.() } catch (err) { return { error: (err as Error).message } }
+}
 
-function ruleTexts (plugins: readonly Plugin[]): (index: number) => string | undefined {
-  const authz = plugins.find(p => p.name === 'authorization')
-  const rules = (authz?.describe?.() as { rules?: Array<{ index: number; text: string }> } | undefined)?.rules ?? []
-  return i => rules.find(r => r.index === i)?.text
+/** The first description section of that name any plugin fills (`PluginDescription`). */
+function sectionOf<K extends 'keySet' | 'discovery'> (plugins: readonly Plugin[], key: K): PluginDescription[K] | undefined {
+  for (const p of plugins) {
+    const s = describeOf(p)?.[key]
+    if (s !== undefined) return s as PluginDescription[K]
+  }
+  return undefined
 }
 
 export function createAdminState (opts: AdminStateOptions): AdminState {
@@ -368,33 +371,8 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
   const scrub = createScrubber(secretValues(loaded.config, loaded.secretPaths))
   const redacted = redactConfig(loaded.config, loaded.secretPaths)
   const startedAt = Date.now()
-  const ruleText = ruleTexts(plugins)
 
-  const keySetOf = (): KeySetView | undefined => {
-    const d = plugins.find(p => p.name === 'mcpAuthentication')?.describe?.() as { keySet?: KeySetView } | undefined
-    return d?.keySet
-  }
-  // The provider bridge plugin exposes its DiscoveryCache as `discovery` (plugins/provider-bridge/index.ts).
-  const bridge = plugins.find(p => p.name === 'providerBridge') as (Plugin & { discovery?: DiscoveryView }) | undefined
-  const discoveryOf = (): DiscoveryView | undefined => bridge?.discovery
-
-  metrics.gauge('mcp_proxy_keyset_keys', 'Signing keys currently loaded from the identity provider').collect = () => {
-    const ks = keySetOf()
-    return ks === undefined ? [] : [[undefined, ks.kids?.length ?? 0]]
-  }
-  metrics.gauge('mcp_proxy_keyset_last_success_timestamp_seconds', 'When the key set was last fetched successfully').collect = () => {
-    const at = keySetOf()?.lastSuccessAt
-    return at === undefined ? [] : [[undefined, Date.parse(at) / 1000]]
-  }
-  const discoveryFetches = metrics.counter('mcp_proxy_discovery_fetches_total', 'Fetches of the identity provider\'s OIDC discovery document')
-  metrics.gauge('mcp_proxy_discovery_up', '1 when the last discovery fetch succeeded, 0 when it failed').collect = () => {
-    const s = discoveryOf()?.state
-    return s === undefined ? [] : [[undefined, s.doc !== undefined && s.lastError === undefined ? 1 : 0]]
-  }
-  metrics.gauge('mcp_proxy_discovery_last_success_timestamp_seconds', 'When the discovery document was last fetched successfully').collect = () => {
-    const at = discoveryOf()?.state?.fetchedAt
-    return at === undefined ? [] : [[undefined, at / 1000]]
-  }
+  // Plugins register their own metrics through env.metrics (key set, discovery, ...).
   metrics.gauge('mcp_proxy_build_info', 'Gateway version').collect = () => [[{ version: opts.version }, 1]]
 
   function ready (): { ready: boolean; reasons: string[]; targets: TargetHealth[] } {
@@ -460,13 +438,9 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
       }))
     },
     endSession: handle => endpoint.endSession(handle),
-    requests: () => requests.recent().map(r => ({ ...r, ...decisionOf(r, ruleText) })),
+    requests: () => requests.recent().map(r => ({ ...r, ...decisionOf(r) })),
     stats: () => requests.stats(),
-    plugins: () => plugins.map(p => {
-      let state: unknown
-      try { state = p.describe?.() } catch (err) { state = { error: (err as Error).message } }
-      return { name: p.name, routes: (p.routes ?? []).map(r => ({ path: r.path, methods: r.methods })), state: state ?? null }
-    }),
+    plugins: () => plugins.map(p => ({ name: p.name, routes: (p.routes ?? []).map(r => ({ path: r.path, methods: r.methods })), state: describeOf(p) ?? null })),
     oauth: async () => {
       const documents: Record<string, unknown> = {}
       for (const path of routes.paths().filter(p => p.startsWith('/.well-known/') && !p.endsWith('client-registration'))) {
@@ -475,18 +449,9 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
           documents[path] = r.ok ? await r.json() : { status: r.status, body: await r.text().then(t => t.slice(0, 2000)) }
         } catch (err) { documents[path] = { error: (err as Error).message } }
       }
-      const keySet = keySetOf() ?? null
-      const d = discoveryOf()?.state
-      const discovery = d === undefined
-        ? null
-        : { fetchedAt: d.fetchedAt ?? null, lastError: d.lastError ?? null, fetches: d.fetches ?? 0, loaded: d.doc !== undefined }
-      return { documents, keySet, discovery }
+      return { documents, keySet: sectionOf(plugins, 'keySet') ?? null, discovery: sectionOf(plugins, 'discovery') ?? null }
     },
     ready,
-    beforeScrape: () => {
-      const n = discoveryOf()?.state?.fetches
-      if (n !== undefined) discoveryFetches.values.set('', n)
-    },
     tryIt: (input: TryInput) => runTry(`${opts.mcpOrigin}/mcp`, input),
   }
 }

@@ -37,8 +37,6 @@ export interface AdminState {
   ready(): { ready: boolean; reasons: string[]; targets?: unknown[] }
   /** Runs initialize -> tools/list -> tools/call against the gateway's own /mcp. */
   tryIt?(input: TryInput): Promise<unknown>
-  /** Refreshes scrape-time metrics before /metrics renders. */
-  beforeScrape?(): void
   /** Removes secret values from anything the API returns (defence in depth). */
   scrub?(value: unknown): unknown
 }
@@ -221,7 +219,6 @@ export function createAdminServer (opts: AdminOptions): Server {
     }
     if (path === '/metrics') {
       if (method !== 'GET') return apiError(res, 405, 'method_not_allowed', 'use GET', { allow: 'GET' })
-      state.beforeScrape?.()
       await metrics.collect()
       return send(res, 200, metrics.render(), 'text/plain; version=0.0.4; charset=utf-8')
     }

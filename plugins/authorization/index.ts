@@ -89,7 +89,7 @@ export default definePlugin<AuthorizationOptions>({
     }
 
     function recordDenial (ctx: RequestContext, rule: CompiledRule): void {
-      ctx.denial = `rule[${rule.index}]`
+      ctx.denial = { rule: rule.index, reason: rule.text }
       denials.inc({ rule: String(rule.index) })
     }
 
@@ -136,7 +136,7 @@ export default definePlugin<AuthorizationOptions>({
         return false
       },
 
-      describe (): unknown {
+      describe () {
         return { rules: description }
       },
     }

@@ -107,7 +107,7 @@ export default definePlugin<CorsOptions>({
         const isPreflight = ctx.method === 'OPTIONS' && ctx.req.headers['access-control-request-method'] !== undefined
         if (!ok) {
           if (ctx.path === '/mcp' || isPreflight) {
-            ctx.denial = 'origin not allowed'
+            ctx.denial = { reason: 'origin not allowed' }
             throw new ProxyError('MCPP_ERR_FORBIDDEN', 403, 'origin not allowed')
           }
           return undefined

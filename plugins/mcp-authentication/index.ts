@@ -197,6 +197,13 @@ export default definePlugin<McpAuthenticationOptions>({
       },
     })
 
+    // Scrape-time gauges: read from the key set when /metrics is asked, nothing per request.
+    env.metrics.gauge('mcp_proxy_keyset_keys', 'Signing keys currently loaded from the identity provider').collect = () => [[undefined, keySet.state().kids.length]]
+    env.metrics.gauge('mcp_proxy_keyset_last_success_timestamp_seconds', 'When the key set was last fetched successfully').collect = () => {
+      const at = keySet.state().lastSuccessAt
+      return at === undefined ? [] : [[undefined, Date.parse(at) / 1000]]
+    }
+
     const verify = createVerifier({
       issuer: options.issuer,
       audiences: options.audiences,
@@ -215,7 +222,7 @@ export default definePlugin<McpAuthenticationOptions>({
 
     const unauthorized = (ctx: RequestContext, f: AuthFailure): ProxyError => {
       failures.inc({ reason: f.reason })
-      ctx.denial = `invalid_token: ${f.message}`
+      ctx.denial = { reason: `invalid_token: ${f.message}` }
       return new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, f.message, {
         oauthError: 'invalid_token',
         headers: { 'www-authenticate': challenge(`error="invalid_token", error_description="${quote(f.message)}"`) },
@@ -276,7 +283,7 @@ export default definePlugin<McpAuthenticationOptions>({
         }
         if (err instanceof KeysUnavailableError) {
           failures.inc({ reason: 'keys_unavailable' })
-          ctx.denial = 'keys unavailable'
+          ctx.denial = { reason: 'keys unavailable' }
           throw KeysUnavailable('signing keys of the identity provider are unavailable; retry later', {
             headers: { 'retry-after': String(ks.retryAfterSeconds ?? err.retryAfterSeconds) }, cause: err,
           })
@@ -300,7 +307,7 @@ export default definePlugin<McpAuthenticationOptions>({
         if (token === undefined) {
           if (mode !== 'strict') return undefined
           failures.inc({ reason: 'missing' })
-          ctx.denial = 'unauthorized: no token'
+          ctx.denial = { reason: 'unauthorized: no token' }
           throw new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, 'JWT token required', {
             oauthError: 'unauthorized', headers: { 'www-authenticate': challenge('') },
           })

@@ -76,6 +76,8 @@ export interface DiscoveryCacheOptions {
   retryMs?: number
   /** Clock, for tests. */
   now?: () => number
+  /** Called at each fetch attempt (the plugin counts them in its metrics). */
+  onFetch?: () => void
 }
 
 export interface DiscoveryState {
@@ -102,6 +104,7 @@ export class DiscoveryCache {
   #timer: NodeJS.Timeout | undefined
   #closed = false
   #fetches = 0
+  readonly #onFetch: (() => void) | undefined
 
   constructor (opts: DiscoveryCacheOptions) {
     this.url = opts.url
@@ -111,6 +114,7 @@ export class DiscoveryCache {
     this.#retryMs = opts.retryMs ?? 5000
     this.#log = opts.log
     this.#now = opts.now ?? Date.now
+    this.#onFetch = opts.onFetch
   }
 
   /** First fetch plus the background refresh timer. Never throws. */
@@ -164,6 +168,7 @@ export class DiscoveryCache {
   async #fetchOnce (): Promise<boolean> {
     this.#lastAttempt = this.#now()
     this.#fetches++
+    this.#onFetch?.()
     try {
       const res = await boundedFetch(this.url, { timeoutMs: this.#timeoutMs, maxBytes: this.#maxBytes, headers: { accept: 'application/json' } })
       if (res.status !== 200) throw new Error(`answered HTTP ${res.status}`)

@@ -64,12 +64,24 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
   }
   const baseUrl = env.baseUrl.replace(/\/+$/, '')
   const tenant = idp.cloud
+  const fetchCounter = env.metrics.counter('mcp_proxy_discovery_fetches_total', 'Fetches of the identity provider\'s OIDC discovery document')
+  fetchCounter.init()
+  const fetches = fetchCounter.labels()
   const discovery = new DiscoveryCache({
     url: idp.discoveryUrl,
     ttlMs: idp.discovery.ttlSeconds * 1000,
     timeoutMs: idp.discovery.timeoutMs,
     log: env.log,
+    onFetch: () => fetches.inc(),
   })
+  env.metrics.gauge('mcp_proxy_discovery_up', '1 when the last discovery fetch succeeded, 0 when it failed').collect = () => {
+    const s = discovery.state
+    return [[undefined, s.doc !== undefined && s.lastError === undefined ? 1 : 0]]
+  }
+  env.metrics.gauge('mcp_proxy_discovery_last_success_timestamp_seconds', 'When the discovery document was last fetched successfully').collect = () => {
+    const at = discovery.state.fetchedAt
+    return at === undefined ? [] : [[undefined, at / 1000]]
+  }
   env.log.info({ provider: kind, discovery: discovery.url }, 'provider bridge: fetching the identity provider\'s discovery document')
   // In the background: an unreachable IdP must not hold up start-up (issue 13
   // item 23); a request that needs the document waits for this fetch.
@@ -130,6 +142,8 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
     describe () {
       const s = discovery.state
       return {
+        // The section the admin's OAuth view shows (PluginDescription.discovery).
+        discovery: { fetchedAt: s.fetchedAt ?? null, lastError: s.lastError ?? null, fetches: s.fetches, loaded: s.doc !== undefined },
         provider: kind,
         discoveryUrl: discovery.url,
         fetchedAt: s.fetchedAt === undefined ? null : new Date(s.fetchedAt).toISOString(),
