@@ -9,7 +9,8 @@ import { GatewayServer, sendReply, type McpEndpoint } from '../../core/server.ts
 import { Pipeline } from '../../core/pipeline.ts'
 import { RouteTable } from '../../core/routes.ts'
 import { Metrics } from '../../core/metrics.ts'
-import { createAjv } from '../../core/config.ts'
+import { createAjv, validateConfig } from '../../core/config.ts'
+import { loadPlugins } from '../../core/plugin-loader.ts'
 import type { Plugin, PluginEnv } from '../../core/plugin.ts'
 import mcpAuthentication, { type McpAuthenticationOptions } from '../../plugins/mcp-authentication/index.ts'
 import cors, { type CorsOptions } from '../../plugins/cors/index.ts'
@@ -70,7 +71,11 @@ export async function firstKeyFetch (auth: Plugin): Promise<void> {
 }
 
 /** Starts the gateway on 127.0.0.1:0 with [cors?, mcpAuthentication]. */
-export async function authGateway (t: Test, authOptions: McpAuthenticationOptions, corsOptions?: CorsOptions): Promise<AuthGateway> {
+/**
+ * `corsModule`: load CORS as a third-party plugin from this path (`mcp.plugins:
+ * [{ module, options }]` through the plugin loader) instead of the built-in.
+ */
+export async function authGateway (t: Test, authOptions: McpAuthenticationOptions, corsOptions?: CorsOptions, corsModule?: string): Promise<AuthGateway> {
   const { log, text } = memoryLogger('debug')
   const metrics = new Metrics()
   let seen: ReturnType<AuthGateway['lastSeen']>
@@ -88,7 +93,12 @@ export async function authGateway (t: Test, authOptions: McpAuthenticationOption
   const env = (configPath: string): PluginEnv => ({ log, config: {}, baseUrl: BASE, configPath, metrics, provided: {} })
   const plugins: Plugin[] = []
   t.teardown(async () => { for (const p of plugins) await p.close?.() })
-  if (corsOptions !== undefined) plugins.push(await cors.create(validated(cors.optionsSchema, corsOptions), env('mcp.policies.cors')))
+  if (corsOptions !== undefined && corsModule !== undefined) {
+    const config = await validateConfig({ mcp: { port: 0, baseUrl: BASE, targets: [{ name: 'a', stdio: { cmd: 'node' } }], plugins: [{ module: corsModule, options: corsOptions }] } })
+    plugins.push(...await loadPlugins({ config, baseDir: process.cwd(), env: { log, config: config as never, baseUrl: BASE, metrics } }))
+  } else if (corsOptions !== undefined) {
+    plugins.push(await cors.create(validated(cors.optionsSchema, corsOptions), env('mcp.policies.cors')))
+  }
   const authPlugin = await mcpAuthentication.create(validated(mcpAuthentication.optionsSchema, authOptions), env('mcp.policies.mcpAuthentication'))
   plugins.push(authPlugin)
   await firstKeyFetch(authPlugin)
