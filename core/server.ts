@@ -102,6 +102,11 @@ function clip (s: string): string {
   return s.length > MAX_LOGGED_CHARS ? s.slice(0, MAX_LOGGED_CHARS) + '…' : s
 }
 
+/** A denial as one line of text for the access log and the admin view: `rule[i]: text` for a rule. */
+export function denialText (d: Denial): string {
+  return d.rule !== undefined ? `rule[${d.rule}]: ${d.reason}` : d.reason
+}
+
 /**
  * How a request ended, for the access log and the admin UI: `allowed`,
  * `unauthenticated` (401), `forbidden` (403), `denied` (a per-operation
@@ -592,7 +597,7 @@ export class GatewayServer {
         prompt: info?.method === 'prompts/get' ? named : undefined,
         uri: info?.method?.startsWith('resources/') === true ? named : undefined,
         target: ctx.target, sessionId, subject: ctx.auth?.subject,
-        outcome: outcomeOf(status, ctx.denial), denial: ctx.denial,
+        outcome: outcomeOf(status, ctx.denial), denial: ctx.denial === undefined ? undefined : clip(denialText(ctx.denial)),
       }
       const log = ctx.hasLog ? ctx.log : this.log
       log.info(line, 'request')

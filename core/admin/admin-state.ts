@@ -10,7 +10,7 @@ import type { LoadedConfig } from '../config.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from '../metrics.ts'
 import type { Plugin, PluginDescription } from '../plugin.ts'
 import type { RouteTable } from '../routes.ts'
-import { outcomeOf, type AccessRecord } from '../server.ts'
+import { outcomeOf, denialText, type AccessRecord } from '../server.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import type { AdminState, TryInput } from './admin.ts'
 import type { PooledSummary, SessionSummary, TargetSummary } from '../mcp/index.ts'
@@ -319,7 +319,7 @@ export class RequestLog {
 /** How a request ended, for the UI: allowed, or which check refused it and why (`rule[i]: text` for a rule). */
 export function decisionOf (rec: AccessRecord): { decision: string; reason: string | null } {
   const d = rec.denial
-  const reason = d === undefined ? null : d.rule !== undefined ? `rule[${d.rule}]: ${d.reason}` : d.reason
+  const reason = d === undefined ? null : denialText(d)
   const decision = outcomeOf(rec.status, d)
   if (decision === 'unauthenticated') return { decision, reason: reason ?? 'no or invalid token' }
   return { decision, reason: decision === 'allowed' ? null : reason }
