@@ -69,6 +69,7 @@ t.test('RequestLog keeps the newest requests and ten-second buckets; decisionOf 
   t.same(decisionOf(rec({ status: 403, denial: { rule: 0, reason: RULE } })), { decision: 'forbidden', reason: `rule[0]: ${RULE}` })
   t.same(decisionOf(rec({ status: 200, denial: { rule: 0, reason: RULE } })), { decision: 'denied', reason: `rule[0]: ${RULE}` })
   t.same(decisionOf(rec({ status: 502 })), { decision: 'error', reason: null })
+  t.same(decisionOf(rec({ status: 429, denial: 'rate-limited' as never })), { decision: 'error', reason: 'rate-limited' }, 'a JavaScript plugin that still sets a string is shown, not a crash')
 })
 
 /** A raw request, so the Host and Origin headers are exactly what the test says. */

@@ -48,7 +48,7 @@ const rateLimit = {
           return
         }
         limited.inc()
-        ctx.denial = 'rate-limited'
+        ctx.denial = { reason: 'rate-limited' }
         const retryAfter = Math.max(1, Math.ceil((1 - b.tokens) / perMs / 1000))
         return {
           status: 429,
