@@ -8,7 +8,7 @@ import { createServer, STATUS_CODES, type IncomingMessage, type ServerResponse, 
 import type { Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
-import type { RequestContext, ResponseContext, Reply, McpMessageInfo, Denial } from './context.ts'
+import { denialText, type RequestContext, type ResponseContext, type Reply, type McpMessageInfo, type Denial } from './context.ts'
 import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import type { RouteDef } from './plugin.ts'
@@ -100,13 +100,6 @@ const MAX_LOGGED_CHARS = 256
 
 function clip (s: string): string {
   return s.length > MAX_LOGGED_CHARS ? s.slice(0, MAX_LOGGED_CHARS) + '…' : s
-}
-
-/** A denial as one line of text for the access log and the admin view: `rule[i]: text` for a rule. */
-export function denialText (d: Denial): string {
-  // A JavaScript plugin written against the earlier contract may still set a string.
-  if (typeof d !== 'object' || d === null) return String(d)
-  return d.rule !== undefined ? `rule[${d.rule}]: ${String(d.reason)}` : String(d.reason)
 }
 
 /**

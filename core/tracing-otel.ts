@@ -11,7 +11,7 @@ import { W3CTraceContextPropagator } from '@opentelemetry/core'
 import { resourceFromAttributes } from '@opentelemetry/resources'
 import { BasicTracerProvider, BatchSpanProcessor, ParentBasedSampler, TraceIdRatioBasedSampler } from '@opentelemetry/sdk-trace-base'
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
-import type { RequestContext } from './context.ts'
+import { denialText, type RequestContext } from './context.ts'
 import type { JsonRpcMessage } from './targets/types.ts'
 import type { Tracer, TracingConfig } from './tracing.ts'
 
@@ -149,7 +149,7 @@ export function createTracer (config: TracingConfig, log: Logger, version: strin
       const session = sessionOf(ctx)
       if (session !== undefined) attrs['mcp.session.id'] = session
       if (config.recordSubject && ctx.auth !== undefined) attrs['user.id'] = ctx.auth.subject
-      if (ctx.denial !== undefined) attrs['mcp_proxy.denial'] = ctx.denial
+      if (ctx.denial !== undefined) attrs['mcp_proxy.denial'] = denialText(ctx.denial)
       if (status >= 500 || status === 0) {
         attrs['error.type'] = status === 0 ? 'aborted' : String(status)
         span.setStatus({ code: SpanStatusCode.ERROR })

@@ -299,7 +299,7 @@ t.test('tracing off: a gateway starts and serves without loading any @openteleme
 
 t.test('config: tracing defaults, a bad value names its path, export headers are redacted in the admin view', async t => {
   const { validateConfig } = await import('../core/config.ts')
-  const { redactConfig } = await import('../core/redact.ts')
+  const { redactConfig } = await import('../core/admin/redact.ts')
   const base = { mcp: { port: 0, targets: [{ name: 'remote', mcp: { url: 'http://127.0.0.1:9/mcp' } }] } }
   const config = await validateConfig(base)
   t.same(config.tracing, {
