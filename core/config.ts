@@ -140,29 +140,52 @@ export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): s
 }
 
 const ENV_REF = /\$\$\{|\$\{([^}]*)\}/g
-const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
+/** `NAME`, optionally followed by a POSIX shell operator (`:-`, `-`, `:?`, `?`) and its word. */
+const ENV_EXPR = /^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([\s\S]*))?$/
 
 /**
- * Expands `${NAME}` in a string. `$${` stands for a literal `${`.
- * Returns undefined when the string has no reference.
+ * Expands `${NAME}` in a string with the shell's parameter expansion
+ * (POSIX.1-2017 XCU §2.6.2): `${NAME:-word}` gives word when NAME is unset
+ * or empty, `${NAME-word}` only when unset; `${NAME:?message}` fails when
+ * unset or empty, `${NAME?message}` only when unset. The word is literal (no
+ * nested references). `$${` stands for a literal `${`. Returns undefined when
+ * the string has no reference. Each problem is pushed to `problems` when
+ * given (so one run reports every one), else thrown.
  */
-export function expandString (value: string, env: NodeJS.ProcessEnv, where: string): string | undefined {
+export function expandString (value: string, env: NodeJS.ProcessEnv, where: string, problems?: EnvProblem[]): string | undefined {
   if (!value.includes('${')) return undefined
   let used = false
-  const out = value.replace(ENV_REF, (match: string, name: string | undefined) => {
+  const report = (p: EnvProblem): string => {
+    if (problems === undefined) throw envError([p])
+    problems.push(p)
+    return ''
+  }
+  const out = value.replace(ENV_REF, (match: string, body: string | undefined) => {
     if (match === '$${') return '${'
-    const n = (name ?? '').trim()
-    if (!ENV_NAME.test(n)) {
-      throw new ProxyError('MCPP_ERR_CONFIG', 500, `${where}: invalid environment reference \${${name ?? ''}}`)
+    const m = ENV_EXPR.exec((body ?? '').trim())
+    if (m === null) {
+      return report({ code: 'MCPP_ERR_CONFIG', line: `${where}: invalid environment reference \${${body ?? ''}}` })
     }
+    const [, n, op, word = ''] = m as unknown as [string, string, string | undefined, string | undefined]
     const v = env[n]
-    if (v === undefined) {
-      throw new ProxyError('MCPP_ERR_ENV_NOT_FOUND', 500, `environment variable not found: ${n} (referenced at ${where})`)
-    }
+    const absent = v === undefined || (op !== undefined && op.startsWith(':') && v === '')
     used = true
-    return v
+    if (!absent) return v!
+    if (op === ':-' || op === '-') return word
+    const why = v === undefined ? `environment variable not found: ${n}` : `environment variable is empty: ${n}`
+    return report({ code: 'MCPP_ERR_ENV_NOT_FOUND', line: `${why} (referenced at ${where})${word !== '' ? `: ${word}` : ''}` })
   })
   return used || out !== value ? out : undefined
+}
+
+/** One problem found while expanding references. */
+export interface EnvProblem { readonly code: 'MCPP_ERR_CONFIG' | 'MCPP_ERR_ENV_NOT_FOUND'; readonly line: string }
+
+/** One error for every problem found; `environment variable not found` wins the code (SPEC: exit with that message). */
+function envError (problems: readonly EnvProblem[]): ProxyError {
+  const lines = problems.map(p => p.line)
+  const code = problems.some(p => p.code === 'MCPP_ERR_ENV_NOT_FOUND') ? 'MCPP_ERR_ENV_NOT_FOUND' : 'MCPP_ERR_CONFIG'
+  return new ProxyError(code, 500, lines.join('\n'), { data: { problems: lines } })
 }
 
 function pathOf (path: readonly unknown[]): string {
@@ -192,6 +215,7 @@ export function parseConfigText (text: string, env: NodeJS.ProcessEnv): { data: 
     throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid YAML:\n' + doc.errors.map(e => '  ' + e.message).join('\n'))
   }
   const secretPaths = new Set<string>()
+  const problems: EnvProblem[] = []
   visit(doc, {
     Pair (_key, pair) {
       // Keys are never expanded: `${X}: 1` stays literal and fails validation as an unknown key.
@@ -200,7 +224,7 @@ export function parseConfigText (text: string, env: NodeJS.ProcessEnv): { data: 
     Scalar (key, node, path) {
       if (key === 'key' || typeof node.value !== 'string') return undefined
       const where = pathOf([...path, node]) || '(root)'
-      const expanded = expandString(node.value, env, where)
+      const expanded = expandString(node.value, env, where, problems)
       if (expanded === undefined) return undefined
       secretPaths.add(where)
       // A plain (unquoted) scalar that was exactly one reference may become a
@@ -215,6 +239,7 @@ export function parseConfigText (text: string, env: NodeJS.ProcessEnv): { data: 
       return undefined
     },
   })
+  if (problems.length > 0) throw envError(problems)
   return { data: doc.toJS({ maxAliasCount: 50 }), secretPaths }
 }
 
@@ -311,13 +336,23 @@ export async function validateConfig (data: unknown, registry: PluginRegistry = 
   return cfg
 }
 
+/** Why a file could not be read, in words (never a bare errno code). */
+export function readFailure (err: unknown, file: string): string {
+  switch ((err as NodeJS.ErrnoException).code) {
+    case 'ENOENT': return `file not found: ${file}`
+    case 'EACCES': case 'EPERM': return `permission denied: ${file}`
+    case 'EISDIR': return `is a directory, not a file: ${file}`
+    default: return `${file}: ${(err as Error).message ?? String(err)}`
+  }
+}
+
 /** Reads, expands, validates (the policy blocks by the registry's plugins) and freezes a config file. */
 export async function loadConfig (file: string, env: NodeJS.ProcessEnv = process.env, registry: PluginRegistry = EMPTY_REGISTRY): Promise<LoadedConfig> {
   let text: string
   try {
     text = await readFile(file, 'utf8')
   } catch (err) {
-    throw new ProxyError('MCPP_ERR_CONFIG', 500, `cannot read config file ${file}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`, { cause: err })
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, `cannot read config file: ${readFailure(err, file)}`, { cause: err })
   }
   const { data, secretPaths } = parseConfigText(text, env)
   const config = await validateConfig(data, registry)

@@ -66,7 +66,7 @@ const bad: Array<[string, unknown, RegExp]> = [
   ['resource not ending in /mcp', withAuth({ ...goodAuth, resourceMetadata: { resource: 'https://gw.example.com/api' } }), /^mcp\.policies\.mcpAuthentication\.resourceMetadata\.resource: must be an http\(s\) URL ending in \/mcp$/],
   ['empty targets', { mcp: { port: 1, targets: [] } }, /^mcp\.targets: must NOT have fewer than 1 items$/],
   ['target without a kind', { mcp: { port: 1, targets: [{ name: 'a' }] } }, /^mcp\.targets\[0\]: must have exactly one of stdio, mcp$/],
-  ['target name with an underscore', { mcp: { port: 1, targets: [{ name: 'a_b', stdio: { cmd: 'x' } }] } }, /^mcp\.targets\[0\]\.name: must match pattern/],
+  ['target name with an underscore', { mcp: { port: 1, targets: [{ name: 'a_b', stdio: { cmd: 'x' } }] } }, /^mcp\.targets\[0\]\.name: letters, digits and '-' only/],
   ['args of the wrong type', { mcp: { port: 1, targets: [{ name: 'a', stdio: { cmd: 'x', args: 'y' } }] } }, /^mcp\.targets\[0\]\.stdio\.args: must be array$/],
   ['bad mode', withAuth({ ...goodAuth, mode: 'lenient' }), /^mcp\.policies\.mcpAuthentication\.mode: must be one of "strict", "optional", "permissive"$/],
   ['oss_idp without clientId', withAuth({ ...goodAuth, clientId: undefined }), /^mcp\.policies\.mcpAuthentication\.clientId: is required$/],

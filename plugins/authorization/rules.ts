@@ -389,9 +389,28 @@ export function compileRule (text: string, index: number, basePath = 'mcp.polici
   return Object.freeze(compiled)
 }
 
-/** Compiles every rule at start-up; the first bad rule throws (see compileRule). */
+/**
+ * Compiles every rule at start-up. Every bad rule is reported in one error
+ * (one bad rule: its own error from compileRule; several: their messages, one
+ * after the other, in `data.problems`).
+ */
 export function compileRules (rules: readonly string[], basePath = 'mcp.policies.authorization.rules'): CompiledRuleSet {
-  const compiled = Object.freeze(rules.map((r, i) => compileRule(r, i, basePath)))
+  const failures: ProxyError[] = []
+  const list: CompiledRule[] = []
+  rules.forEach((r, i) => {
+    try {
+      list.push(compileRule(r, i, basePath))
+    } catch (err) {
+      if (!ProxyError.is(err)) throw err
+      failures.push(err)
+    }
+  })
+  if (failures.length === 1) throw failures[0]!
+  if (failures.length > 1) {
+    const problems = failures.map(f => f.message)
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, `${failures.length} invalid rules:\n` + problems.join('\n'), { data: { problems } })
+  }
+  const compiled = Object.freeze(list)
   return Object.freeze({
     rules: compiled,
     endpoint: Object.freeze(compiled.filter(r => r.kind === 'endpoint')),
