@@ -101,6 +101,16 @@ export function toDotted (pointer: string, prefix = ''): string {
 /** Keywords whose error a schema's `errorMessage` replaces. */
 const CUSTOM_KEYWORDS = ['minProperties', 'maxProperties', 'oneOf', 'required', 'pattern']
 
+/**
+ * Whether a schema's `errorMessage` speaks for this error: its structural
+ * keywords, but not a `required` of its own (a missing `name` is not a wrong
+ * choice among a oneOf's keys).
+ */
+function spokenFor (e: ErrorObject): boolean {
+  if (!CUSTOM_KEYWORDS.includes(e.keyword)) return false
+  return e.keyword !== 'required' || e.schemaPath.includes('/oneOf/')
+}
+
 /** Turns ajv errors into `path: message` lines, one per problem, deduplicated. */
 export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): string[] {
   const lines = new Set<string>()
@@ -108,7 +118,7 @@ export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): s
   // A schema with `errorMessage` speaks for its structural errors at that path.
   for (const e of errors) {
     const parent = e.parentSchema as { errorMessage?: string } | undefined
-    if (parent?.errorMessage !== undefined && CUSTOM_KEYWORDS.includes(e.keyword)) {
+    if (parent?.errorMessage !== undefined && spokenFor(e)) {
       const at = toDotted(e.instancePath, prefix) || '(root)'
       custom.add(at)
       lines.add(`${at}: ${parent.errorMessage}`)
@@ -116,7 +126,7 @@ export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): s
   }
   for (const e of errors) {
     let at = toDotted(e.instancePath, prefix)
-    if (custom.has(at || '(root)') && CUSTOM_KEYWORDS.includes(e.keyword)) continue
+    if (custom.has(at || '(root)') && spokenFor(e)) continue
     if (e.keyword === 'if') continue
     let msg = e.message ?? 'is invalid'
     if (e.keyword === 'additionalProperties') {

@@ -109,3 +109,10 @@ t.test('the CLI (--check) reports every unset variable and every bad rule in one
   t.match(r5.stderr, /file not found: \/nonexistent\/mcpp-i18\.yaml/)
   t.notMatch(r5.stderr, /ENOENT/)
 })
+
+t.test('a missing required key is named even where a oneOf speaks for the choice of keys', async t => {
+  const err = await t.rejects(validateConfig({ mcp: { port: 0, targets: [{ stdio: { cmd: 'node' } }, { name: 'b', stdio: { cmd: 'node' }, mcp: { url: 'http://a' } }] } })) as unknown as ProxyError
+  t.match(err.message, /mcp\.targets\[0\]\.name: is required/)
+  t.notMatch(err.message, /mcp\.targets\[0\]: must have exactly one of stdio, mcp/)
+  t.match(err.message, /mcp\.targets\[1\]: must have exactly one of stdio, mcp/)
+})
