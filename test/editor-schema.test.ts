@@ -21,7 +21,7 @@ type Schema = Record<string, unknown>
 
 const CORE = 'schemas/config.schema.json'
 const EDITOR = 'schemas/editor.schema.json'
-const PLUGINS = ['authorization', 'cors', 'mcp-authentication', 'provider-bridge', 'registration'].map(p => `plugins/${p}/schema.json`)
+const PLUGINS = ['authorization', 'cors', 'mcp-authentication', 'oauth-facade', 'provider-bridge', 'registration'].map(p => `plugins/${p}/schema.json`)
 const readJson = async (rel: string): Promise<Schema> => JSON.parse(await readFile(packagePath(rel), 'utf8')) as Schema
 
 t.test('the committed editor schema is the generated one (npm run -s schema:editor)', async t => {
@@ -51,7 +51,7 @@ t.test('every property has a description, and a default unless it is required or
       const p = `${at}.${k}`
       const description = typeof v.description === 'string' ? v.description : ''
       if (description === '') missing.push(`${rel} ${p}: no description`)
-      else if (v.default === undefined && !required.includes(k) && !/Unset|Required|Exactly one of/.test(description)) missing.push(`${rel} ${p}: no default`)
+      else if (v.default === undefined && !required.includes(k) && !/Unset|Default|Required|Exactly one of|Without it/.test(description)) missing.push(`${rel} ${p}: no default`)
       walk(rel, v, p)
       if (typeof v.items === 'object') walk(rel, v.items as Schema, `${p}[]`)
     }
@@ -61,7 +61,7 @@ t.test('every property has a description, and a default unless it is required or
 })
 
 t.test('every example and every README YAML block starts with the modeline; the examples are valid configs', async t => {
-  const files = (await readdir(packagePath('examples'))).filter(f => f.endsWith('.yaml')).map(f => `examples/${f}`).concat('examples/demo/config.yaml')
+  const files = (await readdir(packagePath('examples'))).filter(f => f.endsWith('.yaml')).map(f => `examples/${f}`).concat('examples/demo/config.yaml', 'examples/demo/facade.yaml')
   for (const rel of files) {
     const text = await readFile(packagePath(rel), 'utf8')
     const depth = rel.split('/').length - 1
