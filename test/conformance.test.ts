@@ -61,7 +61,6 @@ const KNOWN_GAPS: Partial<Record<Revision, Record<string, { paths: Path[]; why: 
     'input-required-result-capability-check': { paths: GATEWAY, why: 'per-request client capabilities not forwarded (issue 15 item 1)' },
     'input-required-result-ignore-extra-params': { paths: GATEWAY, why: 'a first call already carrying inputResponses is treated as new (issue 15 item 1)' },
     'server-stateless': { paths: GATEWAY, why: 'list-changed on subscriptions/listen only for stateless-mode upstream clients (issue 15 item 1)' },
-    'http-custom-header-server-validation': { paths: GATEWAY, why: 'Mcp-Param-* headers not validated (issue 15 item 3)' },
   },
 }
 
