@@ -52,7 +52,9 @@ const PATHS: Path[] = ['direct', 'http', 'stdio', 'rule']
 const GATEWAY: Path[] = ['http', 'stdio', 'rule']
 const KNOWN_GAPS: Partial<Record<Revision, Record<string, { paths: Path[]; why: string }>>> = {
   '2025-11-25': {
-    'server-sse-polling': { paths: ['stdio', 'rule'], why: 'no event ids or Last-Event-ID replay on streams the gateway writes (issue 15 item 2)' },
+    // Direct, the fixture closes the POST stream mid-call and the suite resumes it (SUCCESS); the
+    // gateway keeps its own stream open, so the resume check is not exercised (INFO).
+    'server-sse-polling': { paths: ['stdio', 'rule'], why: 'the gateway does not close a POST stream early, so server-sse-disconnect-resume is INFO' },
   },
   '2026-07-28': {
     'input-required-result-basic-elicitation': { paths: GATEWAY, why: 'keyed input requests renamed input-N on the session-era upstream (issue 15 item 1)' },

@@ -44,12 +44,16 @@ export function frameWithId (id: string, event: string): string {
   return 'id: ' + id + '\n' + event
 }
 
+/** Reconnection delay a client is told in the priming event (SSE `retry:`). */
+const RETRY_MS = 1000
+
 /**
  * The priming event a resumable stream starts with: an id and empty data, so that a
- * client cut before the first message can still reconnect with `Last-Event-ID`.
+ * client cut before the first message can still reconnect with `Last-Event-ID`, and
+ * how soon to do so (MCP 2025-11-25 transports, "Sending Messages to the Server").
  */
 export function primingFrame (id: string): string {
-  return 'id: ' + id + '\ndata:\n\n'
+  return 'id: ' + id + '\nretry: ' + String(RETRY_MS) + '\ndata:\n\n'
 }
 
 /**
