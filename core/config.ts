@@ -40,7 +40,7 @@ export interface GatewayConfig {
     trustedProxies: string[]
     failClosed: boolean
     session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }
-    limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; startupHoldMs: number; startupMaxHeldRequests: number; maxToolLabels: number }
+    limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; maxResumableStreams: number; startupHoldMs: number; startupMaxHeldRequests: number; maxToolLabels: number }
     readiness: { targets?: 'all' | 'any' | 'none' }
   }
   admin: { host: string; port: number; token?: string; enabled: boolean }

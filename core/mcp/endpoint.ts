@@ -33,7 +33,7 @@ export interface McpEndpointOptions {
   readonly plugins: readonly Plugin[]
   readonly config: Pick<GatewayConfig['mcp'], 'session' | 'failClosed'> & {
     /** SSE bounds; defaults as in the schema when absent. */
-    readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes'>>
+    readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes' | 'maxResumableStreams'>>
   }
   readonly log: Logger
   readonly metrics: Metrics
@@ -273,12 +273,20 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       throw new ProxyError('MCPP_ERR_NOT_ACCEPTABLE', 406, 'Not Acceptable: Accept must list text/event-stream', { rpcCode: RPC.INVALID_REQUEST })
     }
     const session = lookup(ctx)
+    // A GET with Last-Event-ID naming a POST stream continues that stream (MCP 2025-11-25 transports, Resumability).
+    const lastEventId = header(ctx, 'last-event-id')
+    if (lastEventId !== undefined && session.canResume(lastEventId)) {
+      await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': session.id })
+      ctx.res.flushHeaders()
+      session.resume(lastEventId, new SseStream(ctx.res, streams))
+      return
+    }
     if (session.hasGetStream) {
       throw new ProxyError('MCPP_ERR_STREAM_CONFLICT', 409, 'Conflict: this session already has an open GET stream', { rpcCode: RPC.INVALID_REQUEST })
     }
     await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': session.id })
     ctx.res.flushHeaders()
-    session.attachGetStream(new SseStream(ctx.res, streams))
+    session.attachGetStream(new SseStream(ctx.res, streams), lastEventId)
   }
 
   async function del (ctx: RequestContext): Promise<void> {

@@ -22,6 +22,7 @@ import { randomBytes } from 'node:crypto'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
 import { subjectKeyOf } from './subject-key.ts'
 import { tracer } from '../tracing.ts'
+import { ParamHeaderCache, paramHeaderMismatch, type ParamHeader } from './param-headers.ts'
 
 /** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`). */
 export const META = {
@@ -160,6 +161,12 @@ function upstreamParams (params: Record<string, unknown> | undefined): Record<st
   return out
 }
 
+/** The `tools` of a tools/list result, or none. */
+function toolsOf (result: unknown): unknown[] {
+  const tools = (result as { tools?: unknown } | undefined)?.tools
+  return Array.isArray(tools) ? tools : []
+}
+
 /** One client request: where its answer goes (JSON, or SSE once a notification must go first). */
 class Exchange {
   readonly ctx: RequestContext
@@ -238,6 +245,36 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   const continuations = new Map<string, Continuation>()
   let inputSeq = 0
   let serverInfo: unknown = GATEWAY_INFO
+  const paramHeaders = new ParamHeaderCache()
+  const paramFetches = new Map<string, Promise<void>>()
+
+  /** A tool's `Mcp-Param-*` annotations: learnt from lists, else one shared `tools/list` per target. */
+  async function paramHeadersFor (ex: Exchange, factory: UpstreamFactory, tool: string): Promise<ParamHeader[]> {
+    const known = paramHeaders.lookup(factory.target, tool)
+    if (known !== undefined) return known
+    let fetching = paramFetches.get(factory.target)
+    if (fetching === undefined) {
+      fetching = (async () => {
+        let cursor: unknown
+        const seen = new Set<unknown>()
+        do {
+          const { res } = await forward(ex, factory, 'tools/list', cursor === undefined ? {} : { cursor })
+          const result = res.result as Record<string, unknown> | undefined
+          paramHeaders.learn(factory.target, Array.isArray(result?.tools) ? result.tools : [], cursor === undefined)
+          seen.add(cursor)
+          cursor = result?.nextCursor
+        } while (typeof cursor === 'string' && !seen.has(cursor))
+      })().finally(() => paramFetches.delete(factory.target))
+      paramFetches.set(factory.target, fetching)
+    }
+    try {
+      await fetching
+    } catch (err) {
+      // The call itself goes to the same upstream and meets the same fault.
+      log.debug({ target: factory.target, err: (err as Error).message }, 'tools/list for Mcp-Param headers failed')
+    }
+    return paramHeaders.lookup(factory.target, tool) ?? []
+  }
 
   /** Results of this revision: `resultType`, caching hints, serverInfo (MCP 2026-07-28 Caching, `_meta`). */
   function decorate (ex: Exchange, method: string, result: Record<string, unknown>, serverInfo: unknown): Record<string, unknown> {
@@ -409,13 +446,33 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       const { res, entry } = await forward(ex, opts.targets[0]!, method, params)
       if (res.error !== undefined) { await ex.answer(res); return }
       const result = (res.result ?? {}) as Record<string, unknown>
+      if (method === 'tools/list') paramHeaders.learn(entry.target, toolsOf(result), params.cursor === undefined)
       router.filterResult(ex.ctx, method, result, entry.target)
       await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })
       return
     }
-    const merged = await router.mergeLists(ex.ctx, method, (f, page) => forward(ex, f, method, page).then(r => r.res), () => ex.aborted, log, opts.failClosed)
+    const fetch = async (f: UpstreamFactory, page: Record<string, unknown>): Promise<JsonRpcMessage> => {
+      const { res } = await forward(ex, f, method, page)
+      if (method === 'tools/list') paramHeaders.learn(f.target, toolsOf(res.result), page.cursor === undefined)
+      return res
+    }
+    const merged = await router.mergeLists(ex.ctx, method, fetch, () => ex.aborted, log, opts.failClosed)
     if (merged.error !== undefined) { await ex.answer(merged); return }
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, merged.result as Record<string, unknown>, GATEWAY_INFO) })
+  }
+
+  /**
+   * Throws 400 / -32020 when the `Mcp-Param-*` headers do not match the arguments (MCP 2026-07-28
+   * streamable HTTP, "Server Behavior for Custom Headers"): whoever routed on the header saw
+   * what the upstream would not execute.
+   */
+  async function checkParamHeaders (ex: Exchange, factory: UpstreamFactory, tool: string, args: unknown): Promise<void> {
+    const annotations = await paramHeadersFor(ex, factory, tool)
+    if (annotations.length === 0) return
+    const why = paramHeaderMismatch(annotations, args, name => header(ex.ctx, name))
+    if (why === undefined) return
+    log.info({ target: factory.target, tool, reason: why }, 'Mcp-Param header refused')
+    throw mismatch(why)
   }
 
   /** tools/call, prompts/get, resources/read: route by name or URI, refuse what the rules deny. */
@@ -432,6 +489,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     ex.ctx.target = factory.target
     let res: JsonRpcMessage | undefined
     const standIn = router.refuse(ex.ctx, method, kind, name, factory.target)
+    if (standIn === undefined && kind === 'tool') await checkParamHeaders(ex, factory, name, params.arguments)
     if (standIn !== undefined) {
       // Refused: answered exactly as the upstream answers an item it does not have.
       delete params.inputResponses

@@ -13,7 +13,7 @@ import type { Plugin } from '../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream } from '../targets/types.ts'
 import type { SessionUpstreamFactory } from './shared-upstream.ts'
 import { ProxyError, RPC } from '../errors.ts'
-import { Backlog, SseStream, type StreamLimits } from './sse.ts'
+import { Backlog, Replay, SseStream, SSE_HEADERS, frame, frameWithId, primingFrame, type StreamLimits } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
 import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, rpcError } from './router.ts'
@@ -63,11 +63,19 @@ interface Inflight {
   finished: boolean
 }
 
-/** One POST carrying requests: its SSE stream stays open until each request is answered. */
+/**
+ * One POST carrying requests: its SSE stream stays open until each request is
+ * answered. The client may lose the stream and reconnect with `Last-Event-ID`
+ * (a GET): `stream` is then the new response, and what it missed comes from `replay`.
+ */
 interface Exchange {
   readonly ctx: RequestContext
-  readonly stream: SseStream
+  stream: SseStream
   open: number
+  /** Event ids are `<key>.<seq>`: unique in the session and naming their stream (MCP 2025-11-25 transports, Resumability). */
+  readonly key: string
+  seq: number
+  readonly replay: Replay
 }
 
 /** A child's start-up (node, npx) may be slow on a busy host: initialize waits at least this long. */
@@ -102,6 +110,11 @@ export class Session {
   #getStream: SseStream | undefined
   readonly #backlog: Backlog
   readonly #router: Router<Link>
+  /** Event ids of the GET stream are `g.<seq>`; what it wrote is kept for a reconnection. */
+  #getSeq = 0
+  readonly #getReplay: Replay
+  #streamSeq = 0
+  readonly #undelivered = new Map<string, Exchange>()
   #starting = true
 
   constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly SessionUpstreamFactory[]; env: SessionEnv }) {
@@ -112,6 +125,7 @@ export class Session {
     this.#env = opts.env
     this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
     this.#backlog = new Backlog(opts.env.streams, this.#log)
+    this.#getReplay = new Replay(opts.env.streams.maxBacklogBytes)
     this.links = opts.factories.map(f => {
       const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), up: false, pending: new UpstreamCalls(), active: new Set(), initResult: undefined }
       link.upstream.onMessage = (msg) => this.#fromUpstream(link, msg)
@@ -190,16 +204,21 @@ export class Session {
       ctx.res.end()
       return
     }
-    await ctx.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'mcp-session-id': this.id })
-    const exchange: Exchange = { ctx, stream: new SseStream(ctx.res, this.#env.streams), open: requests }
+    await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': this.id })
+    const stream = new SseStream(ctx.res, this.#env.streams)
+    const exchange: Exchange = { ctx, stream, open: requests, key: `p${++this.#streamSeq}`, seq: 0, replay: new Replay(this.#env.streams.maxBacklogBytes) }
     this.#exchanges.add(exchange)
-    exchange.stream.onClose(() => this.#exchangeClosed(exchange))
+    stream.onClose(() => this.#exchangeClosed(exchange, stream))
+    stream.sendFrame(primingFrame(`${exchange.key}.0`))
     if (single !== undefined) this.#clientRequest(exchange, single)
     else for (const m of list!) if (m.method !== undefined && m.id !== undefined) this.#clientRequest(exchange, m)
   }
 
-  /** Attaches the standalone GET stream; false when one is already open. */
-  attachGetStream (stream: SseStream): boolean {
+  /**
+   * Attaches the standalone GET stream; false when one is already open. With the id of
+   * an event of an earlier GET stream, the events written after it are sent first.
+   */
+  attachGetStream (stream: SseStream, lastEventId?: string): boolean {
     if (this.#getStream?.open === true) return false
     this.#getStream = stream
     this.lastActivityAt = Date.now()
@@ -207,8 +226,41 @@ export class Session {
       if (this.#getStream === stream) this.#getStream = undefined
       this.lastActivityAt = Date.now()
     })
-    this.#backlog.flushTo(stream)
+    const m = lastEventId === undefined ? null : /^g\.(\d+)$/.exec(lastEventId)
+    if (m !== null) for (const event of this.#getReplay.after(Number(m[1]))) if (!stream.sendFrame(event)) return true
+    this.#backlog.drain(event => this.#getWrite(event))
     return true
+  }
+
+  /** Whether `lastEventId` names an event of a POST stream this session still knows. */
+  canResume (lastEventId: string): boolean {
+    return this.#resumable(lastEventId) !== undefined
+  }
+
+  /**
+   * Continues a POST stream the client lost (GET with `Last-Event-ID`, MCP 2025-11-25
+   * transports, Resumability): the events after that id, then, while its requests
+   * are in flight, the rest as it comes; ends once they are answered.
+   */
+  resume (lastEventId: string, stream: SseStream): void {
+    const found = this.#resumable(lastEventId)
+    if (found === undefined) { stream.end(); return }
+    const [ex, seq] = found
+    this.lastActivityAt = Date.now()
+    for (const event of ex.replay.after(seq)) if (!stream.sendFrame(event)) return
+    if (ex.open === 0) { stream.end(); return }
+    const old = ex.stream
+    ex.stream = stream
+    stream.onClose(() => this.#exchangeClosed(ex, stream))
+    old.end()
+  }
+
+  #resumable (lastEventId: string): [Exchange, number] | undefined {
+    const m = /^(p\d+)\.(\d+)$/.exec(lastEventId)
+    if (m === null) return undefined
+    for (const ex of this.#exchanges) if (ex.key === m[1]) return [ex, Number(m[2])]
+    const done = this.#undelivered.get(m[1]!)
+    return done === undefined ? undefined : [done, Number(m[2])]
   }
 
   keepAlive (): void {
@@ -224,6 +276,7 @@ export class Session {
     this.#getStream?.end()
     for (const ex of this.#exchanges) ex.stream.end()
     this.#exchanges.clear()
+    this.#undelivered.clear()
     this.#env.onEnd(this, reason)
     await Promise.allSettled(this.links.map(l => { l.up = false; return l.upstream.close() }))
   }
@@ -452,12 +505,35 @@ export class Session {
     this.#finish(inflight)
     msg.id = inflight.clientId
     const ex = inflight.exchange
-    if (--ex.open === 0) {
-      ex.stream.end(msg)
-      this.#exchanges.delete(ex)
-    } else {
-      ex.stream.send(msg)
+    if (--ex.open > 0) {
+      this.#emit(ex, msg)
+      return
     }
+    const delivered = ex.stream.open
+    this.#emit(ex, msg, true)
+    this.#exchanges.delete(ex)
+    if (delivered) return
+    // Nobody holds the stream: its answers wait for a GET with Last-Event-ID.
+    this.#undelivered.set(ex.key, ex)
+    if (this.#undelivered.size > this.#env.streams.maxResumableStreams) this.#undelivered.delete(this.#undelivered.keys().next().value!)
+  }
+
+  /** Writes one message on an exchange's stream, with its id, and keeps it for a reconnection. */
+  #emit (ex: Exchange, msg: JsonRpcMessage, last = false): void {
+    const seq = ++ex.seq
+    const event = frameWithId(`${ex.key}.${seq}`, frame(msg))
+    ex.replay.push(seq, event)
+    if (last) ex.stream.endFrame(event)
+    else ex.stream.sendFrame(event)
+  }
+
+  /** Writes one event on the GET stream with the next id; false when there is none. */
+  #getWrite (event: string): boolean {
+    if (this.#getStream?.open !== true) return false
+    const seq = ++this.#getSeq
+    const withId = frameWithId(`g.${seq}`, event)
+    this.#getReplay.push(seq, withId)
+    return this.#getStream.sendFrame(withId)
   }
 
   #closeExchange (ex: Exchange): void {
@@ -465,12 +541,15 @@ export class Session {
     ex.stream.end()
   }
 
-  #exchangeClosed (ex: Exchange): void {
-    this.#exchanges.delete(ex)
-    if (ex.open === 0) return
-    for (const inflight of [...this.#inflight.values()]) {
-      if (inflight.exchange === ex) this.#abandon(inflight, false)
-    }
+  /**
+   * The client went away from a POST stream. Its requests go on: a disconnect is not a
+   * cancellation (MCP 2025-11-25 transports, "Sending Messages to the Server"); only
+   * notifications/cancelled, the request timeout or the session's end stop them.
+   */
+  #exchangeClosed (ex: Exchange, stream: SseStream): void {
+    if (ex.stream !== stream) return
+    if (ex.open === 0) { this.#exchanges.delete(ex); return }
+    this.#log.debug({ stream: ex.key, open: ex.open }, 'POST stream closed before its answers; requests go on (resumable with Last-Event-ID)')
   }
 
   // ---- upstream -> client ------------------------------------------------
@@ -496,7 +575,7 @@ export class Session {
     switch (msg.method) {
       case 'notifications/progress': {
         const inflight = this.#progress.get(msg.params?.progressToken)
-        if (inflight !== undefined && inflight.exchange.stream.send(msg)) return
+        if (inflight !== undefined) { this.#emit(inflight.exchange, msg); return }
         break
       }
       case 'notifications/cancelled': {
@@ -520,19 +599,19 @@ export class Session {
    * request that caused it; the latest client request in flight on the same
    * target is the best guess (MCP: related messages SHOULD use that stream).
    */
-  #relatedStream (link: Link): SseStream | undefined {
-    let found: SseStream | undefined
-    for (const inflight of link.active) if (inflight.exchange.stream.open) found = inflight.exchange.stream
+  #relatedStream (link: Link): Exchange | undefined {
+    let found: Exchange | undefined
+    for (const inflight of link.active) if (inflight.exchange.stream.open) found = inflight.exchange
     return found
   }
 
   /** Preferred stream, else the GET stream, else the newest open POST stream, else the backlog. */
-  #deliver (msg: JsonRpcMessage, preferred: SseStream | undefined): void {
-    if (preferred?.send(msg) === true) return
-    if (this.#getStream?.send(msg) === true) return
+  #deliver (msg: JsonRpcMessage, preferred: Exchange | undefined): void {
+    if (preferred?.stream.open === true) { this.#emit(preferred, msg); return }
+    if (this.#getStream?.open === true && this.#getWrite(frame(msg))) return
     let last: Exchange | undefined
     for (const ex of this.#exchanges) if (ex.stream.open) last = ex
-    if (last?.stream.send(msg) === true) return
+    if (last !== undefined) { this.#emit(last, msg); return }
     this.#backlog.push(msg)
   }
 

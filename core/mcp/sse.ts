@@ -17,6 +17,8 @@ export const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control
 /** Defaults of `mcp.limits.maxStreamBufferBytes` and `maxBacklogBytes` (schemas/config.schema.json). */
 export const DEFAULT_STREAM_BUFFER_BYTES = 8 * 1024 * 1024
 export const DEFAULT_BACKLOG_BYTES = 1024 * 1024
+/** Default of `mcp.limits.maxResumableStreams`. */
+export const DEFAULT_RESUMABLE_STREAMS = 8
 /** Messages a backlog keeps at most, whatever their size. */
 const BACKLOG_MAX_MESSAGES = 256
 
@@ -24,6 +26,8 @@ const BACKLOG_MAX_MESSAGES = 256
 export interface StreamLimits {
   readonly maxBufferedBytes: number
   readonly maxBacklogBytes: number
+  /** POST streams per session kept for a reconnection after their answers were written to nobody. */
+  readonly maxResumableStreams: number
   readonly log: Logger
   /** `mcp_proxy_sse_slow_streams_closed_total` */
   readonly slowClosed: Counter
@@ -33,6 +37,53 @@ export interface StreamLimits {
 
 export function frame (msg: unknown): string {
   return 'event: message\ndata: ' + JSON.stringify(msg) + '\n\n'
+}
+
+/** An event with its id (MCP 2025-11-25 transports, "Resumability and Redelivery"). */
+export function frameWithId (id: string, event: string): string {
+  return 'id: ' + id + '\n' + event
+}
+
+/** Reconnection delay a client is told in the priming event (SSE `retry:`). */
+const RETRY_MS = 1000
+
+/**
+ * The priming event a resumable stream starts with: an id and empty data, so that a
+ * client cut before the first message can still reconnect with `Last-Event-ID`, and
+ * how soon to do so (MCP 2025-11-25 transports, "Sending Messages to the Server").
+ */
+export function primingFrame (id: string): string {
+  return 'id: ' + id + '\nretry: ' + String(RETRY_MS) + '\ndata:\n\n'
+}
+
+/**
+ * The events one stream wrote, kept for a client that reconnects with
+ * `Last-Event-ID`: the newest within `maxBytes` (mcp.limits.maxBacklogBytes),
+ * the oldest dropped first. Entries are the framed events, shared with the writes.
+ */
+export class Replay {
+  readonly #maxBytes: number
+  #events: Array<{ seq: number; event: string; size: number }> = []
+  #bytes = 0
+
+  constructor (maxBytes: number) {
+    this.#maxBytes = maxBytes
+  }
+
+  get bytes (): number { return this.#bytes }
+
+  push (seq: number, event: string): void {
+    const size = Buffer.byteLength(event)
+    if (size > this.#maxBytes) return
+    while (this.#events.length > 0 && this.#bytes + size > this.#maxBytes) this.#bytes -= this.#events.shift()!.size
+    this.#events.push({ seq, event, size })
+    this.#bytes += size
+  }
+
+  /** The kept events after `seq`, oldest first. */
+  after (seq: number): string[] {
+    return this.#events.filter(e => e.seq > seq).map(e => e.event)
+  }
 }
 
 export class SseStream {
@@ -83,6 +134,11 @@ export class SseStream {
       this.res.once('drain', this.#caughtUp)
     }
     return true
+  }
+
+  /** Ends the stream with a last event already framed. */
+  endFrame (event: string): void {
+    if (this.open && this.#fits(event)) this.res.end(event)
   }
 
   /** Ends the stream, optionally with a last event (headers and event go out in one write). */
@@ -158,6 +214,15 @@ export class Backlog {
     }
   }
 
+  /** Hands every kept event to `write`, oldest first, and empties the backlog. */
+  drain (write: (event: string) => boolean): void {
+    const events = this.#events
+    this.#events = []
+    this.#bytes = 0
+    this.#dropping = false
+    for (const e of events) if (!write(e)) break
+  }
+
   /** Hands every kept message to `stream`, oldest first, and empties the backlog. */
   flushTo (stream: SseStream): void {
     const events = this.#events
@@ -169,7 +234,7 @@ export class Backlog {
 }
 
 /** The limits of one endpoint, with their metrics registered. */
-export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; log: Logger; metrics: import('../metrics.ts').Metrics }): StreamLimits {
+export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; maxResumableStreams?: number; log: Logger; metrics: import('../metrics.ts').Metrics }): StreamLimits {
   const slowClosed = opts.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', 'SSE streams closed because the client did not read and the buffer reached mcp.limits.maxStreamBufferBytes')
   const backlogDropped = opts.metrics.counter('mcp_proxy_sse_backlog_dropped_total', 'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes')
   slowClosed.init()
@@ -177,6 +242,7 @@ export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogB
   return {
     maxBufferedBytes: opts.maxStreamBufferBytes ?? DEFAULT_STREAM_BUFFER_BYTES,
     maxBacklogBytes: opts.maxBacklogBytes ?? DEFAULT_BACKLOG_BYTES,
+    maxResumableStreams: opts.maxResumableStreams ?? DEFAULT_RESUMABLE_STREAMS,
     log: opts.log,
     slowClosed,
     backlogDropped,

@@ -254,7 +254,12 @@ export class HttpUpstream implements Upstream {
         return
       }
       if (type.startsWith('text/event-stream')) {
-        answered = await this.#readSse(res, isRequest(message) ? message.id : undefined)
+        const waitFor = isRequest(message) ? message.id : undefined
+        const parser = this.#messageParser(waitFor)
+        answered = await this.#readSse(res, waitFor, parser)
+        // An upstream may close the stream early and expect a reconnection (MCP 2025-11-25
+        // transports, resumability; SEP-1699 polling): resumable when it gave event ids.
+        if (!answered && waitFor !== undefined && parser.lastEventId !== undefined) answered = await this.#resume(parser, waitFor, ac)
         if (!answered && isRequest(message)) {
           this.#fail(message, 'upstream stream ended before the response')
         }
@@ -290,10 +295,13 @@ export class HttpUpstream implements Upstream {
     return out + decoder.decode()
   }
 
-  /** Streams SSE events to onMessage; true when a response to `waitFor` arrived. */
-  async #readSse (res: Response, waitFor: JsonRpcId | undefined, parser?: SseParser): Promise<boolean> {
-    let answered = false
-    const p = parser ?? new SseParser(ev => {
+  /** Answers to the requests a message parser saw: kept with the parser across reconnections. */
+  readonly #answeredBy = new WeakMap<SseParser, Set<JsonRpcId>>()
+
+  /** A parser that delivers each message event and notes the answer to `waitFor`. */
+  #messageParser (waitFor: JsonRpcId | undefined): SseParser {
+    const answered = new Set<JsonRpcId>()
+    const parser = new SseParser(ev => {
       if (ev.event !== 'message' || ev.data.trim() === '') return
       let body: unknown
       try {
@@ -305,20 +313,60 @@ export class HttpUpstream implements Upstream {
       const list = Array.isArray(body) ? body : [body]
       for (const m of list) {
         const msg = m as JsonRpcMessage
-        if (waitFor !== undefined && msg?.id === waitFor && msg.method === undefined) answered = true
+        if (waitFor !== undefined && msg?.id === waitFor && msg.method === undefined) answered.add(waitFor)
         this.#deliver(m)
       }
     }, this.#max)
+    this.#answeredBy.set(parser, answered)
+    return parser
+  }
+
+  /** Streams SSE events to onMessage; true when a response to `waitFor` arrived. */
+  async #readSse (res: Response, waitFor: JsonRpcId | undefined, parser?: SseParser): Promise<boolean> {
+    const p = parser ?? this.#messageParser(waitFor)
+    const answered = (): boolean => waitFor !== undefined && this.#answeredBy.get(p)?.has(waitFor) === true
     const decoder = new TextDecoder()
     for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
       p.feed(decoder.decode(chunk, { stream: true }))
       // The request's stream may stay open after its answer; we're done with it.
-      if (answered) {
+      if (answered()) {
         void res.body?.cancel().catch(() => {})
         break
       }
     }
-    return answered
+    return answered()
+  }
+
+  /**
+   * Reconnects to a request stream the upstream closed before the answer: a GET with
+   * `Last-Event-ID`, after the `retry:` it asked for (capped at 30 s), at most
+   * `maxReconnects` times in a row without progress. True once the answer arrived.
+   */
+  async #resume (parser: SseParser, waitFor: JsonRpcId, ac: AbortController): Promise<boolean> {
+    const max = this.#opts.maxReconnects ?? 5
+    for (let attempt = 0; attempt < max && this.#state === 'running' && !ac.signal.aborted; attempt++) {
+      await new Promise(resolve => setTimeout(resolve, Math.min(parser.retry ?? 1000, 30000)))
+      if (this.#state !== 'running' || ac.signal.aborted) return false
+      const before = parser.lastEventId
+      const res = await fetch(this.#opts.url, {
+        method: 'GET',
+        headers: this.#headers({ accept: 'text/event-stream', 'last-event-id': parser.lastEventId! }),
+        signal: ac.signal,
+      })
+      if (res.status === 404) {
+        void res.body?.cancel().catch(() => {})
+        this.#gone(new Error(`target ${this.target}: upstream session ended (HTTP 404)`))
+        return false
+      }
+      if (!res.ok || !(res.headers.get('content-type') ?? '').toLowerCase().startsWith('text/event-stream')) {
+        void res.body?.cancel().catch(() => {})
+        this.#log.warn({ status: res.status }, 'upstream refused to resume a request stream')
+        return false
+      }
+      if (await this.#readSse(res, waitFor, parser)) return true
+      if (parser.lastEventId !== before) attempt = -1
+    }
+    return false
   }
 
   /** Opens the server-to-client GET stream (MCP streamable HTTP); 405 means the server has none. */
