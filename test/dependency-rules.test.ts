@@ -1,0 +1,93 @@
+// The import rules of .dependency-cruiser.cjs (README "Architecture"), run through
+// dependency-cruiser's own API on a throwaway tree laid out like the repository:
+// every forbidden import is flagged under its rule, and the allowed ones are not.
+import { mkdtemp, mkdir, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import t from 'tap'
+import { cruise } from 'dependency-cruiser'
+import extractDepcruiseOptions from 'dependency-cruiser/config-utl/extract-depcruise-options'
+
+const repo = join(dirname(fileURLToPath(import.meta.url)), '..')
+
+// file -> its imports; each comment names the rule the import must trip (none: allowed).
+const TREE: Record<string, string[]> = {
+  'core/plugin-api.ts': ["export { ProxyError } from './errors.ts'"],
+  'core/index.ts': ["export * from './plugin-api.ts'", "export { startGateway } from './gateway.ts'"],
+  'core/errors.ts': [],
+  'core/admin.ts': ["import './targets/stdio.ts'"],
+  'core/gateway.ts': [
+    "import './admin.ts'",
+    "import '../test/helpers/harness.ts' // no-tests-in-the-product",
+  ],
+  'core/plugin-loader.ts': ["import '../plugins/cors/index.ts' // core-knows-no-plugin"],
+  'core/server.ts': ["import './admin.ts' // admin-off-the-data-path", "import './mcp/router.ts'"],
+  'core/config.ts': ["import 'oidc-provider' // no-dev-dependencies-in-the-product", "import 'jose'"],
+  'core/mcp/router.ts': ["import '../targets/stdio.ts'"],
+  'core/targets/stdio.ts': ["import '../mcp/router.ts' // targets-are-transports"],
+  'core/targets/http.ts': ["import 'jose' // targets-are-transports", "import '../errors.ts'"],
+  'plugins/index.ts': ["import './cors/index.ts'", "import './registration/index.ts'"],
+  'plugins/cors/index.ts': [
+    "import '../../core/plugin-api.ts'",
+    "import '../../core/errors.ts' // plugins-use-the-public-contract",
+  ],
+  'plugins/registration/index.ts': [
+    "import './rate-limit.ts'",
+    "import '../../core/index.ts'",
+    "import '../cors/index.ts' // plugins-through-provides-needs",
+  ],
+  'plugins/registration/rate-limit.ts': [],
+  'bin/mcp-proxy.ts': [
+    "import '../plugins/index.ts'",
+    "import '../core/errors.ts'",
+    "import '../core/admin.ts'",
+    "import 'oidc-provider' // no-dev-dependencies-in-the-product",
+  ],
+  'bin/dev-idp.ts': ["import 'oidc-provider'"],
+  'test/helpers/harness.ts': [],
+}
+
+t.test('dependency rules: each forbidden import is flagged by its rule, the allowed ones are not', async t => {
+  const dir = await mkdtemp(join(tmpdir(), 'mcpp-deps-'))
+  t.teardown(() => rm(dir, { recursive: true, force: true }))
+  await writeFile(join(dir, 'package.json'), JSON.stringify({
+    name: 'fixture', type: 'module', dependencies: { jose: '*' }, devDependencies: { 'oidc-provider': '*' },
+  }))
+  // Stand-ins for a production dependency (jose) and a development one (oidc-provider).
+  for (const name of ['jose', 'oidc-provider']) {
+    await mkdir(join(dir, 'node_modules', name), { recursive: true })
+    await writeFile(join(dir, 'node_modules', name, 'package.json'), JSON.stringify({ name, type: 'module', exports: './index.js' }))
+    await writeFile(join(dir, 'node_modules', name, 'index.js'), 'export {}\n')
+  }
+  await writeFile(join(dir, 'tsconfig.json'), JSON.stringify({
+    compilerOptions: { module: 'nodenext', moduleResolution: 'nodenext', allowImportingTsExtensions: true, noEmit: true },
+  }))
+  const expected: string[] = []
+  for (const [file, lines] of Object.entries(TREE)) {
+    await mkdir(join(dir, dirname(file)), { recursive: true })
+    await writeFile(join(dir, file), lines.join('\n') + '\nexport {}\n')
+    for (const line of lines) {
+      const rule = / \/\/ (\S+)$/.exec(line)?.[1]
+      const target = /'([^']+)'/.exec(line)?.[1]
+      if (rule === undefined || target === undefined) continue
+      const to = target.startsWith('.') ? join(dirname(file), target) : `node_modules/${target}`
+      expected.push(`${rule}: ${file} -> ${to}`)
+    }
+  }
+
+  const options = await extractDepcruiseOptions(join(repo, '.dependency-cruiser.cjs'))
+  const prev = process.cwd()
+  // dependency-cruiser resolves the rule paths and tsconfig against the working directory.
+  process.chdir(dir)
+  try {
+    const result = await cruise(['core', 'plugins', 'bin'], { ...options, validate: true })
+    if (typeof result.output === 'string') throw new Error('expected a cruise result, got a report')
+    const found = result.output.summary.violations
+      .filter(v => v.rule.severity === 'error')
+      .map(v => `${v.rule.name}: ${v.from} -> ${v.to.replace(/^(node_modules\/[^/]+)\/index\.js$/, '$1')}`)
+    t.same(found.sort(), expected.sort())
+  } finally {
+    process.chdir(prev)
+  }
+})
