@@ -140,7 +140,10 @@ export class Histogram {
   labels (labels?: Labels): HistogramHandle {
     const k = this.#keys.keyOf(labels)
     let s: Series | undefined
-    const observe = (value: number): void => { this.#record(s ??= this.#series(k), value) }
+    const observe = (value: number): void => {
+      s ??= this.#series(k)
+      this.#record(s, value)
+    }
     return { observe }
   }
   #series (k: string): Series {

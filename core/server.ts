@@ -381,7 +381,7 @@ export class GatewayServer {
     const answer = err.code === 'HPE_HEADER_OVERFLOW' ? HEADERS_TOO_LARGE : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? REQUEST_TIMEOUT : BAD_REQUEST
     // As Node's own handler does: never write into a response already under way.
     const current = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage
-    if (!socket.writable || (current != null && current.headersSent)) {
+    if (!socket.writable || current?.headersSent === true) {
       this.log.debug({ code: err.code, err: err.message }, 'client error on a closed or answering connection')
       socket.destroy()
       return

@@ -45,7 +45,7 @@ const targetLines = (name = 'everything'): string[] => [
 t.test('requests that arrive the moment the port accepts get normal answers (slow plugin, slow IdP keys)', async t => {
   const idp = await devIdp(t)
   // The real IdP's key set behind a hop that answers after a while: start-up that waits for it is slow.
-  const slowJwks = createHttpServer((req, res) => {
+  const slowJwks = createHttpServer((_req, res) => {
     setTimeout(() => {
       fetch(idp.jwksUrl).then(async r => {
         res.writeHead(r.status, { 'content-type': 'application/json' })

@@ -64,7 +64,7 @@ export async function startService (name: string, cmd: string, args: readonly st
   let lineSeen = false
   const onData = (d: Buffer): void => {
     out = (out + d.toString('utf8')).slice(-4000)
-    if (opts.readyLine !== undefined && opts.readyLine.test(out)) lineSeen = true
+    if (opts.readyLine?.test(out)) lineSeen = true
   }
   child.stdout!.on('data', onData)
   child.stderr!.on('data', onData)

@@ -372,7 +372,7 @@ export class Session {
         void this.#fanOutSetLevel(inflight, msg)
         return
       case 'completion/complete': {
-        const link = router.completionTarget((msg.params ?? {}).ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+        const link = router.completionTarget(msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
         if (link === undefined) this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
         else this.#forward(inflight, link, msg, undefined)
         return
@@ -450,7 +450,7 @@ export class Session {
     link.pending.add(call)
     try {
       link.upstream.send(msg)
-    } catch (err) {
+    } catch {
       link.pending.remove(call)
       done(rpcError(RPC.CONNECTION_CLOSED, `upstream ${link.target} closed`))
       return undefined

@@ -55,7 +55,7 @@ async function api (path, init) {
   }
   const body = await res.json().catch(() => null)
   if (!res.ok) {
-    const msg = body && body.error_description ? body.error_description : `HTTP ${res.status}`
+    const msg = body?.error_description ? body.error_description : `HTTP ${res.status}`
     const err = new Error(msg)
     err.status = res.status
     throw err
@@ -271,7 +271,7 @@ function renderTry (result) {
     )
   }))
   const list = result.steps.find(s => s.step === 'tools/list')
-  const tools = list && list.result && Array.isArray(list.result.tools) ? list.result.tools : null
+  const tools = Array.isArray(list?.result?.tools) ? list.result.tools : null
   if (tools) {
     const select = $('#try-tool')
     const current = select.value
