@@ -29,10 +29,10 @@ module.exports = {
     },
     {
       name: 'plugins-through-provides-needs',
-      comment: 'A plugin reaches another plugin through provides/needs, not by importing it; only the registry (plugins/index.ts) imports them all.',
+      comment: 'A plugin reaches another plugin through provides/needs, not by importing it: only the type of a provided value may be imported. Only the registry (plugins/index.ts) imports them all.',
       severity: 'error',
       from: { path: '^plugins/([^/]+)/' },
-      to: { path: '^plugins/', pathNot: ['^plugins/$1/'] },
+      to: { path: '^plugins/', pathNot: ['^plugins/$1/'], dependencyTypesNot: ['type-only'] },
     },
     {
       name: 'admin-off-the-data-path',

@@ -1,12 +1,10 @@
 /**
  * Public API of the package (`import { definePlugin, ProxyError } from 'mcp-idp-gateway'`):
- * what third-party plugins and embedders may rely on.
+ * the plugin contract (core/plugin-api.ts) for third-party plugins, and what
+ * embedders need to load a config and start the gateway.
  */
-export { definePlugin, PLUGIN_API_VERSION, EMPTY_REGISTRY } from './plugin.ts'
-export type { Plugin, PluginModule, PluginEnv, PluginRegistry, PluginDescription, RouteDef, McpOperation } from './plugin.ts'
-export type { RequestContext, ResponseContext, Reply, AuthInfo, McpMessageInfo, Denial } from './context.ts'
-export { ProxyError, ERROR_CODES, RPC, createError } from './errors.ts'
-export type { ErrorCode, CoreErrorCode, ErrorFactory, ProxyErrorOptions } from './errors.ts'
+export * from './plugin-api.ts'
+export { EMPTY_REGISTRY } from './plugin.ts'
 export { loadConfig, validateConfig } from './config.ts'
 export type { GatewayConfig, LoadedConfig } from './config.ts'
 export { startGateway, VERSION } from './gateway.ts'

@@ -3,7 +3,7 @@
  * plugin). A built-in is used by name (`mcp.plugins: [{ builtin: cors }]`) or
  * by the default pipeline below; its options are its `mcp.policies` block.
  */
-import type { PluginRegistry } from '../core/plugin.ts'
+import type { PluginRegistry } from '../core/plugin-api.ts'
 import cors from './cors/index.ts'
 import mcpAuthentication from './mcp-authentication/index.ts'
 import authorization from './authorization/index.ts'

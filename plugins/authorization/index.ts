@@ -6,10 +6,7 @@
  * layer calls to filter list results and to refuse calls. The rule text is
  * never sent to the caller; it is logged and shown in `describe()`.
  */
-import { definePlugin } from '../../core/plugin.ts'
-import type { McpOperation, Plugin, PluginEnv } from '../../core/plugin.ts'
-import type { RequestContext } from '../../core/context.ts'
-import { ProxyError } from '../../core/errors.ts'
+import { definePlugin, ProxyError, type McpOperation, type Plugin, type PluginEnv, type RequestContext } from '../../core/plugin-api.ts'
 import type { ProtectedResource } from '../mcp-authentication/identity.ts'
 import { compileRules } from './rules.ts'
 import type { CompiledRule, RuleFailure, RuleVariables } from './rules.ts'

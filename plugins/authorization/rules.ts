@@ -7,7 +7,7 @@
  * compile time, so `__proto__`/`constructor`/`prototype` can never be reached.
  */
 import jsep from 'jsep'
-import { ProxyError } from '../../core/errors.ts'
+import { ProxyError } from '../../core/plugin-api.ts'
 
 // jsep's operator table is global to the module; `in` is not in it by default.
 // Precedence 7 is jsep's relational level, as in JavaScript. Idempotent.

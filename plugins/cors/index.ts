@@ -6,9 +6,7 @@
  * transport security: DNS-rebinding protection).
  */
 import type { OutgoingHttpHeaders } from 'node:http'
-import { definePlugin, type Plugin } from '../../core/plugin.ts'
-import type { Reply, RequestContext, ResponseContext } from '../../core/context.ts'
-import { ProxyError } from '../../core/errors.ts'
+import { definePlugin, ProxyError, type Plugin, type Reply, type RequestContext, type ResponseContext } from '../../core/plugin-api.ts'
 import optionsSchema from './schema.json' with { type: 'json' }
 
 /** Options as validated by schema.json (defaults applied); any may be missing when built by hand. */

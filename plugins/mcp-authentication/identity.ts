@@ -6,7 +6,7 @@
  * registration and authorization use it instead of reading the config.
  * Pure functions: no I/O, so `--check` and start-up give the same verdict.
  */
-import { ProxyError } from '../../core/errors.ts'
+import { ProxyError } from '../../core/plugin-api.ts'
 
 export type ProviderKind = 'oss_idp' | 'cloud_idp'
 

@@ -9,10 +9,7 @@
  * Authorization header is removed once read so nothing forwards it.
  */
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http'
-import { definePlugin, type Plugin, type RouteDef } from '../../core/plugin.ts'
-import type { AuthInfo, Reply, RequestContext } from '../../core/context.ts'
-import { ProxyError, createError } from '../../core/errors.ts'
-import { tracer } from '../../core/tracing.ts'
+import { definePlugin, ProxyError, createError, tracer, type Plugin, type RouteDef, type AuthInfo, type Reply, type RequestContext } from '../../core/plugin-api.ts'
 import { baseUrlOf, identityOf, type IdpIdentity, type ProtectedResource } from './identity.ts'
 import { acquireKeySet } from './key-set.ts'
 import { AuthFailure, createVerifier, TOKEN_FAILURE_REASONS } from './verifier.ts'

@@ -15,7 +15,7 @@
  */
 import { importJWK, type CryptoKey, type JWK, type JWSHeaderParameters } from 'jose'
 import type { KeySetSource } from './identity.ts'
-import { readCapped } from '../../core/read-capped.ts'
+import { readCapped } from '../../core/plugin-api.ts'
 
 export interface KeySetOptions {
   readonly source: KeySetSource

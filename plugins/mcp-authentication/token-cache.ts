@@ -10,7 +10,7 @@
  * expiry and key checks apply; any other token falls back to the hash.
  */
 import { createHash } from 'node:crypto'
-import type { AuthInfo } from '../../core/context.ts'
+import type { AuthInfo } from '../../core/plugin-api.ts'
 
 interface Entry { readonly auth: AuthInfo; readonly kid: string | undefined; readonly expiresAtMs: number }
 

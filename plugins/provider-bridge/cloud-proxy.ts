@@ -10,8 +10,7 @@
  * narrow rules: see `shouldInjectSecret`.
  */
 import type { Logger } from 'pino'
-import type { RequestContext, Reply } from '../../core/context.ts'
-import { ProxyError } from '../../core/errors.ts'
+import { ProxyError, type RequestContext, type Reply } from '../../core/plugin-api.ts'
 import type { DiscoveryCache } from './discovery.ts'
 import { boundedFetch } from './discovery.ts'
 import { badRequest, parseOAuthParams } from './params.ts'

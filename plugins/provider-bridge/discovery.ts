@@ -11,7 +11,7 @@
  */
 import type { Logger } from 'pino'
 import { IdpUnavailable } from './errors.ts'
-import { readCapped, BodyTooLargeError } from '../../core/read-capped.ts'
+import { readCapped, BodyTooLargeError } from '../../core/plugin-api.ts'
 
 /** Discovery documents are a few KiB; anything near this is not one. */
 export const DISCOVERY_MAX_BYTES = 512 * 1024

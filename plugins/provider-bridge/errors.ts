@@ -3,7 +3,7 @@
  * The token proxy answers IdpUnavailable's code with 502 or 504 as well
  * (unreachable, timed out), which the README's error table lists.
  */
-import { createError } from '../../core/errors.ts'
+import { createError } from '../../core/plugin-api.ts'
 
 export const IdpUnavailable = createError('MCPP_ERR_IDP_UNAVAILABLE', 503, 'The IdP\'s discovery document or token endpoint could not be reached', {
   oauthError: 'temporarily_unavailable', expose: true,

@@ -14,12 +14,10 @@
  * before it); has no options of its own. Without a provider family there
  * are no routes.
  */
-import { definePlugin, type Plugin, type RouteDef, type PluginEnv } from '../../core/plugin.ts'
-import type { RequestContext, Reply } from '../../core/context.ts'
-import { ProxyError } from '../../core/errors.ts'
+import { definePlugin, ProxyError, type Plugin, type RouteDef, type PluginEnv, type RequestContext, type Reply } from '../../core/plugin-api.ts'
 import schema from './schema.json' with { type: 'json' }
 import { DiscoveryCache } from './discovery.ts'
-import { ossJwksUri, type CloudTenant, type IdpIdentity, type ProtectedResource, type ProviderKind } from '../mcp-authentication/identity.ts'
+import type { CloudTenant, IdpIdentity, ProtectedResource, ProviderKind } from '../mcp-authentication/identity.ts'
 import { buildAuthorizationServerMetadata, ROOT_METADATA_PATH, MCP_METADATA_PATHS, AUTHORIZE_PATH, TOKEN_PATH } from './metadata.ts'
 import { createCloudProxy, BASE_SCOPES } from './cloud-proxy.ts'
 import { IdpUnavailable, OAuthRequestInvalid } from './errors.ts'
@@ -87,7 +85,8 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
   // item 23); a request that needs the document waits for this fetch.
   void discovery.start()
 
-  const jwksUri = kind === 'oss_idp' ? (idp.keySet.kind === 'url' ? idp.keySet.url : ossJwksUri(idp.issuer)) : undefined
+  // An oss_idp's key set is always a URL (the configured jwks, else {issuer}/jwks/): the identity derived it.
+  const jwksUri = kind === 'oss_idp' && idp.keySet.kind === 'url' ? idp.keySet.url : undefined
   const cacheSeconds = Math.min(300, idp.discovery.ttlSeconds)
 
   async function metadataReply (ctx: RequestContext, issuerOverride: string | undefined): Promise<Reply> {

@@ -11,7 +11,7 @@
  * most generous of those ways; every name that reads as `resource` is
  * dropped, and two names that read the same are a repeated parameter.
  */
-import { ProxyError } from '../../core/errors.ts'
+import { ProxyError } from '../../core/plugin-api.ts'
 
 // CR, LF and the other C0 controls (and DEL) have no place in OAuth parameters.
 const CONTROL_RE = /[\u0000-\u001f\u007f]/

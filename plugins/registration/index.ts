@@ -8,9 +8,7 @@
  * may cost: body size, redirect URI count and length, registrations per
  * client address.
  */
-import { definePlugin, type Plugin, type PluginEnv } from '../../core/plugin.ts'
-import type { RequestContext, Reply } from '../../core/context.ts'
-import { ProxyError, createError } from '../../core/errors.ts'
+import { definePlugin, ProxyError, createError, type Plugin, type PluginEnv, type RequestContext, type Reply } from '../../core/plugin-api.ts'
 import type { IdpIdentity } from '../mcp-authentication/identity.ts'
 import schema from './schema.json' with { type: 'json' }
 import { RateLimiter, addressKey, type RateLimitOptions } from './rate-limit.ts'
