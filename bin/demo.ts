@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url'
 import { dirname, resolve } from 'node:path'
 import { startDevIdp } from './dev-idp.ts'
 import { loadConfig } from '../core/config.ts'
-import { startGateway } from '../core/gateway.ts'
+import { startGateway, type RunningGateway } from '../core/gateway.ts'
 import { ProxyError } from '../core/errors.ts'
 import { builtins } from '../plugins/index.ts'
 
@@ -24,7 +24,7 @@ async function main (): Promise<void> {
     ? { port: idpPort, clientId: 'mcp-gateway-dev', allowLoopbackRedirects: false, redirectUris: ['http://localhost:3000/oauth/callback'] }
     : { port: idpPort, clientId: 'mcp-gateway-dev' })
   process.env.DEMO_IDP_ISSUER = idp.issuer
-  let gateway
+  let gateway: RunningGateway
   try {
     gateway = await startGateway(await loadConfig(configFile, process.env, builtins), { registry: builtins })
   } catch (err) {

@@ -8,8 +8,8 @@
  * 3 start-up failure (port in use, a plugin failed to start).
  */
 import { parseArgs } from 'node:util'
-import { loadConfig } from '../core/config.ts'
-import { startGateway, VERSION } from '../core/gateway.ts'
+import { loadConfig, type LoadedConfig } from '../core/config.ts'
+import { startGateway, VERSION, type RunningGateway } from '../core/gateway.ts'
 import { loadPlugins } from '../core/plugin-loader.ts'
 import { ProxyError } from '../core/errors.ts'
 import { createLogger } from '../core/logger.ts'
@@ -38,10 +38,9 @@ function fail (code: number, message: string): never {
   process.exit(code)
 }
 
-async function main (): Promise<void> {
-  let args
+function readArgs () {
   try {
-    args = parseArgs({
+    return parseArgs({
       options: {
         file: { type: 'string', short: 'f' },
         check: { type: 'boolean' },
@@ -54,12 +53,15 @@ async function main (): Promise<void> {
   } catch (err) {
     fail(EXIT.USAGE, `${(err as Error).message}\n\n${HELP}`)
   }
-  const v = args.values
+}
+
+async function main (): Promise<void> {
+  const v = readArgs().values
   if (v.help === true) { process.stdout.write(HELP + '\n'); return }
   if (v.version === true) { process.stdout.write(VERSION + '\n'); return }
   if (v.file === undefined) fail(EXIT.USAGE, `missing -f <config.yaml>\n\n${HELP}`)
 
-  let loaded
+  let loaded: LoadedConfig
   try {
     loaded = await loadConfig(v.file, process.env, builtins)
   } catch (err) {
@@ -86,7 +88,7 @@ async function main (): Promise<void> {
     }
   }
 
-  let gateway
+  let gateway: RunningGateway
   try {
     gateway = await startGateway(loaded, { registry: builtins })
   } catch (err) {

@@ -227,7 +227,7 @@ export function parseConfigText (text: string, env: NodeJS.ProcessEnv): { data: 
   const secretPaths = new Set<string>()
   const problems: EnvProblem[] = []
   visit(doc, {
-    Pair (_key, pair) {
+    Pair () {
       // Keys are never expanded: `${X}: 1` stays literal and fails validation as an unknown key.
       return undefined
     },

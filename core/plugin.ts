@@ -154,6 +154,7 @@ export interface PluginModule<O = unknown> {
 /** The built-in plugins, handed to core by its caller (core imports none). */
 export interface PluginRegistry {
   /** Modules by the name `mcp.plugins[].builtin` uses. */
+  // biome-ignore lint/suspicious/noExplicitAny: each module has its own options type; core hands it options its own schema validated
   readonly modules: Readonly<Record<string, PluginModule<any>>>
   /** The pipeline (builtin names, in order) when `mcp.plugins` is not given. */
   defaultPipeline(policies: Readonly<Record<string, unknown>>): readonly string[]

@@ -100,8 +100,7 @@ function positionOf (text: string, needle: string, asWord: boolean): number {
       if (!asWord || ((before === undefined || !/[\w$]/.test(before)) && (after === undefined || !/[\w$]/.test(after)))) return i
     }
   }
-  const at = text.indexOf(needle)
-  return at < 0 ? 0 : at
+  return Math.max(0, text.indexOf(needle))
 }
 
 /** Bracket nesting is checked before jsep so a pathological rule cannot exhaust its recursion. */
@@ -183,7 +182,7 @@ function memberKey (node: jsep.MemberExpression, a: Analysis): string | number {
     throw new RuleError('bracket access needs a literal string or number key', positionOf(a.text, '[', false))
   }
   if (typeof key === 'string' && FORBIDDEN_NAMES.has(key)) {
-    throw new RuleError(`"${key}" is not allowed`, positionOf(a.text, key, node.computed ? false : true))
+    throw new RuleError(`"${key}" is not allowed`, positionOf(a.text, key, !node.computed))
   }
   return key
 }

@@ -12,7 +12,7 @@
 import type { Logger } from 'pino'
 import { ProxyError, type RequestContext, type Reply } from '../../core/plugin-api.ts'
 import type { DiscoveryCache } from './discovery.ts'
-import { boundedFetch } from './discovery.ts'
+import { boundedFetch, type BoundedResponse } from './discovery.ts'
 import { badRequest, parseOAuthParams } from './params.ts'
 
 /** Scopes always allowed next to `scopesSupported` (OIDC and refresh tokens). */
@@ -148,7 +148,7 @@ export function createCloudProxy (opts: CloudProxyOptions) {
     }
     // The client's own Basic credentials are for the IdP; nothing else is forwarded.
     if (authorization !== undefined) headers.authorization = authorization
-    let res
+    let res: BoundedResponse
     try {
       res = await boundedFetch(endpoint, {
         method: 'POST', headers, body: new URLSearchParams(params).toString(), timeoutMs: opts.timeoutMs, maxBytes: TOKEN_RESPONSE_MAX_BYTES,
