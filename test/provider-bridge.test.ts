@@ -146,9 +146,10 @@ t.test('resource removal and repeated parameters', async t => {
   t.same([...p.byName], [['a', '1'], ['b', '2']])
   t.same([...parseOAuthParams('Client_ID=c&scope%5B%5D=s').byName], [['client_id', 'c'], ['scope', 's']], 'values by canonical name')
   t.same(parseOAuthParams('Client_ID=c').entries, [['Client_ID', 'c']], 'forwarded as spelled')
-  for (const [name, canonical] of [['RESOURCE', 'resource'], ['resource[]', 'resource'], ['resource[0]', 'resource'], ['%2572esource', 'resource'],
-    ['re\u017fource', 'resource'], ['\uff52esource', 'resource'], [' resource ', 'resource'], ['[]', '[]'], ['%zz', '%zz'], ['a%25', 'a%']]) {
-    t.equal(canonicalName(name!), canonical, name)
+  const spellings: ReadonlyArray<readonly [string, string]> = [['RESOURCE', 'resource'], ['resource[]', 'resource'], ['resource[0]', 'resource'], ['%2572esource', 'resource'],
+    ['re\u017fource', 'resource'], ['\uff52esource', 'resource'], [' resource ', 'resource'], ['[]', '[]'], ['%zz', '%zz'], ['a%25', 'a%']]
+  for (const [name, canonical] of spellings) {
+    t.equal(canonicalName(name), canonical, name)
   }
   for (const raw of ['a=1&a=2', 'a=1&A=2', 'a=1&a[]=2', 'a=1&%61=2']) {
     const err = (() => { try { parseOAuthParams(raw) } catch (e) { return e } })() as ProxyError
