@@ -3,14 +3,13 @@
  * plugins (in pipeline order), route table, upstream factories, the /mcp
  * endpoint, the MCP listener and the admin listener. Owns shutdown order.
  */
-import { readFileSync } from 'node:fs'
 import type { Server } from 'node:http'
 import type { Logger } from 'pino'
 import { createLogger } from './logger.ts'
 import { ProxyError } from './errors.ts'
 import { Metrics } from './metrics.ts'
 import { collectProcessMetrics } from './process-metrics.ts'
-import { packagePath, type LoadedConfig } from './config.ts'
+import type { LoadedConfig } from './config.ts'
 import { loadPlugins } from './plugin-loader.ts'
 import { Pipeline } from './pipeline.ts'
 import { RouteTable } from './routes.ts'
@@ -23,9 +22,9 @@ import { createHttpPassthrough } from './mcp/passthrough.ts'
 import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
 import { startTracing, stopTracing } from './tracing.ts'
+import { VERSION } from './version.ts'
 
-/** The package version, read once at start-up. */
-export const VERSION: string = (JSON.parse(readFileSync(packagePath('package.json'), 'utf8')) as { version: string }).version
+export { VERSION }
 
 export interface StartOptions {
   /** Logger to use (tests pass a silent one). Default: from config.logging. */

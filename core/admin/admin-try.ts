@@ -6,6 +6,7 @@
  * The token is used for these requests only: never logged, stored or echoed.
  */
 import { readCapped } from '../read-capped.ts'
+import { VERSION } from '../version.ts'
 
 export interface TryInput {
   /** Bearer token to send; empty or absent sends none (shows the 401 path). */
@@ -100,7 +101,7 @@ export async function runTry (mcpUrl: string, input: TryInput): Promise<{ steps:
   const init = await call('initialize', 'initialize', {
     protocolVersion: version,
     capabilities: {},
-    clientInfo: { name: 'mcp-proxy-admin-try', version: '1' },
+    clientInfo: { name: 'mcp-proxy-admin-try', version: VERSION },
   })
   if (init.result === undefined) return { steps, sessionEnded: false }
   const negotiated = (init.result as { protocolVersion?: unknown }).protocolVersion

@@ -7,12 +7,11 @@
  * reach an upstream (a session's own link, or a pooled one) and how they
  * answer the client; both hand that in as a function.
  */
-import { readFileSync } from 'node:fs'
 import type { Logger } from 'pino'
 import type { RequestContext } from '../context.ts'
 import type { Plugin } from '../plugin.ts'
 import type { JsonRpcMessage } from '../targets/types.ts'
-import { packagePath } from '../config.ts'
+import { VERSION } from '../version.ts'
 import { RPC } from '../errors.ts'
 import { splitName, markUri, unmarkUri, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
@@ -20,7 +19,7 @@ import { allowOperation, deniedStandIn, filterListItems, type OperationKind } fr
 /** How the gateway names itself to clients (several targets) and to upstreams (pooled clients). */
 export const GATEWAY_INFO: Readonly<{ name: string; version: string }> = Object.freeze({
   name: 'mcp-proxy',
-  version: (JSON.parse(readFileSync(packagePath('package.json'), 'utf8')) as { version: string }).version,
+  version: VERSION,
 })
 
 export type ListKey = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
