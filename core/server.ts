@@ -326,7 +326,7 @@ export class GatewayServer {
   #drained: (() => void) | undefined
   /**
    * Requests that arrived before `attach`: held, then answered by the real
-   * pipeline (issue 13 item 1: no request meets a half-started gateway).
+   * pipeline, so no request meets a half-started gateway (README "Running").
    * Undefined once attached, so the hot path pays one check.
    */
   #held: Set<HeldRequest> | undefined

@@ -78,7 +78,7 @@ export function hasOwnClientCredentials (params: ReadonlyMap<string, string>, au
 }
 
 /**
- * SPEC Authentication 6: the secret is added only for `authorization_code`
+ * README "Identity providers" (cloud_idp): the secret is added only for `authorization_code`
  * and `refresh_token`, only for the configured client id, and only when the
  * request brings no client credentials of its own.
  */

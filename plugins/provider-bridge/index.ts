@@ -1,7 +1,7 @@
 /**
  * providerBridge: makes an identity provider that lacks parts of the MCP
- * authorization flow usable by MCP clients (SPEC "Authorization server
- * metadata", "Authentication" 5-6).
+ * authorization flow usable by MCP clients (README "Identity providers";
+ * RFC 8414 metadata, MCP authorization).
  *
  * - Serves RFC 8414 metadata derived from the IdP's cached OIDC discovery
  *   document at the root path (issuer as the IdP reports it) and at the three
@@ -81,8 +81,8 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
     return at === undefined ? [] : [[undefined, at / 1000]]
   }
   env.log.info({ provider: kind, discovery: discovery.url }, 'provider bridge: fetching the identity provider\'s discovery document')
-  // In the background: an unreachable IdP must not hold up start-up (issue 13
-  // item 23); a request that needs the document waits for this fetch.
+  // In the background: an unreachable IdP must not hold up start-up (README
+  // "Running"); a request that needs the document waits for this fetch.
   void discovery.start()
 
   // An oss_idp's key set is always a URL (the configured jwks, else {issuer}/jwks/): the identity derived it.

@@ -10,7 +10,7 @@ export const REGISTRATION_PATH = '/.well-known/oauth-authorization-server/client
 export const AUTHORIZE_PATH = '/oauth2/authorize'
 export const TOKEN_PATH = '/oauth2/token'
 
-/** Root form: issuer as the IdP reports it (SPEC "Authorization server metadata"). */
+/** Root form: issuer as the IdP reports it (README "Identity providers"). */
 export const ROOT_METADATA_PATH = '/.well-known/oauth-authorization-server'
 /**
  * Where the SDK looks for the metadata of the authorization server
