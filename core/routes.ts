@@ -16,6 +16,5 @@ export class RouteTable {
     }
   }
   get (path: string): RouteDef | undefined { return this.#routes.get(path) }
-  has (path: string): boolean { return this.#routes.has(path) }
   paths (): string[] { return [...this.#routes.keys()] }
 }

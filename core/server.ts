@@ -485,8 +485,6 @@ export class GatewayServer {
     res.end(body)
   }
 
-  get inFlight (): number { return this.#inFlight }
-
   async handle (req: IncomingMessage, res: ServerResponse): Promise<void> {
     const ctx = new Context(this, req, res)
     tracer?.requestStarted(ctx)
