@@ -28,15 +28,17 @@ const TREE: Record<string, string[]> = {
   'core/targets/stdio.ts': ["import '../mcp/router.ts' // targets-are-transports"],
   'core/targets/http.ts': ["import 'jose' // targets-are-transports", "import '../errors.ts'"],
   'plugins/index.ts': ["import './cors/index.ts'", "import './registration/index.ts'"],
+  'plugins/cors/provided.ts': ["export type Shape = string"],
   'plugins/cors/index.ts': [
-    "export type Shape = string",
     "import '../../core/plugin-api.ts'",
     "import '../../core/errors.ts' // plugins-use-the-public-contract",
   ],
   'plugins/registration/index.ts': [
     "import './rate-limit.ts'",
     "import '../../core/index.ts'",
-    "import type { Shape } from '../cors/index.ts'",
+    "import type { Shape } from '../cors/provided.ts'",
+    // A type import beside a value import does not hide the value import.
+    "import type { Other } from '../cors/index.ts'",
     "import '../cors/index.ts' // plugins-through-provides-needs",
   ],
   'plugins/registration/rate-limit.ts': [],
