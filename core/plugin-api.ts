@@ -10,6 +10,8 @@ export type { RequestContext, ResponseContext, Reply, AuthInfo, McpMessageInfo, 
 export { ProxyError, ERROR_CODES, RPC, createError } from './errors.ts'
 export type { ErrorCode, CoreErrorCode, ErrorFactory, ProxyErrorOptions } from './errors.ts'
 export { readCapped, BodyTooLargeError } from './read-capped.ts'
+// Nested options validated the way the loader validates a plugin's (formats, defaults, config paths in errors).
+export { createAjv, formatAjvErrors } from './config.ts'
 // A live binding: undefined while tracing is off, so a plugin's span costs one check then.
 export { tracer } from './tracing.ts'
 export type { Tracer, EndSpan } from './tracing.ts'

@@ -5,7 +5,7 @@
  * MCPP_ERR_RATE_LIMITED): the facade replaces providerBridge and
  * registration in a pipeline, never runs next to them.
  */
-import { createError } from '../../core/errors.ts'
+import { createError } from '../../core/plugin-api.ts'
 
 /** A redeemed code could not be recorded: refusing it is the only safe answer (single use, RFC 6749 §4.1.2). */
 export const CodeStoreUnavailable = createError('MCPP_ERR_CODE_STORE_UNAVAILABLE', 503, 'The store of redeemed authorization codes is full or does not answer', {

@@ -3,8 +3,7 @@
  * mcpAuthentication provides (`idp`, `protectedResource`): the one issuer
  * parser's verdict, the gateway's client there, the scopes clients may ask for.
  */
-import type { PluginEnv } from '../../core/plugin.ts'
-import { ProxyError } from '../../core/errors.ts'
+import { ProxyError, type PluginEnv } from '../../core/plugin-api.ts'
 import type { IdpIdentity, ProtectedResource } from '../mcp-authentication/identity.ts'
 import { cloudFallbackEndpoints } from '../provider-bridge/index.ts'
 import { BASE_SCOPES } from '../provider-bridge/cloud-proxy.ts'

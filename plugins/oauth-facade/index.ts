@@ -2,8 +2,8 @@
  * oauthFacade: the opt-in mode in which, to MCP clients, the gateway is the
  * authorization server, and to the identity provider one client with one
  * redirect URI, the gateway's callback (switched on by
- * `mcp.policies.mcpAuthentication.facade`; without it the SPEC's bridge and
- * registration run instead).
+ * `mcp.policies.mcpAuthentication.facade`; without it the default bridge and
+ * registration run instead, README "Identity providers").
  *
  * One flow: client -> GET /oauth/authorize (client resolved: pre-registered,
  * sealed DCR client id, or client ID metadata document; redirect_uri must be
@@ -21,10 +21,8 @@
  * refuse a replay), so any replica with the same keys continues any flow.
  */
 import { createHash, randomUUID } from 'node:crypto'
-import { definePlugin, type Plugin, type PluginEnv, type RouteDef } from '../../core/plugin.ts'
-import type { Reply, RequestContext } from '../../core/context.ts'
-import { ProxyError } from '../../core/errors.ts'
-import { DiscoveryCache, boundedFetch } from '../provider-bridge/discovery.ts'
+import { definePlugin, ProxyError, type Plugin, type PluginEnv, type RouteDef, type Reply, type RequestContext } from '../../core/plugin-api.ts'
+import { DiscoveryCache, boundedFetch, type BoundedResponse } from '../provider-bridge/discovery.ts'
 import { ROOT_METADATA_PATH, MCP_METADATA_PATHS, REGISTRATION_PATH } from '../provider-bridge/metadata.ts'
 import { parseOAuthParams } from '../provider-bridge/params.ts'
 import { authorizeRedirectProblem, TOKEN_RESPONSE_MAX_BYTES } from '../provider-bridge/cloud-proxy.ts'
@@ -291,9 +289,9 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
 
   async function idpToken (ctx: RequestContext, form: Record<string, string>): Promise<{ status: number; body: Record<string, unknown> }> {
     const body = new URLSearchParams({ ...form, client_id: idp.clientId })
-    // SPEC Authentication 6: the operator's secret is added server-side, never shown to clients.
+    // As the bridge does (README "Identity providers"): the operator's secret is added server-side, never shown to clients.
     if (idp.clientSecret !== undefined) body.set('client_secret', idp.clientSecret)
-    let res
+    let res: BoundedResponse
     try {
       res = await boundedFetch(await idpEndpoint('token_endpoint'), {
         method: 'POST',

@@ -3,8 +3,7 @@
  * schema.json (composed into mcpAuthentication's schema, so config load and
  * `--check` name the path) plus the checks a schema cannot say.
  */
-import { ProxyError } from '../../core/errors.ts'
-import { createAjv, formatAjvErrors } from '../../core/config.ts'
+import { ProxyError, createAjv, formatAjvErrors } from '../../core/plugin-api.ts'
 import { authorizeRedirectProblem } from '../provider-bridge/cloud-proxy.ts'
 import schema from './schema.json' with { type: 'json' }
 import type { SealKey } from './seal.ts'
@@ -40,10 +39,12 @@ export function facadeOptions (raw: unknown, path = FACADE_PATH): FacadeOptions 
     throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid facade options:\n' + formatAjvErrors(validate.errors ?? [], path).map(l => '  ' + l).join('\n'))
   }
   const o = copy as unknown as FacadeOptions
-  o.clients.forEach((c, i) => c.redirectUris.forEach((u, j) => {
-    const problem = authorizeRedirectProblem(u)
-    if (problem !== undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `${path}.clients[${i}].redirectUris[${j}]: ${problem}`)
-  }))
+  for (const [i, c] of o.clients.entries()) {
+    for (const [j, u] of c.redirectUris.entries()) {
+      const problem = authorizeRedirectProblem(u)
+      if (problem !== undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `${path}.clients[${i}].redirectUris[${j}]: ${problem}`)
+    }
+  }
   const ids = new Set<string>()
   o.clients.forEach((c, i) => {
     if (ids.has(c.clientId)) throw new ProxyError('MCPP_ERR_CONFIG', 500, `${path}.clients[${i}].clientId: ${c.clientId} is listed twice`)

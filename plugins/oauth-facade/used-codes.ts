@@ -8,7 +8,7 @@
  * accepted twice.
  */
 import { createConnection, type Socket } from 'node:net'
-import type { ProxyError } from '../../core/errors.ts'
+import type { ProxyError } from '../../core/plugin-api.ts'
 import { CodeStoreUnavailable } from './errors.ts'
 
 export interface UsedCodes {
