@@ -1,5 +1,5 @@
 /**
- * OpenTelemetry tracing hooks (issue 18 item 1), off by default. This module
+ * OpenTelemetry tracing hooks (README "Tracing (OpenTelemetry)"), off by default. This module
  * imports nothing of OpenTelemetry: `startTracing` loads core/tracing-otel.ts
  * (and with it the @opentelemetry packages) by dynamic import only when
  * `tracing.enabled` is true. Call sites read `tracer` and do nothing while it

@@ -253,7 +253,7 @@ ${auth}
   t.equal(bad.code, 1)
   t.match(bad.stderr + bad.stdout, /mcp\.policies\.mcpAuthentication\.facade\.codeTtlSeconds/)
   t.match(bad.stderr + bad.stdout, /mcp\.policies\.mcpAuthentication\.facade\.keys\[0\]\.secret/)
-  const redirect = await runCli(['-f', await write('redirect.yaml', '      clientId: c1\n      facade: { clients: [{ clientId: a, redirectUris: [\"http://evil.example/cb\"] }] }'), '--check'])
+  const redirect = await runCli(['-f', await write('redirect.yaml', '      clientId: c1\n      facade: { clients: [{ clientId: a, redirectUris: ["http://evil.example/cb"] }] }'), '--check'])
   t.equal(redirect.code, 1)
   t.match(redirect.stderr + redirect.stdout, /facade\.clients\[0\]\.redirectUris\[0\]: may use http only on a loopback address/)
   const ok = await runCli(['-f', await write('ok.yaml', '      clientId: c1\n      facade: {}'), '--check'])

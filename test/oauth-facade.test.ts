@@ -6,7 +6,7 @@
  * SDK 1.x and 2.x clients through the whole flow with DCR, a pre-registered
  * client and a client ID metadata document (the attacks: oauth-facade-attacks.test.ts).
  */
-import t, { type Test } from 'tap'
+import t from 'tap'
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { UnauthorizedError as Unauthorized1, type OAuthClientProvider as Provider1 } from '@modelcontextprotocol/sdk/client/auth.js'
