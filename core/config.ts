@@ -178,7 +178,7 @@ export function expandString (value: string, env: NodeJS.ProcessEnv, where: stri
     }
     const [, n, op, word = ''] = m as unknown as [string, string, string | undefined, string | undefined]
     const v = env[n]
-    const absent = v === undefined || (op !== undefined && op.startsWith(':') && v === '')
+    const absent = v === undefined || (op?.startsWith(':') === true && v === '')
     used = true
     if (!absent) return v!
     if (op === ':-' || op === '-') return word
