@@ -15,9 +15,9 @@ import { Pipeline } from './pipeline.ts'
 import { RouteTable } from './routes.ts'
 import { GatewayServer, type McpEndpoint } from './server.ts'
 import { createAdminServer, type AdminState } from './admin/admin.ts'
-import { createAdminState, trackUpstreams, RequestLog } from './admin/admin-state.ts'
+import { createAdminState, RequestLog } from './admin/admin-state.ts'
 import { EMPTY_REGISTRY, type Plugin, type PluginRegistry } from './plugin.ts'
-import { createUpstreamFactory, killAllChildren } from './targets/index.ts'
+import { createUpstreamFactory, killAllChildren, observeTargets } from './targets/index.ts'
 import { createHttpPassthrough } from './mcp/passthrough.ts'
 import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
@@ -142,9 +142,9 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     await checked
     const routes = new RouteTable(plugins)
     const pipeline = new Pipeline(plugins)
-    // Wrapped for the admin UI and metrics: child pids, failures, upstream latency per target and method.
-    const tracker = trackUpstreams(config.mcp.targets.map(t => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics })), metrics, { maxToolLabels: config.mcp.limits.maxToolLabels })
-    const factories = tracker.factories
+    // The transports report starts, ends and failures to these (admin UI, upstream gauges); call metrics live in core/mcp/calls.ts.
+    const lifecycles = observeTargets(config.mcp.targets.map(t => ({ name: t.name, kind: t.stdio !== undefined ? 'stdio' as const : 'http' as const })), metrics)
+    const factories = config.mcp.targets.map((t, i) => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics, observer: lifecycles[i] }))
     const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
     const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics }) : undefined
@@ -155,7 +155,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
 
     if (admin !== undefined) {
       adminState = createAdminState({
-        loaded, plugins, routes, endpoint, tracker, requests: requestLog, metrics, log, version: VERSION,
+        loaded, plugins, routes, endpoint, targets: lifecycles, requests: requestLog, metrics, log, version: VERSION,
         mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
       })
     }

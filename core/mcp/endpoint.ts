@@ -22,6 +22,7 @@ import { createModernHandler } from './modern.ts'
 import { UpstreamPool, type PooledSummary } from './modern-pool.ts'
 import { sharedFactory } from './shared-upstream.ts'
 import { subjectKeyOf } from './subject-key.ts'
+import { createCallMeters } from './call-metrics.ts'
 
 /** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
 const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
@@ -32,8 +33,8 @@ export interface McpEndpointOptions {
   /** The pipeline's plugins; those with `allowMcpOperation` filter lists and refuse calls. */
   readonly plugins: readonly Plugin[]
   readonly config: Pick<GatewayConfig['mcp'], 'session' | 'failClosed'> & {
-    /** SSE bounds; defaults as in the schema when absent. */
-    readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes' | 'maxResumableStreams'>>
+    /** SSE bounds and tool labels; defaults as in the schema when absent. */
+    readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes' | 'maxResumableStreams' | 'maxToolLabels'>>
   }
   readonly log: Logger
   readonly metrics: Metrics
@@ -143,8 +144,11 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   for (const reason of SESSION_END_REASONS) sessionsEnded.init({ reason })
 
   const streams = streamLimits({ ...config.limits, log, metrics: opts.metrics })
+  // Timed where each call is tracked in flight (calls.ts), for both eras.
+  const meters = createCallMeters(opts.targets.map(f => f.target), opts.metrics, config.limits?.maxToolLabels)
   const env: SessionEnv = {
     log,
+    meters,
     streams,
     requestTimeoutMs: config.session.requestTimeoutSeconds * 1000,
     failClosed: config.failClosed,
@@ -186,6 +190,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     globalMax: config.session.maxSessions,
     idleMs,
     requestTimeoutMs: env.requestTimeoutMs,
+    meters,
   })
   const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Pooled upstreams: revision 2026-07-28 requests and share: subject targets')
   pooledGauge.collect = () => [[undefined, pool.size]]

@@ -14,6 +14,7 @@ import { ProxyError, RPC } from '../errors.ts'
 import { LATEST_SESSION_REVISION } from './revision.ts'
 import { GATEWAY_INFO } from './router.ts'
 import { UpstreamCalls } from './calls.ts'
+import type { TargetCallMeter } from './call-metrics.ts'
 
 export interface PoolOptions {
   readonly log: Logger
@@ -24,6 +25,8 @@ export interface PoolOptions {
   /** An upstream without requests in flight for this long is closed. */
   readonly idleMs: number
   readonly requestTimeoutMs: number
+  /** Call metrics per target name (call-metrics.ts); absent, calls are not measured. */
+  readonly meters?: ReadonlyMap<string, TargetCallMeter>
 }
 
 /** Hooks of one forwarded request. */
@@ -94,7 +97,7 @@ export class PooledUpstream {
   readonly listeners = new Set<(msg: JsonRpcMessage) => void>()
   /** Called once when this upstream ends (crash, idle close, gateway close). */
   readonly onGone = new Set<() => void>()
-  readonly #pending = new UpstreamCalls<Pending>()
+  readonly #pending: UpstreamCalls<Pending>
   readonly #progress = new Map<string, Pending>()
   /** Upstream URI -> holders subscribed to it. */
   readonly #subscriptions = new Map<string, number>()
@@ -102,8 +105,9 @@ export class PooledUpstream {
   readonly #timeoutMs: number
   readonly #unregister: (entry: PooledUpstream) => void
 
-  constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void) {
+  constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void, meter?: TargetCallMeter) {
     this.target = factory.target
+    this.#pending = new UpstreamCalls<Pending>(meter)
     this.key = key
     this.subject = subject
     this.#log = log.child({ target: factory.target, pooled: true })
@@ -161,7 +165,7 @@ export class PooledUpstream {
       resolve(rpcError(RPC.CONNECTION_CLOSED, `upstream ${this.target} closed`))
       return { done, cancel () {} }
     }
-    this.#pending.add(pending)
+    this.#pending.add(pending, msg)
     if (token !== undefined) this.#progress.set(token, pending)
     try {
       this.upstream.send(msg)
@@ -238,7 +242,7 @@ export class PooledUpstream {
 
   #fromUpstream (msg: JsonRpcMessage): void {
     if (msg.method === undefined) {
-      const p = this.#pending.answered(msg.id)
+      const p = this.#pending.answered(msg)
       if (p === undefined) {
         this.#log.debug({ id: msg.id }, 'upstream answered an unknown request')
         return
@@ -349,7 +353,7 @@ export class UpstreamPool {
       if (this.#size >= this.#opts.globalMax && !this.#evictIdle()) {
         if (entry === undefined) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: upstream process limit reached', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
       } else {
-        entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e))
+        entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e), this.#opts.meters?.get(factory.target))
         live.push(entry)
         this.#byKey.set(key, live)
         this.#size++

@@ -18,6 +18,7 @@ import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
 import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, rpcError } from './router.ts'
 import { UpstreamCalls } from './calls.ts'
+import type { TargetCallMeter } from './call-metrics.ts'
 import { tracer } from '../tracing.ts'
 
 /** What a session needs from its endpoint. */
@@ -29,6 +30,8 @@ export interface SessionEnv {
   readonly failClosed: boolean
   /** Plugins that have `allowMcpOperation`; empty means no filtering. */
   readonly checkers: readonly Plugin[]
+  /** Call metrics per target name (call-metrics.ts); absent, calls are not measured. */
+  readonly meters?: ReadonlyMap<string, TargetCallMeter>
   /** Called once when the session ends, for any reason. */
   readonly onEnd: (session: Session, reason: string) => void
 }
@@ -127,7 +130,7 @@ export class Session {
     this.#backlog = new Backlog(opts.env.streams, this.#log)
     this.#getReplay = new Replay(opts.env.streams.maxBacklogBytes)
     this.links = opts.factories.map(f => {
-      const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), up: false, pending: new UpstreamCalls(), active: new Set(), initResult: undefined }
+      const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), up: false, pending: new UpstreamCalls(opts.env.meters?.get(f.target)), active: new Set(), initResult: undefined }
       link.upstream.onMessage = (msg) => this.#fromUpstream(link, msg)
       link.upstream.onClose = (err) => this.#upstreamClosed(link, err)
       return link
@@ -447,7 +450,7 @@ export class Session {
     const id = link.pending.nextId()
     msg.id = id
     const call: UpstreamCall = { link, id, done, deadline: Date.now() + timeoutMs }
-    link.pending.add(call)
+    link.pending.add(call, msg)
     try {
       link.upstream.send(msg)
     } catch {
@@ -557,7 +560,7 @@ export class Session {
   #fromUpstream (link: Link, msg: JsonRpcMessage): void {
     if (this.ended) return
     if (msg.method === undefined) {
-      const call = link.pending.answered(msg.id)
+      const call = link.pending.answered(msg)
       if (call === undefined) {
         this.#log.debug({ target: link.target, id: msg.id }, 'upstream answered an unknown request')
         return

@@ -16,6 +16,7 @@ import type { Logger } from 'pino'
 import { ProxyError, RPC } from '../errors.ts'
 import type { Metrics, Counter } from '../metrics.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream } from './types.ts'
+import type { UpstreamObserver } from './lifecycle.ts'
 import { tracer } from '../tracing.ts'
 
 export interface SseEvent { event: string; data: string; id?: string }
@@ -108,6 +109,8 @@ export interface HttpUpstreamOptions {
   headers?: Readonly<Record<string, string>>
   log: Logger
   metrics?: Metrics
+  /** Told of start and end (lifecycle.ts); never of messages. */
+  observer?: UpstreamObserver
   /** Largest SSE event / JSON body accepted from the upstream. Default 16 MiB. */
   maxMessageBytes?: number
   /** How often the server-to-client GET stream is reopened after it drops. Default 5. */
@@ -166,13 +169,16 @@ export class HttpUpstream implements Upstream {
 
   async start (): Promise<void> {
     if (this.#state !== 'new') throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
+    this.#opts.observer?.started(this)
     try {
       const u = new URL(this.#opts.url)
       if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http(s)')
     } catch (err) {
       this.#state = 'closed'
       this.#lastError = 'invalid url'
-      throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} failed to start: invalid url`, { cause: err })
+      const failure = new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} failed to start: invalid url`, { cause: err })
+      this.#opts.observer?.ended(this, failure)
+      throw failure
     }
     this.#state = 'running'
     this.#startedAt = Date.now()
@@ -430,6 +436,7 @@ export class HttpUpstream implements Upstream {
   #reportClose (error: Error | undefined): void {
     if (this.#closeReported) return
     this.#closeReported = true
+    this.#opts.observer?.ended(this, error)
     try {
       this.onClose(error)
     } catch (err) {

@@ -10,6 +10,7 @@ import { ProxyError } from '../errors.ts'
 import { StdioUpstream, STDIO_EXIT_REASONS } from './stdio.ts'
 import { HttpUpstream } from './http.ts'
 import type { Upstream, UpstreamFactory } from './types.ts'
+import type { UpstreamObserver } from './lifecycle.ts'
 
 export interface UpstreamFactoryOptions {
   log: Logger
@@ -18,6 +19,8 @@ export interface UpstreamFactoryOptions {
   /** `mcp.limits.maxLineBytes`: longest stdout line a stdio child may write. */
   maxLineBytes: number
   metrics: Metrics
+  /** Told of each upstream's start and end (lifecycle.ts). */
+  observer?: UpstreamObserver
 }
 
 export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFactoryOptions): UpstreamFactory {
@@ -34,7 +37,7 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
       share: config.share ?? 'session',
       processesPerSubject: config.processesPerSubject ?? 1,
       create (): Upstream {
-        return new StdioUpstream({ target: name, config, baseDir: opts.baseDir, maxLineBytes: opts.maxLineBytes, log: opts.log, metrics: opts.metrics })
+        return new StdioUpstream({ target: name, config, baseDir: opts.baseDir, maxLineBytes: opts.maxLineBytes, log: opts.log, metrics: opts.metrics, observer: opts.observer })
       },
     }
   }
@@ -45,7 +48,7 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
       target: name,
       kind: 'http',
       create (): Upstream {
-        return new HttpUpstream({ target: name, url, headers, log: opts.log, metrics: opts.metrics })
+        return new HttpUpstream({ target: name, url, headers, log: opts.log, metrics: opts.metrics, observer: opts.observer })
       },
     }
   }
@@ -54,3 +57,4 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
 
 // What the gateway (shutdown) and the admin gauges need of the stdio transport.
 export { killAllChildren, liveChildCount } from './stdio.ts'
+export { observeTargets, type TargetLifecycle, type TargetState, type UpstreamObserver } from './lifecycle.ts'

@@ -17,6 +17,7 @@ import type { StdioTargetConfig } from '../config.ts'
 import { ProxyError } from '../errors.ts'
 import type { Metrics, Counter } from '../metrics.ts'
 import type { JsonRpcMessage, Upstream } from './types.ts'
+import type { UpstreamObserver } from './lifecycle.ts'
 
 /**
  * Variables of the gateway's own environment a child may inherit. Anything
@@ -57,6 +58,8 @@ export interface StdioUpstreamOptions {
   maxLineBytes: number
   log: Logger
   metrics?: Metrics
+  /** Told of start and end (lifecycle.ts); never of messages. */
+  observer?: UpstreamObserver
   /** How long each shutdown stage waits before escalating. Default 2000 ms. */
   stageTimeoutMs?: number
 }
@@ -180,8 +183,10 @@ export class StdioUpstream implements Upstream {
   start (): Promise<void> {
     if (this.#state !== 'new') return Promise.reject(new Error('StdioUpstream.start() called twice'))
     this.#state = 'starting'
+    const obs = this.#opts.observer
+    obs?.started(this)
     const p = this.#start()
-    this.#startDone = p.catch(() => {})
+    this.#startDone = p.catch((err: unknown) => { obs?.ended(this, err as Error) })
     return p
   }
 
@@ -373,6 +378,7 @@ export class StdioUpstream implements Upstream {
     if (this.#closeReported) return
     this.#closeReported = true
     if (error !== undefined) this.#lastError = error.message
+    this.#opts.observer?.ended(this, error)
     try {
       this.onClose(error)
     } catch (err) {
