@@ -23,6 +23,7 @@ import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
 import { startTracing, stopTracing } from './tracing.ts'
 import { VERSION } from './version.ts'
+import { createProbeServer, type ProbeReadiness } from './probes.ts'
 
 export { VERSION }
 
@@ -34,11 +35,14 @@ export interface StartOptions {
   adminPort?: number
   /** The built-in plugins (bin/ passes plugins/index.ts); core imports none. */
   registry?: PluginRegistry
+  probesPort?: number
 }
 
 export interface RunningGateway {
   readonly mcpUrl: string
   readonly adminUrl: string | undefined
+  /** The probe listener's origin, when `probes` is set. */
+  readonly probesUrl: string | undefined
   readonly baseUrl: string
   readonly plugins: readonly Plugin[]
   readonly metrics: Metrics
@@ -127,6 +131,23 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       log.warn({ host: config.admin.host }, 'admin listener is exposed beyond loopback without admin.token')
     }
   }
+  // The probe listener is bound early too: the kubelet gets /readyz "starting", not a refused connection.
+  let readiness: (() => ProbeReadiness) | undefined
+  const probes = config.probes === undefined
+    ? undefined
+    : createProbeServer({ log, metrics, metricsToken: config.probes.metricsToken, ready: () => readiness?.() })
+  let probesUrl: string | undefined
+  if (probes !== undefined) {
+    try {
+      const port = await listen(probes.server, opts.probesPort ?? config.probes!.port, config.probes!.host)
+      probesUrl = `http://${hostForUrl(config.probes!.host)}:${port}`
+    } catch (err) {
+      for (const c of cleanup.reverse()) await c().catch(() => {})
+      await probes.close()
+      throw err
+    }
+    cleanup.push(() => probes.close())
+  }
   let plugins: Plugin[] = []
   const targetReadiness = new TargetReadiness({
     targets: config.mcp.targets, baseDir: loaded.baseDir, log,
@@ -153,11 +174,13 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     gw.attach(pipeline, routes, endpoint)
     const mcpUrl = `http://${hostForUrl(config.mcp.host)}:${bound.port}/mcp`
 
-    if (admin !== undefined) {
+    if (admin !== undefined || probes !== undefined) {
       adminState = createAdminState({
         loaded, plugins, routes, endpoint, tracker, requests: requestLog, metrics, log, version: VERSION,
         mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
       })
+      const state = adminState
+      readiness = () => state.ready()
     }
     log.info({ mcp: mcpUrl, ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined, targets: config.mcp.targets.map(t => t.name), plugins: plugins.map(p => p.name) },
       `mcp-proxy ${VERSION} listening on ${mcpUrl}` + (adminUrl !== undefined ? `; UI at ${adminUrl}/ui` : ''))
@@ -165,6 +188,13 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     let closing: Promise<void> | undefined
     const close = (): Promise<void> => {
       closing ??= (async () => {
+        // Readiness fails first; the MCP listener keeps serving while balancers notice.
+        probes?.terminating()
+        const delay = config.probes?.shutdownDelayMs ?? 0
+        if (delay > 0) {
+          log.info({ delayMs: delay }, 'shutting down: not ready, still serving until the delay ends')
+          await new Promise(resolve => setTimeout(resolve, delay))
+        }
         const grace = config.mcp.limits.shutdownGraceMs
         const serverClosed = gw.close(grace)
         endpoint.drain?.()
@@ -173,13 +203,14 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
         targetReadiness.close()
         await Promise.allSettled(plugins.map(p => p.close?.()))
         if (admin !== undefined) await new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() })
+        await probes?.close()
         await killAllChildren()
         stopProcessMetrics()
         await endTracing()
       })()
       return closing
     }
-    return { mcpUrl, adminUrl, baseUrl, plugins, metrics, log, endpoint, close }
+    return { mcpUrl, adminUrl, probesUrl, baseUrl, plugins, metrics, log, endpoint, close }
   } catch (err) {
     for (const c of cleanup.reverse()) await c().catch(() => {})
     await killAllChildren()

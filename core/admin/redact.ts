@@ -23,7 +23,7 @@ const MIN_SCRUB_LENGTH = 6
 
 export function isSecretKey (key: string): boolean {
   const k = key.toLowerCase().replace(/[-_]/g, '')
-  return SECRET_KEYS.has(k) || k.endsWith('secret') || k.endsWith('password')
+  return SECRET_KEYS.has(k) || k.endsWith('secret') || k.endsWith('password') || k.endsWith('token')
 }
 
 /** Walks a config-shaped value, calling `visit` for every leaf with its dotted path (`mcp.targets[0].name`). */
