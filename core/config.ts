@@ -28,6 +28,12 @@ export interface HttpTargetConfig { url: string; headers: Record<string, string>
 export interface TargetConfig { name: string; stdio?: StdioTargetConfig; mcp?: HttpTargetConfig }
 export interface PluginEntryConfig { builtin?: string; module?: string; options?: Record<string, unknown> }
 export interface ProbesConfig { host: string; port: number; metricsToken?: string; shutdownDelayMs: number }
+export interface ClusterConfig {
+  secret: string
+  advertiseUrl: string
+  forwardTimeoutMs: number
+  redis?: { url: string; keyPrefix: string; sessionLeaseSeconds: number }
+}
 export interface GatewayConfig {
   mcp: {
     host: string
@@ -48,6 +54,7 @@ export interface GatewayConfig {
   logging: { level: string; format: 'json' | 'pretty'; levels: 'name' | 'number'; time: 'iso' | 'epoch' }
   tracing: TracingConfig
   probes?: ProbesConfig
+  cluster?: ClusterConfig
 }
 
 export interface LoadedConfig {

@@ -24,6 +24,7 @@ import { TargetReadiness } from './target-readiness.ts'
 import { startTracing, stopTracing } from './tracing.ts'
 import { VERSION } from './version.ts'
 import { createProbeServer, type ProbeReadiness } from './probes.ts'
+import { createMemoryState, createRedisState, type SharedState } from './shared-state.ts'
 
 export { VERSION }
 
@@ -158,7 +159,12 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const baseUrl = computeBaseUrl(loaded, bound.port, opts.registry)
     // The targets' check (local files only) runs while the plugins are created.
     const checked = targetReadiness.check()
-    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics } })
+    const redis = config.cluster?.redis
+    const shared: SharedState = redis !== undefined
+      ? await createRedisState({ url: redis.url, keyPrefix: redis.keyPrefix, log: log.child({ component: 'shared-state' }) })
+      : createMemoryState()
+    cleanup.push(() => shared.close())
+    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics, shared } })
     cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
     await checked
     const routes = new RouteTable(plugins)
@@ -169,7 +175,10 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
     const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics }) : undefined
-    const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined })
+    const endpoint = createMcpEndpoint({
+      targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined,
+      shared: { state: shared, leaseMs: redis !== undefined ? redis.sessionLeaseSeconds * 1000 : Number.POSITIVE_INFINITY },
+    })
     cleanup.push(() => endpoint.close())
     gw.attach(pipeline, routes, endpoint)
     const mcpUrl = `http://${hostForUrl(config.mcp.host)}:${bound.port}/mcp`
@@ -180,7 +189,12 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
         mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
       })
       const state = adminState
-      readiness = () => state.ready()
+      // Shared state (Redis) not reachable: this replica cannot check caps and limits.
+      readiness = () => {
+        const r = state.ready()
+        const sh = shared.ready()
+        return sh.ready ? r : { ready: false, reasons: [...r.reasons, `shared state: ${sh.reason ?? 'not ready'}`] }
+      }
     }
     log.info({ mcp: mcpUrl, ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined, targets: config.mcp.targets.map(t => t.name), plugins: plugins.map(p => p.name) },
       `mcp-proxy ${VERSION} listening on ${mcpUrl}` + (adminUrl !== undefined ? `; UI at ${adminUrl}/ui` : ''))
@@ -204,6 +218,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
         await Promise.allSettled(plugins.map(p => p.close?.()))
         if (admin !== undefined) await new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() })
         await probes?.close()
+        await shared.close()
         await killAllChildren()
         stopProcessMetrics()
         await endTracing()
