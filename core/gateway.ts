@@ -23,6 +23,7 @@ import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
 import { startTracing, stopTracing } from './tracing.ts'
 import { VERSION } from './version.ts'
+import { createClusterForward } from './mcp/cluster-forward.ts'
 import { createProbeServer, type ProbeReadiness } from './probes.ts'
 import { createMemoryState, createRedisState, type SharedState } from './shared-state.ts'
 
@@ -178,6 +179,9 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const endpoint = createMcpEndpoint({
       targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined,
       shared: { state: shared, leaseMs: redis !== undefined ? redis.sessionLeaseSeconds * 1000 : Number.POSITIVE_INFINITY },
+      cluster: config.cluster === undefined
+        ? undefined
+        : createClusterForward({ secret: config.cluster.secret, advertiseUrl: config.cluster.advertiseUrl, forwardTimeoutMs: config.cluster.forwardTimeoutMs, log }),
     })
     cleanup.push(() => endpoint.close())
     gw.attach(pipeline, routes, endpoint)

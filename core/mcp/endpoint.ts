@@ -23,6 +23,7 @@ import { UpstreamPool, type PooledSummary } from './modern-pool.ts'
 import { sharedFactory } from './shared-upstream.ts'
 import { subjectKeyOf } from './subject-key.ts'
 import { createMemoryState, type SharedState } from '../shared-state.ts'
+import type { ClusterForward } from './cluster-forward.ts'
 
 /** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
 const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
@@ -46,6 +47,8 @@ export interface McpEndpointOptions {
    * `leaseMs`: how long a slot outlives a replica that stopped renewing it.
    */
   readonly shared?: { readonly state: SharedState; readonly leaseMs: number }
+  /** With `cluster`: session ids name their owner, and another replica's sessions are forwarded to it. */
+  readonly cluster?: ClusterForward
 }
 
 /** What the admin UI shows about one session. Never the whole id. */
@@ -261,7 +264,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     }
     const subjectKey = subjectKeyOf(ctx)
     const params = (msg.params ?? {}) as Record<string, unknown>
-    const id = randomBytes(24).toString('base64url')
+    const id = opts.cluster?.newSessionId() ?? randomBytes(24).toString('base64url')
     if (!await caps.join(subjectKey, id, config.session.maxSessionsPerSubject, leaseMs)) {
       throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 429, 'Too Many Requests: session limit for this subject reached', { rpcCode: RPC.SERVER_ERROR, headers: retry })
     }
@@ -320,6 +323,12 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     async handle (ctx: RequestContext): Promise<void> {
       checkSessionIdSyntax(ctx)
       if (opts.passthrough !== undefined && eraOf(ctx) === 'session') return opts.passthrough.handle(ctx)
+      if (opts.cluster !== undefined) {
+        // The one point where another replica's session leaves this one; local sessions never decode their id.
+        const sid = header(ctx, 'mcp-session-id')
+        const owner = sid === undefined || sessions.has(sid) ? undefined : opts.cluster.remoteOwner(ctx, sid)
+        if (owner !== undefined) return opts.cluster.forward(ctx, owner)
+      }
       switch (ctx.method) {
         case 'POST': return post(ctx)
         case 'GET': return get(ctx)
@@ -340,6 +349,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       await Promise.allSettled([...ending])
       await pool.close()
       await opts.passthrough?.close()
+      opts.cluster?.close()
     },
 
     sessions (): SessionSummary[] {
