@@ -7,9 +7,14 @@
  * internal address nor forge an id that sends the gateway to a host of its
  * choosing (a forged or altered id fails authentication and is just unknown).
  * A replica that receives a request for a session it does not hold forwards
- * it, unchanged, to the owner's `advertiseUrl`; the owner runs its whole
- * pipeline again (the token is verified there too, the session bound to its
- * subject). An owner that cannot be reached is gone with its sessions: the
+ * it before its own pipeline, unchanged (bearer token included: the
+ * authentication plugin strips it from the request, so it could not be sent
+ * later), to the owner's `advertiseUrl`; the owner runs its pipeline (token
+ * verified, rules applied, session bound to its subject) as for a request it
+ * had received itself. The relay trusts nothing and decides nothing. Callers
+ * without a token are keyed by their address, which the owner sees as the
+ * relaying replica's: such sessions are found only on the replica that made
+ * them. An owner that cannot be reached is gone with its sessions: the
  * client gets 404, which tells it to initialize again (MCP Streamable HTTP,
  * Session Management). A forwarded request is never forwarded again.
  */

@@ -319,16 +319,22 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     ctx.res.end()
   }
 
+  const cluster = opts.cluster
   return {
+    // Before the pipeline: the owner runs its own (the token is verified there, where
+    // the session is bound to its subject); this replica only relays. Local sessions never decode their id.
+    beforePipeline: cluster === undefined
+      ? undefined
+      : function forwardForeignSession (ctx: RequestContext): Promise<void> | undefined {
+        const sid = header(ctx, 'mcp-session-id')
+        if (sid === undefined || sessions.has(sid)) return undefined
+        const owner = cluster.remoteOwner(ctx, sid)
+        return owner === undefined ? undefined : cluster.forward(ctx, owner)
+      },
+
     async handle (ctx: RequestContext): Promise<void> {
       checkSessionIdSyntax(ctx)
       if (opts.passthrough !== undefined && eraOf(ctx) === 'session') return opts.passthrough.handle(ctx)
-      if (opts.cluster !== undefined) {
-        // The one point where another replica's session leaves this one; local sessions never decode their id.
-        const sid = header(ctx, 'mcp-session-id')
-        const owner = sid === undefined || sessions.has(sid) ? undefined : opts.cluster.remoteOwner(ctx, sid)
-        if (owner !== undefined) return opts.cluster.forward(ctx, owner)
-      }
       switch (ctx.method) {
         case 'POST': return post(ctx)
         case 'GET': return get(ctx)
