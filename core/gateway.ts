@@ -175,13 +175,14 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const factories = tracker.factories
     const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
-    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics }) : undefined
+    const cluster = config.cluster === undefined
+      ? undefined
+      : createClusterForward({ secret: config.cluster.secret, advertiseUrl: config.cluster.advertiseUrl, forwardTimeoutMs: config.cluster.forwardTimeoutMs, log })
+    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster?.newSessionId }) : undefined
     const endpoint = createMcpEndpoint({
       targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined,
       shared: { state: shared, leaseMs: redis !== undefined ? redis.sessionLeaseSeconds * 1000 : Number.POSITIVE_INFINITY },
-      cluster: config.cluster === undefined
-        ? undefined
-        : createClusterForward({ secret: config.cluster.secret, advertiseUrl: config.cluster.advertiseUrl, forwardTimeoutMs: config.cluster.forwardTimeoutMs, log }),
+      cluster,
     })
     cleanup.push(() => endpoint.close())
     gw.attach(pipeline, routes, endpoint)

@@ -8,16 +8,18 @@
  */
 import t, { type Test } from 'tap'
 import { fullGateway, type FullGateway } from './helpers/full-gateway.ts'
-import { faultyTarget } from './helpers/gateway-harness.ts'
+import { spawn } from 'node:child_process'
+import { join } from 'node:path'
+import { faultyTarget, ROOT } from './helpers/gateway-harness.ts'
 import { freePort } from './helpers/cli.ts'
 
 const SECRET = 'cluster-secret-for-tests-0123456789abcdef'
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
 
-async function replica (t: Test, secret = SECRET): Promise<FullGateway & { origin: string }> {
+async function replica (t: Test, secret = SECRET, targets: unknown[] = [faultyTarget()]): Promise<FullGateway & { origin: string }> {
   const port = await freePort()
   const origin = `http://127.0.0.1:${port}`
-  const g = await fullGateway(t, { port, targets: [faultyTarget()] }, 'debug', { cluster: { secret, advertiseUrl: origin } })
+  const g = await fullGateway(t, { port, targets }, 'debug', { cluster: { secret, advertiseUrl: origin } })
   return { ...g, origin }
 }
 
@@ -118,4 +120,32 @@ t.test('owner gone: 404, and the client initializes again on any replica', async
   t.match(b.logText(), /the session owner cannot be reached/)
   const again = await initialize(b.url)
   t.equal((await call(b.url, again, 3, 'tools/call', { name: 'echo', arguments: { message: 'back' } })).status, 200, 'a new session works')
+})
+
+/** test/fixtures/conformance-server.mjs over streamable HTTP: one MCP server both replicas reach. */
+async function httpServer (t: Test): Promise<string> {
+  const child = spawn(process.execPath, [join(ROOT, 'test/fixtures/conformance-server.mjs'), 'http'], { env: { ...process.env, PORT: '0' }, stdio: ['ignore', 'ignore', 'pipe'] })
+  const exited = new Promise<void>(resolve => child.once('exit', () => resolve()))
+  t.teardown(async () => { child.kill('SIGTERM'); await exited })
+  return new Promise((resolve, reject) => {
+    let err = ''
+    child.stderr!.on('data', d => {
+      err += d
+      const m = /listening on port (\d+)/.exec(err)
+      if (m !== null) resolve(`http://127.0.0.1:${m[1]}/mcp`)
+    })
+    child.once('exit', code => reject(new Error(`conformance server exited ${code}: ${err}`)))
+  })
+}
+
+t.test('one HTTP target (passthrough): the gateway session id names its replica too, and is relayed to it', async t => {
+  const upstream = await httpServer(t)
+  const targets = [{ name: 'remote', mcp: { url: upstream } }]
+  const a = await replica(t, SECRET, targets)
+  const b = await replica(t, SECRET, targets)
+  const sid = await initialize(a.url)
+  const listed = await call(b.url, sid, 1, 'tools/list')
+  t.equal(listed.status, 200, 'B relays to A, which maps the id to the upstream session')
+  t.ok(Array.isArray(listed.body.result.tools) && listed.body.result.tools.length > 0)
+  t.match(b.logText(), /forwarded to the session owner/)
 })
