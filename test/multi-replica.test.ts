@@ -1,6 +1,8 @@
 /**
  * Three gateway replicas (real CLI processes) behind nginx round-robin with
- * no affinity, Redis beside them, the dev IdP in front. SDK 1.x clients
+ * no affinity, Redis beside them, the dev IdP in front (one client of each
+ * SDK runs the full OAuth flow through the balancer, the others hold minted
+ * tokens). SDK 1.x clients
  * (sessions, GET stream, tool calls) and SDK 2.x clients (2026-07-28) all
  * succeed while their requests spread over the replicas; the per-subject
  * session cap holds across replicas; one replica killed mid-run: the clients
@@ -16,11 +18,13 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { Client as Client2, StreamableHTTPClientTransport as Transport2 } from '@modelcontextprotocol/client'
+import { UnauthorizedError as Unauthorized1, type OAuthClientProvider as Provider1 } from '@modelcontextprotocol/sdk/client/auth.js'
+import { Client as Client2, StreamableHTTPClientTransport as Transport2, UnauthorizedError as Unauthorized2, type OAuthClientProvider as Provider2 } from '@modelcontextprotocol/client'
 import { startDevIdp } from '../bin/dev-idp.ts'
 import { CLI, ROOT, freePort } from './helpers/cli.ts'
 import { FAULTY } from './helpers/gateway-harness.ts'
 import { startRedis } from './helpers/redis.ts'
+import { HeadlessProvider } from './helpers/oauth-client.ts'
 
 const SECRET = 'multi-replica-cluster-secret-0123456789'
 const MODERN = '2026-07-28'
@@ -53,7 +57,7 @@ async function startReplica (t: Test, dir: string, i: number, publicUrl: string,
     `      audiences: ["${idp.clientId}"]`,
     '      provider: { oss_idp: {} }',
     `      clientId: "${idp.clientId}"`,
-    `      resourceMetadata: { resource: "${publicUrl}" }`,
+    `      resourceMetadata: { resource: "${publicUrl}", scopesSupported: [openid, profile] }`,
     `admin: { host: 127.0.0.1, port: ${adminPort} }`,
     `probes: { host: 127.0.0.1, port: ${probePort} }`,
     'cluster:',
@@ -187,7 +191,7 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
   t.ok(owners.filter(h => h.length > 0).length >= 2, 'the capped sessions live on different replicas')
 
   // SDK 1.x clients: sessions with their GET stream, tool calls through any replica.
-  const legacy: Array<{ client: Client1; transport: Transport1; sub: string }> = []
+  const legacy: Array<{ client: Client1; transport: Transport1; sub: string; provider?: HeadlessProvider }> = []
   for (const sub of ['u1', 'u2', 'u3', 'u4']) {
     const transport = new Transport1(url, { requestInit: { headers: { authorization: `Bearer ${await token(sub)}` } } })
     const client = new Client1({ name: `sdk1-${sub}`, version: '1.0.0' })
@@ -198,7 +202,31 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
     // initialize lands on another replica and the sessions spread.
     await (await fetch(new URL('/.well-known/oauth-protected-resource/mcp', url))).text()
   }
+  // The full OAuth flow through the balancer: metadata, registration, authorization code + PKCE at the dev IdP.
+  {
+    const provider = new HeadlessProvider()
+    const first = await new Client1({ name: 'sdk1-oauth', version: '1.0.0' }).connect(new Transport1(url, { authProvider: provider as unknown as Provider1 })).then(() => undefined, (e: unknown) => e)
+    t.ok(first instanceof Unauthorized1, 'sdk1: the first connect asks for authorization')
+    const transport = new Transport1(url, { authProvider: provider as unknown as Provider1 })
+    await transport.finishAuth(provider.code())
+    const client = new Client1({ name: 'sdk1-oauth', version: '1.0.0' })
+    t.teardown(() => client.close().catch(() => {}))
+    await client.connect(transport)
+    legacy.push({ client, transport, sub: 'alice (OAuth)', provider })
+    await (await fetch(new URL('/.well-known/oauth-protected-resource/mcp', url))).text()
+  }
   const modern: Client2[] = []
+  {
+    const provider = new HeadlessProvider()
+    const first = await new Client2({ name: 'sdk2-oauth', version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } } }).connect(new Transport2(url, { authProvider: provider as unknown as Provider2 })).then(() => undefined, (e: unknown) => e)
+    t.ok(first instanceof Unauthorized2, 'sdk2: the first connect asks for authorization')
+    const transport = new Transport2(url, { authProvider: provider as unknown as Provider2 })
+    await transport.finishAuth(provider.callback!.searchParams)
+    const client = new Client2({ name: 'sdk2-oauth', version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } } })
+    t.teardown(() => client.close().catch(() => {}))
+    await client.connect(transport)
+    modern.push(client)
+  }
   for (const sub of ['m1', 'm2']) {
     const client = new Client2({ name: `sdk2-${sub}`, version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } } })
     t.teardown(() => client.close().catch(() => {}))
@@ -245,11 +273,13 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
       t.equal((err as { code?: number }).code, 404, `${l.sub}: its session is gone (404)`)
       // As the spec asks of a client that gets 404: a new session.
       await l.client.close().catch(() => {})
-      const transport = new Transport1(url, { requestInit: { headers: { authorization: `Bearer ${await token(l.sub)}` } } })
+      const transport = l.provider !== undefined
+        ? new Transport1(url, { authProvider: l.provider as unknown as Provider1 })
+        : new Transport1(url, { requestInit: { headers: { authorization: `Bearer ${await token(l.sub)}` } } })
       const client = new Client1({ name: `sdk1-${l.sub}-again`, version: '1.0.0' })
       t.teardown(() => client.close().catch(() => {}))
       await client.connect(transport)
-      legacy[i] = { client, transport, sub: l.sub }
+      legacy[i] = { ...l, client, transport }
       t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `again-${l.sub}` } })), `again-${l.sub}`, `${l.sub} re-initialized`)
     }
   }))
