@@ -27,6 +27,13 @@ export interface StdioTargetConfig {
 export interface HttpTargetConfig { url: string; headers: Record<string, string> }
 export interface TargetConfig { name: string; stdio?: StdioTargetConfig; mcp?: HttpTargetConfig }
 export interface PluginEntryConfig { builtin?: string; module?: string; options?: Record<string, unknown> }
+export interface ProbesConfig { host: string; port: number; metricsToken?: string; shutdownDelayMs: number }
+export interface ClusterConfig {
+  secret: string
+  advertiseUrl: string
+  forwardTimeoutMs: number
+  redis?: { url: string; keyPrefix: string; sessionLeaseSeconds: number }
+}
 export interface GatewayConfig {
   mcp: {
     host: string
@@ -46,6 +53,8 @@ export interface GatewayConfig {
   admin: { host: string; port: number; token?: string; enabled: boolean }
   logging: { level: string; format: 'json' | 'pretty'; levels: 'name' | 'number'; time: 'iso' | 'epoch' }
   tracing: TracingConfig
+  probes?: ProbesConfig
+  cluster?: ClusterConfig
 }
 
 export interface LoadedConfig {

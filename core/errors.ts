@@ -37,6 +37,7 @@ export const ERROR_CODES = {
   MCPP_ERR_STREAM_CONFLICT: 'The session already has an open GET stream',
   MCPP_ERR_UPSTREAM: 'Upstream MCP server failed',
   MCPP_ERR_STARTING: 'The gateway is still starting',
+  MCPP_ERR_SHARED_STATE: 'Shared state (Redis) is unreachable',
   MCPP_ERR_INTERNAL: 'Unexpected internal error',
 } as const
 

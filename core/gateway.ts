@@ -23,6 +23,9 @@ import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
 import { startTracing, stopTracing } from './tracing.ts'
 import { VERSION } from './version.ts'
+import { createClusterForward } from './mcp/cluster-forward.ts'
+import { createProbeServer, type ProbeReadiness } from './probes.ts'
+import { createMemoryState, createRedisState, type SharedState } from './shared-state.ts'
 
 export { VERSION }
 
@@ -34,11 +37,14 @@ export interface StartOptions {
   adminPort?: number
   /** The built-in plugins (bin/ passes plugins/index.ts); core imports none. */
   registry?: PluginRegistry
+  probesPort?: number
 }
 
 export interface RunningGateway {
   readonly mcpUrl: string
   readonly adminUrl: string | undefined
+  /** The probe listener's origin, when `probes` is set. */
+  readonly probesUrl: string | undefined
   readonly baseUrl: string
   readonly plugins: readonly Plugin[]
   readonly metrics: Metrics
@@ -127,6 +133,23 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       log.warn({ host: config.admin.host }, 'admin listener is exposed beyond loopback without admin.token')
     }
   }
+  // The probe listener is bound early too: the kubelet gets /readyz "starting", not a refused connection.
+  let readiness: (() => ProbeReadiness) | undefined
+  const probes = config.probes === undefined
+    ? undefined
+    : createProbeServer({ log, metrics, metricsToken: config.probes.metricsToken, ready: () => readiness?.() })
+  let probesUrl: string | undefined
+  if (probes !== undefined) {
+    try {
+      const port = await listen(probes.server, opts.probesPort ?? config.probes!.port, config.probes!.host)
+      probesUrl = `http://${hostForUrl(config.probes!.host)}:${port}`
+    } catch (err) {
+      for (const c of cleanup.reverse()) await c().catch(() => {})
+      await probes.close()
+      throw err
+    }
+    cleanup.push(() => probes.close())
+  }
   let plugins: Plugin[] = []
   const targetReadiness = new TargetReadiness({
     targets: config.mcp.targets, baseDir: loaded.baseDir, log,
@@ -137,7 +160,12 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const baseUrl = computeBaseUrl(loaded, bound.port, opts.registry)
     // The targets' check (local files only) runs while the plugins are created.
     const checked = targetReadiness.check()
-    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics } })
+    const redis = config.cluster?.redis
+    const shared: SharedState = redis !== undefined
+      ? await createRedisState({ url: redis.url, keyPrefix: redis.keyPrefix, log: log.child({ component: 'shared-state' }) })
+      : createMemoryState()
+    cleanup.push(() => shared.close())
+    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics, shared } })
     cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
     await checked
     const routes = new RouteTable(plugins)
@@ -147,17 +175,31 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const factories = config.mcp.targets.map((t, i) => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics, observer: lifecycles[i] }))
     const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
-    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics }) : undefined
-    const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined })
+    const cluster = config.cluster === undefined
+      ? undefined
+      : createClusterForward({ secret: config.cluster.secret, advertiseUrl: config.cluster.advertiseUrl, forwardTimeoutMs: config.cluster.forwardTimeoutMs, log })
+    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster?.newSessionId }) : undefined
+    const endpoint = createMcpEndpoint({
+      targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined,
+      shared: { state: shared, leaseMs: redis !== undefined ? redis.sessionLeaseSeconds * 1000 : Number.POSITIVE_INFINITY },
+      cluster,
+    })
     cleanup.push(() => endpoint.close())
     gw.attach(pipeline, routes, endpoint)
     const mcpUrl = `http://${hostForUrl(config.mcp.host)}:${bound.port}/mcp`
 
-    if (admin !== undefined) {
+    if (admin !== undefined || probes !== undefined) {
       adminState = createAdminState({
         loaded, plugins, routes, endpoint, targets: lifecycles, requests: requestLog, metrics, log, version: VERSION,
         mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
       })
+      const state = adminState
+      // Shared state (Redis) not reachable: this replica cannot check caps and limits.
+      readiness = () => {
+        const r = state.ready()
+        const sh = shared.ready()
+        return sh.ready ? r : { ready: false, reasons: [...r.reasons, `shared state: ${sh.reason ?? 'not ready'}`] }
+      }
     }
     log.info({ mcp: mcpUrl, ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined, targets: config.mcp.targets.map(t => t.name), plugins: plugins.map(p => p.name) },
       `mcp-proxy ${VERSION} listening on ${mcpUrl}` + (adminUrl !== undefined ? `; UI at ${adminUrl}/ui` : ''))
@@ -165,6 +207,13 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     let closing: Promise<void> | undefined
     const close = (): Promise<void> => {
       closing ??= (async () => {
+        // Readiness fails first; the MCP listener keeps serving while balancers notice.
+        probes?.terminating()
+        const delay = config.probes?.shutdownDelayMs ?? 0
+        if (delay > 0) {
+          log.info({ delayMs: delay }, 'shutting down: not ready, still serving until the delay ends')
+          await new Promise(resolve => setTimeout(resolve, delay))
+        }
         const grace = config.mcp.limits.shutdownGraceMs
         const serverClosed = gw.close(grace)
         endpoint.drain?.()
@@ -173,13 +222,15 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
         targetReadiness.close()
         await Promise.allSettled(plugins.map(p => p.close?.()))
         if (admin !== undefined) await new Promise<void>(resolve => { admin!.close(() => resolve()); admin!.closeAllConnections() })
+        await probes?.close()
+        await shared.close()
         await killAllChildren()
         stopProcessMetrics()
         await endTracing()
       })()
       return closing
     }
-    return { mcpUrl, adminUrl, baseUrl, plugins, metrics, log, endpoint, close }
+    return { mcpUrl, adminUrl, probesUrl, baseUrl, plugins, metrics, log, endpoint, close }
   } catch (err) {
     for (const c of cleanup.reverse()) await c().catch(() => {})
     await killAllChildren()

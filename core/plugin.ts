@@ -101,6 +101,11 @@ export interface PluginEnv {
    * Every name in this module's `needs` is present; others may be missing.
    */
   readonly provided: Readonly<Record<string, unknown>>
+  /**
+   * State shared by every replica (rate limits, single-use codes): Redis with
+   * `cluster.redis`, else this process's memory. Absent in older hosts.
+   */
+  readonly shared?: import('./shared-state.ts').SharedState
 }
 
 /** What a plugin module (built-in or third-party) exports. */

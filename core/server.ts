@@ -23,6 +23,11 @@ import { tracer } from './tracing.ts'
 /** The terminal handler for /mcp (see core/mcp/). */
 export interface McpEndpoint {
   handle(ctx: RequestContext): Promise<void>
+  /**
+   * A request for /mcp that this process does not serve (another replica's
+   * session, `cluster`): answered before the pipeline, or undefined to go on.
+   */
+  beforePipeline?(ctx: RequestContext): Promise<void> | undefined
   close(): Promise<void>
 }
 
@@ -508,6 +513,11 @@ export class GatewayServer {
           })
         }
         this.#streams.add(ctx)
+      }
+      const elsewhere = ctx.path === '/mcp' ? this.#mcp.beforePipeline?.(ctx) : undefined
+      if (elsewhere !== undefined) {
+        await elsewhere
+        return
       }
       const pending = this.pipeline.runRequest(ctx, ctx.ran)
       const reply = pending instanceof Promise ? await pending : pending

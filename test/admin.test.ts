@@ -40,6 +40,10 @@ t.test('redactConfig hides secret keys, env and headers values and every ${NAME}
   t.equal(r.admin.token, REDACTED)
   t.same(r.credentials, { user: 'u', password: REDACTED }, 'a secret-named section is walked, its secret leaves redacted')
   t.equal(config.admin.token, 'admin-token-0123456789', 'the input is not modified')
+  const withRedis = { cluster: { secret: 'cluster-secret-0123456789-0123456789', advertiseUrl: 'http://10.0.0.7:3000', redis: { url: 'redis://gw:redis-pass-123@redis:6379/0' } }, probes: { port: 9090, metricsToken: 'metrics-token-0123456789' } }
+  const rr = redactConfig(withRedis, new Set()) as typeof withRedis
+  t.same(rr, { cluster: { secret: REDACTED, advertiseUrl: 'http://10.0.0.7:3000', redis: { url: `redis://gw:${REDACTED}@redis:6379/0` } }, probes: { port: 9090, metricsToken: REDACTED } }, 'the cluster secret, the metrics token and a password inside a URL are redacted')
+  t.same(createScrubber(secretValues(withRedis, new Set()))({ e: 'auth redis-pass-123 failed' }), { e: `auth ${REDACTED} failed` }, 'and scrubbed anywhere')
 
   const scrub = createScrubber(secretValues(config, paths))
   const out = scrub({ note: 'keys: shh-secret-value and hdr-secret-99', list: ['--key=from-env-123456'], issuer: 'https://idp.example/' }) as Record<string, unknown>

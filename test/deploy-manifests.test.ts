@@ -66,10 +66,11 @@ function strictErrors (validate: Validate, doc: unknown): string[] {
 }
 
 interface K8sObject { apiVersion: string; kind: string; metadata: { name: string; labels?: Record<string, string> }; [k: string]: unknown }
+interface Probe { exec?: { command: string[] }; httpGet?: { path: string; port: string | number } }
 interface Container {
   name: string; image: string; args?: string[]; ports?: { name?: string; containerPort: number }[]
-  env?: { name: string; value?: string; valueFrom?: { secretKeyRef?: { name: string; key: string } } }[]
-  readinessProbe?: { exec?: { command: string[] } }; livenessProbe?: { exec?: { command: string[] } }; startupProbe?: { exec?: { command: string[] } }
+  env?: { name: string; value?: string; valueFrom?: { secretKeyRef?: { name: string; key: string }; fieldRef?: { fieldPath: string } } }[]
+  readinessProbe?: Probe; livenessProbe?: Probe; startupProbe?: Probe
   resources?: { requests?: Record<string, string>; limits?: Record<string, string> }
   securityContext?: { allowPrivilegeEscalation?: boolean; readOnlyRootFilesystem?: boolean; runAsNonRoot?: boolean; capabilities?: { drop?: string[] } }
   volumeMounts?: { name: string; mountPath: string; readOnly?: boolean }[]
@@ -77,6 +78,7 @@ interface Container {
 interface Deployment extends K8sObject {
   spec: { selector: { matchLabels: Record<string, string> }; template: { metadata: { labels: Record<string, string> }; spec: {
     securityContext?: { runAsNonRoot?: boolean; runAsUser?: number }
+    terminationGracePeriodSeconds?: number
     containers: Container[]
     volumes?: { name: string; configMap?: { name: string }; emptyDir?: object }[]
   } } }
@@ -134,9 +136,10 @@ for (const file of files) {
     t.ok(gateway, 'a gateway container')
     if (gateway === undefined) return
     t.same(gateway.args, ['-f', '/etc/mcp-proxy/config.yaml'], 'config at the documented path')
-    t.same(gateway.readinessProbe?.exec?.command, ['mcp-proxy-healthcheck', '/readyz'])
-    t.same(gateway.livenessProbe?.exec?.command, ['mcp-proxy-healthcheck', '/healthz'])
-    t.same(gateway.startupProbe?.exec?.command, ['mcp-proxy-healthcheck', '/healthz'])
+    // httpGet probes on the probe listener (probes.port), never the admin listener.
+    t.same(gateway.readinessProbe?.httpGet, { path: '/readyz', port: 'probes' })
+    t.same(gateway.livenessProbe?.httpGet, { path: '/healthz', port: 'probes' })
+    t.same(gateway.startupProbe?.httpGet, { path: '/healthz', port: 'probes' })
     t.same(pod.containers.filter(c => (c.ports ?? []).length > 0).map(c => c.name), [gateway.name], 'only the gateway exposes a port')
     t.same(gateway.volumeMounts?.map(m => m.mountPath).sort(), ['/etc/mcp-proxy', '/tmp'])
     const tmpVolume = gateway.volumeMounts?.find(m => m.mountPath === '/tmp')?.name
@@ -161,7 +164,9 @@ for (const file of files) {
     const env: Record<string, string> = {}
     for (const e of gateway.env ?? []) {
       const ref = e.valueFrom?.secretKeyRef
-      const value = ref !== undefined ? secrets.find(s => s.metadata.name === ref.name)?.stringData?.[ref.key] : e.value
+      // The downward API's pod IP: any address stands for it here.
+      const field = e.valueFrom?.fieldRef?.fieldPath === 'status.podIP' ? '10.0.0.7' : undefined
+      const value = ref !== undefined ? secrets.find(s => s.metadata.name === ref.name)?.stringData?.[ref.key] : field ?? e.value
       t.ok(value !== undefined, `${e.name} has a value in this file`)
       env[e.name] = value ?? ''
     }
@@ -172,7 +177,10 @@ for (const file of files) {
     const loaded = await loadConfig(configFile, env, builtins)
     await loadPlugins({ config: loaded.config, baseDir: loaded.baseDir, registry: builtins, env: { log: memoryLogger().log, config: loaded.config as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
     t.equal(loaded.config.mcp.port, gateway.ports![0]!.containerPort, 'mcp.port is the container port')
-    t.equal(loaded.config.admin.host, '127.0.0.1', 'the admin listener stays on loopback, where the exec probes reach it')
+    t.equal(loaded.config.admin.host, '127.0.0.1', 'the admin listener stays on loopback')
+    t.equal(loaded.config.probes?.port, gateway.ports!.find(p => p.name === 'probes')?.containerPort, 'probes.port is the container port the probes call')
+    t.ok((pod.terminationGracePeriodSeconds ?? 30) * 1000 > (loaded.config.probes?.shutdownDelayMs ?? 0) + loaded.config.mcp.limits.shutdownGraceMs, 'the grace period covers the shutdown delay and the drain')
+    if (loaded.config.cluster !== undefined) t.equal(loaded.config.cluster.advertiseUrl, `http://10.0.0.7:${loaded.config.mcp.port}`, 'replicas relay to the pod IP')
     t.equal(loaded.config.admin.port, 15000, 'on the port mcp-proxy-healthcheck calls by default')
   })
 }

@@ -23,7 +23,7 @@ const MIN_SCRUB_LENGTH = 6
 
 export function isSecretKey (key: string): boolean {
   const k = key.toLowerCase().replace(/[-_]/g, '')
-  return SECRET_KEYS.has(k) || k.endsWith('secret') || k.endsWith('password')
+  return SECRET_KEYS.has(k) || k.endsWith('secret') || k.endsWith('password') || k.endsWith('token')
 }
 
 /** Walks a config-shaped value, calling `visit` for every leaf with its dotted path (`mcp.targets[0].name`). */
@@ -52,9 +52,15 @@ function secretLeaves (v: unknown, path: string, leaf: (value: unknown, path: st
   return leaf(v, path, true)
 }
 
+/** `scheme://user:password@host...`: the password of a URL's userinfo (RFC 3986 §3.2.1), e.g. `cluster.redis.url`. */
+const URL_PASSWORD = /^([a-z][a-z0-9+.-]*:\/\/[^/@:]*:)([^/@]+)(@)/i
+
 /** The config with every secret replaced by `[redacted]`. Paths use the notation of `LoadedConfig.secretPaths`. */
 export function redactConfig (config: unknown, secretPaths: ReadonlySet<string>): unknown {
-  return walk(config, '', '', (value, path, secret) => secret || secretPaths.has(path) ? REDACTED : value)
+  return walk(config, '', '', (value, path, secret) => {
+    if (secret || secretPaths.has(path)) return REDACTED
+    return typeof value === 'string' ? value.replace(URL_PASSWORD, `$1${REDACTED}$3`) : value
+  })
 }
 
 /** Every secret string of the config that is long enough to scrub safely. */
@@ -62,6 +68,8 @@ export function secretValues (config: unknown, secretPaths: ReadonlySet<string>)
   const out = new Set<string>()
   walk(config, '', '', (value, path, secret) => {
     if (typeof value !== 'string' || value.length < MIN_SCRUB_LENGTH) return value
+    const password = URL_PASSWORD.exec(value)?.[2]
+    if (password !== undefined && password.length >= MIN_SCRUB_LENGTH) out.add(password)
     if (secret) out.add(value)
     // A `${NAME}` value that is a plain URL (issuer, resource) is not scrubbed from
     // OAuth documents and plugin state, where it is public; it stays redacted in the config view.

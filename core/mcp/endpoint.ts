@@ -23,6 +23,8 @@ import { UpstreamPool, type PooledSummary } from './modern-pool.ts'
 import { sharedFactory } from './shared-upstream.ts'
 import { subjectKeyOf } from './subject-key.ts'
 import { createCallMeters } from './call-metrics.ts'
+import { createMemoryState, type SharedState } from '../shared-state.ts'
+import type { ClusterForward } from './cluster-forward.ts'
 
 /** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
 const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
@@ -40,6 +42,14 @@ export interface McpEndpointOptions {
   readonly metrics: Metrics
   /** When set (one HTTP target), session-era traffic is handed to it unchanged. */
   readonly passthrough?: McpEndpoint
+  /**
+   * Where per-subject session caps are counted: this process's memory by
+   * default, Redis with `cluster.redis` so the cap holds across replicas.
+   * `leaseMs`: how long a slot outlives a replica that stopped renewing it.
+   */
+  readonly shared?: { readonly state: SharedState; readonly leaseMs: number }
+  /** With `cluster`: session ids name their owner, and another replica's sessions are forwarded to it. */
+  readonly cluster?: ClusterForward
 }
 
 /** What the admin UI shows about one session. Never the whole id. */
@@ -119,7 +129,8 @@ function checkSessionIdSyntax (ctx: RequestContext): void {
 export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint {
   const { config, log } = opts
   const sessions = new Map<string, Session>()
-  const perSubject = new Map<string, number>()
+  const caps = opts.shared?.state ?? createMemoryState()
+  const leaseMs = opts.shared?.leaseMs ?? Number.POSITIVE_INFINITY
   const idleMs = config.session.idleTimeoutSeconds * 1000
   let draining = false
   let closed = false
@@ -156,9 +167,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     onEnd (session, reason) {
       if (sessions.get(session.id) !== session) return
       sessions.delete(session.id)
-      const n = (perSubject.get(session.subjectKey) ?? 1) - 1
-      if (n <= 0) perSubject.delete(session.subjectKey)
-      else perSubject.set(session.subjectKey, n)
+      caps.leave(session.subjectKey, session.id).catch((err: unknown) => { log.warn({ err }, 'freeing a session slot in shared state failed (its lease expires)') })
       sessionsEnded.inc({ reason: reason.startsWith('upstream') ? 'upstream' : reason })
     },
   }
@@ -182,6 +191,14 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     for (const s of sessions.values()) s.keepAlive()
   }, KEEPALIVE_MS)
   keepAlive.unref()
+  // Shared slots are leases: renewed while their sessions live, so a dead replica's slots expire.
+  const renewer = caps.kind === 'memory'
+    ? undefined
+    : setInterval(function renewSessionLeases () {
+      const entries = [...sessions.values()].map(s => ({ key: s.subjectKey, member: s.id }))
+      caps.renew(entries, leaseMs).catch((err: unknown) => { log.warn({ err }, 'renewing session leases in shared state failed') })
+    }, Math.max(1000, Math.floor(leaseMs / 3)))
+  renewer?.unref()
 
   // Revision 2026-07-28: stateless requests served by pooled upstreams, never shared across subjects.
   const pool = new UpstreamPool({
@@ -251,18 +268,21 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: session limit reached', { rpcCode: RPC.SERVER_ERROR, headers: retry, expose: true })
     }
     const subjectKey = subjectKeyOf(ctx)
-    const mine = perSubject.get(subjectKey) ?? 0
-    if (mine >= config.session.maxSessionsPerSubject) {
+    const params = (msg.params ?? {}) as Record<string, unknown>
+    const id = opts.cluster?.newSessionId() ?? randomBytes(24).toString('base64url')
+    if (!await caps.join(subjectKey, id, config.session.maxSessionsPerSubject, leaseMs)) {
       throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 429, 'Too Many Requests: session limit for this subject reached', { rpcCode: RPC.SERVER_ERROR, headers: retry })
     }
-    const params = (msg.params ?? {}) as Record<string, unknown>
-    const id = randomBytes(24).toString('base64url')
+    if (draining || closed || sessions.size >= config.session.maxSessions) {
+      // Another initialize took the last slot (or shutdown began) while the cap was checked.
+      void caps.leave(subjectKey, id).catch(() => {})
+      throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: session limit reached', { rpcCode: RPC.SERVER_ERROR, headers: retry, expose: true })
+    }
     const session = new Session({
       id, subject: ctx.auth?.subject, subjectKey, version: negotiateRevision(params.protocolVersion), factories: sessionFactories, env,
     })
     // Registered before the upstream handshake so concurrent initializes count against the caps.
     sessions.set(id, session)
-    perSubject.set(subjectKey, mine + 1)
     ctx.state.set('sessionId', id)
     const result = await session.start(params, ctx)
     if (session.ended) throw new ProxyError('MCPP_ERR_UPSTREAM', 502, 'upstream closed during initialize', { rpcCode: RPC.SERVER_ERROR, expose: true })
@@ -304,7 +324,19 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     ctx.res.end()
   }
 
+  const cluster = opts.cluster
   return {
+    // Before the pipeline: the owner runs its own (the token is verified there, where
+    // the session is bound to its subject); this replica only relays. Local sessions never decode their id.
+    beforePipeline: cluster === undefined
+      ? undefined
+      : function forwardForeignSession (ctx: RequestContext): Promise<void> | undefined {
+        const sid = header(ctx, 'mcp-session-id')
+        if (sid === undefined || sessions.has(sid)) return undefined
+        const owner = cluster.remoteOwner(ctx, sid)
+        return owner === undefined ? undefined : cluster.forward(ctx, owner)
+      },
+
     async handle (ctx: RequestContext): Promise<void> {
       checkSessionIdSyntax(ctx)
       if (opts.passthrough !== undefined && eraOf(ctx) === 'session') return opts.passthrough.handle(ctx)
@@ -322,11 +354,13 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       clearInterval(sweeper)
       clearInterval(expirer)
       clearInterval(keepAlive)
+      clearInterval(renewer)
       modernHandler.close()
       for (const s of [...sessions.values()]) void endSession(s, 'gateway closing')
       await Promise.allSettled([...ending])
       await pool.close()
       await opts.passthrough?.close()
+      opts.cluster?.close()
     },
 
     sessions (): SessionSummary[] {

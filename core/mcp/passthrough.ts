@@ -47,6 +47,8 @@ export interface HttpPassthroughOptions {
   idleTimeoutSeconds?: number
   /** Upstream response-header timeout in ms. Default 30000. */
   proxyTimeoutMs?: number
+  /** Makes gateway session ids; with `cluster`, ids that name this replica (core/mcp/cluster-forward.ts). */
+  newSessionId?: () => string
 }
 
 interface Mapping { upstream: string; subject: string | undefined; createdAt: number; lastSeenAt: number }
@@ -101,6 +103,7 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
   const log = opts.log.child({ target: target.name })
   const idleMs = (opts.idleTimeoutSeconds ?? 3600) * 1000
   const sessions = new Map<string, Mapping>()
+  const makeId = opts.newSessionId ?? newSessionId
   const exchanges = new WeakMap<IncomingMessage, Exchange>()
   const errors: Counter | undefined = opts.metrics?.counter('mcp_proxy_upstream_http_errors_total', 'Failed HTTP exchanges with remote MCP targets')
   // Without an agent http-proxy sends `Connection: close` and opens a new
@@ -147,7 +150,7 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       if (status === 404 || ex.ctx.method === 'DELETE') sessions.delete(ex.gatewayId)
       else out['mcp-session-id'] = ex.gatewayId
     } else if (typeof upstreamSid === 'string' && upstreamSid !== '') {
-      const id = newSessionId()
+      const id = makeId()
       const now = Date.now()
       sessions.set(id, { upstream: upstreamSid, subject: ex.ctx.auth?.subject, createdAt: now, lastSeenAt: now })
       ex.ctx.state.set('sessionId', id)

@@ -50,11 +50,15 @@ export interface BridgeServerOptions {
   registration?: Record<string, unknown>
   /** `mcp.trustedProxies` */
   trustedProxies?: string[]
+  /** Shared state handed to the plugins (core/shared-state.ts), e.g. one Redis for two "replicas". */
+  shared?: PluginEnv['shared']
 }
 
 export async function startBridgeServer (auth: Record<string, unknown> | undefined, opts: BridgeServerOptions = {}): Promise<BridgeServer> {
   const mem = memoryLogger('debug')
-  const { env, config } = await makeEnv(auth, mem.log)
+  const made = await makeEnv(auth, mem.log)
+  const config = made.config
+  const env: PluginEnv = opts.shared === undefined ? made.env : { ...made.env, shared: opts.shared }
   const plugins = [await bridgeModule.create({}, env), await registrationModule.create(opts.registration ?? {}, env)]
   const server = new GatewayServer({
     pipeline: new Pipeline(plugins),

@@ -1,0 +1,143 @@
+/**
+ * Session-era traffic across replicas without balancer affinity (`cluster`).
+ *
+ * A session lives in one replica's memory (its stdio children, its streams).
+ * Its id names that owner: `base64url(iv || AES-256-GCM(random16 || ownerUrl) || tag)`
+ * under a key derived from `cluster.secret`, so a client can neither read the
+ * internal address nor forge an id that sends the gateway to a host of its
+ * choosing (a forged or altered id fails authentication and is just unknown).
+ * A replica that receives a request for a session it does not hold forwards
+ * it before its own pipeline, unchanged (bearer token included: the
+ * authentication plugin strips it from the request, so it could not be sent
+ * later), to the owner's `advertiseUrl`; the owner runs its pipeline (token
+ * verified, rules applied, session bound to its subject) as for a request it
+ * had received itself. The relay trusts nothing and decides nothing. Callers
+ * without a token are keyed by their address, which the owner sees as the
+ * relaying replica's: such sessions are found only on the replica that made
+ * them. An owner that cannot be reached is gone with its sessions: the
+ * client gets 404, which tells it to initialize again (MCP Streamable HTTP,
+ * Session Management). A forwarded request is never forwarded again.
+ */
+import { createCipheriv, createDecipheriv, hkdfSync, randomBytes } from 'node:crypto'
+import { Agent, request as httpRequest, type IncomingMessage, type OutgoingHttpHeaders } from 'node:http'
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https'
+import type { Logger } from 'pino'
+import type { RequestContext } from '../context.ts'
+import { ProxyError, RPC } from '../errors.ts'
+
+export interface ClusterForwardOptions {
+  /** `cluster.secret`, the same on every replica. */
+  readonly secret: string
+  /** `cluster.advertiseUrl`: this replica's MCP listener as its peers reach it. */
+  readonly advertiseUrl: string
+  /** How long to wait for the owner's response head. */
+  readonly forwardTimeoutMs: number
+  readonly log: Logger
+}
+
+export interface ClusterForward {
+  /** A new session id naming this replica as the owner. */
+  newSessionId(): string
+  /** The owner's origin when `id` is a valid id of another replica and the request was not forwarded already; else undefined. */
+  remoteOwner(ctx: RequestContext, id: string): string | undefined
+  /** Sends the request to `owner` and pipes its answer back; 404 when the owner is gone. */
+  forward(ctx: RequestContext, owner: string): Promise<void>
+  close(): void
+}
+
+/** Marks a request one replica sent to another; the receiver answers it itself. */
+export const FORWARDED_HEADER = 'mcp-proxy-forwarded'
+
+const IV_BYTES = 12
+const TAG_BYTES = 16
+const NONCE_BYTES = 16
+
+// RFC 9110 §7.6.1: connection-specific fields are not forwarded.
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', 'content-length'])
+
+function sessionGone (): ProxyError {
+  return new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: RPC.REQUEST_TIMEOUT })
+}
+
+export function createClusterForward (o: ClusterForwardOptions): ClusterForward {
+  const key = Buffer.from(hkdfSync('sha256', o.secret, 'mcp-proxy', 'session-id owner seal v1', 32))
+  const self = new URL(o.advertiseUrl).origin
+  const selfBytes = Buffer.from(self, 'utf8')
+  const agents = { http: new Agent({ keepAlive: true }), https: new HttpsAgent({ keepAlive: true }) }
+
+  function open (id: string): string | undefined {
+    if (id.length > 512) return undefined
+    const raw = Buffer.from(id, 'base64url')
+    if (raw.length < IV_BYTES + NONCE_BYTES + 1 + TAG_BYTES) return undefined
+    try {
+      const d = createDecipheriv('aes-256-gcm', key, raw.subarray(0, IV_BYTES))
+      d.setAuthTag(raw.subarray(raw.length - TAG_BYTES))
+      const plain = Buffer.concat([d.update(raw.subarray(IV_BYTES, raw.length - TAG_BYTES)), d.final()])
+      return plain.subarray(NONCE_BYTES).toString('utf8')
+    } catch {
+      return undefined
+    }
+  }
+
+  return {
+    newSessionId (): string {
+      const iv = randomBytes(IV_BYTES)
+      const c = createCipheriv('aes-256-gcm', key, iv)
+      const sealed = Buffer.concat([c.update(randomBytes(NONCE_BYTES)), c.update(selfBytes), c.final()])
+      return Buffer.concat([iv, sealed, c.getAuthTag()]).toString('base64url')
+    },
+
+    remoteOwner (ctx: RequestContext, id: string): string | undefined {
+      if (ctx.req.headers[FORWARDED_HEADER] !== undefined) return undefined
+      const owner = open(id)
+      return owner === undefined || owner === self ? undefined : owner
+    },
+
+    async forward (ctx: RequestContext, owner: string): Promise<void> {
+      // The body is read through the context (bounded by maxBodyBytes, shared with
+      // any hook that read it already): MCP POST bodies are single JSON-RPC messages.
+      const body = ctx.method === 'POST' ? await ctx.readBody() : undefined
+      const headers: OutgoingHttpHeaders = {}
+      for (const [name, value] of Object.entries(ctx.req.headers)) {
+        if (value !== undefined && !HOP_BY_HOP.has(name)) headers[name] = value
+      }
+      headers[FORWARDED_HEADER] = '1'
+      if (body !== undefined) headers['content-length'] = body.length
+      const target = new URL(ctx.path + (ctx.query === '' ? '' : `?${ctx.query}`), owner)
+      const https = target.protocol === 'https:'
+      const log = ctx.log
+      const upstream = await new Promise<IncomingMessage>((resolve, reject) => {
+        const req = (https ? httpsRequest : httpRequest)(target, { method: ctx.method, headers, agent: https ? agents.https : agents.http })
+        const timer = setTimeout(() => req.destroy(new Error(`no answer within ${o.forwardTimeoutMs} ms`)), o.forwardTimeoutMs)
+        req.once('response', res => { clearTimeout(timer); resolve(res) })
+        req.once('error', err => { clearTimeout(timer); reject(err) })
+        // The client went away before the owner answered: stop asking.
+        ctx.res.once('close', () => { if (!req.destroyed) req.destroy() })
+        req.end(body)
+      }).catch((err: unknown) => {
+        log.info({ owner: target.host, err: (err as Error).message }, 'the session owner cannot be reached: answered 404 so the client initializes again')
+        throw sessionGone()
+      })
+      log.debug({ owner: target.host, status: upstream.statusCode }, 'forwarded to the session owner')
+      const out: OutgoingHttpHeaders = {}
+      for (const [name, value] of Object.entries(upstream.headers)) {
+        if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value
+      }
+      if (upstream.headers['content-length'] !== undefined) out['content-length'] = upstream.headers['content-length']
+      await ctx.writeHead(upstream.statusCode ?? 502, out)
+      ctx.res.flushHeaders()
+      await new Promise<void>(resolve => {
+        upstream.pipe(ctx.res)
+        const done = (): void => { resolve() }
+        upstream.once('end', done)
+        upstream.once('error', () => { ctx.res.destroy(); done() })
+        ctx.res.once('close', () => { upstream.destroy(); done() })
+      })
+    },
+
+    close (): void {
+      agents.http.destroy()
+      agents.https.destroy()
+    },
+  }
+}

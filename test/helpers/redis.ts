@@ -1,0 +1,48 @@
+/**
+ * A real redis-server (the Debian package) for one test: a free port on
+ * 127.0.0.1, a temp dir, no persistence; killed and removed in teardown.
+ */
+import type { Test } from 'tap'
+import { spawn, type ChildProcess } from 'node:child_process'
+import { connect } from 'node:net'
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { freePort } from './cli.ts'
+
+export interface RedisServer {
+  readonly url: string
+  readonly port: number
+  readonly child: ChildProcess
+  /** Kills the server (SIGKILL) and resolves once it has exited. */
+  kill(): Promise<void>
+}
+
+function accepts (port: number): Promise<boolean> {
+  return new Promise(resolve => {
+    const s = connect(port, '127.0.0.1')
+    s.once('connect', () => { s.destroy(); resolve(true) })
+    s.once('error', () => resolve(false))
+  })
+}
+
+export async function startRedis (t: Test): Promise<RedisServer> {
+  const dir = await mkdtemp(join(tmpdir(), 'mcpp-redis-'))
+  const port = await freePort()
+  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--protected-mode', 'yes'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  child.stdout!.on('data', d => { out += d })
+  child.stderr!.on('data', d => { out += d })
+  const exited = new Promise<void>(resolve => child.once('exit', () => resolve()))
+  const kill = async (): Promise<void> => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+    await exited
+  }
+  t.teardown(async () => { await kill(); await rm(dir, { recursive: true, force: true }) })
+  // Guard only: redis-server is up in milliseconds.
+  for (let i = 0; i < 500 && !(await accepts(port)); i++) {
+    if (child.exitCode !== null) throw new Error(`redis-server exited: ${out}`)
+    await new Promise(resolve => setTimeout(resolve, 10))
+  }
+  return { url: `redis://127.0.0.1:${port}`, port, child, kill }
+}
