@@ -179,7 +179,8 @@ t.test('two replicas with the same keys and no shared memory: a flow started on 
   t.equal(refreshed.status, 200, 'A refreshes what B issued')
 })
 
-t.test('two replicas with redis: a code redeemed on one is refused on the other; redis down fails closed', async t => {
+for (const via of ['facade.redis', 'cluster.redis'] as const) {
+t.test(`two replicas with redis (${via}): a code redeemed on one is refused on the other; redis down fails closed`, async t => {
   const redisPort = await freePort()
   const redis = spawn('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' })
   t.teardown(() => { if (redis.exitCode === null) redis.kill('SIGKILL') })
@@ -190,10 +191,14 @@ t.test('two replicas with redis: a code redeemed on one is refused on the other;
   const port = await freePort()
   const publicBase = `http://127.0.0.1:${port}`
   const idp = await devIdpFor(t, () => [`${publicBase}/oauth/callback`])
-  const facade = { keys: [FACADE_KEY], redis: { url: `redis://127.0.0.1:${redisPort}/0`, timeoutMs: 500 } }
-  const a = await facadeGateway(t, ossAuth(idp, facade), { port })
-  const b = await facadeGateway(t, ossAuth(idp, facade), { publicBase })
-  t.match(a.logText(), /remembered in redis/)
+  const redisUrl = `redis://127.0.0.1:${redisPort}/0`
+  const facade = via === 'facade.redis' ? { keys: [FACADE_KEY], redis: { url: redisUrl, timeoutMs: 500 } } : { keys: [FACADE_KEY] }
+  // cluster.redis alone (no facade.redis): the facade keeps its codes in the gateway's shared state.
+  const cluster = (advertiseUrl: string) => via === 'cluster.redis' ? { secret: 'x'.repeat(32), advertiseUrl, redis: { url: redisUrl } } : undefined
+  const bPort = await freePort()
+  const a = await facadeGateway(t, ossAuth(idp, facade), { port, cluster: cluster(publicBase) })
+  const b = await facadeGateway(t, ossAuth(idp, facade), { port: bPort, publicBase, cluster: cluster(`http://127.0.0.1:${bPort}`) })
+  t.match(a.logText(), via === 'facade.redis' ? /remembered in redis \(single-use/ : /remembered in redis through cluster\.redis/)
   const clientId = await register(a.base)
   const codeFor = async (): Promise<{ code: string; verifier: string }> => {
     const { verifier, challenge } = pkce()
@@ -213,6 +218,7 @@ t.test('two replicas with redis: a code redeemed on one is refused on the other;
   t.equal(down.status, 503, 'redis down: refused, never accepted unchecked')
   t.equal(down.body.error, 'temporarily_unavailable')
 })
+}
 
 t.test('IdP unreachable: the facade starts, and authorize answers 503 temporarily_unavailable (no redirect)', async t => {
   const deadPort = await freePort()

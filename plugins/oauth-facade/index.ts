@@ -35,7 +35,7 @@ import { facadeIdpOf, type FacadeIdp } from './idp.ts'
 import { FACADE_PATH, type FacadeOptions } from './options.ts'
 
 export { facadeOptions, FACADE_PATH, type FacadeOptions } from './options.ts'
-import { MemoryUsedCodes, RedisUsedCodes, type UsedCodes } from './used-codes.ts'
+import { MemoryUsedCodes, RedisUsedCodes, SharedUsedCodes, type UsedCodes } from './used-codes.ts'
 import { CodeStoreUnavailable } from './errors.ts'
 
 export const AUTHORIZE_PATH = '/oauth/authorize'
@@ -148,12 +148,17 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
   const preregistered = new Map(options.clients.map(c => [c.clientId, c]))
   const limiter = new RateLimiter(REGISTRATION_DEFAULTS.rateLimit)
   /** Redeemed codes by id, until they expire: a code is single-use (RFC 6749 §4.1.2). */
+  // facade.redis wins; else the cluster's shared store when it is Redis (cluster.redis.url), so one setting
+  // makes codes single-use across replicas; else this replica's memory.
+  const clusterShared = env.shared?.kind === 'redis' ? env.shared : undefined
   const usedCodes: UsedCodes = options.redis !== undefined
     ? new RedisUsedCodes(options.redis.url, options.redis.timeoutMs)
-    : new MemoryUsedCodes(options.maxUsedCodes)
+    : clusterShared !== undefined ? new SharedUsedCodes(clusterShared) : new MemoryUsedCodes(options.maxUsedCodes)
   if (options.redis !== undefined) {
     const u = new URL(options.redis.url)
     log.info({ redis: `${u.hostname}:${u.port || 6379}` }, 'oauth facade: redeemed codes are remembered in redis (single-use across replicas)')
+  } else if (clusterShared !== undefined) {
+    log.info('oauth facade: redeemed codes are remembered in redis through cluster.redis (single-use across replicas)')
   }
 
   const discovery = new DiscoveryCache({
@@ -556,7 +561,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
         issuer, callback: callbackUrl, provider: idp.family ?? null, ephemeralKeys: sealer.ephemeral,
         preregisteredClients: options.clients.map(c => c.clientId), registration: options.registration.enabled,
         cimd: options.cimd.enabled, trustedDomains: options.consent.trustedDomains,
-        usedCodes: options.redis !== undefined ? 'redis' : usedCodes.size,
+        usedCodes: options.redis !== undefined || clusterShared !== undefined ? 'redis' : usedCodes.size,
       }
     },
     async close () { discovery.close(); usedCodes.close() },

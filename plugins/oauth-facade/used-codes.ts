@@ -40,6 +40,32 @@ export class MemoryUsedCodes implements UsedCodes {
   close (): void { this.#codes.clear() }
 }
 
+/** What SharedUsedCodes needs of the gateway's shared state (`env.shared`, Redis with `cluster.redis.url`). */
+export interface PutOnceStore {
+  putOnce(key: string, value: string, ttlMs: number): Promise<boolean>
+}
+
+/**
+ * Redeemed codes in the cluster's shared state: one atomic put-if-absent per
+ * code, so a code is single-use across replicas. Redis down: the store throws
+ * its 503 and the code is refused, never accepted unchecked.
+ */
+export class SharedUsedCodes implements UsedCodes {
+  readonly #store: PutOnceStore
+  size = 0
+  constructor (store: PutOnceStore) { this.#store = store }
+  async markUsed (id: string, exp: number): Promise<boolean> {
+    const ttlMs = Math.max(1000, Math.ceil(exp * 1000 - Date.now()))
+    try {
+      return await this.#store.putOnce(`facade:code:${id}`, '1', ttlMs)
+    } catch {
+      // Answered as the facade's own code (503 temporarily_unavailable on the token endpoint).
+      throw unavailable('the shared state (Redis) cannot record the code; retry later')
+    }
+  }
+  close (): void {}
+}
+
 interface Pending { resolve: (v: string | null) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }
 
 /** RESP2 encoding of one command. */

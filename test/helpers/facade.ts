@@ -34,7 +34,7 @@ export interface FacadeGateway { gw: RunningGateway; base: string; url: URL; log
  * `auth(base)` gives mcpAuthentication's options (facade included). `publicBase`
  * lets a second replica share the first one's public URL (as behind a load balancer).
  */
-export async function facadeGateway (t: Test, auth: (base: string) => Record<string, unknown>, opts: { port?: number; publicBase?: string } = {}): Promise<FacadeGateway> {
+export async function facadeGateway (t: Test, auth: (base: string) => Record<string, unknown>, opts: { port?: number; publicBase?: string; cluster?: Record<string, unknown> } = {}): Promise<FacadeGateway> {
   const port = opts.port ?? await freePort()
   const base = opts.publicBase ?? `http://127.0.0.1:${port}`
   const config = deepFreeze(await validateConfig({
@@ -45,6 +45,7 @@ export async function facadeGateway (t: Test, auth: (base: string) => Record<str
       policies: { mcpAuthentication: { mode: 'strict', ...auth(base) } },
     },
     admin: { enabled: false },
+    ...(opts.cluster !== undefined ? { cluster: opts.cluster } : {}),
   }, builtins))
   const loaded: LoadedConfig = { config, baseDir: process.cwd(), secretPaths: new Set() }
   const mem = memoryLogger('info')
