@@ -4,7 +4,7 @@
  * `--check` name the path) plus the checks a schema cannot say.
  */
 import { ProxyError, createAjv, formatAjvErrors } from '../../core/plugin-api.ts'
-import { authorizeRedirectProblem } from '../provider-bridge/cloud-proxy.ts'
+import { authorizeRedirectProblem } from '../oauth-common/redirect-uri.ts'
 import schema from './schema.json' with { type: 'json' }
 import type { SealKey } from './seal.ts'
 import type { CimdOptions } from './cimd.ts'
