@@ -35,7 +35,7 @@ import { renderConsent, renderError, readCookie, cookie, PAGE_HEADERS, CSRF_COOK
 import { facadeIdpOf, type FacadeIdp } from './idp.ts'
 import { FACADE_PATH, type FacadeOptions } from './options.ts'
 
-export { facadeOptions, FACADE_PATH, type FacadeOptions } from './options.ts'
+export { facadeOptions, facadeBlock, FACADE_PATH, type FacadeOptions } from './options.ts'
 import { MemoryUsedCodes, RedisUsedCodes, type UsedCodes } from './used-codes.ts'
 import { CodeStoreUnavailable } from './errors.ts'
 
