@@ -29,10 +29,17 @@ module.exports = {
     },
     {
       name: 'plugins-through-provides-needs',
-      comment: 'A plugin reaches another plugin through provides/needs, not by importing it: only the type of a provided value may be imported. Only the registry (plugins/index.ts) imports them all.',
+      comment: 'A plugin reaches another plugin through provides/needs, not by importing it: only the type of a provided value may be imported. Only the registry (plugins/index.ts) imports them all. plugins/oauth-common/ is a library, not a plugin: any plugin may use it.',
       severity: 'error',
-      from: { path: '^plugins/([^/]+)/' },
-      to: { path: '^plugins/', pathNot: ['^plugins/$1/'], dependencyTypesNot: ['type-only'] },
+      from: { path: '^plugins/([^/]+)/', pathNot: '^plugins/oauth-common/' },
+      to: { path: '^plugins/', pathNot: ['^plugins/$1/', '^plugins/oauth-common/'], dependencyTypesNot: ['type-only'] },
+    },
+    {
+      name: 'oauth-common-is-no-plugin',
+      comment: 'plugins/oauth-common/ holds the OAuth helpers several plugins share (parameters, discovery, metadata, redirect URIs, rate limit, client metadata): a plain library with no PluginModule, which uses no plugin (only the type of a provided value) and is not the registry.',
+      severity: 'error',
+      from: { path: '^plugins/oauth-common/' },
+      to: { path: '^plugins/', pathNot: '^plugins/oauth-common/', dependencyTypesNot: ['type-only'] },
     },
     {
       name: 'admin-off-the-data-path',

@@ -5,11 +5,14 @@
  */
 import type { PluginRegistry } from '../core/plugin-api.ts'
 import cors from './cors/index.ts'
-import mcpAuthentication from './mcp-authentication/index.ts'
+import { mcpAuthenticationModule } from './mcp-authentication/index.ts'
 import authorization from './authorization/index.ts'
 import providerBridge from './provider-bridge/index.ts'
 import registration from './registration/index.ts'
-import oauthFacade from './oauth-facade/index.ts'
+import oauthFacade, { facadeBlock } from './oauth-facade/index.ts'
+
+// mcpAuthentication's `facade` block is the OAuth facade's: its schema and checks, handed in here.
+const mcpAuthentication = mcpAuthenticationModule(facadeBlock)
 
 export const builtins: PluginRegistry = Object.freeze({
   modules: Object.freeze({ cors, mcpAuthentication, authorization, providerBridge, registration, oauthFacade }),

@@ -32,6 +32,14 @@ const TREE: Record<string, string[]> = {
   'plugins/cors/index.ts': [
     "import '../../core/plugin-api.ts'",
     "import '../../core/errors.ts' // plugins-use-the-public-contract",
+    // The shared OAuth library is no plugin: any plugin may use it.
+    "import '../oauth-common/params.ts'",
+  ],
+  'plugins/oauth-common/params.ts': [
+    "import '../../core/plugin-api.ts'",
+    "import '../../core/errors.ts' // plugins-use-the-public-contract",
+    "import type { Shape } from '../cors/provided.ts'",
+    "import '../cors/index.ts' // oauth-common-is-no-plugin",
   ],
   'plugins/registration/index.ts': [
     "import './rate-limit.ts'",

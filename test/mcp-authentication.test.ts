@@ -12,6 +12,7 @@ import { generateKeyPair, exportJWK, CompactSign, type CryptoKey, type JWK } fro
 import { devIdp, authGateway, ossOptions, BASE } from './helpers/idp.ts'
 import { startEntraEmulator, type EntraEmulator } from './helpers/entra-emulator.ts'
 import { TokenCache } from '../plugins/mcp-authentication/token-cache.ts'
+import { mcpAuthenticationModule } from '../plugins/mcp-authentication/index.ts'
 
 const PRM_URL = `${BASE}/.well-known/oauth-protected-resource/mcp`
 const CHALLENGE = `Bearer resource_metadata="${PRM_URL}", scope="openid profile"`
@@ -597,5 +598,12 @@ t.test('issue 13 items 19 and 20: key rotation while the IdP is down, and under 
     const fetched = keys.fetches() - fetchesBefore
     // One on-demand fetch per cooldown (default 3 s) at most, plus the one in flight.
     t.ok(fetched <= Math.ceil(elapsedS / 3) + 2, `fetches stay bounded: ${fetched} in ${elapsedS.toFixed(1)} s`)
+  })
+})
+
+t.test('without the OAuth facade\'s schema, a facade block is a config error naming it, never passed on unchecked', async t => {
+  const bare = mcpAuthenticationModule()
+  t.throws(() => bare.check?.({ mode: 'strict', issuer: 'https://idp.example.test/', resourceMetadata: { resource: `${BASE}/mcp` }, facade: {} }, 'mcp.policies.mcpAuthentication'), {
+    code: 'MCPP_ERR_CONFIG', message: /^mcp\.policies\.mcpAuthentication\.facade: the OAuth facade is not among the available plugins$/,
   })
 })

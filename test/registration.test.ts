@@ -9,8 +9,8 @@ import type { AddressInfo } from 'node:net'
 import { OAuthClientInformationFullSchema } from '@modelcontextprotocol/sdk/shared/auth.js'
 import { validateConfig } from '../core/config.ts'
 import { ProxyError } from '../core/errors.ts'
-import registrationModule, { buildRegistrationResponse, redirectUriProblem } from '../plugins/registration/index.ts'
-import { RateLimiter, addressKey } from '../plugins/registration/rate-limit.ts'
+import registrationModule, { buildRegistrationResponse, redirectUriProblem, DEFAULT_OPTIONS } from '../plugins/registration/index.ts'
+import { RateLimiter, addressKey, REGISTRATION_RATE_LIMIT } from '../plugins/oauth-common/rate-limit.ts'
 import { startBridgeServer, makeEnv, type BridgeServer } from './helpers/bridge-server.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import { builtins } from '../plugins/index.ts'
@@ -131,6 +131,10 @@ t.test('invalid registration requests', async t => {
   const pre = await fetch(s.url + PATH, { method: 'OPTIONS', headers: { origin: 'http://localhost:6274', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' } })
   t.equal(pre.status, 204)
   t.equal(pre.headers.get('access-control-allow-origin'), '*')
+})
+
+t.test('the OAuth facade\'s registration rate limit is this plugin\'s default', async t => {
+  t.same(REGISTRATION_RATE_LIMIT, DEFAULT_OPTIONS.rateLimit)
 })
 
 t.test('buildRegistrationResponse never answers without the configured id', async t => {

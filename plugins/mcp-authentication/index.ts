@@ -9,17 +9,26 @@
  * Authorization header is removed once read so nothing forwards it.
  */
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http'
-import { definePlugin, ProxyError, createError, tracer, type Plugin, type RouteDef, type AuthInfo, type Reply, type RequestContext } from '../../core/plugin-api.ts'
+import { definePlugin, ProxyError, createError, tracer, type Plugin, type PluginModule, type RouteDef, type AuthInfo, type Reply, type RequestContext } from '../../core/plugin-api.ts'
 import { baseUrlOf, identityOf, type IdpIdentity, type ProtectedResource } from './identity.ts'
 import { acquireKeySet } from './key-set.ts'
 import { AuthFailure, createVerifier, TOKEN_FAILURE_REASONS } from './verifier.ts'
 import { TokenCache } from './token-cache.ts'
 import { KeysUnavailableError } from './key-set.ts'
 import ownSchema from './schema.json' with { type: 'json' }
-import { facadeSchema, facadeOptions, type FacadeOptions } from '../oauth-facade/options.ts'
 
-/** The `facade` block (opt-in OAuth facade) is validated by the facade's own schema, as part of these options. */
-const optionsSchema = { ...ownSchema, properties: { ...ownSchema.properties, facade: facadeSchema } }
+/**
+ * How the `facade` block (opt-in OAuth facade) is validated: by the facade's
+ * own schema and checks, handed in by the registry (plugins/index.ts), since
+ * a plugin imports no other plugin. They are part of these options, so config
+ * load and `--check` name the block's paths.
+ */
+export interface FacadeBlock {
+  /** The block's JSON schema, without `$schema`. */
+  readonly schema: Record<string, unknown>
+  /** The block with defaults applied and checked; throws a config error naming `path`. */
+  options (raw: unknown, path: string): unknown
+}
 
 export type { IdpIdentity, ProtectedResource } from './identity.ts'
 
@@ -60,16 +69,20 @@ export interface McpAuthenticationOptions {
 export interface McpAuthenticationProvides {
   readonly idp: IdpIdentity
   readonly protectedResource: ProtectedResource
-  /** The facade's options (defaults applied, checked), or undefined when the SPEC's behaviour applies. */
-  readonly facade: FacadeOptions | undefined
+  /** The facade's options (checked by FacadeBlock.options), or undefined when the SPEC's behaviour applies. */
+  readonly facade: unknown
 }
 
 /** Cross-field checks and the provided identity: the same at start-up and in `--check`. */
-export function provides (options: McpAuthenticationOptions, configPath = 'mcp.policies.mcpAuthentication'): McpAuthenticationProvides {
+export function provides (options: McpAuthenticationOptions, configPath = 'mcp.policies.mcpAuthentication', facade?: FacadeBlock): McpAuthenticationProvides {
+  if (options.facade !== undefined && facade === undefined) {
+    // Only a registry without the OAuth facade gets here: never pass an unchecked block on.
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, `${configPath}.facade: the OAuth facade is not among the available plugins`)
+  }
   return {
     idp: identityOf(options, configPath),
     protectedResource: { resource: options.resourceMetadata.resource, scopesSupported: options.resourceMetadata.scopesSupported },
-    facade: options.facade === undefined ? undefined : facadeOptions(options.facade, `${configPath}.facade`),
+    facade: options.facade === undefined ? undefined : facade?.options(options.facade, `${configPath}.facade`),
   }
 }
 
@@ -144,202 +157,208 @@ function quote (s: string): string {
   return s.replace(/[\\"]/g, '\\$&')
 }
 
-export default definePlugin<McpAuthenticationOptions>({
-  name: 'mcpAuthentication',
-  engine: '^1',
-  optionsSchema: optionsSchema as Record<string, unknown>,
-  policy: 'mcpAuthentication',
-  provides: ['idp', 'protectedResource', 'facade'],
-  errors: [KeysUnavailable],
-  baseUrlOf (options) {
-    return options.resourceMetadata.resource.replace(/\/mcp$/, '')
-  },
-  check (options, configPath) {
-    return provides(options, configPath) as unknown as Readonly<Record<string, unknown>>
-  },
-  async create (options, env) {
-    const mode = options.mode
-    const { idp } = provides(options, env.configPath)
-    const baseUrl = env.baseUrl !== '' && env.baseUrl !== undefined ? env.baseUrl : baseUrlOf(options.resourceMetadata.resource)
-    const prmUrl = `${baseUrl}${PRM_PATH}`
-    const scopes = options.resourceMetadata.scopesSupported
-    const bearerMethods = options.resourceMetadata.bearerMethodsSupported ?? ['header']
-    const challengeBase = `Bearer resource_metadata="${quote(prmUrl)}"` +
-      (scopes !== undefined && scopes.length > 0 ? `, scope="${quote(scopes.join(' '))}"` : '')
-    const challenge = (extra: string): string => extra === '' ? challengeBase : `${challengeBase}, ${extra}`
+/** The plugin, with the OAuth facade's block validated by `facade` when given (plugins/index.ts gives it). */
+export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<McpAuthenticationOptions> {
+  const optionsSchema = facade === undefined ? ownSchema : { ...ownSchema, properties: { ...ownSchema.properties, facade: facade.schema } }
+  return definePlugin<McpAuthenticationOptions>({
+    name: 'mcpAuthentication',
+    engine: '^1',
+    optionsSchema: optionsSchema as Record<string, unknown>,
+    policy: 'mcpAuthentication',
+    provides: ['idp', 'protectedResource', 'facade'],
+    errors: [KeysUnavailable],
+    baseUrlOf (options) {
+      return options.resourceMetadata.resource.replace(/\/mcp$/, '')
+    },
+    check (options, configPath) {
+      return provides(options, configPath, facade) as unknown as Readonly<Record<string, unknown>>
+    },
+    async create (options, env) {
+      const mode = options.mode
+      const { idp } = provides(options, env.configPath, facade)
+      const baseUrl = env.baseUrl !== '' && env.baseUrl !== undefined ? env.baseUrl : baseUrlOf(options.resourceMetadata.resource)
+      const prmUrl = `${baseUrl}${PRM_PATH}`
+      const scopes = options.resourceMetadata.scopesSupported
+      const bearerMethods = options.resourceMetadata.bearerMethodsSupported ?? ['header']
+      const challengeBase = `Bearer resource_metadata="${quote(prmUrl)}"` +
+        (scopes !== undefined && scopes.length > 0 ? `, scope="${quote(scopes.join(' '))}"` : '')
+      const challenge = (extra: string): string => extra === '' ? challengeBase : `${challengeBase}, ${extra}`
 
-    const ks = options.keySet ?? {}
-    const cooldownMs = (ks.cooldownSeconds ?? 3) * 1000
-    const subjectClaim = options.subjectClaim ?? 'sub'
-    const failures = env.metrics.counter('mcp_proxy_auth_failures_total', 'Rejected or unverifiable bearer tokens by reason')
-    const fetches = env.metrics.counter('mcp_proxy_keyset_fetches_total', 'Key set fetch attempts by result')
-    const verifications = env.metrics.counter('mcp_proxy_token_verifications_total', 'Signature verifications (token cache misses)')
-    // Every series at 0 before the first event, so a first failure is a visible increase.
-    for (const reason of [...TOKEN_FAILURE_REASONS, 'missing', 'keys_unavailable']) failures.init({ reason })
-    for (const result of ['ok', 'error']) fetches.init({ result })
-    verifications.init()
-    let lastLoggedError: string | undefined
+      const ks = options.keySet ?? {}
+      const cooldownMs = (ks.cooldownSeconds ?? 3) * 1000
+      const subjectClaim = options.subjectClaim ?? 'sub'
+      const failures = env.metrics.counter('mcp_proxy_auth_failures_total', 'Rejected or unverifiable bearer tokens by reason')
+      const fetches = env.metrics.counter('mcp_proxy_keyset_fetches_total', 'Key set fetch attempts by result')
+      const verifications = env.metrics.counter('mcp_proxy_token_verifications_total', 'Signature verifications (token cache misses)')
+      // Every series at 0 before the first event, so a first failure is a visible increase.
+      for (const reason of [...TOKEN_FAILURE_REASONS, 'missing', 'keys_unavailable']) failures.init({ reason })
+      for (const result of ['ok', 'error']) fetches.init({ result })
+      verifications.init()
+      let lastLoggedError: string | undefined
 
-    const { set: keySet, release } = await acquireKeySet({
-      source: idp.keySet,
-      refreshMs: (ks.refreshSeconds ?? 300) * 1000,
-      cooldownMs,
-      maxBackoffMs: (ks.maxBackoffSeconds ?? 60) * 1000,
-      timeoutMs: ks.timeoutMs ?? 5000,
-      maxBytes: ks.maxBytes ?? 524288,
-      onFetch (result, error) {
-        fetches.inc({ result })
-        if (result === 'error' && error !== lastLoggedError) env.log.warn({ error }, 'identity provider key set fetch failed')
-        lastLoggedError = result === 'error' ? error : undefined
-      },
-    })
-
-    // Scrape-time gauges: read from the key set when /metrics is asked, nothing per request.
-    env.metrics.gauge('mcp_proxy_keyset_keys', 'Signing keys currently loaded from the identity provider').collect = () => [[undefined, keySet.state().kids.length]]
-    env.metrics.gauge('mcp_proxy_keyset_last_success_timestamp_seconds', 'When the key set was last fetched successfully').collect = () => {
-      const at = keySet.state().lastSuccessAt
-      return at === undefined ? [] : [[undefined, Date.parse(at) / 1000]]
-    }
-
-    const verify = createVerifier({
-      issuer: options.issuer,
-      audiences: options.audiences,
-      clockToleranceSeconds: options.clockToleranceSeconds ?? 30,
-      keySet,
-      maxTokenBytes: options.maxTokenBytes ?? 16384,
-      maxClaimDepth: options.maxClaimDepth ?? 16,
-      maxLifetimeSeconds: options.maxTokenLifetimeSeconds,
-      tokenKind: options.rejectIdTokens === false
-        ? 'none'
-        : options.provider?.cloud_idp !== undefined ? 'cloud_idp' : options.provider?.oss_idp !== undefined ? 'oss_idp' : 'none',
-    })
-    const tc = options.tokenCache ?? {}
-    const cache = tc.enabled === false ? undefined : new TokenCache(tc.maxEntries ?? 10000, tc.ttlSeconds ?? 300)
-    let verified = 0
-
-    const unauthorized = (ctx: RequestContext, f: AuthFailure): ProxyError => {
-      failures.inc({ reason: f.reason })
-      ctx.denial = { reason: `invalid_token: ${f.message}` }
-      return new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, f.message, {
-        oauthError: 'invalid_token',
-        headers: { 'www-authenticate': challenge(`error="invalid_token", error_description="${quote(f.message)}"`) },
+      const { set: keySet, release } = await acquireKeySet({
+        source: idp.keySet,
+        refreshMs: (ks.refreshSeconds ?? 300) * 1000,
+        cooldownMs,
+        maxBackoffMs: (ks.maxBackoffSeconds ?? 60) * 1000,
+        timeoutMs: ks.timeoutMs ?? 5000,
+        maxBytes: ks.maxBytes ?? 524288,
+        onFetch (result, error) {
+          fetches.inc({ result })
+          if (result === 'error' && error !== lastLoggedError) env.log.warn({ error }, 'identity provider key set fetch failed')
+          lastLoggedError = result === 'error' ? error : undefined
+        },
       })
-    }
 
-    const stillValidKid = (kid: string | undefined): boolean => keySet.hasKid(kid)
-
-    /** A full verification (a token not in the cache), cached for the next requests. */
-    async function verifyToken (token: string, connection: object): Promise<AuthInfo> {
-      verified++
-      verifications.inc()
-      // The verifier deep-froze the claims after bounding their depth.
-      const { payload, kid } = await verify(token)
-      const claims = payload as Readonly<Record<string, unknown>>
-      // Only the named claim identifies the caller: azp/client_id name the client, shared by all its users.
-      const subject = claims[subjectClaim]
-      if (typeof subject !== 'string' || subject === '') throw new AuthFailure('no_subject', 'token has no subject')
-      const auth: AuthInfo = { subject, claims, expiresAt: typeof payload.exp === 'number' ? payload.exp : undefined }
-      cache?.set(token, auth, kid, connection)
-      return auth
-    }
-
-    const prmDocument = Object.freeze({
-      resource: options.resourceMetadata.resource,
-      authorization_servers: [`${baseUrl}/mcp`],
-      mcp_protocol_version: PRM_PROTOCOL_VERSION,
-      resource_type: 'mcp-server',
-      bearer_methods_supported: [...bearerMethods],
-      ...(scopes !== undefined ? { scopes_supported: [...scopes] } : {}),
-    })
-    const prmBody = JSON.stringify(prmDocument)
-    function protectedResourceMetadata (): Reply {
-      return {
-        status: 200,
-        headers: { 'content-type': 'application/json', 'access-control-allow-origin': '*', 'cache-control': 'public, max-age=300' },
-        body: prmBody,
+      // Scrape-time gauges: read from the key set when /metrics is asked, nothing per request.
+      env.metrics.gauge('mcp_proxy_keyset_keys', 'Signing keys currently loaded from the identity provider').collect = () => [[undefined, keySet.state().kids.length]]
+      env.metrics.gauge('mcp_proxy_keyset_last_success_timestamp_seconds', 'When the key set was last fetched successfully').collect = () => {
+        const at = keySet.state().lastSuccessAt
+        return at === undefined ? [] : [[undefined, Date.parse(at) / 1000]]
       }
-    }
-    const routes: RouteDef[] = [
-      { methods: ['GET'], path: PRM_PATH, kind: 'oauth', handler: protectedResourceMetadata },
-      { methods: ['GET'], path: PRM_ROOT_PATH, kind: 'oauth', handler: protectedResourceMetadata },
-    ]
 
-    /** The slow path of `onRequest`: verify the signature, then map failures to answers by mode. */
-    async function verifyRequest (ctx: RequestContext, token: string): Promise<undefined> {
-      // The span records the outcome, never the token.
-      const endSpan = tracer?.verification(ctx, false)
-      try {
-        ctx.auth = await verifyToken(token, ctx.req.socket)
-        endSpan?.()
-        return undefined
-      } catch (err) {
-        endSpan?.(err instanceof AuthFailure ? err.reason : err instanceof KeysUnavailableError ? 'keys_unavailable' : 'error')
-        if (mode === 'permissive') {
-          if (err instanceof AuthFailure) failures.inc({ reason: err.reason })
-          return undefined
-        }
-        if (err instanceof KeysUnavailableError) {
-          failures.inc({ reason: 'keys_unavailable' })
-          ctx.denial = { reason: 'keys unavailable' }
-          throw KeysUnavailable('signing keys of the identity provider are unavailable; retry later', {
-            headers: { 'retry-after': String(ks.retryAfterSeconds ?? err.retryAfterSeconds) }, cause: err,
-          })
-        }
-        if (err instanceof AuthFailure) throw unauthorized(ctx, err)
-        throw err
+      const verify = createVerifier({
+        issuer: options.issuer,
+        audiences: options.audiences,
+        clockToleranceSeconds: options.clockToleranceSeconds ?? 30,
+        keySet,
+        maxTokenBytes: options.maxTokenBytes ?? 16384,
+        maxClaimDepth: options.maxClaimDepth ?? 16,
+        maxLifetimeSeconds: options.maxTokenLifetimeSeconds,
+        tokenKind: options.rejectIdTokens === false
+          ? 'none'
+          : options.provider?.cloud_idp !== undefined ? 'cloud_idp' : options.provider?.oss_idp !== undefined ? 'oss_idp' : 'none',
+      })
+      const tc = options.tokenCache ?? {}
+      const cache = tc.enabled === false ? undefined : new TokenCache(tc.maxEntries ?? 10000, tc.ttlSeconds ?? 300)
+      let verified = 0
+
+      const unauthorized = (ctx: RequestContext, f: AuthFailure): ProxyError => {
+        failures.inc({ reason: f.reason })
+        ctx.denial = { reason: `invalid_token: ${f.message}` }
+        return new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, f.message, {
+          oauthError: 'invalid_token',
+          headers: { 'www-authenticate': challenge(`error="invalid_token", error_description="${quote(f.message)}"`) },
+        })
       }
-    }
 
-    const plugin: Plugin = {
-      name: 'mcpAuthentication',
-      routes,
-      onRequest (ctx) {
-        if (ctx.path !== '/mcp' || ctx.method === 'OPTIONS') return undefined
-        let token: string | undefined
-        try {
-          token = readBearer(ctx.req, ctx.query, challenge)
-        } finally {
-          stripAuthorization(ctx.req)
-        }
-        if (token === undefined) {
-          if (mode !== 'strict') return undefined
-          failures.inc({ reason: 'missing' })
-          ctx.denial = { reason: 'unauthorized: no token' }
-          throw new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, 'JWT token required', {
-            oauthError: 'unauthorized', headers: { 'www-authenticate': challenge('') },
-          })
-        }
-        // A token verified before (the connection's last one, or in the cache)
-        // is settled here without a promise; only a verification awaits.
-        const hit = cache?.get(token, stillValidKid, ctx.req.socket)
-        if (hit !== undefined) {
-          tracer?.verification(ctx, true)
-          ctx.auth = hit
-          return undefined
-        }
-        return verifyRequest(ctx, token)
-      },
-      ready () {
-        return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}` }
-      },
-      describe () {
+      const stillValidKid = (kid: string | undefined): boolean => keySet.hasKid(kid)
+
+      /** A full verification (a token not in the cache), cached for the next requests. */
+      async function verifyToken (token: string, connection: object): Promise<AuthInfo> {
+        verified++
+        verifications.inc()
+        // The verifier deep-froze the claims after bounding their depth.
+        const { payload, kid } = await verify(token)
+        const claims = payload as Readonly<Record<string, unknown>>
+        // Only the named claim identifies the caller: azp/client_id name the client, shared by all its users.
+        const subject = claims[subjectClaim]
+        if (typeof subject !== 'string' || subject === '') throw new AuthFailure('no_subject', 'token has no subject')
+        const auth: AuthInfo = { subject, claims, expiresAt: typeof payload.exp === 'number' ? payload.exp : undefined }
+        cache?.set(token, auth, kid, connection)
+        return auth
+      }
+
+      const prmDocument = Object.freeze({
+        resource: options.resourceMetadata.resource,
+        authorization_servers: [`${baseUrl}/mcp`],
+        mcp_protocol_version: PRM_PROTOCOL_VERSION,
+        resource_type: 'mcp-server',
+        bearer_methods_supported: [...bearerMethods],
+        ...(scopes !== undefined ? { scopes_supported: [...scopes] } : {}),
+      })
+      const prmBody = JSON.stringify(prmDocument)
+      function protectedResourceMetadata (): Reply {
         return {
-          mode,
-          issuer: options.issuer,
-          audiences: options.audiences ?? [],
-          provider: idp.family,
-          clientId: options.clientId,
-          resourceMetadataUrl: prmUrl,
-          keySet: keySet.state(),
-          verifications: verified,
-          tokenCache: cache === undefined ? { enabled: false } : { enabled: true, size: cache.size, hits: cache.hits, misses: cache.misses },
+          status: 200,
+          headers: { 'content-type': 'application/json', 'access-control-allow-origin': '*', 'cache-control': 'public, max-age=300' },
+          body: prmBody,
         }
-      },
-      async close () {
-        cache?.clear()
-        release()
-      },
-    }
-    return plugin
-  },
-})
+      }
+      const routes: RouteDef[] = [
+        { methods: ['GET'], path: PRM_PATH, kind: 'oauth', handler: protectedResourceMetadata },
+        { methods: ['GET'], path: PRM_ROOT_PATH, kind: 'oauth', handler: protectedResourceMetadata },
+      ]
+
+      /** The slow path of `onRequest`: verify the signature, then map failures to answers by mode. */
+      async function verifyRequest (ctx: RequestContext, token: string): Promise<undefined> {
+        // The span records the outcome, never the token.
+        const endSpan = tracer?.verification(ctx, false)
+        try {
+          ctx.auth = await verifyToken(token, ctx.req.socket)
+          endSpan?.()
+          return undefined
+        } catch (err) {
+          endSpan?.(err instanceof AuthFailure ? err.reason : err instanceof KeysUnavailableError ? 'keys_unavailable' : 'error')
+          if (mode === 'permissive') {
+            if (err instanceof AuthFailure) failures.inc({ reason: err.reason })
+            return undefined
+          }
+          if (err instanceof KeysUnavailableError) {
+            failures.inc({ reason: 'keys_unavailable' })
+            ctx.denial = { reason: 'keys unavailable' }
+            throw KeysUnavailable('signing keys of the identity provider are unavailable; retry later', {
+              headers: { 'retry-after': String(ks.retryAfterSeconds ?? err.retryAfterSeconds) }, cause: err,
+            })
+          }
+          if (err instanceof AuthFailure) throw unauthorized(ctx, err)
+          throw err
+        }
+      }
+
+      const plugin: Plugin = {
+        name: 'mcpAuthentication',
+        routes,
+        onRequest (ctx) {
+          if (ctx.path !== '/mcp' || ctx.method === 'OPTIONS') return undefined
+          let token: string | undefined
+          try {
+            token = readBearer(ctx.req, ctx.query, challenge)
+          } finally {
+            stripAuthorization(ctx.req)
+          }
+          if (token === undefined) {
+            if (mode !== 'strict') return undefined
+            failures.inc({ reason: 'missing' })
+            ctx.denial = { reason: 'unauthorized: no token' }
+            throw new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, 'JWT token required', {
+              oauthError: 'unauthorized', headers: { 'www-authenticate': challenge('') },
+            })
+          }
+          // A token verified before (the connection's last one, or in the cache)
+          // is settled here without a promise; only a verification awaits.
+          const hit = cache?.get(token, stillValidKid, ctx.req.socket)
+          if (hit !== undefined) {
+            tracer?.verification(ctx, true)
+            ctx.auth = hit
+            return undefined
+          }
+          return verifyRequest(ctx, token)
+        },
+        ready () {
+          return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}` }
+        },
+        describe () {
+          return {
+            mode,
+            issuer: options.issuer,
+            audiences: options.audiences ?? [],
+            provider: idp.family,
+            clientId: options.clientId,
+            resourceMetadataUrl: prmUrl,
+            keySet: keySet.state(),
+            verifications: verified,
+            tokenCache: cache === undefined ? { enabled: false } : { enabled: true, size: cache.size, hits: cache.hits, misses: cache.misses },
+          }
+        },
+        async close () {
+          cache?.clear()
+          release()
+        },
+      }
+      return plugin
+    },
+  })
+}
+
+export default mcpAuthenticationModule()

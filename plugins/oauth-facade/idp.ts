@@ -5,8 +5,7 @@
  */
 import { ProxyError, type PluginEnv } from '../../core/plugin-api.ts'
 import type { IdpIdentity, ProtectedResource } from '../mcp-authentication/identity.ts'
-import { cloudFallbackEndpoints } from '../provider-bridge/index.ts'
-import { BASE_SCOPES } from '../provider-bridge/cloud-proxy.ts'
+import { BASE_SCOPES, cloudFallbackEndpoints } from '../oauth-common/idp-endpoints.ts'
 import { FACADE_PATH } from './options.ts'
 
 export interface FacadeIdp {

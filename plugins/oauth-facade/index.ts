@@ -22,19 +22,20 @@
  */
 import { createHash, randomUUID } from 'node:crypto'
 import { definePlugin, ProxyError, type Plugin, type PluginEnv, type RouteDef, type Reply, type RequestContext } from '../../core/plugin-api.ts'
-import { DiscoveryCache, boundedFetch, type BoundedResponse } from '../provider-bridge/discovery.ts'
-import { ROOT_METADATA_PATH, MCP_METADATA_PATHS, REGISTRATION_PATH } from '../provider-bridge/metadata.ts'
-import { parseOAuthParams } from '../provider-bridge/params.ts'
-import { authorizeRedirectProblem, TOKEN_RESPONSE_MAX_BYTES } from '../provider-bridge/cloud-proxy.ts'
-import { buildRegistrationResponse, DEFAULT_OPTIONS as REGISTRATION_DEFAULTS } from '../registration/index.ts'
-import { RateLimiter, addressKey } from '../registration/rate-limit.ts'
+import { DiscoveryCache, boundedFetch, type BoundedResponse } from '../oauth-common/discovery.ts'
+import { ROOT_METADATA_PATH, MCP_METADATA_PATHS, REGISTRATION_PATH } from '../oauth-common/metadata.ts'
+import { parseOAuthParams } from '../oauth-common/params.ts'
+import { authorizeRedirectProblem } from '../oauth-common/redirect-uri.ts'
+import { TOKEN_RESPONSE_MAX_BYTES } from '../oauth-common/idp-endpoints.ts'
+import { buildRegistrationResponse } from '../oauth-common/client-metadata.ts'
+import { RateLimiter, addressKey, REGISTRATION_RATE_LIMIT } from '../oauth-common/rate-limit.ts'
 import { Sealer, SealError, s256, randomToken } from './seal.ts'
 import { CimdResolver, CimdError, looksLikeCimd } from './cimd.ts'
 import { renderConsent, renderError, readCookie, cookie, PAGE_HEADERS, CSRF_COOKIE, REMEMBER_COOKIE } from './consent.ts'
 import { facadeIdpOf, type FacadeIdp } from './idp.ts'
 import { FACADE_PATH, type FacadeOptions } from './options.ts'
 
-export { facadeOptions, FACADE_PATH, type FacadeOptions } from './options.ts'
+export { facadeOptions, facadeBlock, FACADE_PATH, type FacadeOptions } from './options.ts'
 import { MemoryUsedCodes, RedisUsedCodes, SharedUsedCodes, type UsedCodes } from './used-codes.ts'
 import { CodeStoreUnavailable } from './errors.ts'
 
@@ -146,7 +147,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     log.warn(`${FACADE_PATH}.cimd.testOnlyAllowLoopback is on: client metadata documents may be fetched from loopback addresses; never use this outside tests`)
   }
   const preregistered = new Map(options.clients.map(c => [c.clientId, c]))
-  const limiter = new RateLimiter(REGISTRATION_DEFAULTS.rateLimit)
+  const limiter = new RateLimiter(REGISTRATION_RATE_LIMIT)
   /** Redeemed codes by id, until they expire: a code is single-use (RFC 6749 §4.1.2). */
   // facade.redis wins; else the cluster's shared store when it is Redis (cluster.redis.url), so one setting
   // makes codes single-use across replicas; else this replica's memory.

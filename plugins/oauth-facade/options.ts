@@ -1,10 +1,10 @@
 /**
  * The facade's options: mcpAuthentication's `facade` block, validated by
- * schema.json (composed into mcpAuthentication's schema, so config load and
- * `--check` name the path) plus the checks a schema cannot say.
+ * schema.json (composed into mcpAuthentication's schema by the registry,
+ * plugins/index.ts, so config load and `--check` name the path) plus the checks a schema cannot say.
  */
 import { ProxyError, createAjv, formatAjvErrors } from '../../core/plugin-api.ts'
-import { authorizeRedirectProblem } from '../provider-bridge/cloud-proxy.ts'
+import { authorizeRedirectProblem } from '../oauth-common/redirect-uri.ts'
 import schema from './schema.json' with { type: 'json' }
 import type { SealKey } from './seal.ts'
 import type { CimdOptions } from './cimd.ts'
@@ -30,6 +30,12 @@ export interface FacadeOptions {
   readonly registration: { readonly enabled: boolean; readonly maxBodyBytes: number; readonly maxRedirectUris: number; readonly maxRedirectUriLength: number }
   readonly cimd: CimdOptions & { readonly enabled: boolean }
 }
+
+/** This block as mcpAuthentication validates it (the registry hands it over: plugins/index.ts). */
+export const facadeBlock = {
+  schema: facadeSchema,
+  options: (raw: unknown, path: string): FacadeOptions => facadeOptions(raw, path),
+} as const
 
 /** Validates the facade block against schema.json (defaults applied to a copy), naming the config path. */
 export function facadeOptions (raw: unknown, path = FACADE_PATH): FacadeOptions {

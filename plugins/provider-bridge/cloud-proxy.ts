@@ -2,7 +2,7 @@
  * The cloud_idp authorize and token endpoints the gateway advertises.
  *
  * The IdP rejects the RFC 8707 `resource` parameter that MCP clients send
- * (AADSTS9010010), so both endpoints strip it, in every spelling (params.ts).
+ * (AADSTS9010010), so both endpoints strip it, in every spelling (oauth-common/params.ts).
  * The authorize endpoint sends browsers on only with a redirect URI that can
  * neither run script nor be read two ways: https, or http on loopback
  * (RFC 8252 §7.3). The token endpoint can also add the operator's client
@@ -11,21 +11,16 @@
  */
 import type { Logger } from 'pino'
 import { ProxyError, type RequestContext, type Reply } from '../../core/plugin-api.ts'
-import type { DiscoveryCache } from './discovery.ts'
-import { boundedFetch, type BoundedResponse } from './discovery.ts'
-import { badRequest, parseOAuthParams } from './params.ts'
+import type { DiscoveryCache } from '../oauth-common/discovery.ts'
+import { boundedFetch, type BoundedResponse } from '../oauth-common/discovery.ts'
+import { badRequest, parseOAuthParams } from '../oauth-common/params.ts'
+import { authorizeRedirectProblem } from '../oauth-common/redirect-uri.ts'
+import { TOKEN_RESPONSE_MAX_BYTES } from '../oauth-common/idp-endpoints.ts'
 
-/** Scopes always allowed next to `scopesSupported` (OIDC and refresh tokens). */
-export const BASE_SCOPES = ['openid', 'profile', 'offline_access', 'email'] as const
 /** Grants the gateway's token endpoint forwards; every other grant is refused. */
 export const FORWARDED_GRANTS = ['authorization_code', 'refresh_token'] as const
-/** A token response with tokens is a few KiB. */
-export const TOKEN_RESPONSE_MAX_BYTES = 256 * 1024
 
 const PKCE_CHALLENGE_RE = /^[A-Za-z0-9._~-]{43,128}$/
-const SCHEME_AUTHORITY_RE = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/([^/?#]*)/
-// RFC 8252 §7.3 loopback redirects, any port; spelled as the browser will read them.
-const LOOPBACK_AUTHORITY_RE = /^(?:127\.0\.0\.1|\[::1\]|localhost)(?::\d{1,5})?$/i
 
 export interface CloudProxyOptions {
   clientId: string
@@ -37,32 +32,6 @@ export interface CloudProxyOptions {
   fallbackToken: string
   timeoutMs: number
   log: Logger
-}
-
-/**
- * Why a redirect_uri may not be sent on to the IdP, or undefined. An error
- * here is answered 400 and never redirected (RFC 6749 §4.1.2.1). The checks
- * are textual as well as parsed so that the IdP and the browser cannot read
- * the URI differently (`http://2130706433/`, `https:\\host`, `user@host`).
- */
-export function authorizeRedirectProblem (uri: string | undefined): string | undefined {
-  if (uri === undefined || uri === '') return 'is required'
-  if (/[\s\\]/.test(uri)) return 'must not contain whitespace or backslashes'
-  if (uri.includes('#')) return 'must not contain a fragment (RFC 6749 §3.1.2)'
-  const m = SCHEME_AUTHORITY_RE.exec(uri)
-  if (m === null) return 'must be an absolute https URI, or http on a loopback address'
-  const scheme = m[1]!.toLowerCase()
-  const authority = m[2]!
-  if (authority.includes('@')) return 'must not contain user information'
-  if (scheme === 'http') {
-    if (!LOOPBACK_AUTHORITY_RE.test(authority)) return 'may use http only on a loopback address (127.0.0.1, [::1], localhost; RFC 8252 §7.3); use https'
-  } else if (scheme !== 'https') {
-    return `must use https, or http on a loopback address (not ${scheme})`
-  }
-  let u: URL
-  try { u = new URL(uri) } catch { return 'must be an absolute https URI, or http on a loopback address' }
-  if (u.hostname === '') return 'must name a host'
-  return undefined
 }
 
 /** Every scope of a space-delimited `scope` must be allowed. */

@@ -16,14 +16,16 @@
  */
 import { definePlugin, ProxyError, type Plugin, type RouteDef, type PluginEnv, type RequestContext, type Reply } from '../../core/plugin-api.ts'
 import schema from './schema.json' with { type: 'json' }
-import { DiscoveryCache } from './discovery.ts'
-import type { CloudTenant, IdpIdentity, ProtectedResource, ProviderKind } from '../mcp-authentication/identity.ts'
-import { buildAuthorizationServerMetadata, ROOT_METADATA_PATH, MCP_METADATA_PATHS, AUTHORIZE_PATH, TOKEN_PATH } from './metadata.ts'
-import { createCloudProxy, BASE_SCOPES } from './cloud-proxy.ts'
-import { IdpUnavailable, OAuthRequestInvalid } from './errors.ts'
+import { DiscoveryCache } from '../oauth-common/discovery.ts'
+import type { IdpIdentity, ProtectedResource, ProviderKind } from '../mcp-authentication/identity.ts'
+import { buildAuthorizationServerMetadata, ROOT_METADATA_PATH, MCP_METADATA_PATHS, AUTHORIZE_PATH, TOKEN_PATH } from '../oauth-common/metadata.ts'
+import { createCloudProxy } from './cloud-proxy.ts'
+import { BASE_SCOPES, cloudFallbackEndpoints } from '../oauth-common/idp-endpoints.ts'
+import { IdpUnavailable, OAuthRequestInvalid } from '../oauth-common/errors.ts'
 
-export { DiscoveryCache } from './discovery.ts'
-export { buildAuthorizationServerMetadata, AUTHORIZE_PATH, TOKEN_PATH, REGISTRATION_PATH, ROOT_METADATA_PATH, MCP_METADATA_PATHS } from './metadata.ts'
+export { DiscoveryCache } from '../oauth-common/discovery.ts'
+export { buildAuthorizationServerMetadata, AUTHORIZE_PATH, TOKEN_PATH, REGISTRATION_PATH, ROOT_METADATA_PATH, MCP_METADATA_PATHS } from '../oauth-common/metadata.ts'
+export { cloudFallbackEndpoints } from '../oauth-common/idp-endpoints.ts'
 export { shouldInjectSecret } from './cloud-proxy.ts'
 
 /** Browsers may read the metadata from any origin (no credentials involved). */
@@ -36,14 +38,6 @@ const METADATA_CORS = {
 /** The scopes a request that gets the operator's secret may ask for. */
 export function allowedScopesOf (resource: ProtectedResource | undefined): Set<string> {
   return new Set<string>([...BASE_SCOPES, ...(resource?.scopesSupported ?? [])])
-}
-
-/** cloud_idp endpoints used when discovery has never succeeded. */
-export function cloudFallbackEndpoints (t: CloudTenant): { authorize: string; token: string } {
-  return {
-    authorize: `${t.origin}/${t.tenant}/oauth2/v2.0/authorize`,
-    token: `${t.origin}/${t.tenant}/oauth2/v2.0/token`,
-  }
 }
 
 export interface ProviderBridgePlugin extends Plugin {

@@ -11,7 +11,11 @@
 import { definePlugin, ProxyError, createError, type Plugin, type PluginEnv, type RequestContext, type Reply } from '../../core/plugin-api.ts'
 import type { IdpIdentity } from '../mcp-authentication/identity.ts'
 import schema from './schema.json' with { type: 'json' }
-import { RateLimiter, addressKey, type RateLimitOptions, type TakeResult } from './rate-limit.ts'
+import { RateLimiter, addressKey, type RateLimitOptions, type TakeResult } from '../oauth-common/rate-limit.ts'
+import { redirectUriProblem as clientRedirectUriProblem } from '../oauth-common/redirect-uri.ts'
+import { buildRegistrationResponse as buildClientRegistration, InvalidClientMetadata, type ClientMetadataLimits } from '../oauth-common/client-metadata.ts'
+
+export { InvalidClientMetadata, SUPPORTED_GRANTS } from '../oauth-common/client-metadata.ts'
 
 export const REGISTRATION_PATH = '/.well-known/oauth-authorization-server/client-registration'
 
@@ -53,98 +57,24 @@ export function withDefaults (o: RegistrationOptionsInput = {}): RegistrationOpt
   }
 }
 
-export const SUPPORTED_GRANTS = ['authorization_code', 'refresh_token'] as const
-
-// Schemes that must never be a redirect target (RFC 8252 §8.1 private-use schemes are fine).
-const FORBIDDEN_SCHEMES = new Set(['javascript:', 'data:', 'file:', 'vbscript:', 'blob:', 'about:', 'ftp:', 'ws:', 'wss:'])
-const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]'])
-const SCHEME_RE = /^[A-Za-z][A-Za-z0-9+.-]*:/
-// Any C0 control, DEL, whitespace.
-const BAD_CHARS_RE = /[\u0000-\u0020\u007f]/
-
-export const InvalidClientMetadata = createError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, 'Client registration request is invalid', {
-  oauthError: 'invalid_client_metadata',
-})
-
 export const RateLimited = createError('MCPP_ERR_RATE_LIMITED', 429, 'Too many requests from one client address', {
   oauthError: 'temporarily_unavailable',
 })
 
-function invalid (message: string, oauthError = 'invalid_client_metadata'): ProxyError {
-  return InvalidClientMetadata(message, { oauthError })
-}
-
-/**
- * A redirect URI a registering client may use: absolute, no fragment
- * (RFC 6749 §3.1.2), no user info, no whitespace or control characters;
- * https, http on a loopback host (RFC 8252 §7.3), or a private-use scheme for
- * native apps (RFC 8252 §7.1). Returns the reason it is not, or undefined.
- */
+/** redirectUriProblem with this plugin's default length limit. */
 export function redirectUriProblem (uri: unknown, maxLength = MAX_URI_LENGTH): string | undefined {
-  if (typeof uri !== 'string' || uri === '') return 'must be a non-empty string'
-  if (uri.length > maxLength) return `must be at most ${maxLength} characters`
-  if (BAD_CHARS_RE.test(uri)) return 'must not contain whitespace or control characters'
-  if (uri.includes('#')) return 'must not contain a fragment'
-  if (!SCHEME_RE.test(uri)) return 'must be an absolute URI'
-  let u: URL
-  try { u = new URL(uri) } catch { return 'must be an absolute URI' }
-  if (FORBIDDEN_SCHEMES.has(u.protocol)) return `scheme ${u.protocol} is not allowed`
-  if (u.username !== '' || u.password !== '') return 'must not contain user information'
-  if (u.protocol === 'http:' && !LOOPBACK_HOSTS.has(u.hostname)) return 'http is only allowed for loopback hosts; use https'
-  if ((u.protocol === 'http:' || u.protocol === 'https:') && u.hostname === '') return 'must name a host'
-  return undefined
+  return clientRedirectUriProblem(uri, maxLength)
 }
 
-function stringList (v: unknown, field: string): string[] | undefined {
-  if (v === undefined) return undefined
-  if (!Array.isArray(v) || !v.every(x => typeof x === 'string')) throw invalid(`${field} must be an array of strings`)
-  return v as string[]
-}
-
-function optionalString (v: unknown, field: string): string | undefined {
-  if (v === undefined) return undefined
-  if (typeof v !== 'string' || v.length > 1000 || /[\u0000-\u001f\u007f]/.test(v)) throw invalid(`${field} must be a string without control characters`)
-  return v
-}
-
-/** Validates a registration request body and builds the RFC 7591 §3.2.1 response. */
+/** Validates a registration request body and builds the RFC 7591 §3.2.1 response (this plugin's default limits). */
 export function buildRegistrationResponse (
-  body: unknown, clientId: string, now = Date.now(),
-  limits: Pick<RegistrationOptions, 'maxRedirectUris' | 'maxRedirectUriLength'> = DEFAULT_OPTIONS,
+  body: unknown, clientId: string, now = Date.now(), limits: ClientMetadataLimits = DEFAULT_OPTIONS,
 ): Record<string, unknown> {
-  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw invalid('the request body must be a JSON object')
-  const req = body as Record<string, unknown>
-  const redirectUris = req.redirect_uris
-  if (!Array.isArray(redirectUris) || redirectUris.length === 0) {
-    throw invalid('redirect_uris must be a non-empty array', 'invalid_redirect_uri')
-  }
-  // RFC 7591 §3.2.2: a redirect URI the server will not take is invalid_redirect_uri.
-  if (redirectUris.length > limits.maxRedirectUris) throw invalid(`at most ${limits.maxRedirectUris} redirect_uris`, 'invalid_redirect_uri')
-  redirectUris.forEach((u, i) => {
-    const problem = redirectUriProblem(u, limits.maxRedirectUriLength)
-    if (problem !== undefined) throw invalid(`redirect_uris[${i}] ${problem}`, 'invalid_redirect_uri')
-  })
-  // RFC 7591 §3.2.1: the server may replace requested values with the ones it supports.
-  const grants = stringList(req.grant_types, 'grant_types')
-  const grantTypes = grants === undefined
-    ? [...SUPPORTED_GRANTS]
-    : SUPPORTED_GRANTS.filter(g => grants.includes(g))
-  if (!grantTypes.includes('authorization_code')) throw invalid('grant_types must include authorization_code')
-  const responses = stringList(req.response_types, 'response_types')
-  if (responses !== undefined && !responses.includes('code')) throw invalid('response_types must include code')
-  const clientName = optionalString(req.client_name, 'client_name')
-  const scope = optionalString(req.scope, 'scope')
-  const out: Record<string, unknown> = {
-    client_id: clientId,
-    client_id_issued_at: Math.floor(now / 1000),
-    token_endpoint_auth_method: 'none',
-    redirect_uris: [...redirectUris],
-    grant_types: grantTypes,
-    response_types: ['code'],
-  }
-  if (clientName !== undefined) out.client_name = clientName
-  if (scope !== undefined) out.scope = scope
-  return out
+  return buildClientRegistration(body, clientId, now, limits)
+}
+
+function invalid (message: string): ProxyError {
+  return InvalidClientMetadata(message, { oauthError: 'invalid_client_metadata' })
 }
 
 export function createRegistration (env: PluginEnv, options?: RegistrationOptionsInput): Plugin {

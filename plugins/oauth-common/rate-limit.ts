@@ -30,6 +30,13 @@ export interface TakeResult {
   readonly firstRefusal: boolean
 }
 
+/**
+ * The limit the OAuth facade's registration endpoint applies, which has no
+ * option for it: the registration plugin's schema defaults (its test checks
+ * that the two agree).
+ */
+export const REGISTRATION_RATE_LIMIT: RateLimitOptions = Object.freeze({ requests: 20, windowSeconds: 60, maxAddresses: 10000 })
+
 const ALLOWED: TakeResult = { retryAfter: 0, firstRefusal: false }
 
 /**
