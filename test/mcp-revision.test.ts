@@ -25,7 +25,7 @@ t.test('revisions and negotiation', async t => {
   t.notOk(allowsBatch('2024-11-05'))
 })
 
-t.test('eraOf: the table of README "Revision 2026-07-28"', async t => {
+t.test('eraOf: the table of docs/protocol.md "Revision 2026-07-28"', async t => {
   const cases: Array<[Record<string, string>, unknown, 'session' | 'modern', string]> = [
     [{ 'mcp-protocol-version': '2026-07-28' }, undefined, 'modern', 'version header 2026-07-28'],
     [{ 'mcp-protocol-version': '2026-07-28', 'mcp-session-id': 's' }, undefined, 'modern', 'the session id is then ignored'],

@@ -86,7 +86,7 @@ export interface GatewayMcpEndpoint extends McpEndpoint {
 
 const RETRY_AFTER_SECONDS = '10'
 const KEEPALIVE_MS = 15_000
-/** Pooled upstreams per (target, subject) for 2026-07-28 requests (README "Revision 2026-07-28"). */
+/** Pooled upstreams per (target, subject) for 2026-07-28 requests (docs/protocol.md, "Revision 2026-07-28"). */
 const POOLED_PER_SUBJECT = 2
 
 function sessionNotFound (): ProxyError {
