@@ -244,10 +244,11 @@ t.test('revision 2026-07-28: a traceparent in _meta only is linked, the rest of 
   t.equal(attr(server, 'mcp.protocol.version'), '2026-07-28')
   const link = (server as OtlpSpan & { links?: Array<{ traceId: string; spanId: string }> }).links?.[0]
   t.same(link === undefined ? undefined : { traceId: link.traceId, spanId: link.spanId }, { traceId, spanId: callerSpan }, 'linked to the caller\'s _meta context')
-  const call = spans.find(s => s.kind === CLIENT && s.parentSpanId === server.spanId)
+  // The call's own client span (the gateway may first list the target's tools to check Mcp-Param-* headers).
+  const call = spans.find(s => s.kind === CLIENT && s.parentSpanId === server.spanId && attr(s, 'mcp.method.name') === 'tools/call')
   t.ok(call, 'a client span under the server span')
   if (call === undefined) return
-  const seen = upstream.calls.at(-1)!
+  const seen = upstream.calls.findLast(c => c.method === 'tools/call')!
   const expected = `00-${server.traceId}-${call.spanId}-01`
   t.equal(seen.meta?.traceparent, expected, '_meta.traceparent is the client span\'s context, not the caller\'s')
   t.equal(seen.headers.traceparent, expected, 'and so is the header')
