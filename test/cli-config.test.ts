@@ -5,24 +5,9 @@
  * issuer parser (issue 13 items 13-15, issue 14 items 1-2).
  */
 import t from 'tap'
-import { writeFile, mkdtemp } from 'node:fs/promises'
-import { join } from 'node:path'
-import { tmpdir } from 'node:os'
-import { connect } from 'node:net'
-import { runCli, spawnCli, waitForPort, freePort } from './helpers/cli.ts'
+import { runCli, spawnCli, waitForPort, freePort, configFile, canConnect } from './helpers/cli.ts'
 
-async function configFile (text: string): Promise<string> {
-  const dir = await mkdtemp(join(tmpdir(), 'mcpp-cli-config-'))
-  const file = join(dir, 'config.yaml')
-  await writeFile(file, text)
-  return file
-}
 
-const canConnect = (port: number): Promise<boolean> => new Promise(resolve => {
-  const s = connect(port, '127.0.0.1')
-  s.once('connect', () => { s.destroy(); resolve(true) })
-  s.once('error', () => resolve(false))
-})
 
 t.test('inline options of a built-in are validated against its schema: exit 1 naming the path, in --check and at start-up', async t => {
   const port = await freePort()

@@ -1,25 +1,13 @@
 import t from 'tap'
-import { writeFile, mkdtemp, readFile } from 'node:fs/promises'
+import { readFile } from 'node:fs/promises'
 import { execFileSync } from 'node:child_process'
 import { join } from 'node:path'
-import { tmpdir } from 'node:os'
-import { connect, createServer } from 'node:net'
-import { runCli, startCli, freePort, isAlive, eventually, ROOT } from './helpers/cli.ts'
+import { createServer } from 'node:net'
+import { runCli, startCli, freePort, isAlive, eventually, ROOT, configFile, canConnect } from './helpers/cli.ts'
 
 const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')
 
-async function configFile (text: string): Promise<string> {
-  const dir = await mkdtemp(join(tmpdir(), 'mcpp-cli-'))
-  const file = join(dir, 'config.yaml')
-  await writeFile(file, text)
-  return file
-}
 
-const canConnect = (port: number): Promise<boolean> => new Promise(resolve => {
-  const s = connect(port, '127.0.0.1')
-  s.once('connect', () => { s.destroy(); resolve(true) })
-  s.once('error', () => resolve(false))
-})
 
 function childrenOf (pid: number): number[] {
   try {

@@ -5,21 +5,12 @@
  * the real CLI with --check.
  */
 import t from 'tap'
-import { writeFile, mkdtemp } from 'node:fs/promises'
-import { join } from 'node:path'
-import { tmpdir } from 'node:os'
 import { parseConfigText, validateConfig, loadConfig } from '../core/config.ts'
 import { compileRules } from '../plugins/authorization/rules.ts'
 import { builtins } from '../plugins/index.ts'
 import type { ProxyError } from '../core/errors.ts'
-import { runCli } from './helpers/cli.ts'
+import { runCli, configFile } from './helpers/cli.ts'
 
-async function configFile (text: string): Promise<string> {
-  const dir = await mkdtemp(join(tmpdir(), 'mcpp-config-errors-'))
-  const file = join(dir, 'config.yaml')
-  await writeFile(file, text)
-  return file
-}
 
 const TARGETS = '  targets:\n    - name: a\n      stdio: { cmd: node }\n'
 

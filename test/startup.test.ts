@@ -7,12 +7,10 @@
  */
 import t from 'tap'
 import type { Test } from 'tap'
-import { writeFile, mkdtemp } from 'node:fs/promises'
 import { join } from 'node:path'
-import { tmpdir } from 'node:os'
 import { createServer as createHttpServer } from 'node:http'
 import { createServer as createTcpServer, type Socket } from 'node:net'
-import { spawnCli, waitForPort, freePort, eventually, ROOT } from './helpers/cli.ts'
+import { spawnCli, waitForPort, freePort, eventually, ROOT, configFile as writeConfig } from './helpers/cli.ts'
 import { devIdp } from './helpers/idp.ts'
 
 const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')
@@ -21,11 +19,8 @@ const ORIGIN = 'http://app.example.test'
 const INIT = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } })
 const MCP_HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
 
-async function configFile (lines: string[]): Promise<string> {
-  const dir = await mkdtemp(join(tmpdir(), 'mcpp-startup-'))
-  const file = join(dir, 'config.yaml')
-  await writeFile(file, lines.join('\n') + '\n')
-  return file
+function configFile (lines: string[]): Promise<string> {
+  return writeConfig(lines.join('\n') + '\n', 'mcpp-startup-')
 }
 
 /** The CLI as a child process, SIGKILLed in teardown if the test left it running. */

@@ -1,6 +1,9 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { createServer, connect } from 'node:net'
+import { mkdtemp, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url))
 export const CLI = fileURLToPath(new URL('../../bin/mcp-proxy.ts', import.meta.url))
@@ -89,3 +92,18 @@ export async function eventually<T> (check: () => T | Promise<T>, ok: (v: T) => 
   }
   return v
 }
+
+/** Writes `text` as config.yaml in a fresh temp folder and returns its path. */
+export async function configFile (text: string, prefix = 'mcpp-cli-'): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), prefix))
+  const file = join(dir, 'config.yaml')
+  await writeFile(file, text)
+  return file
+}
+
+/** Whether a TCP connection to 127.0.0.1:`port` is accepted now. */
+export const canConnect = (port: number): Promise<boolean> => new Promise(resolve => {
+  const s = connect(port, '127.0.0.1')
+  s.once('connect', () => { s.destroy(); resolve(true) })
+  s.once('error', () => resolve(false))
+})
