@@ -3,7 +3,7 @@
  * completion refs to targets, refusals by policy, merged lists.
  */
 import t from 'tap'
-import { Router, LIST_KEYS, NAMED, GATEWAY_INFO } from '../core/mcp/router.ts'
+import { Router, LIST_KEYS, NAMED, GATEWAY_INFO, isListMethod, isNamedMethod } from '../core/mcp/router.ts'
 import type { RequestContext } from '../core/context.ts'
 import type { Plugin, McpOperation } from '../core/plugin.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'
@@ -29,6 +29,11 @@ function refuser (seen: McpOperation[] = []): Plugin {
 t.test('the tables and the gateway name', async t => {
   t.same(LIST_KEYS, { 'tools/list': 'tools', 'prompts/list': 'prompts', 'resources/list': 'resources', 'resources/templates/list': 'resourceTemplates' })
   t.same(Object.keys(NAMED).sort(), ['prompts/get', 'resources/read', 'resources/subscribe', 'resources/unsubscribe', 'tools/call'])
+  // The narrowing the eras route by: own keys only, so an inherited name is an ordinary method.
+  for (const m of Object.keys(LIST_KEYS)) t.ok(isListMethod(m), m)
+  for (const m of Object.keys(NAMED)) t.ok(isNamedMethod(m), m)
+  for (const m of ['tools/call', 'constructor', 'toString', '__proto__', 'hasOwnProperty', '']) t.notOk(isListMethod(m), `${m} is no list`)
+  for (const m of ['tools/list', 'constructor', 'toString', '__proto__', 'valueOf', '']) t.notOk(isNamedMethod(m), `${m} names no item`)
   const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
   t.same(GATEWAY_INFO, { name: 'mcp-proxy', version: pkg.version }, 'the version is the package version')
 })

@@ -17,7 +17,7 @@ import { ProxyError, RPC } from '../errors.ts'
 import { SseStream, SSE_HEADERS, type StreamLimits } from './sse.ts'
 import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
-import { GATEWAY_INFO, NAMED, Router } from './router.ts'
+import { GATEWAY_INFO, NAMED, Router, type ListMethod, type NamedMethod } from './router.ts'
 import { randomBytes } from 'node:crypto'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
 import { subjectKeyOf } from './subject-key.ts'
@@ -441,7 +441,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'server/discover', result, serverInfoOf(live[0])) })
   }
 
-  async function list (ex: Exchange, method: string, params: Record<string, unknown>): Promise<void> {
+  async function list (ex: Exchange, method: ListMethod, params: Record<string, unknown>): Promise<void> {
     if (!multi) {
       const { res, entry } = await forward(ex, opts.targets[0]!, method, params)
       if (res.error !== undefined) { await ex.answer(res); return }
@@ -476,8 +476,8 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   }
 
   /** tools/call, prompts/get, resources/read: route by name or URI, refuse what the rules deny. */
-  async function named (ex: Exchange, method: string, params: Record<string, unknown>): Promise<void> {
-    const { kind, field } = NAMED[method]!
+  async function named (ex: Exchange, method: NamedMethod, params: Record<string, unknown>): Promise<void> {
+    const { kind, field } = NAMED[method]
     const value = params[field]
     const routed = typeof value === 'string' ? router.resolve(kind, value) : undefined
     if (routed === undefined) {

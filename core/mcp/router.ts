@@ -25,20 +25,33 @@ export const GATEWAY_INFO: Readonly<{ name: string; version: string }> = Object.
 export type ListKey = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
 
 /** List methods and the result field that holds their items (MCP server features). */
-export const LIST_KEYS: Readonly<Record<string, ListKey>> = {
+export const LIST_KEYS = {
   'tools/list': 'tools',
   'prompts/list': 'prompts',
   'resources/list': 'resources',
   'resources/templates/list': 'resourceTemplates',
+} as const satisfies Readonly<Record<string, ListKey>>
+
+export type ListMethod = keyof typeof LIST_KEYS
+
+/** Narrows a method once, so that the list code below needs no lookup that might miss. */
+export function isListMethod (method: string): method is ListMethod {
+  return Object.hasOwn(LIST_KEYS, method)
 }
 
 /** Requests addressed to one named item: its kind and the param that names it. */
-export const NAMED: Readonly<Record<string, { readonly kind: OperationKind; readonly field: 'name' | 'uri' }>> = {
+export const NAMED = {
   'tools/call': { kind: 'tool', field: 'name' },
   'prompts/get': { kind: 'prompt', field: 'name' },
   'resources/read': { kind: 'resource', field: 'uri' },
   'resources/subscribe': { kind: 'resource', field: 'uri' },
   'resources/unsubscribe': { kind: 'resource', field: 'uri' },
+} as const satisfies Readonly<Record<string, { readonly kind: OperationKind; readonly field: 'name' | 'uri' }>>
+
+export type NamedMethod = keyof typeof NAMED
+
+export function isNamedMethod (method: string): method is NamedMethod {
+  return Object.hasOwn(NAMED, method)
 }
 
 export type RpcError = { code: number; message: string; data?: unknown }
@@ -113,8 +126,8 @@ export class Router<T extends { readonly target: string }> {
   }
 
   /** One target's list result, in place: only the items the caller may see. */
-  filterResult (ctx: RequestContext, method: string, result: Record<string, unknown> | undefined, target: string): void {
-    const key = LIST_KEYS[method]!
+  filterResult (ctx: RequestContext, method: ListMethod, result: Record<string, unknown> | undefined, target: string): void {
+    const key = LIST_KEYS[method]
     const items = result?.[key]
     if (Array.isArray(items)) result![key] = filterListItems(this.checkers, ctx, method, items, target)
   }
@@ -138,8 +151,8 @@ export class Router<T extends { readonly target: string }> {
    * A failing target is left out and logged, or, fail-closed, fails the
    * whole list. `stopped` ends the paging when the client went away.
    */
-  async mergeLists (ctx: RequestContext, method: string, fetch: PageFetch<T>, stopped: () => boolean, log: Logger, failClosed: boolean): Promise<JsonRpcMessage> {
-    const key = LIST_KEYS[method]!
+  async mergeLists (ctx: RequestContext, method: ListMethod, fetch: PageFetch<T>, stopped: () => boolean, log: Logger, failClosed: boolean): Promise<JsonRpcMessage> {
+    const key = LIST_KEYS[method]
     const parts = await Promise.all(this.targets.map(async (t): Promise<unknown[] | RpcError> => {
       const out: unknown[] = []
       const seen = new Set<unknown>()

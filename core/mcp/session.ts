@@ -16,7 +16,7 @@ import { ProxyError, RPC } from '../errors.ts'
 import { Backlog, Replay, SseStream, SSE_HEADERS, frame, frameWithId, primingFrame, type StreamLimits } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
-import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, rpcError } from './router.ts'
+import { GATEWAY_INFO, NAMED, Router, isListMethod, isNamedMethod, rpcError } from './router.ts'
 import { UpstreamCalls } from './calls.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
 import { tracer } from '../tracing.ts'
@@ -348,13 +348,13 @@ export class Session {
       this.#reply(inflight, rpcError(RPC.INVALID_REQUEST, 'session already initialized'))
       return
     }
-    const named = NAMED[method]
+    const named = isNamedMethod(method) ? NAMED[method] : undefined
     if (named !== undefined) {
       this.#named(inflight, msg, method, named.kind, named.field)
       return
     }
     const router = this.#router
-    if (LIST_KEYS[method] !== undefined) {
+    if (isListMethod(method)) {
       if (router.multi) {
         void router.mergeLists(inflight.exchange.ctx, method, (link, params) => link.up || params.cursor !== undefined ? this.#request(link, method, params, inflight) : NO_PAGE, () => inflight.finished, this.#log, this.#env.failClosed)
           .then(r => this.#reply(inflight, r))
