@@ -12,6 +12,7 @@ import { resourceFromAttributes } from '@opentelemetry/resources'
 import { BasicTracerProvider, BatchSpanProcessor, ParentBasedSampler, TraceIdRatioBasedSampler } from '@opentelemetry/sdk-trace-base'
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
 import { denialText, type RequestContext } from './context.ts'
+import { ProxyError } from './errors.ts'
 import type { JsonRpcMessage } from './targets/types.ts'
 import type { Tracer, TracingConfig } from './tracing.ts'
 
@@ -192,7 +193,16 @@ export function createTracer (config: TracingConfig, log: Logger, version: strin
 
     async passthroughCall (ctx, target) {
       const isPost = ctx.method === 'POST'
-      const body = isPost ? (await ctx.readMcpMessage()).body : undefined
+      let body: unknown
+      let unparsed: Buffer | undefined
+      if (isPost) {
+        try { body = (await ctx.readMcpMessage()).body } catch (err) {
+          // Not JSON-RPC: the passthrough forwards such a body as it came and the upstream answers it,
+          // as with tracing off; tracing only watches. What is wrong with the body itself (413, 408) stands.
+          if (!ProxyError.is(err) || (err.code !== 'MCPP_ERR_PARSE' && err.code !== 'MCPP_ERR_INVALID_REQUEST')) throw err
+          unparsed = await ctx.readBody()
+        }
+      }
       const list = (Array.isArray(body) ? body : body === undefined ? [] : [body]) as JsonRpcMessage[]
       const span = clientSpan(ctx, target, list.find(m => m.method !== undefined))
       const carrier: Record<string, unknown> = {}
@@ -212,6 +222,7 @@ export function createTracer (config: TracingConfig, log: Logger, version: strin
         span.end()
       })
       if (!isPost) return undefined
+      if (unparsed !== undefined) return unparsed
       for (const m of list) if (m.method !== undefined) withContext(m, span)
       // The body sent upstream is the rewritten one: its length, not the client's framing.
       const out = Buffer.from(JSON.stringify(body))

@@ -55,7 +55,9 @@ export interface Tracer {
    * For the single-HTTP-target passthrough: a client span for the exchange,
    * its context in the request's `traceparent` header and, for a POST, in
    * `params._meta` of each message of the body, which is returned rewritten
-   * (undefined for GET and DELETE: nothing to rewrite). The span ends with
+   * (undefined for GET and DELETE: nothing to rewrite). A body that is not
+   * JSON-RPC is returned as it came: the passthrough forwards it and the
+   * upstream answers it, exactly as with tracing off. The span ends with
    * the response.
    */
   passthroughCall(ctx: RequestContext, target: string): Promise<Buffer | undefined>

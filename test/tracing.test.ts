@@ -57,9 +57,14 @@ async function otlpReceiver (t: Test): Promise<{ url: string; bodies: string[]; 
 
 interface Seen { method: string; headers: IncomingHttpHeaders; meta: Record<string, unknown> | undefined }
 
-/** A real MCP SDK server over streamable HTTP with an `echo` tool; records the headers and _meta of every request it receives. */
-async function recordingUpstream (t: Test): Promise<{ url: string; calls: Seen[]; received: Seen[] }> {
+/**
+ * A real MCP SDK server over streamable HTTP with an `echo` tool; records the headers and _meta of
+ * every request it receives, and every POST body as it arrived (`bodies`). A body that is not JSON
+ * is left to the SDK, which answers it itself.
+ */
+async function recordingUpstream (t: Test): Promise<{ url: string; calls: Seen[]; received: Seen[]; bodies: Array<{ body: string; headers: IncomingHttpHeaders }> }> {
   const received: Seen[] = []
+  const bodies: Array<{ body: string; headers: IncomingHttpHeaders }> = []
   const sessions = new Map<string, StreamableHTTPServerTransport>()
   const servers: Server[] = []
   const http = createServer((req, res) => {
@@ -68,9 +73,14 @@ async function recordingUpstream (t: Test): Promise<{ url: string; calls: Seen[]
       if (req.method === 'POST') {
         const chunks: Buffer[] = []
         for await (const c of req) chunks.push(c as Buffer)
-        parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'))
-        for (const m of (Array.isArray(parsed) ? parsed : [parsed]) as Array<{ method?: string; params?: { _meta?: Record<string, unknown> } }>) {
-          if (m.method !== undefined) received.push({ method: m.method, headers: { ...req.headers }, meta: m.params?._meta })
+        const raw = Buffer.concat(chunks)
+        bodies.push({ body: raw.toString('utf8'), headers: { ...req.headers } })
+        try { parsed = JSON.parse(raw.toString('utf8')) } catch {
+          // The SDK's transport (@hono/node-server) reads `rawBody` when the stream has been read.
+          Object.assign(req, { rawBody: raw })
+        }
+        for (const m of (Array.isArray(parsed) ? parsed : parsed === undefined ? [] : [parsed]) as Array<{ method?: string; params?: { _meta?: Record<string, unknown> } }>) {
+          if (m?.method !== undefined) received.push({ method: m.method, headers: { ...req.headers }, meta: m.params?._meta })
         }
       }
       const sid = req.headers['mcp-session-id']
@@ -105,6 +115,7 @@ async function recordingUpstream (t: Test): Promise<{ url: string; calls: Seen[]
     url: `http://127.0.0.1:${(http.address() as AddressInfo).port}/mcp`,
     get calls () { return received.filter(r => r.method === 'tools/call') },
     received,
+    bodies,
   }
 }
 
@@ -252,6 +263,39 @@ t.test('revision 2026-07-28: a traceparent in _meta only is linked, the rest of 
   const expected = `00-${server.traceId}-${call.spanId}-01`
   t.equal(seen.meta?.traceparent, expected, '_meta.traceparent is the client span\'s context, not the caller\'s')
   t.equal(seen.headers.traceparent, expected, 'and so is the header')
+})
+
+t.test('a POST body that is not JSON-RPC goes to the passthrough\'s upstream unchanged, traced or not: the upstream answers it', async t => {
+  const token = await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password')
+  const sent = ['{"jsonrpc":"2.0","id":1,"method":"tools/list"', '{"hello":"world"}', 'not json at all']
+  const answers: Record<string, Array<{ status: number; body: string }>> = {}
+  for (const tracing of [false, true]) {
+    const receiver = await otlpReceiver(t)
+    const upstream = await recordingUpstream(t)
+    const gw = await fullGateway(t, {
+      targets: [{ name: 'remote', mcp: { url: upstream.url } }],
+      policies: { mcpAuthentication: ossOptions(idp) },
+    }, 'info', tracing ? { tracing: { enabled: true, endpoint: receiver.url } } : {})
+    const mode = tracing ? 'tracing on' : 'tracing off'
+    answers[mode] = []
+    for (const body of sent) {
+      const res = await fetch(gw.url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${token}` },
+        body,
+      })
+      answers[mode].push({ status: res.status, body: await res.text() })
+      const seen = upstream.bodies.at(-1)
+      t.equal(seen?.body, body, `${mode}: ${body}: reached the upstream byte for byte`)
+      t.equal(seen?.headers.authorization, undefined, `${mode}: without the token`)
+      if (tracing) t.match(seen?.headers.traceparent, /^00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]$/, `${mode}: ${body}: with the client span's context in the header`)
+    }
+    t.equal(upstream.bodies.length, sent.length, `${mode}: each body went up once`)
+    await gw.gw.close()
+    if (tracing) t.equal(receiver.spans().filter(s => s.kind === CLIENT).length, sent.length, 'each exchange has its client span')
+  }
+  t.ok(answers['tracing off']!.every(a => a.status === 400 && /-32700/.test(a.body)), 'the upstream (the MCP SDK) answered each with its parse error')
+  t.same(answers['tracing on'], answers['tracing off'], 'tracing changes nothing the client sees')
 })
 
 /**
