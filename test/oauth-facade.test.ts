@@ -19,7 +19,7 @@ import { freePort } from './helpers/cli.ts'
 import { Sealer } from '../plugins/oauth-facade/seal.ts'
 import { addressAllowed, cacheSeconds, cimdUrlProblem } from '../plugins/oauth-facade/cimd.ts'
 import { redirectMatches, domainTrusted } from '../plugins/oauth-facade/index.ts'
-import { facadeGateway, ossSetup, FacadeProvider, Agent, cimdServer, FACADE_KEY, CALLBACK, redeem } from './helpers/facade.ts'
+import { facadeGateway, ossSetup, FacadeProvider, Agent, cimdServer, FACADE_KEY, CALLBACK, redeem, pkce, authorizeUrl } from './helpers/facade.ts'
 
 const SECRET = 'entra-app-secret-value'
 
@@ -237,4 +237,39 @@ t.test('facade: {} alone starts with an ephemeral key and says so', async t => {
   t.match(g.logText(), /keys is not set: sealing with an ephemeral key/)
   const res = await fetch(`${g.base}/.well-known/oauth-authorization-server/mcp`)
   t.equal(res.status, 200)
+})
+
+t.test('private-use redirect schemes (RFC 8252 §7.1): refused by default; when listed, registration, pre-registered clients and the whole flow take them', async t => {
+  const cursor = 'cursor://anysphere.cursor-retrieval/oauth/user-mcp/callback'
+  const register = (base: string, uris: string[]): Promise<Response> => fetch(`${base}/.well-known/oauth-authorization-server/client-registration`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ client_name: 'Cursor-like', redirect_uris: uris }),
+  })
+
+  const { g: plain } = await ossSetup(t, { keys: [FACADE_KEY] })
+  const refused = await register(plain.base, [CALLBACK, cursor])
+  t.equal(refused.status, 400, 'default: registration refuses the scheme')
+  t.same(await refused.json(), { error: 'invalid_redirect_uri', error_description: 'redirect_uris[1] must use https, or http on a loopback address (not cursor)' })
+
+  const { g } = await ossSetup(t, {
+    keys: [FACADE_KEY], allowedRedirectSchemes: ['cursor'],
+    clients: [{ clientId: 'cursor-like', clientName: 'Desktop editor', redirectUris: [cursor] }],
+  })
+  t.equal((await register(g.base, [CALLBACK, cursor])).status, 201, 'listed: registration takes it')
+  t.equal((await register(g.base, ['vscode://vscode.github-authentication/cb'])).status, 400, 'an unlisted scheme is still refused')
+  for (const bad of [`${cursor}#x`, 'cursor://user@anysphere.cursor-retrieval/cb']) {
+    const res = await fetch(authorizeUrl(g.base, 'cursor-like', pkce().challenge, { redirect_uri: bad }), { redirect: 'manual' })
+    t.equal(res.status, 400, bad)
+    t.equal(res.headers.get('location'), null, `${bad}: never a redirect`)
+  }
+
+  const { verifier, challenge } = pkce()
+  const agent = new Agent()
+  const back = await agent.follow(authorizeUrl(g.base, 'cursor-like', challenge, { redirect_uri: cursor }), cursor)
+  t.equal(agent.consentPages, 1)
+  t.match(agent.lastConsent!.html, /<strong id="redirect-host">cursor:\/\/anysphere\.cursor-retrieval \(an application on this device\)<\/strong>/, 'the consent page names the app, not a web host')
+  t.equal(back.protocol + '//' + back.host + back.pathname, cursor, 'the code goes to the app')
+  t.equal(back.searchParams.get('state'), 'client-state-1')
+  const tokens = await redeem(g.base, { grant_type: 'authorization_code', code: back.searchParams.get('code')!, client_id: 'cursor-like', redirect_uri: cursor, code_verifier: verifier })
+  t.equal(tokens.status, 200, 'and is redeemed')
+  t.type(tokens.body.access_token, 'string')
 })

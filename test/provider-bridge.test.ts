@@ -20,6 +20,11 @@ import { startEntraEmulator, type EntraEmulator } from './helpers/entra-emulator
 import { startBridgeServer, makeEnv, BASE_URL, type BridgeServer } from './helpers/bridge-server.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import { startDevIdp } from '../bin/dev-idp.ts'
+import { spawnCli, waitForPort, freePort, configFile, runCli } from './helpers/cli.ts'
+import { createAjv } from '../core/config.ts'
+import bridgeSchema from '../plugins/provider-bridge/schema.json' with { type: 'json' }
+import facadeSchema from '../plugins/oauth-facade/schema.json' with { type: 'json' }
+import { authorizeRedirectProblem, privateSchemes, NEVER_PRIVATE_SCHEMES } from '../plugins/oauth-common/redirect-uri.ts'
 
 const ROOT = '/.well-known/oauth-authorization-server'
 const REG = `${BASE_URL}/.well-known/oauth-authorization-server/client-registration`
@@ -286,6 +291,13 @@ t.test('oss_idp against the development OpenID provider', async t => {
   t.equal((await fetch(s.url + '/oauth2/authorize')).status, 404, 'no proxied endpoints for oss_idp')
   const bridge = s.plugins[0] as ProviderBridgePlugin
   t.same(bridge.ready?.(), { ready: true })
+
+  // oss_idp clients log in at the IdP itself: the bridge's redirect schemes would do nothing, and it says so.
+  const mem = memoryLogger()
+  const { env } = await makeEnv({ issuer: idp.issuer, audiences: [idp.clientId], clientId: idp.clientId, provider: { oss_idp: {} } }, mem.log)
+  const withSchemes = await bridgeModule.create({ allowedRedirectSchemes: ['cursor'] }, env)
+  t.teardown(() => withSchemes.close?.())
+  t.match(mem.text(), /allowedRedirectSchemes applies to cloud_idp only/)
 })
 
 t.test('oss_idp: S256 injected and null registration replaced for a provider that omits them', async t => {
@@ -678,4 +690,119 @@ t.test('cloud_idp v1 issuer: tenant and endpoints derived, discovery from the v2
   const root = await (await fetch(s.url + ROOT)).json() as Record<string, unknown>
   t.equal(root.issuer, emu.issuerV2, 'issuer as reported by the IdP')
   t.equal(root.token_endpoint, `${BASE_URL}/oauth2/token`)
+})
+
+/** A cloud_idp gateway config for the real CLI: an explicit pipeline, so that the bridge can take options. */
+function cloudCliConfig (emu: EntraEmulator, port: number, bridgeOptions: string | undefined): string {
+  return `mcp:
+  host: 127.0.0.1
+  port: ${port}
+  targets:
+    - name: remote
+      mcp: { url: "http://127.0.0.1:9/mcp" }
+  policies:
+    mcpAuthentication:
+      mode: strict
+      issuer: ${emu.issuerV2}
+      audiences: ["api://${emu.clientId}", "${emu.clientId}"]
+      clientId: "${emu.clientId}"
+      provider: { cloud_idp: {} }
+      resourceMetadata: { resource: "http://127.0.0.1:${port}/mcp", scopesSupported: ${JSON.stringify(emu.apiScopes)} }
+  plugins:
+    - builtin: cors
+    - builtin: mcpAuthentication
+    - builtin: providerBridge${bridgeOptions === undefined ? '' : `\n      options: ${bridgeOptions}`}
+    - builtin: registration
+admin: { enabled: false }
+`
+}
+
+async function cloudCli (t: Test, emu: EntraEmulator, bridgeOptions: string | undefined): Promise<string> {
+  const port = await freePort()
+  const cli = spawnCli(['-f', await configFile(cloudCliConfig(emu, port, bridgeOptions), 'mcpp-schemes-')])
+  t.teardown(async () => { cli.child.kill('SIGTERM'); await cli.exited })
+  await waitForPort(port, cli.exited)
+  return `http://127.0.0.1:${port}`
+}
+
+t.test('private-use redirect schemes (RFC 8252 §7.1): refused by default, passed on when listed (real CLI, Entra emulator), never javascript', async t => {
+  const cursor = 'cursor://anysphere.cursor-retrieval/oauth/user-mcp/callback'
+  const app = 'com.example.app:/oauth2redirect'
+  const vscode = 'vscode://vscode.github-authentication/did-authenticate'
+  const emu = await startEntraEmulator({ redirectUris: [cursor, app, vscode, 'http://127.0.0.1/callback'] })
+  t.teardown(() => emu.close())
+  const { verifier, challenge } = pkce()
+  const authorize = (base: string, redirectUri: string): Promise<Response> => fetch(`${base}/oauth2/authorize?${new URLSearchParams({
+    response_type: 'code', client_id: emu.clientId, redirect_uri: redirectUri, code_challenge: challenge, code_challenge_method: 'S256',
+    scope: `${emu.apiScopes[0]} offline_access`, state: 'st', resource: `${base}/mcp`,
+  })}`, { redirect: 'manual' })
+  const refused = async (res: Response, uri: string, name: string): Promise<void> => {
+    t.equal(res.status, 400, `${name}: ${uri}`)
+    t.equal(res.headers.get('location'), null, `${name}: ${uri}: never a redirect`)
+    const body = await res.json() as { error: string; error_description: string }
+    t.equal(body.error, 'invalid_request', `${name}: ${uri}`)
+    // A control character is refused by the parameter parser before redirect_uri is read.
+    t.match(body.error_description, /^redirect_uri |^parameters must not contain control characters/, `${name}: ${uri}`)
+  }
+
+  const plain = await cloudCli(t, emu, undefined)
+  for (const uri of [cursor, app]) await refused(await authorize(plain, uri), uri, 'default')
+  const first = await authorize(plain, cursor)
+  t.same(await first.json(), { error: 'invalid_request', error_description: 'redirect_uri must use https, or http on a loopback address (not cursor)' }, 'default: the existing error')
+  // Registration took private-use schemes before and still does: the authorize endpoint is what opts in.
+  const reg = await fetch(`${plain}/.well-known/oauth-authorization-server/client-registration`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ redirect_uris: [cursor, app] }),
+  })
+  t.equal(reg.status, 201, 'registration with private-use redirect URIs')
+
+  const opted = await cloudCli(t, emu, '{ allowedRedirectSchemes: [Cursor, com.example.app] }')
+  for (const uri of [cursor, app]) {
+    const res = await authorize(opted, uri)
+    t.equal(res.status, 302, `listed: ${uri}`)
+    const to = new URL(res.headers.get('location')!)
+    t.equal(to.origin + to.pathname, emu.authorizeUrl, `${uri}: to the IdP`)
+    t.equal(to.searchParams.get('redirect_uri'), uri, `${uri}: passed on as given`)
+    t.notOk(to.searchParams.has('resource'), `${uri}: resource stripped`)
+  }
+  // The whole desktop flow: the IdP sends the code to the app's scheme, the app redeems it through the gateway.
+  const atIdp = await fetch((await authorize(opted, cursor)).headers.get('location')!, { redirect: 'manual' })
+  const back = new URL(atIdp.headers.get('location')!)
+  t.equal(back.protocol + '//' + back.host + back.pathname, cursor, 'the IdP redirects to the app')
+  const code = back.searchParams.get('code')!
+  const token = await fetch(`${opted}/oauth2/token`, {
+    method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ grant_type: 'authorization_code', code, client_id: emu.clientId, redirect_uri: cursor, code_verifier: verifier }).toString(),
+  })
+  t.equal(token.status, 200, 'the code is redeemed')
+  t.type((await token.json() as { access_token?: unknown }).access_token, 'string')
+
+  const stillRefused = [vscode, 'javascript:alert(1)', 'cursor://anysphere.cursor-retrieval/cb#frag', 'cursor://user@anysphere.cursor-retrieval/cb',
+    'cursor:', 'cursor://', 'cursor://x/c b', 'cursor://x/c\\b', 'cursor://x/\u0007', 'http://app.example.com/cb']
+  for (const uri of stillRefused) await refused(await authorize(opted, uri), uri, 'listed, still refused')
+})
+
+t.test('allowedRedirectSchemes: scheme syntax (RFC 3986 §3.1), and the web\'s or dangerous schemes refused, naming the path (--check)', async t => {
+  // The schemas say what the code refuses: the same names, in any case.
+  const item = (bridgeSchema.properties.allowedRedirectSchemes as { items: Record<string, unknown> }).items
+  t.same((facadeSchema.properties as Record<string, { items?: unknown }>).allowedRedirectSchemes?.items, item, 'the facade takes the same list')
+  const check = createAjv().compile(item)
+  for (const s of NEVER_PRIVATE_SCHEMES) {
+    for (const v of [s, s.toUpperCase(), s[0]!.toUpperCase() + s.slice(1)]) t.notOk(check(v), `${v} refused`)
+  }
+  for (const v of ['cursor', 'vscode', 'com.example.app', 'x-my+app.v2', 'httpx', 'https2', 'wsx', 'datadog']) t.ok(check(v), `${v} accepted`)
+  for (const v of ['cursor:', '1app', '', 'my app', 'my_app', 'cur/sor', 'é', 'a'.repeat(65)]) t.notOk(check(v), `${JSON.stringify(v)} refused`)
+  // And a list that skipped the schema never lets javascript through.
+  t.equal(privateSchemes(['javascript', 'HTTP', 'data']).size, 0)
+  t.match(authorizeRedirectProblem('javascript:alert(1)', new Set(['javascript'])), /https/)
+
+  const emu = await startEntraEmulator({})
+  t.teardown(() => emu.close())
+  const port = await freePort()
+  const bad = await runCli(['-f', await configFile(cloudCliConfig(emu, port, '{ allowedRedirectSchemes: [cursor, javascript, "vscode:"] }'), 'mcpp-schemes-'), '--check'], {}, 20000)
+  t.equal(bad.code, 1, 'exit 1')
+  t.match(bad.stderr, /mcp\.plugins\[2\]\.options\.allowedRedirectSchemes\[1\]: a private-use URI scheme/, 'javascript: named by its path')
+  t.match(bad.stderr, /mcp\.plugins\[2\]\.options\.allowedRedirectSchemes\[2\]: a private-use URI scheme/, 'a scheme with its colon: named by its path')
+  t.notMatch(bad.stderr, /allowedRedirectSchemes\[0\]/, 'cursor is fine')
+  const good = await runCli(['-f', await configFile(cloudCliConfig(emu, port, '{ allowedRedirectSchemes: [cursor] }'), 'mcpp-schemes-'), '--check'], {}, 20000)
+  t.equal(good.code, 0, good.stderr)
 })

@@ -25,7 +25,7 @@ import { definePlugin, ProxyError, type Plugin, type PluginEnv, type RouteDef, t
 import { DiscoveryCache, boundedFetch, type BoundedResponse } from '../oauth-common/discovery.ts'
 import { ROOT_METADATA_PATH, MCP_METADATA_PATHS, REGISTRATION_PATH } from '../oauth-common/metadata.ts'
 import { parseOAuthParams } from '../oauth-common/params.ts'
-import { authorizeRedirectProblem } from '../oauth-common/redirect-uri.ts'
+import { authorizeRedirectProblem, privateSchemes } from '../oauth-common/redirect-uri.ts'
 import { TOKEN_RESPONSE_MAX_BYTES } from '../oauth-common/idp-endpoints.ts'
 import { buildRegistrationResponse } from '../oauth-common/client-metadata.ts'
 import { RateLimiter, addressKey, REGISTRATION_RATE_LIMIT } from '../oauth-common/rate-limit.ts'
@@ -73,6 +73,13 @@ export function redirectMatches (registered: readonly string[], uri: string): bo
       return v.href === portless
     } catch { return false }
   })
+}
+
+/** Where the consent page says the browser goes next: a web redirect's host, or an app's scheme (RFC 8252 §7.1). */
+export function redirectShown (uri: string): string {
+  const u = new URL(uri)
+  if (u.protocol === 'https:' || u.protocol === 'http:') return u.host
+  return `${u.protocol}${u.host === '' ? '' : `//${u.host}`} (an application on this device)`
 }
 
 export function domainTrusted (host: string, trusted: readonly string[]): boolean {
@@ -147,6 +154,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     log.warn(`${FACADE_PATH}.cimd.testOnlyAllowLoopback is on: client metadata documents may be fetched from loopback addresses; never use this outside tests`)
   }
   const preregistered = new Map(options.clients.map(c => [c.clientId, c]))
+  const redirectSchemes = privateSchemes(options.allowedRedirectSchemes)
   const limiter = new RateLimiter(REGISTRATION_RATE_LIMIT)
   /** Redeemed codes by id, until they expire: a code is single-use (RFC 6749 §4.1.2). */
   // facade.redis wins; else the cluster's shared store when it is Redis (cluster.redis.url), so one setting
@@ -253,7 +261,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
       return errorPage(400, 'Unknown application', err.message)
     }
     const redirectUri = params.get('redirect_uri')
-    const problem = authorizeRedirectProblem(redirectUri)
+    const problem = authorizeRedirectProblem(redirectUri, redirectSchemes)
     if (problem !== undefined || !redirectMatches(client.redirectUris, redirectUri!)) {
       ctx.log.info({ clientId: shortId(clientId), reason: problem ?? 'not registered' }, 'oauth facade: authorize refused: redirect_uri')
       return errorPage(400, 'Invalid redirect', problem !== undefined ? `redirect_uri ${problem}` : 'redirect_uri is not registered for this client')
@@ -397,7 +405,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     const { v: _verifier, ...rest } = flow
     const tx = await sealer.seal('consent-tx', { ...rest, t: tokens, u: user, x: csrf }, options.stateTtlSeconds)
     const body = renderConsent({
-      clientName: flow.n, clientId: flow.c, kind: flow.k, verifiedHost: flow.h, redirectHost: new URL(flow.r).host,
+      clientName: flow.n, clientId: flow.c, kind: flow.k, verifiedHost: flow.h, redirectHost: redirectShown(flow.r),
       scopes: flow.sc.split(' ').filter(s => s !== ''), user: display, action: CONSENT_PATH, tx, csrf,
     })
     return {
@@ -528,7 +536,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     const out = buildRegistrationResponse(body, '', Date.now(), options.registration)
     const uris = out.redirect_uris as string[]
     uris.forEach((u, i) => {
-      const problem = authorizeRedirectProblem(u)
+      const problem = authorizeRedirectProblem(u, redirectSchemes)
       if (problem !== undefined) throw new ProxyError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, `redirect_uris[${i}] ${problem}`, { oauthError: 'invalid_redirect_uri' })
     })
     const name = typeof out.client_name === 'string' ? out.client_name : undefined

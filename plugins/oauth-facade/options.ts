@@ -4,7 +4,7 @@
  * plugins/index.ts, so config load and `--check` name the path) plus the checks a schema cannot say.
  */
 import { ProxyError, createAjv, formatAjvErrors } from '../../core/plugin-api.ts'
-import { authorizeRedirectProblem } from '../oauth-common/redirect-uri.ts'
+import { authorizeRedirectProblem, privateSchemes } from '../oauth-common/redirect-uri.ts'
 import schema from './schema.json' with { type: 'json' }
 import type { SealKey } from './seal.ts'
 import type { CimdOptions } from './cimd.ts'
@@ -26,6 +26,8 @@ export interface FacadeOptions {
   readonly maxUsedCodes: number
   readonly redis?: { readonly url: string; readonly timeoutMs: number }
   readonly consent: { readonly rememberSeconds: number; readonly trustedDomains: readonly string[] }
+  /** Private-use redirect URI schemes accepted besides https and loopback http (RFC 8252 §7.1). */
+  readonly allowedRedirectSchemes: readonly string[]
   readonly clients: ReadonlyArray<{ readonly clientId: string; readonly clientName?: string; readonly redirectUris: readonly string[]; readonly trusted: boolean }>
   readonly registration: { readonly enabled: boolean; readonly maxBodyBytes: number; readonly maxRedirectUris: number; readonly maxRedirectUriLength: number }
   readonly cimd: CimdOptions & { readonly enabled: boolean }
@@ -45,9 +47,10 @@ export function facadeOptions (raw: unknown, path = FACADE_PATH): FacadeOptions 
     throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid facade options:\n' + formatAjvErrors(validate.errors ?? [], path).map(l => '  ' + l).join('\n'))
   }
   const o = copy as unknown as FacadeOptions
+  const schemes = privateSchemes(o.allowedRedirectSchemes)
   for (const [i, c] of o.clients.entries()) {
     for (const [j, u] of c.redirectUris.entries()) {
-      const problem = authorizeRedirectProblem(u)
+      const problem = authorizeRedirectProblem(u, schemes)
       if (problem !== undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `${path}.clients[${i}].redirectUris[${j}]: ${problem}`)
     }
   }

@@ -4,8 +4,8 @@
  * The IdP rejects the RFC 8707 `resource` parameter that MCP clients send
  * (AADSTS9010010), so both endpoints strip it, in every spelling (oauth-common/params.ts).
  * The authorize endpoint sends browsers on only with a redirect URI that can
- * neither run script nor be read two ways: https, or http on loopback
- * (RFC 8252 §7.3). The token endpoint can also add the operator's client
+ * neither run script nor be read two ways: https, http on loopback
+ * (RFC 8252 §7.3), or a private-use scheme the operator listed (§7.1). The token endpoint can also add the operator's client
  * secret for a confidential app registration (AADSTS7000218 otherwise), under
  * narrow rules: see `shouldInjectSecret`.
  */
@@ -32,6 +32,8 @@ export interface CloudProxyOptions {
   fallbackToken: string
   timeoutMs: number
   log: Logger
+  /** Private-use redirect schemes passed on besides https and loopback http (`privateSchemes`); default none. */
+  redirectSchemes?: ReadonlySet<string>
 }
 
 /** Every scope of a space-delimited `scope` must be allowed. */
@@ -64,7 +66,7 @@ export function shouldInjectSecret (o: {
 export function createCloudProxy (opts: CloudProxyOptions) {
   async function authorizeHandler (ctx: RequestContext): Promise<Reply> {
     const { entries: params, byName: map } = parseOAuthParams(ctx.query)
-    const redirectProblem = authorizeRedirectProblem(map.get('redirect_uri'))
+    const redirectProblem = authorizeRedirectProblem(map.get('redirect_uri'), opts.redirectSchemes)
     if (redirectProblem !== undefined) {
       ctx.log.info({ reason: redirectProblem }, 'authorize request refused: redirect_uri')
       throw badRequest(`redirect_uri ${redirectProblem}`)

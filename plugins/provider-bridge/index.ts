@@ -11,8 +11,9 @@
  *   stripping `resource` and adding the operator's secret (cloud-proxy.ts).
  *
  * Needs `idp` and `protectedResource` (provided by mcpAuthentication, listed
- * before it); has no options of its own. Without a provider family there
- * are no routes.
+ * before it). Its one option, `allowedRedirectSchemes`, opts the cloud_idp
+ * authorize endpoint into private-use redirect schemes (RFC 8252 §7.1).
+ * Without a provider family there are no routes.
  */
 import { definePlugin, ProxyError, type Plugin, type RouteDef, type PluginEnv, type RequestContext, type Reply } from '../../core/plugin-api.ts'
 import schema from './schema.json' with { type: 'json' }
@@ -22,6 +23,7 @@ import { buildAuthorizationServerMetadata, ROOT_METADATA_PATH, MCP_METADATA_PATH
 import { createCloudProxy } from './cloud-proxy.ts'
 import { BASE_SCOPES, cloudFallbackEndpoints } from '../oauth-common/idp-endpoints.ts'
 import { IdpUnavailable, OAuthRequestInvalid } from '../oauth-common/errors.ts'
+import { privateSchemes } from '../oauth-common/redirect-uri.ts'
 
 export { DiscoveryCache } from '../oauth-common/discovery.ts'
 export { buildAuthorizationServerMetadata, AUTHORIZE_PATH, TOKEN_PATH, REGISTRATION_PATH, ROOT_METADATA_PATH, MCP_METADATA_PATHS } from '../oauth-common/metadata.ts'
@@ -40,16 +42,27 @@ export function allowedScopesOf (resource: ProtectedResource | undefined): Set<s
   return new Set<string>([...BASE_SCOPES, ...(resource?.scopesSupported ?? [])])
 }
 
+/** The bridge's options (schema.json): any key may be left out. */
+export interface ProviderBridgeOptions {
+  /** Private-use redirect URI schemes the cloud_idp authorize endpoint passes on (RFC 8252 §7.1). Default none. */
+  readonly allowedRedirectSchemes?: readonly string[]
+}
+
 export interface ProviderBridgePlugin extends Plugin {
   readonly provider: ProviderKind | undefined
   readonly discovery: DiscoveryCache | undefined
 }
 
-export async function createProviderBridge (env: PluginEnv): Promise<ProviderBridgePlugin> {
+export async function createProviderBridge (env: PluginEnv, options: ProviderBridgeOptions = {}): Promise<ProviderBridgePlugin> {
   const idp = env.provided.idp as IdpIdentity | undefined
   const kind = idp?.family
   if (idp === undefined || kind === undefined) {
     return { name: 'providerBridge', provider: undefined, discovery: undefined, routes: [] }
+  }
+  const redirectSchemes = privateSchemes(options.allowedRedirectSchemes)
+  if (redirectSchemes.size > 0 && idp.cloud === undefined) {
+    // oss_idp clients are sent to the IdP's own authorize endpoint, which checks its own list.
+    env.log.warn({ path: `${env.configPath}.allowedRedirectSchemes` }, 'provider bridge: allowedRedirectSchemes applies to cloud_idp only; the oss_idp IdP checks redirect URIs itself')
   }
   if (idp.clientId === undefined) {
     throw new ProxyError('MCPP_ERR_CONFIG', 500, `${env.configPath}: providerBridge needs the clientId of mcpAuthentication for ${kind}`)
@@ -114,6 +127,7 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
       fallbackToken: fallback.token,
       timeoutMs: Math.max(idp.discovery.timeoutMs, 10_000),
       log: env.log,
+      redirectSchemes,
     })
     routes.push(
       { methods: ['GET'], path: AUTHORIZE_PATH, handler: proxy.authorizeHandler },
@@ -144,19 +158,20 @@ export async function createProviderBridge (env: PluginEnv): Promise<ProviderBri
         lastError: s.lastError ?? null,
         tenant: tenant?.tenant,
         clientSecretConfigured: idp.clientSecret !== undefined,
+        allowedRedirectSchemes: [...redirectSchemes],
       }
     },
     async close () { discovery.close() },
   }
 }
 
-export default definePlugin<Record<string, never>>({
+export default definePlugin<ProviderBridgeOptions>({
   name: 'providerBridge',
   engine: '^1',
   optionsSchema: schema as Record<string, unknown>,
   needs: ['idp', 'protectedResource'],
   errors: [IdpUnavailable, OAuthRequestInvalid],
-  create (_options, env) {
-    return createProviderBridge(env)
+  create (options, env) {
+    return createProviderBridge(env, options)
   },
 })
