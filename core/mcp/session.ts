@@ -301,7 +301,8 @@ export class Session {
     if (msg.method === 'notifications/cancelled') {
       const reqId = msg.params?.requestId as JsonRpcId | undefined
       const inflight = reqId === undefined ? undefined : this.#inflight.get(reqId)
-      if (inflight !== undefined) this.#abandon(inflight, true)
+      const reason = msg.params?.reason
+      if (inflight !== undefined) this.#abandon(inflight, typeof reason === 'string' ? reason : undefined)
       return
     }
     for (const link of this.links) this.#sendQuietly(link, msg)
@@ -479,16 +480,21 @@ export class Session {
     call.done(rpcError(RPC.REQUEST_TIMEOUT, 'Request timed out'))
   }
 
-  #cancelUpstream (link: Link, id: number, reason: string): void {
-    this.#sendQuietly(link, { jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: id, reason } })
+  /** `reason` absent: none is sent (it is optional, MCP 2025-11-25 utilities, Cancellation). */
+  #cancelUpstream (link: Link, id: number, reason: string | undefined): void {
+    this.#sendQuietly(link, { jsonrpc: '2.0', method: 'notifications/cancelled', params: reason === undefined ? { requestId: id } : { requestId: id, reason } })
   }
 
-  /** Stops waiting for a client request (client cancelled or went away): cancels its upstream calls. */
-  #abandon (inflight: Inflight, replyless: boolean): void {
+  /**
+   * The client cancelled a request: its upstream calls are cancelled under their
+   * upstream ids with the client's own reason (the gateway's reasons are only for
+   * what the gateway cancels itself: timeouts, the session's end).
+   */
+  #abandon (inflight: Inflight, reason: string | undefined): void {
     if (inflight.finished) return
     for (const call of inflight.calls) {
       if (!call.link.pending.remove(call)) continue
-      this.#cancelUpstream(call.link, call.id, replyless ? 'cancelled by client' : 'client disconnected')
+      this.#cancelUpstream(call.link, call.id, reason)
     }
     this.#finish(inflight)
     const ex = inflight.exchange
@@ -579,7 +585,10 @@ export class Session {
       case 'notifications/progress': {
         const inflight = this.#progress.get(msg.params?.progressToken)
         if (inflight !== undefined) { this.#emit(inflight.exchange, msg); return }
-        break
+        // Its request was answered or cancelled: the client no longer knows the token
+        // (MCP 2025-11-25 utilities, Progress: tokens are valid only while the request is active).
+        this.#log.debug({ target: link.target }, 'progress for a request no longer in flight dropped')
+        return
       }
       case 'notifications/cancelled': {
         const rid = msg.params?.requestId

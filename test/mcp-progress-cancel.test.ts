@@ -1,0 +1,109 @@
+/**
+ * What a client sees after its request is over, and what the server sees when
+ * the client cancels (MCP 2025-11-25 utilities: progress, cancellation), on
+ * every path of the session era: a child per session, a child shared per
+ * subject (stdio.share), an HTTP target. Real SDK clients, the gateway on a
+ * real socket, test/fixtures/late-server.mjs as the racing server (progress
+ * after its answer, and after a cancellation).
+ *
+ * - Progress for a request that was answered or cancelled is dropped: the SDK
+ *   client reports "unknown token" for it otherwise.
+ * - `notifications/cancelled` reaches the server with the client's reason,
+ *   under the server's own id for the request.
+ */
+import t, { type Test } from 'tap'
+import { spawn } from 'node:child_process'
+import { join } from 'node:path'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import type { TargetConfig } from '../core/config.ts'
+import { ROOT, startGateway, until, type GatewayHarness } from './helpers/gateway-harness.ts'
+
+const FIXTURE = join(ROOT, 'test/fixtures/late-server.mjs')
+
+/** The fixture in its HTTP mode, stopped in teardown. */
+async function httpFixture (t: Test): Promise<string> {
+  const child = spawn(process.execPath, [FIXTURE, 'http'], { env: { PORT: '0' }, stdio: ['ignore', 'ignore', 'pipe'] })
+  t.teardown(() => { child.kill('SIGKILL') })
+  const port = await new Promise<string>((resolve, reject) => {
+    let err = ''
+    child.stderr.setEncoding('utf8').on('data', (d: string) => {
+      err += d
+      const m = /listening on port (\d+)/.exec(err)
+      if (m !== null) resolve(m[1]!)
+    })
+    child.once('exit', () => reject(new Error(`late-server http did not start: ${err}`)))
+  })
+  return `http://127.0.0.1:${port}/mcp`
+}
+
+const paths: Record<string, (t: Test) => Promise<TargetConfig>> = {
+  'a child per session': async () => ({ name: 'late', stdio: { cmd: process.execPath, args: [FIXTURE, 'stdio'], env: {} } }),
+  'a child shared per subject': async () => ({ name: 'late', stdio: { cmd: process.execPath, args: [FIXTURE, 'stdio'], env: {}, share: 'subject', processesPerSubject: 1 } }),
+  'an HTTP target': async (t) => ({ name: 'late', mcp: { url: await httpFixture(t), headers: {} } }),
+}
+
+async function connect (t: Test, gw: GatewayHarness): Promise<{ client: Client; errors: Error[] }> {
+  const client = new Client({ name: 'progress-cancel', version: '1.0.0' })
+  const errors: Error[] = []
+  client.onerror = (err) => { errors.push(err) }
+  await client.connect(new StreamableHTTPClientTransport(new URL(gw.url)))
+  t.teardown(() => client.close())
+  return { client, errors }
+}
+
+function textOf (result: unknown): string {
+  return ((result as { content: Array<{ text?: string }> }).content)[0]!.text ?? ''
+}
+
+const unknownToken = (errors: Error[]): Error[] => errors.filter(e => /unknown token/i.test(e.message))
+
+/**
+ * A progress the gateway passed on goes out on the GET stream, a connection of its own: a
+ * round trip after the sync point gives it time to arrive at the client before the check.
+ */
+async function settled (client: Client, errors: Error[]): Promise<void> {
+  await client.ping()
+  await until(() => unknownToken(errors).length > 0, 4, 25)
+}
+
+for (const [path, target] of Object.entries(paths)) {
+  // Over HTTP a request's stream is read until its answer only: nothing after the answer arrives.
+  if (path !== 'an HTTP target') {
+    t.test(`${path}: progress after the answer is dropped`, async t => {
+      const gw = await startGateway(t, { targets: [await target(t)] })
+      const { client, errors } = await connect(t, gw)
+      const seen: number[] = []
+      const r = await client.callTool({ name: 'late-progress', arguments: {} }, undefined, { onprogress: p => { seen.push(p.progress) } })
+      t.equal(textOf(r), 'done')
+      t.same(seen, [1], 'the progress before the answer reached the caller')
+      // The fixture writes the late progress before it answers this.
+      t.equal(textOf(await client.callTool({ name: 'cancellations', arguments: {} })), '[]')
+      await settled(client, errors)
+      t.same(unknownToken(errors), [], 'the client was sent no progress for a request it no longer has')
+    })
+  }
+
+  t.test(`${path}: a cancellation reaches the server with the client's reason; progress after it is dropped`, async t => {
+    const gw = await startGateway(t, { targets: [await target(t)] })
+    const { client, errors } = await connect(t, gw)
+    const ac = new AbortController()
+    const seen: number[] = []
+    const call = client.callTool({ name: 'until-cancelled', arguments: {} }, undefined, {
+      signal: ac.signal,
+      onprogress: p => { seen.push(p.progress); if (seen.length === 2) ac.abort('user pressed stop') },
+    })
+    await t.rejects(call, /user pressed stop/, 'the caller gave up')
+    let received: Array<{ requestId: unknown; reason?: unknown }> = []
+    // The fixture writes one more progress as soon as the cancellation arrives, before it answers this.
+    t.ok(await until(async () => {
+      received = JSON.parse(textOf(await client.callTool({ name: 'cancellations', arguments: {} }))) as typeof received
+      return received.length > 0
+    }, 100, 20), 'the server got a cancellation')
+    t.equal(received.length, 1)
+    t.same(received[0]!.reason, 'user pressed stop', 'the client\'s reason, not the gateway\'s')
+    t.type(received[0]!.requestId, 'number', 'under the id the server knows the request by')
+    await settled(client, errors)
+    t.same(unknownToken(errors), [], 'the client was sent no progress for the request it cancelled')
+  })
+}
