@@ -49,6 +49,8 @@ export interface GatewayConfig {
     session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }
     limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; maxResumableStreams: number; startupHoldMs: number; startupMaxHeldRequests: number; maxToolLabels: number }
     readiness: { targets?: 'all' | 'any' | 'none' }
+    /** SSE answers of the session era; `pollAfterMs` 0 is off (schemas/config.schema.json). */
+    streams: { pollAfterMs: number }
   }
   admin: { host: string; port: number; token?: string; enabled: boolean }
   logging: { level: string; format: 'json' | 'pretty'; levels: 'name' | 'number'; time: 'iso' | 'epoch' }

@@ -10,7 +10,10 @@
 import t from 'tap'
 import { request } from 'node:http'
 import { join } from 'node:path'
-import { ROOT, startGateway, rawInitialize, INIT_HEADERS } from './helpers/gateway-harness.ts'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { ROOT, startGateway, rawInitialize, INIT_HEADERS, sseMessages, until } from './helpers/gateway-harness.ts'
+import { fullGateway } from './helpers/full-gateway.ts'
 
 const FIXTURE = join(ROOT, 'test/fixtures/conformance-server.mjs')
 
@@ -87,4 +90,58 @@ t.test('a POST stream cut mid-call: the call goes on, and its answer comes on a 
   t.notOk(replayed.some(e => e.id === last.id || seen.some(s => s.id === e.id && e.data !== '')), 'events the client had are not sent again', { replayed, seen })
   t.ok(replayed.filter(e => e.data !== '').every(e => e.id !== undefined), 'replayed events keep their ids')
   t.notMatch(gw.logText(), /client disconnected/, 'the upstream call was not cancelled')
+})
+
+/**
+ * Polling (SEP-1699), opt-in with mcp.streams.pollAfterMs: a POST stream whose request is
+ * still running after that long is closed by the gateway (after its priming event, which
+ * carries an id and `retry:`), and the client resumes it with Last-Event-ID.
+ * test/fixtures/late-server.mjs answers `hold` only once `release` is called, so the poll
+ * always comes first.
+ */
+const LATE = join(ROOT, 'test/fixtures/late-server.mjs')
+const lateTarget = { name: 'late', stdio: { cmd: process.execPath, args: [LATE, 'stdio'], env: {} } }
+
+t.test('polling: a POST stream still running after mcp.streams.pollAfterMs is closed, and resumed with Last-Event-ID', async t => {
+  const { url } = await fullGateway(t, { targets: [lateTarget], streams: { pollAfterMs: 50 } })
+  const init = await rawInitialize(url)
+  const sid = init.sessionId!
+  const headers = { ...INIT_HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25' }
+  await fetch(url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) })
+  const call = (id: number, name: string): Promise<Response> => fetch(url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: {} } }), signal: AbortSignal.timeout(30_000) })
+
+  const polled = await call(3, 'hold')
+  t.equal(polled.headers.get('content-type'), 'text/event-stream')
+  const first = parseEvents(await polled.text())
+  t.ok(first.length >= 1 && first[0]!.id !== undefined && first[0]!.data === '', 'the stream starts with a priming event with an id', { first })
+  t.notOk(first.some(e => e.data.includes('"result"')), 'the gateway closed the stream before the answer', { first })
+
+  t.same(sseMessages(await (await call(4, 'release')).text()).at(-1), { jsonrpc: '2.0', id: 4, result: { content: [{ type: 'text', text: 'released 1' }] } }, 'the held call was still running upstream')
+  const resumed = await fetch(url, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25', 'last-event-id': first.at(-1)!.id! }, signal: AbortSignal.timeout(30_000) })
+  t.equal(resumed.status, 200)
+  const rest = parseEvents(await resumed.text())
+  t.same(rest.filter(e => e.data !== '').map(e => JSON.parse(e.data) as unknown), [{ jsonrpc: '2.0', id: 3, result: { content: [{ type: 'text', text: 'released' }] } }], 'the answer comes on the resumed stream, which then ends')
+})
+
+t.test('polling: an SDK client reconnects by itself and gets its answer; off by default', async t => {
+  const { url, logText } = await fullGateway(t, { targets: [lateTarget], streams: { pollAfterMs: 50 } }, 'debug')
+  const client = new Client({ name: 'polling', version: '1.0.0' })
+  await client.connect(new StreamableHTTPClientTransport(new URL(url)))
+  t.teardown(() => client.close())
+  const held = client.callTool({ name: 'hold', arguments: {} })
+  // Released once its stream was polled: the answer then needs the reconnection.
+  t.ok(await until(() => logText().includes('POST stream polled')), 'the gateway closed the call\'s stream')
+  await client.callTool({ name: 'release', arguments: {} })
+  t.same((await held).content, [{ type: 'text', text: 'released' }])
+
+  const plain = await fullGateway(t, { targets: [lateTarget] })
+  const init = await rawInitialize(plain.url)
+  const headers = { ...INIT_HEADERS, 'mcp-session-id': init.sessionId!, 'mcp-protocol-version': '2025-11-25' }
+  const res = await fetch(plain.url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'hold', arguments: {} } }), signal: AbortSignal.timeout(30_000) })
+  const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader()
+  await reader.read()
+  await fetch(plain.url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 10, method: 'tools/call', params: { name: 'release', arguments: {} } }) }).then(r => r.text())
+  let text = ''
+  for (let r = await reader.read(); !r.done; r = await reader.read()) text += r.value
+  t.match(sseMessages(text).at(-1), { id: 9, result: { content: [{ text: 'released' }] } }, 'without the key the answer comes on the POST stream itself (SPEC behaviour)')
 })

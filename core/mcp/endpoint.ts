@@ -37,6 +37,8 @@ export interface McpEndpointOptions {
   readonly config: Pick<GatewayConfig['mcp'], 'session' | 'failClosed'> & {
     /** SSE bounds and tool labels; defaults as in the schema when absent. */
     readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes' | 'maxResumableStreams' | 'maxToolLabels'>>
+    /** Polling of session-era POST streams; off when absent. */
+    readonly streams?: Partial<GatewayConfig['mcp']['streams']>
   }
   readonly log: Logger
   readonly metrics: Metrics
@@ -154,7 +156,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   const sessionsEnded = opts.metrics.counter('mcp_proxy_sessions_ended_total', 'Ended MCP sessions by reason')
   for (const reason of SESSION_END_REASONS) sessionsEnded.init({ reason })
 
-  const streams = streamLimits({ ...config.limits, log, metrics: opts.metrics })
+  const streams = streamLimits({ ...config.limits, pollAfterMs: config.streams?.pollAfterMs, log, metrics: opts.metrics })
   // Timed where each call is tracked in flight (calls.ts), for both eras.
   const meters = createCallMeters(opts.targets.map(f => f.target), opts.metrics, config.limits?.maxToolLabels)
   const env: SessionEnv = {

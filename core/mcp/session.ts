@@ -213,6 +213,7 @@ export class Session {
     this.#exchanges.add(exchange)
     stream.onClose(() => this.#exchangeClosed(exchange, stream))
     stream.sendFrame(primingFrame(`${exchange.key}.0`))
+    this.#pollLater(exchange, stream)
     if (single !== undefined) this.#clientRequest(exchange, single)
     else for (const m of list!) if (m.method !== undefined && m.id !== undefined) this.#clientRequest(exchange, m)
   }
@@ -256,6 +257,26 @@ export class Session {
     ex.stream = stream
     stream.onClose(() => this.#exchangeClosed(ex, stream))
     old.end()
+    this.#pollLater(ex, stream)
+  }
+
+  /**
+   * Polling (mcp.streams.pollAfterMs, off by default): the stream of an exchange still
+   * running after that long is closed, so that no stream outlives a balancer's idle
+   * timeout; the client reconnects with Last-Event-ID after the `retry:` of the priming
+   * event (MCP 2025-11-25 transports, SEP-1699: a server MAY close the connection after
+   * an event with an id). Its requests go on, and their answers wait in the replay buffer.
+   */
+  #pollLater (ex: Exchange, stream: SseStream): void {
+    const after = this.#env.streams.pollAfterMs
+    if (after <= 0) return
+    const timer = setTimeout(() => {
+      if (ex.stream !== stream || ex.open === 0 || !stream.open) return
+      this.#log.debug({ stream: ex.key, open: ex.open }, 'POST stream polled: closed before its answers (mcp.streams.pollAfterMs); the client resumes with Last-Event-ID')
+      stream.end()
+    }, after)
+    timer.unref()
+    stream.onClose(() => clearTimeout(timer))
   }
 
   #resumable (lastEventId: string): [Exchange, number] | undefined {

@@ -28,6 +28,8 @@ export interface StreamLimits {
   readonly maxBacklogBytes: number
   /** POST streams per session kept for a reconnection after their answers were written to nobody. */
   readonly maxResumableStreams: number
+  /** `mcp.streams.pollAfterMs`: a POST stream still running after this long is closed for the client to resume; 0: never. */
+  readonly pollAfterMs: number
   readonly log: Logger
   /** `mcp_proxy_sse_slow_streams_closed_total` */
   readonly slowClosed: Counter
@@ -234,7 +236,7 @@ export class Backlog {
 }
 
 /** The limits of one endpoint, with their metrics registered. */
-export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; maxResumableStreams?: number; log: Logger; metrics: import('../metrics.ts').Metrics }): StreamLimits {
+export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; maxResumableStreams?: number; pollAfterMs?: number; log: Logger; metrics: import('../metrics.ts').Metrics }): StreamLimits {
   const slowClosed = opts.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', 'SSE streams closed because the client did not read and the buffer reached mcp.limits.maxStreamBufferBytes')
   const backlogDropped = opts.metrics.counter('mcp_proxy_sse_backlog_dropped_total', 'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes')
   slowClosed.init()
@@ -243,6 +245,7 @@ export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogB
     maxBufferedBytes: opts.maxStreamBufferBytes ?? DEFAULT_STREAM_BUFFER_BYTES,
     maxBacklogBytes: opts.maxBacklogBytes ?? DEFAULT_BACKLOG_BYTES,
     maxResumableStreams: opts.maxResumableStreams ?? DEFAULT_RESUMABLE_STREAMS,
+    pollAfterMs: opts.pollAfterMs ?? 0,
     log: opts.log,
     slowClosed,
     backlogDropped,
