@@ -146,6 +146,20 @@ export class Router<T extends { readonly target: string }> {
   }
 
   /**
+   * A tools/call or prompts/get result of `target`, in place: the URIs of its
+   * resource links and embedded resources as the client sees them, so that the
+   * gateway's resources/read takes them (MCP 2025-11-25 server/tools, "Resource
+   * Links" and "Embedded Resources"; server/prompts, "Embedded Resources").
+   */
+  markUris (target: string, r: JsonRpcMessage): JsonRpcMessage {
+    if (!this.multi) return r
+    const result = r.result as { content?: unknown; messages?: unknown } | undefined
+    if (Array.isArray(result?.content)) for (const c of result.content) markBlock(target, c)
+    if (Array.isArray(result?.messages)) for (const m of result.messages) markBlock(target, (m as { content?: unknown } | null)?.content)
+    return r
+  }
+
+  /**
    * A list over every target: each target's pages followed to the end (a
    * cursor seen before ends it), filtered, renamed, merged in config order.
    * A failing target is left out and logged, or, fail-closed, fails the
@@ -191,6 +205,14 @@ export class Router<T extends { readonly target: string }> {
     const parts = live.flatMap(l => typeof l.initResult?.instructions === 'string' ? [this.multi ? `[${l.target}] ${l.initResult.instructions}` : l.initResult.instructions] : [])
     return parts.length > 0 ? parts.join('\n\n') : undefined
   }
+}
+
+/** One content block, in place: a resource link's or an embedded resource's URI marked with its target. */
+function markBlock (target: string, block: unknown): void {
+  if (block === null || typeof block !== 'object') return
+  const b = block as { type?: unknown; uri?: unknown; resource?: { uri?: unknown } | null }
+  if (b.type === 'resource_link' && typeof b.uri === 'string') b.uri = markUri(target, b.uri)
+  else if (b.type === 'resource' && typeof b.resource?.uri === 'string') b.resource.uri = markUri(target, b.resource.uri)
 }
 
 export function rpcError (code: number, message: string): JsonRpcMessage {

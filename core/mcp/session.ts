@@ -432,7 +432,11 @@ export class Session {
       return
     }
     if (router.multi) params[field] = name
-    this.#forward(inflight, link, msg, read && router.multi ? (r) => router.markContents(link.target, r) : undefined)
+    // Several targets: URIs inside answers are the gateway's (resources/read contents; links and embedded resources of calls and prompts).
+    let mark: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined
+    if (router.multi && read) mark = (r) => router.markContents(link.target, r)
+    else if (router.multi && kind !== 'resource') mark = (r) => router.markUris(link.target, r)
+    this.#forward(inflight, link, msg, mark)
   }
 
   async #fanOutSetLevel (inflight: Inflight, msg: JsonRpcMessage): Promise<void> {
