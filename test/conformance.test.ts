@@ -51,11 +51,7 @@ const PATHS: Path[] = ['direct', 'http', 'stdio', 'rule']
  */
 const GATEWAY: Path[] = ['http', 'stdio', 'rule']
 const KNOWN_GAPS: Partial<Record<Revision, Record<string, { paths: Path[]; why: string }>>> = {
-  '2025-11-25': {
-    // Direct, the fixture closes the POST stream mid-call and the suite resumes it (SUCCESS); the
-    // gateway keeps its own stream open, so the resume check is not exercised (INFO).
-    'server-sse-polling': { paths: ['stdio', 'rule'], why: 'the gateway does not close a POST stream early, so server-sse-disconnect-resume is INFO' },
-  },
+  '2025-11-25': {},
   '2026-07-28': {
     'input-required-result-basic-elicitation': { paths: GATEWAY, why: 'keyed input requests renamed input-N on the session-era upstream (issue 15 item 1)' },
     'input-required-result-basic-list-roots': { paths: GATEWAY, why: 'roots/list refused upstream (issue 15 item 1)' },
@@ -121,7 +117,7 @@ async function startDirect (t: Test, args: string[]): Promise<string> {
  * policy, which is how the gateway validates Origin (MCP transports, security warning), so the
  * port is chosen first; dns-rebinding-protection is in both requirement sets.
  */
-async function startGateway (t: Test, targets: TargetConfig[], policies: Record<string, unknown> = {}): Promise<string> {
+async function startGateway (t: Test, targets: TargetConfig[], policies: Record<string, unknown> = {}, mcp: Record<string, unknown> = {}): Promise<string> {
   for (let attempt = 0; ; attempt++) {
     const port = await freePort()
     try {
@@ -131,6 +127,7 @@ async function startGateway (t: Test, targets: TargetConfig[], policies: Record<
         targets,
         // Clients of the suite never DELETE their sessions: a short idle TTL reaps their upstreams.
         session: { idleTimeoutSeconds: 5 },
+        ...mcp,
       })
       return url
     } catch (err) {
@@ -225,6 +222,8 @@ function mark (c: Check[] | undefined): string {
 }
 
 const FIXTURE = join(ROOT, 'test/fixtures/conformance-server.mjs')
+/** mcp.streams.pollAfterMs well below test_reconnection's 100 ms. */
+const POLLING = { streams: { pollAfterMs: 30 } }
 const fixtureStdio: TargetConfig = { name: 'conformance', stdio: { cmd: process.execPath, args: [FIXTURE, 'stdio'], env: {} } }
 
 t.test('conformance, both requirement sets: what passes directly passes through the gateway on every path', async t => {
@@ -234,9 +233,11 @@ t.test('conformance, both requirement sets: what passes directly passes through 
   const urls: Record<Path, string> = {
     direct: direct!,
     http: await startGateway(t, [{ name: 'conformance', mcp: { url: httpUpstream!, headers: {} } }]),
-    stdio: await startGateway(t, [fixtureStdio]),
+    // On the paths where the gateway writes the session's streams itself, polling is on (SEP-1699):
+    // server-sse-polling's test_reconnection (100 ms) is then closed mid-call by the gateway and resumed.
+    stdio: await startGateway(t, [fixtureStdio], {}, POLLING),
     // A rule on mcp.* holds for every real item; its presence takes the HTTP target off the proxy path.
-    rule: await startGateway(t, [{ name: 'conformance', mcp: { url: ruleUpstream!, headers: {} } }], { authorization: { rules: ['mcp.tool.name != "no_such_tool"'] } }),
+    rule: await startGateway(t, [{ name: 'conformance', mcp: { url: ruleUpstream!, headers: {} } }], { authorization: { rules: ['mcp.tool.name != "no_such_tool"'] } }, POLLING),
   }
 
   // server-everything (as issue 3 asked), 2025-11-25 over stdio: it lacks most tools the suite names,

@@ -257,7 +257,6 @@ export class Session {
     ex.stream = stream
     stream.onClose(() => this.#exchangeClosed(ex, stream))
     old.end()
-    this.#pollLater(ex, stream)
   }
 
   /**
@@ -266,6 +265,8 @@ export class Session {
    * timeout; the client reconnects with Last-Event-ID after the `retry:` of the priming
    * event (MCP 2025-11-25 transports, SEP-1699: a server MAY close the connection after
    * an event with an id). Its requests go on, and their answers wait in the replay buffer.
+   * Once: the stream that resumes it stays until the answers (a client resumes once, then
+   * reads to the end, as the conformance suite's server-sse-polling does).
    */
   #pollLater (ex: Exchange, stream: SseStream): void {
     const after = this.#env.streams.pollAfterMs
