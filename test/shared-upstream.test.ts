@@ -140,11 +140,14 @@ t.test('server-to-client requests reach a session only if its client declared th
   const withSampling = await connect(t, gw, 'erin', { sampling: true })
   withSampling.client.setRequestHandler(CreateMessageRequestSchema, async () => ({ model: 'm', role: 'assistant', content: { type: 'text', text: 'sampled by erin' } }))
   const without = await connect(t, gw, 'erin')
-  t.equal(pidOf(gw, withSampling.transport), pidOf(gw, without.transport), 'one child')
+  const again = await connect(t, gw, 'erin', { sampling: true })
+  // Children are pooled per declared capability set: the child never learns sampling on behalf of a client that did not declare it.
+  t.not(pidOf(gw, withSampling.transport), pidOf(gw, without.transport), 'a child per capability set')
+  t.equal(pidOf(gw, withSampling.transport), pidOf(gw, again.transport), 'the same set shares its child')
   const yes = await withSampling.client.callTool({ name: 'trigger-sampling-request', arguments: { prompt: 'x', maxTokens: 5 } })
   t.match(textOf(yes), /sampled by erin/, 'sampling round trip for the client that declared it')
   const no = await without.client.callTool({ name: 'trigger-sampling-request', arguments: { prompt: 'x', maxTokens: 5 } }).then(r => JSON.stringify(r), (e: Error) => e.message)
-  t.match(no, /Method not found|-32601/, 'a client without sampling is never sent a sampling request')
+  t.match(no, /not found/i, 'a client without sampling has no sampling tool, and is never sent a sampling request')
   t.notMatch(no, /sampled by erin/)
 })
 

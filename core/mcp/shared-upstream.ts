@@ -20,6 +20,13 @@
  *   `notifications/message` reaches the session whose request is the only one
  *   in flight; `logging/setLevel` is the child's, so the last one set wins.
  * When the child ends, every session on it sees its upstream close.
+ *
+ * Children are pooled per (subject, declared capabilities): a child is
+ * initialized with exactly the sampling and elicitation capabilities of the
+ * clients it serves, so a server that gates tools on them shows each client
+ * only what it may use, and never learns a capability on behalf of a client
+ * that did not declare it. Roots are never declared to a shared child (it
+ * asks for them outside any one client's request, which no lease can answer).
  */
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
@@ -40,6 +47,54 @@ export interface SessionUpstreamFactory extends UpstreamFactory {
 const OK: Readonly<{ jsonrpc: '2.0'; result: Record<string, never> }> = { jsonrpc: '2.0', result: {} }
 /** Server-to-client request method -> the client capability it needs. */
 const NEEDS: Readonly<Record<string, string>> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation' }
+/** The client capabilities a lease bridges to its session, and so declares to a shared child. */
+const BRIDGED = ['sampling', 'elicitation'] as const
+
+/** The bridged part of a client's declared capabilities, and a key naming it (stable: sorted keys). */
+function declared (caps: Record<string, unknown>): { caps: Record<string, unknown>; key: string } {
+  const out: Record<string, unknown> = {}
+  for (const k of BRIDGED) if (caps[k] !== null && typeof caps[k] === 'object') out[k] = caps[k]
+  return { caps: out, key: canonical(out) }
+}
+
+function canonical (v: unknown): string {
+  if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null'
+  if (Array.isArray(v)) return '[' + v.map(canonical).join(',') + ']'
+  const o = v as Record<string, unknown>
+  return '{' + Object.keys(o).sort().map(k => JSON.stringify(k) + ':' + canonical(o[k])).join(',') + '}'
+}
+
+/**
+ * An upstream whose initialize declares `caps` instead of what its pool
+ * declares; everything else is the wrapped upstream's.
+ */
+class DeclaringUpstream implements Upstream {
+  readonly #inner: Upstream
+  readonly #caps: Record<string, unknown>
+
+  constructor (inner: Upstream, caps: Record<string, unknown>) {
+    this.#inner = inner
+    this.#caps = caps
+  }
+
+  get target (): string { return this.#inner.target }
+  get kind (): 'stdio' | 'http' { return this.#inner.kind }
+  get pid (): number | undefined { return this.#inner.pid }
+  get startedAt (): number | undefined { return this.#inner.startedAt }
+  get lastError (): string | undefined { return this.#inner.lastError }
+  get alive (): boolean { return this.#inner.alive }
+  get onMessage (): (message: JsonRpcMessage) => void { return this.#inner.onMessage }
+  set onMessage (fn: (message: JsonRpcMessage) => void) { this.#inner.onMessage = fn }
+  get onClose (): (error: Error | undefined) => void { return this.#inner.onClose }
+  set onClose (fn: (error: Error | undefined) => void) { this.#inner.onClose = fn }
+  start (): Promise<void> { return this.#inner.start() }
+  close (): Promise<void> { return this.#inner.close() }
+
+  send (msg: JsonRpcMessage): void {
+    if (msg.method === 'initialize' && msg.params !== undefined) msg.params = { ...msg.params, capabilities: this.#caps }
+    this.#inner.send(msg)
+  }
+}
 
 export class SharedUpstream implements Upstream {
   readonly target: string
@@ -98,19 +153,39 @@ export class SharedUpstream implements Upstream {
     this.onClose(new Error(`shared upstream ${this.target} closed`))
   }
 
+  /** Nothing to start yet: which child serves this lease depends on the capabilities its initialize declares. */
   async start (): Promise<void> {
-    const entry = await this.#pool.acquire(this.#factory, this.#owner.subjectKey, this.#owner.subject, this.#factory.processesPerSubject ?? 1)
+    if (this.#closed) throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${this.target} closed`, { rpcCode: RPC.SERVER_ERROR, expose: true })
+  }
+
+  /** Leases a child of this subject initialized with the client's capabilities (`declared`), then answers the session's initialize from its result. */
+  async #initialize (id: JsonRpcId, params: Record<string, unknown>): Promise<void> {
+    this.#clientCaps = (params.capabilities ?? {}) as Record<string, unknown>
+    const { caps, key } = declared(this.#clientCaps)
+    const factory: UpstreamFactory = { ...this.#factory, create: () => new DeclaringUpstream(this.#factory.create(), caps) }
+    let entry: PooledUpstream
+    try {
+      entry = await this.#pool.acquire(factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1)
+    } catch (err) {
+      this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.SERVER_ERROR, message: (err as Error).message } })
+      return
+    }
     if (this.#closed) {
       this.#pool.release(entry)
-      throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${this.target} closed`, { rpcCode: RPC.SERVER_ERROR, expose: true })
+      return
     }
     this.#entry = entry
     this.#startedAt = Date.now()
     entry.listeners.add(this.#listener)
     entry.onGone.add(this.#gone)
+    this.#answerSoon({ jsonrpc: '2.0', id, result: { ...entry.initResult, protocolVersion: params.protocolVersion ?? entry.initResult?.protocolVersion } })
   }
 
   send (msg: JsonRpcMessage): void {
+    if (msg.method === 'initialize' && msg.id !== undefined && msg.id !== null && this.#entry === undefined && !this.#closed) {
+      void this.#initialize(msg.id, msg.params ?? {})
+      return
+    }
     const entry = this.#entry
     if (this.#closed || entry === undefined || !entry.up) {
       throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${this.target} closed`, { rpcCode: RPC.CONNECTION_CLOSED })
@@ -126,13 +201,9 @@ export class SharedUpstream implements Upstream {
     }
     const id = msg.id
     switch (msg.method) {
-      case 'initialize': {
-        const params = msg.params ?? {}
-        this.#clientCaps = (params.capabilities ?? {}) as Record<string, unknown>
-        const result = { ...entry.initResult, protocolVersion: params.protocolVersion ?? entry.initResult?.protocolVersion }
-        this.#answerSoon({ jsonrpc: '2.0', id, result })
+      case 'initialize':
+        this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.INVALID_REQUEST, message: 'already initialized' } })
         return
-      }
       case 'resources/subscribe': case 'resources/unsubscribe': {
         const uri = msg.params?.uri
         if (typeof uri !== 'string') break
