@@ -3,7 +3,8 @@
  * `<target>_<name>` (target names cannot contain `_`, so the first `_` splits);
  * resource URIs and URI templates become `mcp-proxy://<target>/<original>`
  * (the original is appended verbatim, so templates keep their `{vars}` and
- * the mapping is reversed by stripping a fixed prefix). With one target
+ * the mapping is reversed by stripping a fixed prefix). Task ids (the tasks
+ * utility) become `<target>_<taskId>`, as names do. With one target
  * nothing is renamed.
  */
 
@@ -57,11 +58,13 @@ function mergeInto (out: Caps, src: Caps): void {
   }
 }
 
-/** Renames one item of a merged list result (`key` is the result field: tools, prompts, resources, resourceTemplates). */
+/** Renames one item of a merged list result (`key` is the result field: tools, prompts, resources, resourceTemplates, tasks). */
 export function renameListItem (target: string, key: string, item: unknown): unknown {
   const it = item as Record<string, unknown>
   switch (key) {
     case 'tools': case 'prompts': it.name = prefixName(target, it.name as string); break
+    // Task ids are the server's opaque strings: named like tools, so that tasks/get and the rest route by them.
+    case 'tasks': it.taskId = prefixName(target, it.taskId as string); break
     case 'resources': it.uri = markUri(target, it.uri as string); break
     default: it.uriTemplate = markUri(target, it.uriTemplate as string)
   }

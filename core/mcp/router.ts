@@ -13,7 +13,7 @@ import type { Plugin } from '../plugin.ts'
 import type { JsonRpcMessage } from '../targets/types.ts'
 import { VERSION } from '../version.ts'
 import { RPC } from '../errors.ts'
-import { splitName, markUri, unmarkUri, renameListItem } from './naming.ts'
+import { splitName, markUri, unmarkUri, prefixName, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
 
 /** How the gateway names itself to clients (several targets) and to upstreams (pooled clients). */
@@ -23,6 +23,11 @@ export const GATEWAY_INFO: Readonly<{ name: string; version: string }> = Object.
 })
 
 export type ListKey = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
+
+/** Task methods addressed to one task by `params.taskId` (MCP 2025-11-25 basic/utilities/tasks). */
+export const TASK_METHODS: ReadonlySet<string> = new Set(['tasks/get', 'tasks/result', 'tasks/cancel'])
+/** `_meta` key that ties a message to a task (MCP 2025-11-25 tasks, "Related Task Metadata"). */
+export const RELATED_TASK = 'io.modelcontextprotocol/related-task'
 
 /** List methods and the result field that holds their items (MCP server features). */
 export const LIST_KEYS = {
@@ -159,14 +164,55 @@ export class Router<T extends { readonly target: string }> {
     return r
   }
 
+  /** The target a client-facing task id names, and the upstream's own id. One target: its, unrenamed. */
+  resolveTask (taskId: unknown): { target: T; taskId: string } | undefined {
+    if (typeof taskId !== 'string') return undefined
+    const r = this.resolve('tool', taskId)
+    return r === undefined ? undefined : { target: r.target, taskId: r.name }
+  }
+
+  /**
+   * A message of `target`, in place: the task ids it carries as the client
+   * sees them (a task-augmented call's `task`, tasks/get and tasks/cancel
+   * results, notifications/tasks/status, related-task `_meta`).
+   */
+  markTasks (target: string, m: JsonRpcMessage): JsonRpcMessage {
+    if (!this.multi) return m
+    const mark = (o: { taskId?: unknown } | undefined | null): void => {
+      if (typeof o?.taskId === 'string') o.taskId = prefixName(target, o.taskId)
+    }
+    const result = m.result as ({ taskId?: unknown; task?: { taskId?: unknown }; _meta?: Record<string, { taskId?: unknown }> } | undefined)
+    if (result !== undefined && result !== null && typeof result === 'object') {
+      mark(result)
+      mark(result.task)
+      mark(result._meta?.[RELATED_TASK])
+    }
+    if (m.params !== undefined) {
+      if (m.method === 'notifications/tasks/status') mark(m.params)
+      mark((m.params._meta as Record<string, { taskId?: unknown }> | undefined)?.[RELATED_TASK])
+    }
+    return m
+  }
+
+  /** A client message to `target`, in place: a related-task `_meta` id back to the upstream's. */
+  unmarkTasks (m: JsonRpcMessage): void {
+    if (!this.multi) return
+    for (const holder of [m.params, m.result as Record<string, unknown> | undefined]) {
+      const related = (holder?._meta as Record<string, { taskId?: unknown }> | undefined)?.[RELATED_TASK]
+      const r = related === undefined ? undefined : this.resolveTask(related.taskId)
+      if (r !== undefined) related!.taskId = r.taskId
+    }
+  }
+
   /**
    * A list over every target: each target's pages followed to the end (a
    * cursor seen before ends it), filtered, renamed, merged in config order.
    * A failing target is left out and logged, or, fail-closed, fails the
    * whole list. `stopped` ends the paging when the client went away.
    */
-  async mergeLists (ctx: RequestContext, method: ListMethod, fetch: PageFetch<T>, stopped: () => boolean, log: Logger, failClosed: boolean): Promise<JsonRpcMessage> {
-    const key = LIST_KEYS[method]
+  async mergeLists (ctx: RequestContext, method: ListMethod | 'tasks/list', fetch: PageFetch<T>, stopped: () => boolean, log: Logger, failClosed: boolean): Promise<JsonRpcMessage> {
+    // tasks/list: every task is listed here; which are the caller's is the era's to say (session.ts).
+    const key = method === 'tasks/list' ? 'tasks' : LIST_KEYS[method]
     const parts = await Promise.all(this.targets.map(async (t): Promise<unknown[] | RpcError> => {
       const out: unknown[] = []
       const seen = new Set<unknown>()
@@ -177,7 +223,7 @@ export class Router<T extends { readonly target: string }> {
           if (r.error !== undefined) return r.error
           const result = r.result as Record<string, unknown> | undefined
           const items = result?.[key]
-          if (Array.isArray(items)) for (const it of filterListItems(this.checkers, ctx, method, items, t.target)) out.push(renameListItem(t.target, key, it))
+          if (Array.isArray(items)) for (const it of key === 'tasks' ? items : filterListItems(this.checkers, ctx, method, items, t.target)) out.push(renameListItem(t.target, key, it))
           seen.add(cursor)
           cursor = result?.nextCursor
         } while (typeof cursor === 'string' && !seen.has(cursor) && !stopped())

@@ -16,7 +16,7 @@ import { ProxyError, RPC } from '../errors.ts'
 import { Backlog, Replay, SseStream, SSE_HEADERS, frame, frameWithId, primingFrame, type StreamLimits } from './sse.ts'
 import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
-import { GATEWAY_INFO, NAMED, Router, isListMethod, isNamedMethod, rpcError } from './router.ts'
+import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, rpcError } from './router.ts'
 import { UpstreamCalls } from './calls.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
 import { tracer } from '../tracing.ts'
@@ -119,6 +119,13 @@ export class Session {
   #streamSeq = 0
   readonly #undelivered = new Map<string, Exchange>()
   #starting = true
+  /**
+   * Tasks this session created (client-facing id -> target and tool), kept only with
+   * per-operation rules: a task is the caller's while the tool it runs is allowed.
+   */
+  readonly #tasks = new Map<string, { readonly target: string; readonly tool: string }>()
+  /** Progress tokens of task-augmented calls, valid for the task's lifetime (MCP 2025-11-25 tasks) -> client-facing task id. */
+  readonly #taskTokens = new Map<unknown, string>()
 
   constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly SessionUpstreamFactory[]; env: SessionEnv }) {
     this.id = opts.id
@@ -317,6 +324,7 @@ export class Session {
       }
       this.#serverRequests.delete(msg.id as number)
       msg.id = entry.id
+      this.#router.unmarkTasks(msg)
       this.#sendQuietly(entry.link, msg)
       return
     }
@@ -374,6 +382,14 @@ export class Session {
     const named = isNamedMethod(method) ? NAMED[method] : undefined
     if (named !== undefined) {
       this.#named(inflight, msg, method, named.kind, named.field)
+      return
+    }
+    if (TASK_METHODS.has(method)) {
+      this.#task(inflight, msg, method)
+      return
+    }
+    if (method === 'tasks/list') {
+      this.#listTasks(inflight, msg)
       return
     }
     const router = this.#router
@@ -436,8 +452,79 @@ export class Session {
     // Several targets: URIs inside answers are the gateway's (resources/read contents; links and embedded resources of calls and prompts).
     let mark: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined
     if (router.multi && read) mark = (r) => router.markContents(link.target, r)
+    else if (kind === 'tool' && params.task !== undefined) mark = (r) => this.#taskCreated(inflight, link.target, String(name), router.markTasks(link.target, r))
     else if (router.multi && kind !== 'resource') mark = (r) => router.markUris(link.target, r)
     this.#forward(inflight, link, msg, mark)
+  }
+
+  /**
+   * A task-augmented tools/call was answered (MCP 2025-11-25 tasks): with a task, its
+   * progress token stays valid while the task runs, and with per-operation rules the
+   * session remembers which tool the task runs. Without a task it was a plain result.
+   */
+  #taskCreated (inflight: Inflight, target: string, tool: string, r: JsonRpcMessage): JsonRpcMessage {
+    const taskId = (r.result as { task?: { taskId?: unknown } } | undefined)?.task?.taskId
+    if (typeof taskId !== 'string') return this.#router.markUris(target, r)
+    if (this.#router.checkers.length > 0) this.#tasks.set(taskId, { target, tool })
+    if (inflight.progressToken !== undefined) this.#taskTokens.set(inflight.progressToken, taskId)
+    return r
+  }
+
+  /** Whether the caller may use the task (client-facing id): always without per-operation rules. */
+  #mayUseTask (ctx: RequestContext, taskId: unknown): boolean {
+    if (this.#router.checkers.length === 0) return true
+    const task = typeof taskId === 'string' ? this.#tasks.get(taskId) : undefined
+    return task !== undefined && this.#router.allows(ctx, 'tools/call', 'tool', task.tool, task.target)
+  }
+
+  /** tasks/get, tasks/result, tasks/cancel: to the task's target under its own id. */
+  #task (inflight: Inflight, msg: JsonRpcMessage, method: string): void {
+    const router = this.#router
+    const taskId = msg.params?.taskId
+    const r = router.resolveTask(taskId)
+    if (r === undefined || !this.#mayUseTask(inflight.exchange.ctx, taskId)) {
+      this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, `Unknown task: ${String(taskId)}`))
+      return
+    }
+    msg.params!.taskId = r.taskId
+    const target = r.target.target
+    const ended = method !== 'tasks/get'
+    this.#forward(inflight, r.target, msg, !router.multi && !ended
+      ? undefined
+      : (resp) => {
+          if (ended) this.#taskEnded(taskId as string)
+          router.markTasks(target, resp)
+          return method === 'tasks/result' ? router.markUris(target, resp) : resp
+        })
+  }
+
+  /** The task's result was fetched or it was cancelled: its progress token is spent. */
+  #taskEnded (taskId: string): void {
+    for (const [token, id] of this.#taskTokens) if (id === taskId) { this.#taskTokens.delete(token); break }
+  }
+
+  /** tasks/list: one target's, or merged over the targets that list tasks; with rules, only the caller's tasks. */
+  #listTasks (inflight: Inflight, msg: JsonRpcMessage): void {
+    const router = this.#router
+    const ctx = inflight.exchange.ctx
+    const mine = router.checkers.length === 0
+      ? undefined
+      : (r: JsonRpcMessage): JsonRpcMessage => {
+          const result = r.result as { tasks?: Array<{ taskId?: unknown }> } | undefined
+          if (Array.isArray(result?.tasks)) result.tasks = result.tasks.filter(x => this.#mayUseTask(ctx, x.taskId))
+          return r
+        }
+    if (!router.multi) {
+      this.#forward(inflight, this.links[0]!, msg, mine)
+      return
+    }
+    const listing = new Set(this.links.filter(l => l.up && (l.initResult?.capabilities as { tasks?: { list?: unknown } } | undefined)?.tasks?.list !== undefined))
+    if (listing.size === 0) {
+      this.#reply(inflight, rpcError(RPC.METHOD_NOT_FOUND, 'Method not found: tasks/list'))
+      return
+    }
+    void router.mergeLists(ctx, 'tasks/list', (link, params) => listing.has(link) ? this.#request(link, 'tasks/list', params, inflight) : NO_PAGE, () => inflight.finished, this.#log, this.#env.failClosed)
+      .then(r => this.#reply(inflight, mine === undefined ? r : mine(r)))
   }
 
   async #fanOutSetLevel (inflight: Inflight, msg: JsonRpcMessage): Promise<void> {
@@ -604,6 +691,7 @@ export class Session {
       const cid = ++this.#serverSeq
       this.#serverRequests.set(cid, { link, id: msg.id })
       msg.id = cid
+      if (this.multi && msg.params?._meta !== undefined) this.#router.markTasks(link.target, msg)
       this.#deliver(msg, this.#relatedStream(link))
       return
     }
@@ -611,6 +699,8 @@ export class Session {
       case 'notifications/progress': {
         const inflight = this.#progress.get(msg.params?.progressToken)
         if (inflight !== undefined) { this.#emit(inflight.exchange, msg); return }
+        // A task's progress outlives the call that created it (MCP 2025-11-25 tasks).
+        if (this.#taskTokens.has(msg.params?.progressToken)) break
         // Its request was answered or cancelled: the client no longer knows the token
         // (MCP 2025-11-25 utilities, Progress: tokens are valid only while the request is active).
         this.#log.debug({ target: link.target }, 'progress for a request no longer in flight dropped')
@@ -628,7 +718,18 @@ export class Session {
       case 'notifications/resources/updated':
         if (typeof msg.params?.uri === 'string') msg.params.uri = this.#router.clientUri(link.target, msg.params.uri)
         break
+      case 'notifications/tasks/status': {
+        this.#router.markTasks(link.target, msg)
+        const taskId = msg.params?.taskId
+        // With rules, only the session's own tasks (its children are its own, but a shared child is its subject's).
+        if (this.#router.checkers.length > 0 && (typeof taskId !== 'string' || !this.#tasks.has(taskId))) return
+        const status = msg.params?.status
+        if (status === 'completed' || status === 'failed' || status === 'cancelled') this.#taskEnded(taskId as string)
+        this.#deliver(msg, undefined)
+        return
+      }
     }
+    if (this.multi && msg.params?._meta !== undefined) this.#router.markTasks(link.target, msg)
     this.#deliver(msg, undefined)
   }
 

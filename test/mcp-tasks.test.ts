@@ -1,0 +1,88 @@
+/**
+ * The tasks utility (MCP 2025-11-25 basic/utilities/tasks; an extension in
+ * 2026-07-28) through the gateway in the session era, with several targets:
+ * the capability is advertised when a target has it; a task-augmented
+ * tools/call goes to the tool's target and its task id comes back naming that
+ * target, so tasks/get, tasks/result, tasks/cancel and tasks/list (merged over
+ * the targets that list tasks) reach the right upstream; with per-operation
+ * rules a task is the caller's only if its underlying tool is. Real
+ * server-everything children (simulate-research-query is a task tool, four
+ * one-second stages), the official SDK client.
+ */
+import t, { type Test } from 'tap'
+import { join } from 'node:path'
+import { Client } from '@modelcontextprotocol/sdk/client/index.js'
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { CallToolResultSchema, CancelTaskResultSchema, CreateTaskResultSchema, GetTaskResultSchema, ListTasksResultSchema, McpError } from '@modelcontextprotocol/sdk/types.js'
+import type { Plugin } from '../core/plugin.ts'
+import { ROOT, startGateway, everythingTarget, type GatewayHarness } from './helpers/gateway-harness.ts'
+
+const LATE = join(ROOT, 'test/fixtures/late-server.mjs')
+const TOOL = 'simulate-research-query'
+
+async function connect (t: Test, gw: GatewayHarness): Promise<Client> {
+  const client = new Client({ name: 'tasks', version: '1.0.0' })
+  await client.connect(new StreamableHTTPClientTransport(new URL(gw.url)))
+  t.teardown(() => client.close())
+  return client
+}
+
+function startTask (client: Client, name: string, topic: string): Promise<string> {
+  return client.request({ method: 'tools/call', params: { name, arguments: { topic }, task: { ttl: 60_000 } } }, CreateTaskResultSchema).then(r => r.task.taskId)
+}
+
+const errorOf = (p: Promise<unknown>): Promise<string> => p.then(r => `no error: ${JSON.stringify(r)}`, (e: Error) => e instanceof McpError ? `${e.code} ${e.message}` : e.message)
+
+t.test('several targets: task-augmented calls, tasks/get, tasks/result, tasks/cancel and tasks/list reach the task\'s target', async t => {
+  const gw = await startGateway(t, { targets: [everythingTarget('a'), everythingTarget('b')] })
+  const client = await connect(t, gw)
+  t.match(client.getServerCapabilities()?.tasks, { list: {}, cancel: {}, requests: { tools: { call: {} } } }, 'the targets\' tasks capability is advertised')
+
+  const onB = await startTask(client, `b_${TOOL}`, 'gateways')
+  t.match(onB, /^b_/, 'the task id names its target')
+  const onA = await startTask(client, `a_${TOOL}`, 'proxies')
+  t.match(onA, /^a_/)
+
+  const got = await client.request({ method: 'tasks/get', params: { taskId: onB } }, GetTaskResultSchema)
+  t.equal(got.taskId, onB, 'tasks/get answers under the client\'s task id')
+  t.match(got.status, /^(working|completed)$/)
+
+  const listed = await client.request({ method: 'tasks/list', params: {} }, ListTasksResultSchema)
+  t.same(listed.tasks.map(x => x.taskId).sort(), [onA, onB].sort(), 'tasks/list merges both targets\' tasks')
+
+  const cancelled = await client.request({ method: 'tasks/cancel', params: { taskId: onA } }, CancelTaskResultSchema)
+  t.same([cancelled.taskId, cancelled.status], [onA, 'cancelled'], 'tasks/cancel reached a\'s task')
+  t.equal((await client.request({ method: 'tasks/get', params: { taskId: onB } }, GetTaskResultSchema)).status === 'cancelled', false, 'b\'s task goes on')
+
+  const result = await client.request({ method: 'tasks/result', params: { taskId: onB } }, CallToolResultSchema, { timeout: 30_000 })
+  t.match(JSON.stringify(result.content), /gateways/, 'tasks/result gives the tool\'s result from b')
+
+  t.match(await errorOf(client.request({ method: 'tasks/get', params: { taskId: 'c_nothing' } }, GetTaskResultSchema)), /-32602/, 'a task id naming no target is invalid params')
+})
+
+t.test('several targets, none with tasks: no tasks capability, tasks/* unknown', async t => {
+  const late = (name: string) => ({ name, stdio: { cmd: process.execPath, args: [LATE, 'stdio'], env: {} } })
+  const gw = await startGateway(t, { targets: [late('x'), late('y')] })
+  const client = await connect(t, gw)
+  t.equal(client.getServerCapabilities()?.tasks, undefined)
+  t.match(await errorOf(client.request({ method: 'tasks/list', params: {} }, ListTasksResultSchema)), /-32601/, 'tasks/list: method not found')
+})
+
+t.test('per-operation rules: a task is the caller\'s only while its tool is allowed', async t => {
+  // Tools of b only (a stands in for a target the caller may not use); b too until the test withdraws it.
+  let bAllowed = true
+  const rules: Plugin = {
+    name: 'test-rules',
+    allowMcpOperation: (_ctx, op) => op.tool === undefined || (op.tool.target === 'b' && bAllowed),
+  }
+  const gw = await startGateway(t, { targets: [everythingTarget('a'), everythingTarget('b')], plugins: [rules] })
+  const client = await connect(t, gw)
+  const mine = await startTask(client, `b_${TOOL}`, 'allowed')
+  t.match(await errorOf(startTask(client, `a_${TOOL}`, 'refused')), /not found|-32602/i, 'a task of a refused tool is not created')
+  t.same((await client.request({ method: 'tasks/list', params: {} }, ListTasksResultSchema)).tasks.map(x => x.taskId), [mine], 'only the caller\'s own task is listed')
+  t.equal((await client.request({ method: 'tasks/get', params: { taskId: mine } }, GetTaskResultSchema)).taskId, mine)
+  t.match(await errorOf(client.request({ method: 'tasks/get', params: { taskId: 'a_made-up' } }, GetTaskResultSchema)), /-32602/, 'a task the session did not create is unknown')
+  bAllowed = false
+  t.same((await client.request({ method: 'tasks/list', params: {} }, ListTasksResultSchema)).tasks, [], 'once its tool is refused, the task is no longer listed')
+  t.match(await errorOf(client.request({ method: 'tasks/result', params: { taskId: mine } }, CallToolResultSchema)), /-32602/, '... nor its result given')
+})
