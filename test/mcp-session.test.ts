@@ -138,3 +138,17 @@ t.test('one target: an upstream that crashes ends the session', async t => {
   t.same(s.ended, ['upstream a closed'])
   t.ok(s.session.ended)
 })
+
+t.test('a client\'s cancellation goes upstream under the upstream id with the client\'s reason, or none', async t => {
+  const s = await open(t, ['a'])
+  const first = s.rpc(1, 'tools/call', { name: 'hang' })
+  const second = s.rpc(2, 'tools/call', { name: 'hang' })
+  const up = s.factories[0]!.server.received
+  while (up.filter(m => m.method === 'tools/call').length < 2) await new Promise(resolve => setTimeout(resolve, 5))
+  const [upFirst, upSecond] = up.filter(m => m.method === 'tools/call')
+  t.equal((await s.post({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 1, reason: 'changed my mind' } })).status, 202)
+  t.equal((await s.post({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 2 } })).status, 202)
+  await Promise.all([first, second])
+  const cancels = up.filter(m => m.method === 'notifications/cancelled').map(m => m.params)
+  t.same(cancels, [{ requestId: upFirst!.id, reason: 'changed my mind' }, { requestId: upSecond!.id }], 'the client\'s reason, or none: never one the client did not give')
+})

@@ -15,7 +15,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { CallToolResultSchema, CancelTaskResultSchema, CreateTaskResultSchema, GetTaskResultSchema, ListTasksResultSchema, McpError } from '@modelcontextprotocol/sdk/types.js'
 import type { Plugin } from '../core/plugin.ts'
-import { ROOT, startGateway, everythingTarget, type GatewayHarness } from './helpers/gateway-harness.ts'
+import { ROOT, startGateway, everythingTarget, until, type GatewayHarness } from './helpers/gateway-harness.ts'
 
 const LATE = join(ROOT, 'test/fixtures/late-server.mjs')
 const TOOL = 'simulate-research-query'
@@ -85,4 +85,24 @@ t.test('per-operation rules: a task is the caller\'s only while its tool is allo
   bAllowed = false
   t.same((await client.request({ method: 'tasks/list', params: {} }, ListTasksResultSchema)).tasks, [], 'once its tool is refused, the task is no longer listed')
   t.match(await errorOf(client.request({ method: 'tasks/result', params: { taskId: mine } }, CallToolResultSchema)), /-32602/, '... nor its result given')
+})
+
+t.test('a task-augmented call\'s progress token stays valid after its CreateTaskResult, until the task\'s result', async t => {
+  const late = (name: string, ...flags: string[]) => ({ name, stdio: { cmd: process.execPath, args: [LATE, 'stdio', ...flags], env: {} } })
+  const gw = await startGateway(t, { targets: [late('x', '--tasks'), late('y')] })
+  const client = await connect(t, gw)
+  const errors: Error[] = []
+  client.onerror = (err) => { errors.push(err) }
+  const seen: number[] = []
+  const created = await client.request({ method: 'tools/call', params: { name: 'x_task-progress', arguments: {}, task: {} } }, CreateTaskResultSchema, { onprogress: p => { seen.push(p.progress) } })
+  t.equal(created.task.taskId, 'x_t-1')
+  // The fixture writes the task's progress before it answers this.
+  const got = await client.request({ method: 'tasks/get', params: { taskId: 'x_t-1' } }, GetTaskResultSchema)
+  t.equal(got.status, 'completed')
+  await client.ping()
+  t.ok(await until(() => seen.length > 0 || errors.length > 0), 'the progress arrived')
+  t.same(seen, [1], 'the task\'s progress reached the caller')
+  t.same(errors, [])
+  const result = await client.request({ method: 'tasks/result', params: { taskId: 'x_t-1' } }, CallToolResultSchema)
+  t.same(result.content, [{ type: 'text', text: 'task done' }])
 })
