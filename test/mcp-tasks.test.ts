@@ -13,7 +13,7 @@ import t, { type Test } from 'tap'
 import { join } from 'node:path'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { CallToolResultSchema, CancelTaskResultSchema, CreateTaskResultSchema, GetTaskResultSchema, ListTasksResultSchema, McpError } from '@modelcontextprotocol/sdk/types.js'
+import { CallToolResultSchema, CancelTaskResultSchema, CreateTaskResultSchema, GetTaskResultSchema, ListTasksResultSchema, McpError, TaskStatusNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
 import type { Plugin } from '../core/plugin.ts'
 import { ROOT, startGateway, everythingTarget, until, type GatewayHarness } from './helpers/gateway-harness.ts'
 
@@ -105,4 +105,22 @@ t.test('a task-augmented call\'s progress token stays valid after its CreateTask
   t.same(errors, [])
   const result = await client.request({ method: 'tasks/result', params: { taskId: 'x_t-1' } }, CallToolResultSchema)
   t.same(result.content, [{ type: 'text', text: 'task done' }])
+})
+
+t.test('a child shared per subject: a task\'s status notifications reach only the session that created it', async t => {
+  const shared = everythingTarget()
+  const gw = await startGateway(t, { targets: [{ ...shared, stdio: { ...shared.stdio!, share: 'subject', processesPerSubject: 1 } }] })
+  const owner = await connect(t, gw)
+  const other = await connect(t, gw)
+  t.equal(gw.endpoint.pooled().length, 1, 'one child for both sessions')
+  const seen: Record<'owner' | 'other', string[]> = { owner: [], other: [] }
+  owner.setNotificationHandler(TaskStatusNotificationSchema, n => { seen.owner.push(n.params.taskId) })
+  other.setNotificationHandler(TaskStatusNotificationSchema, n => { seen.other.push(n.params.taskId) })
+  const taskId = await startTask(owner, TOOL, 'isolation')
+  t.ok(await until(() => seen.owner.length > 0), 'the owner hears of its task')
+  await other.ping()
+  await until(() => seen.other.length > 0, 4, 25)
+  t.same(seen.other, [], 'the other session on the same child does not')
+  t.ok(seen.owner.every(id => id === taskId))
+  await owner.request({ method: 'tasks/cancel', params: { taskId } }, CancelTaskResultSchema)
 })

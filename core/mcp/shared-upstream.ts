@@ -13,7 +13,8 @@
  *   progress tokens, back); `notifications/cancelled` cancels the matching one;
  * - `resources/subscribe`/`unsubscribe` are counted per URI on the child, and
  *   `notifications/resources/updated` reaches only the sessions subscribed;
- *   list-changed notifications reach every session on the child;
+ *   list-changed notifications reach every session on the child,
+ *   `notifications/tasks/status` only the session whose call created the task;
  * - a server-to-client request (sampling, elicitation) reaches this session
  *   only when its request is the one in flight on the child and its client
  *   declared the capability; otherwise the child gets "Method not found";
@@ -108,6 +109,11 @@ export class SharedUpstream implements Upstream {
   /** Session's upstream id -> the call on the shared child. */
   readonly #calls = new Map<JsonRpcId, PoolCall>()
   readonly #subscribed = new Set<string>()
+  /**
+   * Tasks this session created on the child (MCP 2025-11-25 tasks): only their status
+   * notifications are its (one the child sends before its CreateTaskResult is dropped; that result carries the status).
+   */
+  readonly #tasks = new Set<string>()
   /** Client capabilities from the session's initialize. */
   #clientCaps: Record<string, unknown> = {}
   #closed = false
@@ -141,6 +147,12 @@ export class SharedUpstream implements Upstream {
     if (msg.method === 'notifications/resources/updated') {
       const uri = msg.params?.uri
       if (typeof uri !== 'string' || !this.#subscribed.has(uri)) return
+    }
+    if (msg.method === 'notifications/tasks/status') {
+      const taskId = msg.params?.taskId
+      if (typeof taskId !== 'string' || !this.#tasks.has(taskId)) return
+      const status = msg.params?.status
+      if (status === 'completed' || status === 'failed' || status === 'cancelled') this.#tasks.delete(taskId)
     }
     // One object per session: the session may rewrite it (URI markers).
     this.onMessage(structuredClone(msg))
@@ -225,11 +237,14 @@ export class SharedUpstream implements Upstream {
         return
       }
     }
+    const augmented = msg.method === 'tools/call' && msg.params?.task !== undefined
     const call = entry.call(msg, this.#hooks)
     this.#calls.set(id, call)
     void call.done.then(r => {
       if (this.#calls.get(id) !== call) return
       this.#calls.delete(id)
+      const taskId = augmented ? (r.result as { task?: { taskId?: unknown } } | undefined)?.task?.taskId : undefined
+      if (typeof taskId === 'string') this.#tasks.add(taskId)
       r.id = id
       this.#deliver(r)
     })
