@@ -5,8 +5,66 @@
  * hops are trusted: every proxy appends the address it saw, so the entries
  * left of the first untrusted one were written by the client and prove
  * nothing. Without trusted proxies the header is never read.
+ *
+ * Between replicas (`cluster`), a replica that relays a request to the
+ * session's owner passes the address it resolved in `Mcp-Proxy-Client`,
+ * authenticated with an HMAC under a key derived from `cluster.secret` over
+ * that address and the request it travels with (method, target, session id,
+ * time): the owner keys anonymous callers by it, as if the client had come to
+ * it directly. Without a valid MAC the header is ignored (and logged): a
+ * client cannot name an address of its choosing, nor reuse a relayed header
+ * on another request or session.
  */
+import { createHmac, hkdfSync, timingSafeEqual } from 'node:crypto'
+import type { IncomingMessage } from 'node:http'
 import { BlockList, isIP } from 'node:net'
+import type { Logger } from 'pino'
+
+/** The relayed client address: `v1 <unix seconds> <address> <base64url HMAC-SHA256>`. */
+export const RELAYED_CLIENT_HEADER = 'mcp-proxy-client'
+
+/**
+ * How far a relayed header's time may be from the owner's clock: covers the
+ * forward itself and clock skew between hosts; the binding to the method,
+ * target and session id already stops reuse on another request.
+ */
+const RELAY_MAX_SKEW_S = 300
+
+export interface ClientRelay {
+  /** The header value a relay sends for `address` with this request. */
+  sign(address: string, method: string, url: string, sessionId: string | undefined): string
+  /** The authenticated address of a relayed request; undefined (logged) when the header is absent or not authentic. */
+  verify(req: IncomingMessage): string | undefined
+}
+
+export function createClientRelay (secret: string, log: Logger): ClientRelay {
+  // A key of its own (HKDF info), never the session-id sealing key.
+  const key = Buffer.from(hkdfSync('sha256', secret, 'mcp-proxy', 'relayed client address v1', 32))
+  const mac = (ts: string, address: string, method: string, url: string, sid: string): Buffer =>
+    createHmac('sha256', key).update(`v1\n${ts}\n${address}\n${method}\n${url}\n${sid}`).digest()
+  return {
+    sign (address, method, url, sessionId) {
+      const ts = String(Math.floor(Date.now() / 1000))
+      return `v1 ${ts} ${address} ${mac(ts, address, method, url, sessionId ?? '').toString('base64url')}`
+    },
+    verify (req) {
+      const value = req.headers[RELAYED_CLIENT_HEADER]
+      if (value === undefined) return undefined
+      const parts = typeof value === 'string' ? value.split(' ') : []
+      const sid = req.headers['mcp-session-id']
+      const ok = parts.length === 4 && parts[0] === 'v1' && /^\d{1,12}$/.test(parts[1]!) &&
+        Math.abs(Date.now() / 1000 - Number(parts[1])) <= RELAY_MAX_SKEW_S && isIP(parts[2]!) !== 0 &&
+        (() => {
+          const given = Buffer.from(parts[3]!, 'base64url')
+          const want = mac(parts[1]!, parts[2]!, req.method ?? 'GET', req.url ?? '/', typeof sid === 'string' ? sid : '')
+          return given.length === want.length && timingSafeEqual(given, want)
+        })()
+      if (ok) return parts[2]
+      log.warn({ remote: req.socket.remoteAddress }, 'client address header not authenticated: ignored')
+      return undefined
+    },
+  }
+}
 
 export interface Cidr { readonly address: string; readonly prefix: number; readonly family: 'ipv4' | 'ipv6' }
 
@@ -47,9 +105,11 @@ function entryAddress (entry: string): string | undefined {
 
 export class ClientAddresses {
   readonly #trusted: BlockList | undefined
+  readonly #relay: ClientRelay | undefined
 
   /** `cidrs` are validated by the config loader (parseCidr); an invalid one here is a programming error. */
-  constructor (cidrs: readonly string[] = []) {
+  constructor (cidrs: readonly string[] = [], relay?: ClientRelay) {
+    this.#relay = relay
     if (cidrs.length === 0) return
     const list = new BlockList()
     for (const text of cidrs) {
@@ -62,6 +122,15 @@ export class ClientAddresses {
 
   #isTrusted (address: string): boolean {
     return this.#trusted!.check(address, isIP(address) === 4 ? 'ipv4' : 'ipv6')
+  }
+
+  /** The client address of a request: relayed by a replica (authenticated), else from its peer and X-Forwarded-For. */
+  of (req: IncomingMessage): string {
+    if (this.#relay !== undefined && req.headers[RELAYED_CLIENT_HEADER] !== undefined) {
+      const relayed = this.#relay.verify(req)
+      if (relayed !== undefined) return relayed
+    }
+    return this.resolve(req.socket.remoteAddress, req.headers['x-forwarded-for'])
   }
 
   /** The client address for a peer and its X-Forwarded-For header (string, or the joined lines). */

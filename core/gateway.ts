@@ -24,6 +24,7 @@ import { TargetReadiness } from './target-readiness.ts'
 import { startTracing, stopTracing } from './tracing.ts'
 import { VERSION } from './version.ts'
 import { createClusterForward } from './mcp/cluster-forward.ts'
+import { createClientRelay } from './client-address.ts'
 import { createProbeServer, type ProbeReadiness } from './probes.ts'
 import { createMemoryState, createRedisState, type SharedState } from './shared-state.ts'
 
@@ -105,9 +106,11 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const traced = await startTracing(config.tracing, log, VERSION)
   const endTracing = (): Promise<void> => traced ? stopTracing() : Promise.resolve()
   const requestLog = new RequestLog()
+  const clientRelay = config.cluster === undefined ? undefined : createClientRelay(config.cluster.secret, log)
   const gw = new GatewayServer({
     pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: starting, log, limits: config.mcp.limits, metrics,
     trustedProxies: config.mcp.trustedProxies,
+    clientRelay,
     onAccess: rec => requestLog.add(rec),
     hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })
@@ -177,7 +180,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
     const cluster = config.cluster === undefined
       ? undefined
-      : createClusterForward({ secret: config.cluster.secret, advertiseUrl: config.cluster.advertiseUrl, forwardTimeoutMs: config.cluster.forwardTimeoutMs, log })
+      : createClusterForward({ secret: config.cluster.secret, advertiseUrl: config.cluster.advertiseUrl, forwardTimeoutMs: config.cluster.forwardTimeoutMs, log, clientRelay: clientRelay! })
     const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster?.newSessionId }) : undefined
     const endpoint = createMcpEndpoint({
       targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined,

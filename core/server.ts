@@ -17,7 +17,7 @@ import { writeError, bodyPending, errorBody } from './error-writer.ts'
 import { parseMcpBody } from './mcp/jsonrpc.ts'
 import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
 import { methodLabel } from './metric-labels.ts'
-import { ClientAddresses } from './client-address.ts'
+import { ClientAddresses, type ClientRelay } from './client-address.ts'
 import { tracer } from './tracing.ts'
 
 /** The terminal handler for /mcp (see core/mcp/). */
@@ -94,6 +94,8 @@ export interface GatewayServerOptions {
   metrics: Metrics
   /** `mcp.trustedProxies`: peers whose X-Forwarded-For names the client (see client-address.ts). */
   trustedProxies?: readonly string[]
+  /** With `cluster`: the client address a peer replica relayed, authenticated (client-address.ts). */
+  clientRelay?: ClientRelay
   /** Called once per finished request (admin UI's recent-requests list). */
   onAccess?: (rec: AccessRecord) => void
   /** Hold requests until `attach` (the gateway binds before its plugins exist). Default: serve at once. */
@@ -206,7 +208,7 @@ class Context implements RequestContext {
   get hasLog (): boolean { return this.#log !== undefined }
 
   get clientAddress (): string {
-    this.#clientAddress ??= this.#server.clientAddresses.resolve(this.req.socket.remoteAddress, this.req.headers['x-forwarded-for'])
+    this.#clientAddress ??= this.#server.clientAddresses.of(this.req)
     return this.#clientAddress
   }
 
@@ -345,7 +347,7 @@ export class GatewayServer {
     this.routes = opts.routes
     this.log = opts.log
     this.limits = opts.limits
-    this.clientAddresses = new ClientAddresses(opts.trustedProxies)
+    this.clientAddresses = new ClientAddresses(opts.trustedProxies, opts.clientRelay)
     this.#mcp = opts.mcp
     this.#onAccess = opts.onAccess
     this.#hold = opts.hold

@@ -12,6 +12,7 @@ import { spawn } from 'node:child_process'
 import { join } from 'node:path'
 import { faultyTarget, ROOT } from './helpers/gateway-harness.ts'
 import { freePort } from './helpers/cli.ts'
+import { request as httpRequest } from 'node:http'
 
 const SECRET = 'cluster-secret-for-tests-0123456789abcdef'
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
@@ -148,4 +149,55 @@ t.test('one HTTP target (passthrough): the gateway session id names its replica 
   t.equal(listed.status, 200, 'B relays to A, which maps the id to the upstream session')
   t.ok(Array.isArray(listed.body.result.tools) && listed.body.result.tools.length > 0)
   t.match(b.logText(), /forwarded to the session owner/)
+})
+
+/** A POST from a chosen loopback source address (Linux routes all of 127.0.0.0/8 to lo), so replicas see distinct clients. */
+function postFrom (localAddress: string, url: string, sid: string | undefined, body: unknown, extra: Record<string, string> = {}): Promise<{ status: number; sid: string | undefined; body: any }> {
+  return new Promise((resolve, reject) => {
+    const payload = JSON.stringify(body)
+    const req = httpRequest(url, {
+      method: 'POST', localAddress, agent: false,
+      headers: { ...HEADERS, ...(sid !== undefined ? { 'mcp-session-id': sid } : {}), ...extra, 'content-length': Buffer.byteLength(payload) },
+    }, res => {
+      let text = ''
+      res.setEncoding('utf8')
+      res.on('data', d => { text += d })
+      res.on('end', () => {
+        const type = res.headers['content-type'] ?? ''
+        resolve({
+          status: res.statusCode!,
+          sid: res.headers['mcp-session-id'] as string | undefined,
+          body: type.startsWith('text/event-stream') ? sseData(text).at(-1) : text === '' ? undefined : JSON.parse(text),
+        })
+      })
+    })
+    req.once('error', reject)
+    req.end(payload)
+  })
+}
+
+t.test('anonymous callers: the owner keys a relayed request by the original client address, authenticated by the relay; a forged address header is ignored', async t => {
+  const a = await replica(t)
+  const b = await replica(t)
+  const init = await postFrom('127.0.0.2', a.url, undefined, { jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } })
+  t.equal(init.status, 200)
+  const sid = init.sid!
+  t.equal((await postFrom('127.0.0.2', a.url, sid, { jsonrpc: '2.0', method: 'notifications/initialized' })).status, 202)
+
+  const direct = await postFrom('127.0.0.2', a.url, sid, { jsonrpc: '2.0', id: 1, method: 'tools/list' })
+  t.equal(direct.status, 200, 'the owner serves its anonymous caller directly')
+  const relayed = await postFrom('127.0.0.2', b.url, sid, { jsonrpc: '2.0', id: 2, method: 'tools/list' })
+  t.equal(relayed.status, 200, 'through the other replica, the owner finds the session of the same anonymous caller')
+  t.match(b.logText(), /forwarded to the session owner/)
+
+  // Another caller cannot borrow the session, neither through the relay nor by writing the header itself.
+  const stranger = await postFrom('127.0.0.3', b.url, sid, { jsonrpc: '2.0', id: 3, method: 'tools/list' })
+  t.equal(stranger.status, 404, 'another address through the relay: not its session')
+  for (const forged of ['127.0.0.2', 'v1 0 127.0.0.2 AAAA', `v1 ${Math.floor(Date.now() / 1000)} 127.0.0.2 ${'A'.repeat(43)}`]) {
+    const r = await postFrom('127.0.0.3', a.url, sid, { jsonrpc: '2.0', id: 4, method: 'tools/list' }, { 'mcp-proxy-client': forged, 'mcp-proxy-forwarded': '1' })
+    t.equal(r.status, 404, `a forged client address header (${forged.slice(0, 12)}…) is ignored`)
+  }
+  const viaRelay = await postFrom('127.0.0.3', b.url, sid, { jsonrpc: '2.0', id: 5, method: 'tools/list' }, { 'mcp-proxy-client': '127.0.0.2' })
+  t.equal(viaRelay.status, 404, 'the relay replaces a client\'s own header with the address it saw')
+  t.match(a.logText(), /client address header not authenticated/, 'the forged header is logged')
 })

@@ -12,9 +12,9 @@
  * later), to the owner's `advertiseUrl`; the owner runs its pipeline (token
  * verified, rules applied, session bound to its subject) as for a request it
  * had received itself. The relay trusts nothing and decides nothing. Callers
- * without a token are keyed by their address, which the owner sees as the
- * relaying replica's: such sessions are found only on the replica that made
- * them. An owner that cannot be reached is gone with its sessions: the
+ * without a token are keyed by their address: the relay passes the address it
+ * resolved in an authenticated header (core/client-address.ts), so the owner
+ * finds an anonymous caller's session wherever the request landed. An owner that cannot be reached is gone with its sessions: the
  * client gets 404, which tells it to initialize again (MCP Streamable HTTP,
  * Session Management). A forwarded request is never forwarded again.
  */
@@ -24,6 +24,7 @@ import { Agent as HttpsAgent, request as httpsRequest } from 'node:https'
 import type { Logger } from 'pino'
 import type { RequestContext } from '../context.ts'
 import { ProxyError, RPC } from '../errors.ts'
+import { RELAYED_CLIENT_HEADER, type ClientRelay } from '../client-address.ts'
 
 export interface ClusterForwardOptions {
   /** `cluster.secret`, the same on every replica. */
@@ -33,6 +34,8 @@ export interface ClusterForwardOptions {
   /** How long to wait for the owner's response head. */
   readonly forwardTimeoutMs: number
   readonly log: Logger
+  /** Signs the client address the relay passes on (same `cluster.secret`). */
+  readonly clientRelay: ClientRelay
 }
 
 export interface ClusterForward {
@@ -104,6 +107,10 @@ export function createClusterForward (o: ClusterForwardOptions): ClusterForward 
       headers[FORWARDED_HEADER] = '1'
       if (body !== undefined) headers['content-length'] = body.length
       const target = new URL(ctx.path + (ctx.query === '' ? '' : `?${ctx.query}`), owner)
+      // Replaces any header of the client's own: only the relay's signed one reaches the owner,
+      // bound to the request target as it is sent (pathname + search).
+      const sid = ctx.req.headers['mcp-session-id']
+      headers[RELAYED_CLIENT_HEADER] = o.clientRelay.sign(ctx.clientAddress, ctx.method, target.pathname + target.search, typeof sid === 'string' ? sid : undefined)
       const https = target.protocol === 'https:'
       const log = ctx.log
       const upstream = await new Promise<IncomingMessage>((resolve, reject) => {
