@@ -7,6 +7,7 @@
  * (including `environment variable not found`), 2 usage error,
  * 3 start-up failure (port in use, a plugin failed to start).
  */
+import cluster from 'node:cluster'
 import { parseArgs } from 'node:util'
 import { loadConfig, type LoadedConfig } from '../core/config.ts'
 import { startGateway, VERSION, type RunningGateway } from '../core/gateway.ts'
@@ -16,10 +17,11 @@ import { createLogger } from '../core/logger.ts'
 import { Metrics } from '../core/metrics.ts'
 import { builtins } from '../plugins/index.ts'
 import type { McpAuthenticationOptions } from '../plugins/mcp-authentication/index.ts'
+import { connectWorker, parseWorkersFlag, runPrimary, WORKER_ENV, workerCount, type WorkerChannel } from '../core/workers.ts'
 
 export const EXIT = { OK: 0, CONFIG: 1, USAGE: 2, STARTUP: 3 } as const
 
-const HELP = `Usage: mcp-proxy -f <config.yaml> [--check]
+const HELP = `Usage: mcp-proxy -f <config.yaml> [--check] [--workers N|auto]
 
 An MCP gateway: one /mcp endpoint in front of stdio and HTTP MCP servers,
 with JWT authentication, OAuth metadata bridging and authorization rules.
@@ -27,6 +29,8 @@ with JWT authentication, OAuth metadata bridging and authorization rules.
 Options:
   -f, --file <path>   configuration file (YAML; \${NAME} expands environment variables)
       --check         validate the configuration, print a summary, and exit
+      --workers <N>   processes serving the MCP port together (1-64, or auto:
+                      one per core); overrides the config's \`workers\`
   -h, --help          show this help
   -v, --version       print the version
 
@@ -44,6 +48,7 @@ function readArgs () {
       options: {
         file: { type: 'string', short: 'f' },
         check: { type: 'boolean' },
+        workers: { type: 'string' },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean', short: 'v' },
       },
@@ -68,6 +73,13 @@ async function main (): Promise<void> {
     fail(EXIT.CONFIG, ProxyError.is(err) ? err.message : String(err))
   }
   const cfg = loaded.config
+  let workersSetting = cfg.workers
+  if (v.workers !== undefined) {
+    const parsed = parseWorkersFlag(v.workers)
+    if (typeof parsed === 'string' && parsed !== 'auto') fail(EXIT.USAGE, `${parsed}\n\n${HELP}`)
+    workersSetting = parsed as number | 'auto'
+  }
+  const workers = workerCount(workersSetting)
 
   if (v.check === true) {
     try {
@@ -79,6 +91,7 @@ async function main (): Promise<void> {
         `  listen: ${cfg.mcp.host}:${cfg.mcp.port} (admin ${cfg.admin.enabled ? `${cfg.admin.host}:${cfg.admin.port}` : 'disabled'})`,
         `  targets: ${cfg.mcp.targets.map(t => `${t.name} (${t.stdio !== undefined ? 'stdio' : 'http'})`).join(', ')}`,
         `  pipeline: ${names.map(p => p.name).join(' -> ') || '(none)'}`,
+        `  workers: ${workers === 1 ? '1 (one process)' : `${workers}${workersSetting === 'auto' ? ' (auto: one per core)' : ''}, behind one primary`}`,
         `  authentication: ${auth === undefined ? 'off' : `${auth.mode}, issuer ${auth.issuer}${auth.provider !== undefined ? `, provider ${Object.keys(auth.provider)[0]}` : ''}`}`,
       ]
       process.stdout.write(lines.join('\n') + '\n')
@@ -88,9 +101,28 @@ async function main (): Promise<void> {
     }
   }
 
+  if (workers > 1 && cluster.isPrimary) {
+    try {
+      await runPrimary({ loaded, count: workers, log: createLogger(cfg.logging), exit: code => process.exit(code) })
+    } catch (err) {
+      const errno = (err as NodeJS.ErrnoException).code as string | undefined
+      fail(EXIT.STARTUP, errno === 'EADDRINUSE' ? `cannot listen: address in use (${(err as Error).message})` : (err as Error).message)
+    }
+    return
+  }
+  // A worker of a primary (core/workers.ts): its secret and shared state come over the IPC channel.
+  let channel: WorkerChannel | undefined
+  if (cluster.isWorker && process.env[WORKER_ENV] !== undefined) {
+    try {
+      channel = await connectWorker(createLogger(cfg.logging))
+    } catch (err) {
+      fail(EXIT.STARTUP, (err as Error).message)
+    }
+  }
+
   let gateway: RunningGateway
   try {
-    gateway = await startGateway(loaded, { registry: builtins })
+    gateway = await startGateway(loaded, { registry: builtins, worker: channel === undefined ? undefined : { slot: channel.slot, secret: channel.secret, shared: channel.shared } })
   } catch (err) {
     const code = ProxyError.is(err) && err.code === 'MCPP_ERR_CONFIG' ? EXIT.CONFIG : EXIT.STARTUP
     const errno = (err as NodeJS.ErrnoException).code as string | undefined
@@ -117,6 +149,13 @@ async function main (): Promise<void> {
   }
   process.on('SIGINT', () => stop('SIGINT'))
   process.on('SIGTERM', () => stop('SIGTERM'))
+  if (channel !== undefined) {
+    const gw = gateway
+    channel.answer({ ready: () => gw.ready(), metrics: async () => { await gw.metrics.collect(); return gw.metrics.render() } })
+    channel.up(gateway.adminUrl)
+    // The primary is gone (killed): nobody relays probes, restarts or cleans up after this worker; it drains and exits.
+    process.once('disconnect', () => { if (!stopping) stop('primary gone') })
+  }
 }
 
 void main()

@@ -57,6 +57,9 @@ export interface GatewayConfig {
   tracing: TracingConfig
   probes?: ProbesConfig
   cluster?: ClusterConfig
+  /** Processes on the MCP port (core/workers.ts); `auto` is one per available core. */
+  workers: number | 'auto'
+  workerRestartsPerMinute: number
 }
 
 export interface LoadedConfig {

@@ -4,6 +4,7 @@
  * endpoint, the MCP listener and the admin listener. Owns shutdown order.
  */
 import type { Server } from 'node:http'
+import { createServer as createNetServer, type Server as NetServer } from 'node:net'
 import type { Logger } from 'pino'
 import { createLogger } from './logger.ts'
 import { ProxyError } from './errors.ts'
@@ -39,6 +40,8 @@ export interface StartOptions {
   /** The built-in plugins (bin/ passes plugins/index.ts); core imports none. */
   registry?: PluginRegistry
   probesPort?: number
+  /** `workers` > 1: this process is worker `slot` of a primary (core/workers.ts), which serves probes and admin. */
+  worker?: { readonly slot: number; readonly secret: string; readonly shared: SharedState }
 }
 
 export interface RunningGateway {
@@ -51,6 +54,8 @@ export interface RunningGateway {
   readonly metrics: Metrics
   readonly log: Logger
   readonly endpoint: ReturnType<typeof createMcpEndpoint>
+  /** Readiness as /readyz reports it (a worker answers its primary with it). */
+  ready(): ProbeReadiness | undefined
   close(): Promise<void>
 }
 
@@ -66,10 +71,11 @@ export function computeBaseUrl (loaded: LoadedConfig, port: number, registry: Pl
   return `http://localhost:${port}`
 }
 
-function listen (server: Server, port: number, host: string): Promise<number> {
+/** `exclusive`: in a worker, a listener of its own, not the port the workers share (node:cluster). */
+function listen (server: Server | NetServer, port: number, host: string, exclusive = false): Promise<number> {
   return new Promise((resolve, reject) => {
     server.once('error', reject)
-    server.listen(port, host, () => {
+    server.listen({ port, host, exclusive }, () => {
       server.off('error', reject)
       resolve((server.address() as import('node:net').AddressInfo).port)
     })
@@ -90,7 +96,8 @@ function hostForUrl (host: string): string {
 
 export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {}): Promise<RunningGateway> {
   const { config } = loaded
-  const log = opts.log ?? createLogger(config.logging)
+  const worker = opts.worker
+  const log = worker === undefined ? opts.log ?? createLogger(config.logging) : (opts.log ?? createLogger(config.logging)).child({ worker: worker.slot })
   const metrics = new Metrics()
   const stopProcessMetrics = collectProcessMetrics(metrics)
   const mcpPort = opts.mcpPort ?? config.mcp.port
@@ -106,7 +113,8 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const traced = await startTracing(config.tracing, log, VERSION)
   const endTracing = (): Promise<void> => traced ? stopTracing() : Promise.resolve()
   const requestLog = new RequestLog()
-  const clientRelay = config.cluster === undefined ? undefined : createClientRelay(config.cluster.secret, log)
+  const clusterSecret = config.cluster?.secret ?? worker?.secret
+  const clientRelay = clusterSecret === undefined ? undefined : createClientRelay(clusterSecret, log)
   const gw = new GatewayServer({
     pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: starting, log, limits: config.mcp.limits, metrics,
     trustedProxies: config.mcp.trustedProxies,
@@ -122,23 +130,24 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   let admin: Server | undefined
   let adminUrl: string | undefined
   if (config.admin.enabled) {
+    // A worker's admin listener is its own, on loopback: the primary binds admin.port and relays to it.
     const server = createAdminServer({ log, metrics, token: config.admin.token, host: config.admin.host, state: () => adminState })
     cleanup.push(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
     try {
-      const adminPort = await listen(server, opts.adminPort ?? config.admin.port, config.admin.host)
+      const adminPort = worker !== undefined ? await listen(server, 0, '127.0.0.1', true) : await listen(server, opts.adminPort ?? config.admin.port, config.admin.host)
       admin = server
-      adminUrl = `http://${hostForUrl(config.admin.host)}:${adminPort}`
+      adminUrl = worker !== undefined ? `http://127.0.0.1:${adminPort}` : `http://${hostForUrl(config.admin.host)}:${adminPort}`
     } catch (err) {
       for (const c of cleanup.reverse()) await c().catch(() => {})
       throw err
     }
-    if (!['127.0.0.1', '::1', 'localhost'].includes(config.admin.host) && config.admin.token === undefined) {
+    if (worker === undefined && !['127.0.0.1', '::1', 'localhost'].includes(config.admin.host) && config.admin.token === undefined) {
       log.warn({ host: config.admin.host }, 'admin listener is exposed beyond loopback without admin.token')
     }
   }
   // The probe listener is bound early too: the kubelet gets /readyz "starting", not a refused connection.
   let readiness: (() => ProbeReadiness) | undefined
-  const probes = config.probes === undefined
+  const probes = config.probes === undefined || worker !== undefined
     ? undefined
     : createProbeServer({ log, metrics, metricsToken: config.probes.metricsToken, ready: () => readiness?.() })
   let probesUrl: string | undefined
@@ -159,6 +168,25 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     mode: config.mcp.readiness.targets ?? (config.mcp.failClosed ? 'all' : 'any'),
   })
   cleanup.push(async () => targetReadiness.close())
+  /**
+   * The URL peers relay a session's requests to: `cluster.advertiseUrl`, or for
+   * a worker a port of its own (the MCP port is shared by all workers), on
+   * loopback, or on mcp.host advertised under cluster.advertiseUrl's host when
+   * workers are replicas too. Its connections are served by the MCP listener.
+   */
+  async function internalListener (): Promise<string> {
+    if (worker === undefined) return config.cluster!.advertiseUrl
+    const internal = createNetServer(socket => { gw.server.emit('connection', socket) })
+    const host = config.cluster === undefined ? '127.0.0.1' : config.mcp.host
+    const port = await listen(internal, 0, host, true)
+    cleanup.push(() => new Promise<void>(resolve => internal.close(() => resolve())))
+    internalClose = () => new Promise<void>(resolve => internal.close(() => resolve()))
+    if (config.cluster === undefined) return `http://127.0.0.1:${port}`
+    const u = new URL(config.cluster.advertiseUrl)
+    u.port = String(port)
+    return u.origin
+  }
+  let internalClose: (() => Promise<void>) | undefined
   try {
     const baseUrl = computeBaseUrl(loaded, bound.port, opts.registry)
     // The targets' check (local files only) runs while the plugins are created.
@@ -166,7 +194,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const redis = config.cluster?.redis
     const shared: SharedState = redis !== undefined
       ? await createRedisState({ url: redis.url, keyPrefix: redis.keyPrefix, log: log.child({ component: 'shared-state' }) })
-      : createMemoryState()
+      : worker?.shared ?? createMemoryState()
     cleanup.push(() => shared.close())
     plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics, shared } })
     cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
@@ -178,20 +206,23 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const factories = config.mcp.targets.map((t, i) => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics, observer: lifecycles[i] }))
     const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
     const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
-    const cluster = config.cluster === undefined
+    const cluster = config.cluster === undefined && worker === undefined
       ? undefined
-      : createClusterForward({ secret: config.cluster.secret, advertiseUrl: config.cluster.advertiseUrl, forwardTimeoutMs: config.cluster.forwardTimeoutMs, log, clientRelay: clientRelay! })
+      : createClusterForward({
+        secret: clusterSecret!, advertiseUrl: await internalListener(), forwardTimeoutMs: config.cluster?.forwardTimeoutMs ?? 5000, log, clientRelay: clientRelay!,
+      })
     const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster?.newSessionId }) : undefined
     const endpoint = createMcpEndpoint({
       targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined,
-      shared: { state: shared, leaseMs: redis !== undefined ? redis.sessionLeaseSeconds * 1000 : Number.POSITIVE_INFINITY },
+      // In the primary's store a dead worker's slots are freed at once; the lease is a second guard.
+      shared: { state: shared, leaseMs: redis !== undefined ? redis.sessionLeaseSeconds * 1000 : shared.kind === 'primary' ? 60_000 : Number.POSITIVE_INFINITY },
       cluster,
     })
     cleanup.push(() => endpoint.close())
     gw.attach(pipeline, routes, endpoint)
     const mcpUrl = `http://${hostForUrl(config.mcp.host)}:${bound.port}/mcp`
 
-    if (admin !== undefined || probes !== undefined) {
+    if (admin !== undefined || probes !== undefined || worker !== undefined) {
       adminState = createAdminState({
         loaded, plugins, routes, endpoint, targets: lifecycles, requests: requestLog, metrics, log, version: VERSION,
         mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
@@ -212,15 +243,19 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       closing ??= (async () => {
         // Readiness fails first; the MCP listener keeps serving while balancers notice.
         probes?.terminating()
-        const delay = config.probes?.shutdownDelayMs ?? 0
+        // A worker's primary has failed readiness and waited already.
+        const delay = worker !== undefined ? 0 : config.probes?.shutdownDelayMs ?? 0
         if (delay > 0) {
           log.info({ delayMs: delay }, 'shutting down: not ready, still serving until the delay ends')
           await new Promise(resolve => setTimeout(resolve, delay))
         }
         const grace = config.mcp.limits.shutdownGraceMs
         const serverClosed = gw.close(grace)
+        // Stops accepting relayed connections too; those open drain with the MCP listener's.
+        const internalClosed = internalClose?.()
         endpoint.drain?.()
         await serverClosed
+        await internalClosed
         await endpoint.close()
         targetReadiness.close()
         await Promise.allSettled(plugins.map(p => p.close?.()))
@@ -233,7 +268,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       })()
       return closing
     }
-    return { mcpUrl, adminUrl, probesUrl, baseUrl, plugins, metrics, log, endpoint, close }
+    return { mcpUrl, adminUrl, probesUrl, baseUrl, plugins, metrics, log, endpoint, ready: () => readiness?.(), close }
   } catch (err) {
     for (const c of cleanup.reverse()) await c().catch(() => {})
     await killAllChildren()

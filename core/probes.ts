@@ -20,10 +20,12 @@ export interface ProbeReadiness { ready: boolean; reasons: string[] }
 export interface ProbeOptions {
   log: Logger
   metrics: Metrics
-  /** The gateway's readiness; undefined while it starts. */
-  ready(): ProbeReadiness | undefined
+  /** The gateway's readiness; undefined while it starts. With `workers`, the primary asks its workers (a promise). */
+  ready(): ProbeReadiness | undefined | Promise<ProbeReadiness | undefined>
   /** Refreshes scrape-time metrics before /metrics renders. */
   beforeScrape?(): void
+  /** Renders /metrics instead of `metrics.render()` (`workers`: every worker's series, labelled). */
+  render?(): Promise<string>
   /** `probes.metricsToken`: when set, /metrics needs it as a bearer token. */
   metricsToken?: string
 }
@@ -62,7 +64,7 @@ export function createProbeServer (opts: ProbeOptions): ProbeServer {
   }
 
   // Each branch answers with `return json(…)`: one answer per request, no fall-through.
-  function handle (req: IncomingMessage, res: ServerResponse) {
+  async function handle (req: IncomingMessage, res: ServerResponse) {
     const path = (req.url ?? '/').split('?', 1)[0]!
     const method = req.method ?? 'GET'
     if (path !== '/healthz' && path !== '/readyz' && path !== '/metrics') {
@@ -72,7 +74,7 @@ export function createProbeServer (opts: ProbeOptions): ProbeServer {
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
     if (path === '/readyz') {
       if (shuttingDown) return json(res, 503, { status: 'not ready', reasons: ['the gateway is shutting down'] })
-      const r = opts.ready()
+      const r = await opts.ready()
       if (r === undefined) return json(res, 503, { status: 'not ready', reasons: ['the gateway is starting'] }, { 'retry-after': '1' })
       return json(res, r.ready ? 200 : 503, { status: r.ready ? 'ready' : 'not ready', reasons: r.reasons })
     }
@@ -81,18 +83,16 @@ export function createProbeServer (opts: ProbeOptions): ProbeServer {
       return json(res, 401, { error: 'unauthorized', error_description: 'metrics token required' }, { 'www-authenticate': 'Bearer realm="mcp-proxy-metrics"' })
     }
     opts.beforeScrape?.()
-    send(res, 200, metrics.render(), 'text/plain; version=0.0.4; charset=utf-8')
+    send(res, 200, opts.render !== undefined ? await opts.render() : metrics.render(), 'text/plain; version=0.0.4; charset=utf-8')
   }
 
   // Probes are tiny: short timeouts keep an idle or slow connection from holding a socket.
   const server = createServer({ headersTimeout: 10_000, requestTimeout: 10_000, keepAliveTimeout: 5_000 }, (req, res) => {
-    try {
-      handle(req, res)
-    } catch (err) {
+    handle(req, res).catch((err: unknown) => {
       log.error({ err }, 'probe request failed')
       if (!res.headersSent) json(res, 500, { error: 'server_error', error_description: 'internal error' })
       else res.end()
-    }
+    })
   })
 
   return {

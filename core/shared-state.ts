@@ -2,7 +2,8 @@
  * State that replicas of one gateway must agree on: per-subject session caps,
  * rate limits and single-use codes. In this process's memory by default (one
  * replica: as before); in Redis when `cluster.redis.url` is set, so that N
- * replicas behind a balancer enforce one cap and one limit.
+ * replicas behind a balancer enforce one cap and one limit; with `workers`
+ * and no Redis, in the primary process, which every worker asks over IPC.
  *
  * Each operation is one atomic step on the server (a Lua script or one
  * command), never read-then-write from here, so two replicas racing for the
@@ -17,7 +18,8 @@ import { createClient } from '@redis/client'
 import { ProxyError } from './errors.ts'
 
 export interface SharedState {
-  readonly kind: 'memory' | 'redis'
+  /** `primary`: a worker's view of its primary's memory store (`workers`, core/workers.ts). */
+  readonly kind: 'memory' | 'redis' | 'primary'
   /**
    * Takes one token from the bucket `key` (`capacity` deep, refilled evenly
    * over `windowMs`): 0 when taken, else the milliseconds until one is there.

@@ -75,6 +75,13 @@ const STDIN_BACKLOG_MAX = 64 * 1024 * 1024
 /** Live children (including ones whose group is still being reaped). */
 const registry = new Set<StdioUpstream>()
 let exitHookInstalled = false
+/** Told of each child process group as it starts and once it is gone (`workers`: the primary kills a dead worker's groups). */
+let groupWatcher: ((pid: number, alive: boolean) => void) | undefined
+
+/** Reports every child process group from now on (one watcher: the worker's channel to its primary, core/workers.ts). */
+export function watchChildGroups (watcher: (pid: number, alive: boolean) => void): void {
+  groupWatcher = watcher
+}
 
 function installExitHook (): void {
   if (exitHookInstalled) return
@@ -233,6 +240,7 @@ export class StdioUpstream implements Upstream {
     this.#startedAt = Date.now()
     this.#exited = new Promise<void>(resolve => { this.#markExited = resolve })
     registry.add(this)
+    if (child.pid !== undefined) groupWatcher?.(child.pid, true)
     installExitHook()
     child.on('error', err => { this.#log.warn({ err: err.message }, 'child process error') })
     child.once('exit', (code, signal) => { this.#onExit(code, signal) })
@@ -439,7 +447,7 @@ export class StdioUpstream implements Upstream {
       this.#child?.stdout.destroy()
       this.#child?.stderr.destroy()
       this.#child?.stdin.destroy()
-      registry.delete(this)
+      if (registry.delete(this) && this.#pid !== undefined) groupWatcher?.(this.#pid, false)
     }
   }
 

@@ -158,8 +158,8 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
   const limiter = new RateLimiter(REGISTRATION_RATE_LIMIT)
   /** Redeemed codes by id, until they expire: a code is single-use (RFC 6749 §4.1.2). */
   // facade.redis wins; else the cluster's shared store when it is Redis (cluster.redis.url), so one setting
-  // makes codes single-use across replicas; else this replica's memory.
-  const clusterShared = env.shared?.kind === 'redis' ? env.shared : undefined
+  // makes codes single-use across replicas (or, with workers, the primary's store); else this replica's memory.
+  const clusterShared = env.shared !== undefined && env.shared.kind !== 'memory' ? env.shared : undefined
   const usedCodes: UsedCodes = options.redis !== undefined
     ? new RedisUsedCodes(options.redis.url, options.redis.timeoutMs)
     : clusterShared !== undefined ? new SharedUsedCodes(clusterShared) : new MemoryUsedCodes(options.maxUsedCodes)
@@ -167,7 +167,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     const u = new URL(options.redis.url)
     log.info({ redis: `${u.hostname}:${u.port || 6379}` }, 'oauth facade: redeemed codes are remembered in redis (single-use across replicas)')
   } else if (clusterShared !== undefined) {
-    log.info('oauth facade: redeemed codes are remembered in redis through cluster.redis (single-use across replicas)')
+    log.info({ store: clusterShared.kind }, 'oauth facade: redeemed codes are remembered in the gateway\'s shared state (single-use across replicas and workers)')
   }
 
   const discovery = new DiscoveryCache({

@@ -87,8 +87,8 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
   const clientId = idp.clientId
   const opts = withDefaults(options)
   const limiter = new RateLimiter(opts.rateLimit)
-  // With cluster.redis every replica draws from one bucket per address; else this process's table.
-  const shared = env.shared?.kind === 'redis' && opts.rateLimit.requests > 0 ? env.shared : undefined
+  // With cluster.redis (or workers) every replica and worker draws from one bucket per address; else this process's table.
+  const shared = env.shared !== undefined && env.shared.kind !== 'memory' && opts.rateLimit.requests > 0 ? env.shared : undefined
   /** Addresses refused since last served, for one log line per streak (bounded like the local table). */
   const refusing = new Set<string>()
 
