@@ -11,10 +11,11 @@
  * gateway vs nginx vs direct, SSE answers, at saturation (closed loop:
  * capacity) and at a fixed offered rate (open loop: added latency); e.
  * session churn; f. idle-session memory and token verification with the
- * cache on and off.
+ * cache on and off; g. `workers: 2` vs one process on an HTTP target, session
+ * era and 2026-07-28.
  *
  * Environment: BENCH_DURATION_MS (per measured phase, default 1500),
- * BENCH_WARMUP_MS (default 500), BENCH_ONLY (comma list of a,b,c,d,e,f
+ * BENCH_WARMUP_MS (default 500), BENCH_ONLY (comma list of a,b,c,d,e,f,g
  * letters; b and c run with a), BENCH_LEVELS (sessions for a-c, default
  * 1,16,64), BENCH_D_RATE (offered req/s of d's fixed-rate phase, default
  * 500), BENCH_CPU_PROF=<dir> (profile the gateway; summarise with
@@ -33,8 +34,8 @@ import { fileURLToPath } from 'node:url'
 import { performance } from 'node:perf_hooks'
 import { startDevIdp } from '../bin/dev-idp.ts'
 import { runClosedLoop, runFixedRate, summarize, summarizeRate, type Sample, type Summary, type RateSample, type RateSummary } from './lib/load.ts'
-import { makeAgent, McpHttpSession } from './lib/http-client.ts'
-import { rssOf, cpuMsOf, sleep, stopAll } from './lib/procs.ts'
+import { makeAgent, McpHttpSession, ModernClient } from './lib/http-client.ts'
+import { rssOf, cpuMsOf, cpuMsOfTree, sleep, stopAll } from './lib/procs.ts'
 import { buildGateway, startGatewayProcess, startOtlpSink, type AuthSettings } from './lib/gateway.ts'
 import { findNginx, startNginx } from './lib/nginx.ts'
 import { benchVerifier, type VerifyResult } from './lib/verifier-bench.ts'
@@ -66,7 +67,7 @@ const D_RATE_ROUNDS = 4
 const D_RATE_WARMUP_MS = 100
 const D_RATE_MS = Math.round(DURATION_MS * 0.4)
 const LEVELS = (process.env.BENCH_LEVELS ?? '1,16,64').split(',').map(Number)
-const ONLY = new Set((process.env.BENCH_ONLY ?? 'a,b,c,d,e,f').split(',').map(s => s.trim()))
+const ONLY = new Set((process.env.BENCH_ONLY ?? 'a,b,c,d,e,f,g').split(',').map(s => s.trim()))
 /** BENCH_TRACING=1: the OTLP endpoint traced gateways export to, set once the sink runs. */
 let tracingEndpoint: string | undefined
 const BASELINE_ROOT = process.env.BENCH_BASELINE_ROOT !== undefined && process.env.BENCH_BASELINE_ROOT !== '' ? process.env.BENCH_BASELINE_ROOT : undefined
@@ -304,6 +305,78 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
     for (const st of state.values()) { await closeWorkers(st.workers); st.agent.destroy() }
     await Promise.allSettled([up.service.stop(), gwAuth.service.stop(), gwOpen.service.stop(), gwTraced?.service.stop(), gwBase?.service.stop(), ngx?.service.stop()])
   }
+}
+
+const G_SESSIONS = 'g http target, sessions (workers)'
+const G_MODERN = 'g http target, 2026-07-28 (workers)'
+
+/**
+ * g: `workers: 2` against one process, the same HTTP target
+ * (lib/sse-upstream.ts), JWT on, 16 keep-alive connections in closed loops,
+ * alternating rounds: session-era calls (a session lives in one worker; a
+ * request the primary hands to the other worker is relayed to it over
+ * loopback) and 2026-07-28 calls (any worker serves them). CPU is the
+ * gateway's whole process tree (primary and workers). The upstream and the
+ * load generator share the same two cores, so the ratio is what a second
+ * worker buys on a box that also runs its clients and server.
+ */
+async function workersScaling (auth: AuthSettings, token: string): Promise<Record<string, number | undefined>> {
+  const n = 16
+  say(`g. workers: 2 vs 1 process, HTTP target (SSE answers), JWT, ${n} connections: session-era and 2026-07-28 calls`)
+  const up = await sseUpstream(P)
+  const [one, two] = await Promise.all([
+    startGatewayProcess(ROOT, { url: up.url }, auth),
+    startGatewayProcess(ROOT, { url: up.url }, auth, 'warn', undefined, 2),
+  ])
+  const bearer = { authorization: `Bearer ${token}` }
+  const systems = [
+    { name: 'gateway, 1 process', role: 'gateway', url: one.url, pid: one.service.pid },
+    { name: 'gateway, workers: 2', role: 'gateway', url: two.url, pid: two.service.pid },
+  ]
+  const kinds = [
+    { workload: G_SESSIONS, open: async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => { const w = new McpHttpSession(url, agent, bearer); await w.initialize(); return w } },
+    { workload: G_MODERN, open: async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => new ModernClient(url, agent, bearer) },
+  ]
+  const ratios: Record<string, number | undefined> = {}
+  try {
+    for (const kind of kinds) {
+      const state = new Map<string, { agent: ReturnType<typeof makeAgent>; workers: Worker[]; samples: Measured[] }>()
+      for (const s of systems) {
+        const agent = makeAgent(n)
+        state.set(s.name, { agent, workers: await Promise.all(Array.from({ length: n }, () => kind.open(s.url, agent))), samples: [] })
+      }
+      try {
+        for (let round = 0; round < ROUNDS; round++) {
+          for (const s of round % 2 === 0 ? systems : [...systems].reverse()) {
+            const st = state.get(s.name)!
+            st.samples.push(await measureTree(st.workers, s.pid, 2 / ROUNDS))
+          }
+        }
+        const made = systems.map(s => {
+          const st = state.get(s.name)!
+          return rowOf(kind.workload, s, n, summarize(st.samples.map(m => m.sample)), undefined, 'CPU: primary and workers', cpuSum(st.samples))
+        })
+        const key = kind.workload === G_SESSIONS ? 'g workers 2/1 http target (sessions)' : 'g workers 2/1 2026-07-28'
+        ratios[key] = ratio(made[1], made[0])
+        ratios[`${key} CPU/req`] = cpuRatio(made[1], made[0])
+      } finally {
+        for (const st of state.values()) { await closeWorkers(st.workers); st.agent.destroy() }
+      }
+    }
+    return ratios
+  } finally {
+    await Promise.allSettled([one.service.stop(), two.service.stop(), up.service.stop()])
+  }
+}
+
+/** `measure` with the CPU time of the gateway's whole process tree (a primary's workers are its children). */
+async function measureTree (workers: readonly Worker[], pid: number, share: number): Promise<Measured> {
+  const op = (w: number): Promise<void> => workers[w]!.echo()
+  await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: WARMUP_MS * share, maxRequests: MAX_REQUESTS })
+  const c0 = await cpuMsOfTree(pid).catch(() => undefined)
+  const sample = await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: DURATION_MS * share, maxRequests: MAX_REQUESTS })
+  const c1 = await cpuMsOfTree(pid).catch(() => undefined)
+  return { sample, cpuMs: c0 === undefined || c1 === undefined ? undefined : c1 - c0 }
 }
 
 /** e: initialize + initialized + one call + DELETE per session, 4 at a time, bounded. */
@@ -547,6 +620,13 @@ async function main (): Promise<void> {
       targets.push({ target: `HTTP target added latency <= 2 ms p99 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`, measured: `${fmt(p99, 3)} ms`, met: p99 === undefined ? undefined : p99 <= 2 })
       targets.push({ target: `(informative) HTTP target at ${D_RATE} req/s (JWT): the gateway's load (offered / its closed-loop capacity) and the p99 added as the median of the rounds' p99s`, measured: jwtLine === undefined ? '-' : `${(jwtLine.load * 100).toFixed(0)}%, ${fmt(jwtLine.p99RoundMedianMs, 3)} ms`, met: undefined })
       targets.push({ target: '(informative) HTTP target at saturation (16 closed loops, JWT): added p50 / p99, mostly the capacity gap', measured: `${fmt(jwt('saturation', 'p50'), 3)} / ${fmt(jwt('saturation', 'p99'), 3)} ms`, met: undefined })
+    }
+    if (ONLY.has('g')) {
+      const g = await workersScaling(auth, token)
+      Object.assign(ratios, g)
+      for (const [key, label] of [['g workers 2/1 http target (sessions)', 'session-era calls'], ['g workers 2/1 2026-07-28', '2026-07-28 calls']] as const) {
+        targets.push({ target: `(informative) workers: 2 vs 1 process on this ${cpus().length}-core box, HTTP target, JWT, 16 connections, ${label}: throughput ratio`, measured: fmt(g[key]), met: undefined })
+      }
     }
     if (ONLY.has('f')) {
       const m = await memory(auth, token)

@@ -53,9 +53,13 @@ export async function buildGateway (root: string): Promise<void> {
   })
 }
 
-/** `tracingEndpoint`: export spans there (`tracing.enabled`, every trace sampled); default: tracing off. */
-export async function startGatewayProcess (root: string, target: GatewayTarget, auth: AuthSettings | undefined, logLevel = 'warn', tracingEndpoint?: string): Promise<RunningGatewayProcess> {
+/**
+ * `tracingEndpoint`: export spans there (`tracing.enabled`, every trace sampled); default: tracing off.
+ * `workers`: processes on the port (`workers: N`); with more than one, start-up waits for the primary's /readyz.
+ */
+export async function startGatewayProcess (root: string, target: GatewayTarget, auth: AuthSettings | undefined, logLevel = 'warn', tracingEndpoint?: string, workers = 1): Promise<RunningGatewayProcess> {
   const port = await freePort()
+  const probesPort = workers > 1 ? await freePort() : undefined
   const dir = await mkdtemp(join(tmpdir(), 'mcp-proxy-bench-'))
   const config = {
     mcp: {
@@ -84,6 +88,7 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
     admin: { enabled: false },
     logging: { level: logLevel },
     ...(tracingEndpoint !== undefined ? { tracing: { enabled: true, endpoint: tracingEndpoint, samplingRatio: 1 } } : {}),
+    ...(probesPort !== undefined ? { workers, probes: { host: '127.0.0.1', port: probesPort } } : {}),
   }
   const file = join(dir, 'gateway.yaml')
   // JSON is YAML.
@@ -97,6 +102,13 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
     const res = await fetch(url, { method: 'POST', body: '{}' }).catch(() => undefined)
     await res?.body?.cancel()
     if (res !== undefined && res.status !== 503) break
+    await new Promise(resolve => setTimeout(resolve, 50))
+  }
+  // Every worker serving, not just the first: the primary's readiness asks each.
+  for (let i = 0; probesPort !== undefined && i < 400; i++) {
+    const res = await fetch(`http://127.0.0.1:${probesPort}/readyz`).catch(() => undefined)
+    await res?.body?.cancel()
+    if (res?.status === 200) break
     await new Promise(resolve => setTimeout(resolve, 50))
   }
   return { url, service }

@@ -106,3 +106,40 @@ export class McpHttpSession {
     this.sessionId = undefined
   }
 }
+
+const MODERN = '2026-07-28'
+
+/**
+ * Revision 2026-07-28 calls: no session, every request carries its protocol
+ * version and client info in `_meta` and mirrors method and name in headers
+ * (MCP 2026-07-28, Streamable HTTP), so any replica or worker serves it.
+ */
+export class ModernClient {
+  readonly url: URL
+  readonly agent: Agent
+  readonly headers: Record<string, string>
+
+  constructor (url: string, agent: Agent, extraHeaders: Record<string, string> = {}) {
+    this.url = new URL(url)
+    this.agent = agent
+    this.headers = {
+      'content-type': 'application/json', accept: 'application/json, text/event-stream',
+      'mcp-protocol-version': MODERN, 'mcp-method': 'tools/call', 'mcp-name': 'echo', ...extraHeaders,
+    }
+  }
+
+  async echo (): Promise<void> {
+    const id = freshId()
+    const body = JSON.stringify({
+      jsonrpc: '2.0', id, method: 'tools/call',
+      params: {
+        name: 'echo', arguments: { message: `m${id}` },
+        _meta: { 'io.modelcontextprotocol/protocolVersion': MODERN, 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/clientInfo': { name: 'mcp-proxy-bench', version: '1' } },
+      },
+    })
+    const result = expectResult(await send(this.agent, this.url, 'POST', this.headers, body), id, 'tools/call (2026-07-28)') as { content?: Array<{ text?: string }> }
+    if (result.content?.[0]?.text?.endsWith(`m${id}`) !== true) throw new Error(`tools/call (2026-07-28): unexpected result ${JSON.stringify(result).slice(0, 200)}`)
+  }
+
+  async close (): Promise<void> {}
+}

@@ -4,7 +4,7 @@
  * Everything the bench starts is registered here so one call ends it all.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
-import { readFile, rm } from 'node:fs/promises'
+import { readdir, readFile, rm } from 'node:fs/promises'
 import { createServer, connect } from 'node:net'
 
 export interface Service {
@@ -114,6 +114,20 @@ export async function rssOf (pid: number): Promise<number> {
   const m = /^VmRSS:\s+(\d+)\s+kB/m.exec(status)
   if (m === null) throw new Error(`no VmRSS for ${pid}`)
   return Number(m[1]) * 1024
+}
+
+/** CPU time of a process and its direct children (a primary and its workers, `workers: N`), in ms. */
+export async function cpuMsOfTree (pid: number): Promise<number> {
+  let total = await cpuMsOf(pid)
+  for (const d of await readdir('/proc')) {
+    if (!/^\d+$/.test(d)) continue
+    try {
+      const stat = await readFile(`/proc/${d}/stat`, 'utf8')
+      // Field 4 of proc(5): the parent pid.
+      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === pid) total += await cpuMsOf(Number(d))
+    } catch { /* exited meanwhile */ }
+  }
+  return total
 }
 
 /** CPU time (user + system) one process has used, in ms (children excluded; 10 ms resolution). */
