@@ -7,11 +7,15 @@
  * succeed while their requests spread over the replicas; the per-subject
  * session cap holds across replicas; one replica killed mid-run: the clients
  * whose sessions it held get 404 and initialize again, every other client
- * goes on without an error.
+ * goes on without an error. Where network namespaces can be made (root),
+ * each replica runs in one of its own with its own address, so relayed
+ * requests cross real interfaces; elsewhere all run on 127.0.0.1 (a TAP
+ * comment says which).
  */
 import t, { type Test } from 'tap'
-import { spawn, type ChildProcess } from 'node:child_process'
-import { connect } from 'node:net'
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
+import { connect, createServer as createNetServer } from 'node:net'
+import { randomBytes, randomInt } from 'node:crypto'
 import { mkdtemp, writeFile, rm } from 'node:fs/promises'
 import { existsSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -30,22 +34,115 @@ const SECRET = 'multi-replica-cluster-secret-0123456789'
 const MODERN = '2026-07-28'
 const CAP = 3
 
-function accepts (port: number): Promise<boolean> {
+function accepts (port: number, host = '127.0.0.1'): Promise<boolean> {
   return new Promise(resolve => {
-    const s = connect(port, '127.0.0.1')
+    const s = connect(port, host)
     s.once('connect', () => { s.destroy(); resolve(true) })
     s.once('error', () => resolve(false))
   })
 }
 
-interface Replica { child: ChildProcess; port: number; adminPort: number; probePort: number; output: () => string }
+interface Replica { child: ChildProcess; host: string; port: number; adminPort: number; probePort: number; output: () => string }
 
-async function startReplica (t: Test, dir: string, i: number, publicUrl: string, idp: { issuer: string; clientId: string }, redisUrl: string): Promise<Replica> {
+/**
+ * Where the replicas run. With network namespaces (root or CAP_SYS_ADMIN,
+ * iproute2): one namespace per replica, each with a veth pair on a bridge in
+ * the test's namespace, an address of its own on a private /24 (the bridge
+ * is .1: nginx, Redis and the test reach the replicas there, and they reach
+ * Redis and each other across real interfaces). The dev IdP binds 127.0.0.1
+ * only, so inside each namespace a small TCP forwarder on 127.0.0.1:<IdP
+ * port> leads to a relay on the bridge address: the issuer URL stays the
+ * same for every party. Without namespaces: all on 127.0.0.1.
+ */
+interface Topology {
+  readonly kind: 'namespaces' | 'loopback'
+  /** The address the replicas reach the test's services on (Redis, the IdP relay). */
+  readonly hostIp: string
+  replicaIp(i: number): string
+  /** The command prefix that runs a process in replica i's namespace. */
+  exec(i: number): string[]
+}
+
+const LOOPBACK: Topology = { kind: 'loopback', hostIp: '127.0.0.1', replicaIp: () => '127.0.0.1', exec: () => [] }
+
+function ip (args: string[]): string {
+  return execFileSync('ip', args, { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' })
+}
+
+/** Creates the namespaces, or says why it cannot (then the replicas run on loopback). Cleans up in teardown and on exit. */
+function namespaces (t: Test, count: number): Topology | string {
+  if (process.platform !== 'linux') return 'not Linux'
+  if (process.getuid?.() !== 0) return 'not root (network namespaces need CAP_SYS_ADMIN)'
+  const tag = randomBytes(2).toString('hex')
+  const bridge = `mcppbr${tag}`
+  const ns = (i: number): string => `mcpp-mr-${tag}-${i}`
+  const created: Array<() => void> = []
+  let cleaned = false
+  const cleanup = (): void => {
+    if (cleaned) return
+    cleaned = true
+    // Deleting a namespace destroys its end of the veth pair, and with it the other end.
+    for (const undo of created.reverse()) { try { undo() } catch { /* gone already */ } }
+  }
+  t.teardown(cleanup)
+  process.once('exit', cleanup)
+  try {
+    const routes = ip(['-4', 'route'])
+    let subnet = ''
+    for (let k = 0; k < 20 && (subnet === '' || routes.includes(`${subnet}.`)); k++) subnet = `10.${200 + randomInt(50)}.${randomInt(255)}`
+    ip(['link', 'add', bridge, 'type', 'bridge'])
+    created.push(() => ip(['link', 'del', bridge]))
+    ip(['addr', 'add', `${subnet}.1/24`, 'dev', bridge])
+    ip(['link', 'set', bridge, 'up'])
+    for (let i = 0; i < count; i++) {
+      ip(['netns', 'add', ns(i)])
+      created.push(() => ip(['netns', 'del', ns(i)]))
+      ip(['link', 'add', `mcppv${tag}${i}`, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns(i)])
+      ip(['link', 'set', `mcppv${tag}${i}`, 'master', bridge, 'up'])
+      ip(['-n', ns(i), 'addr', 'add', `${subnet}.${i + 2}/24`, 'dev', 'eth0'])
+      ip(['-n', ns(i), 'link', 'set', 'eth0', 'up'])
+      ip(['-n', ns(i), 'link', 'set', 'lo', 'up'])
+    }
+    return { kind: 'namespaces', hostIp: `${subnet}.1`, replicaIp: i => `${subnet}.${i + 2}`, exec: i => ['ip', 'netns', 'exec', ns(i)] }
+  } catch (err) {
+    cleanup()
+    const e = err as { stderr?: string; message: string }
+    return (e.stderr ?? '').trim() || e.message
+  }
+}
+
+/** A TCP relay on `host`:`port` to 127.0.0.1:`to` in the test's namespace (the dev IdP for the replicas). */
+async function relayTo (t: Test, host: string, to: number): Promise<number> {
+  const server = createNetServer(c => {
+    const u = connect(to, '127.0.0.1')
+    c.pipe(u).pipe(c)
+    c.on('error', () => u.destroy())
+    u.on('error', () => c.destroy())
+  })
+  await new Promise<void>((resolve, reject) => { server.once('error', reject); server.listen(0, host, resolve) })
+  t.teardown(() => new Promise<void>(resolve => { server.close(() => resolve()); server.unref() }))
+  return (server.address() as import('node:net').AddressInfo).port
+}
+
+/** Inside namespace `exec`: 127.0.0.1:`port` leads to `host`:`relay` (so the issuer URL works there as here). */
+async function forwarderIn (t: Test, exec: string[], port: number, host: string, relay: number): Promise<void> {
+  const code = `require('node:net').createServer(c => { const u = require('node:net').connect(${relay}, '${host}'); c.pipe(u).pipe(c); c.on('error', () => u.destroy()); u.on('error', () => c.destroy()) }).listen(${port}, '127.0.0.1', () => process.stdout.write('ok\\n'))`
+  const child = spawn(exec[0]!, [...exec.slice(1), process.execPath, '-e', code], { stdio: ['ignore', 'pipe', 'inherit'] })
+  const exited = new Promise<void>(resolve => child.once('exit', () => resolve()))
+  t.teardown(async () => { child.kill('SIGKILL'); await exited })
+  await new Promise<void>((resolve, reject) => {
+    child.stdout!.once('data', () => resolve())
+    child.once('exit', code => reject(new Error(`IdP forwarder exited ${code}`)))
+  })
+}
+
+async function startReplica (t: Test, dir: string, i: number, publicUrl: string, idp: { issuer: string; clientId: string }, redisUrl: string, net: Topology): Promise<Replica> {
   const [port, adminPort, probePort] = await Promise.all([freePort(), freePort(), freePort()])
+  const host = net.replicaIp(i)
   const file = join(dir, `replica-${i}.yaml`)
   await writeFile(file, [
     'mcp:',
-    '  host: 127.0.0.1',
+    `  host: ${host}`,
     `  port: ${port}`,
     '  targets:',
     `    - { name: faulty, stdio: { cmd: "${process.execPath}", args: ["${FAULTY}"] } }`,
@@ -58,15 +155,17 @@ async function startReplica (t: Test, dir: string, i: number, publicUrl: string,
     '      provider: { oss_idp: {} }',
     `      clientId: "${idp.clientId}"`,
     `      resourceMetadata: { resource: "${publicUrl}", scopesSupported: [openid, profile] }`,
-    `admin: { host: 127.0.0.1, port: ${adminPort} }`,
-    `probes: { host: 127.0.0.1, port: ${probePort} }`,
+    `admin: { host: ${host}, port: ${adminPort} }`,
+    `probes: { host: ${host}, port: ${probePort} }`,
     'cluster:',
     `  secret: ${SECRET}`,
-    `  advertiseUrl: "http://127.0.0.1:${port}"`,
+    `  advertiseUrl: "http://${host}:${port}"`,
     `  redis: { url: "${redisUrl}", keyPrefix: "mr:" }`,
     'logging: { level: debug }', '',
   ].join('\n'))
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, '-f', file], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
+  // `ip netns exec` execs the command: the child's pid is the replica's.
+  const argv = [...net.exec(i), process.execPath, '--import', 'tsx', CLI, '-f', file]
+  const child = spawn(argv[0]!, argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
   child.stdout!.on('data', d => { out += d })
   child.stderr!.on('data', d => { out += d })
@@ -75,15 +174,15 @@ async function startReplica (t: Test, dir: string, i: number, publicUrl: string,
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM')
     await exited
   })
-  return { child, port, adminPort, probePort, output: () => out }
+  return { child, host, port, adminPort, probePort, output: () => out }
 }
 
 async function untilReady (r: Replica): Promise<void> {
   // Guard only: a tsx child starts in seconds; the probes answer from the first accepted connection.
   for (let i = 0; i < 600; i++) {
     if (r.child.exitCode !== null) throw new Error(`replica exited ${r.child.exitCode}:\n${r.output()}`)
-    if (await accepts(r.probePort)) {
-      const res = await fetch(`http://127.0.0.1:${r.probePort}/readyz`)
+    if (await accepts(r.probePort, r.host)) {
+      const res = await fetch(`http://${r.host}:${r.probePort}/readyz`)
       await res.text()
       if (res.status === 200) return
     }
@@ -92,7 +191,7 @@ async function untilReady (r: Replica): Promise<void> {
   throw new Error(`replica never ready:\n${r.output()}`)
 }
 
-async function startNginx (t: Test, dir: string, port: number, upstreams: number[]): Promise<void> {
+async function startNginx (t: Test, dir: string, port: number, upstreams: ReadonlyArray<{ host: string; port: number }>): Promise<void> {
   const conf = join(dir, 'nginx.conf')
   await writeFile(conf, `
 daemon off;
@@ -109,7 +208,7 @@ http {
   uwsgi_temp_path ${dir}/uwsgi;
   scgi_temp_path ${dir}/scgi;
   upstream gateways {
-${upstreams.map(p => `    server 127.0.0.1:${p};`).join('\n')}
+${upstreams.map(u => `    server ${u.host}:${u.port};`).join('\n')}
   }
   server {
     listen 127.0.0.1:${port};
@@ -145,7 +244,7 @@ function textOf (result: unknown): string {
 }
 
 async function requestsServed (r: Replica): Promise<number> {
-  const res = await fetch(`http://127.0.0.1:${r.probePort}/metrics`)
+  const res = await fetch(`http://${r.host}:${r.probePort}/metrics`)
   const body = await res.text()
   let n = 0
   for (const line of body.split('\n')) if (line.startsWith('mcp_proxy_requests_total{')) n += Number(line.slice(line.lastIndexOf(' ') + 1))
@@ -153,22 +252,33 @@ async function requestsServed (r: Replica): Promise<number> {
 }
 
 async function sessionHandles (r: Replica): Promise<string[]> {
-  const res = await fetch(`http://127.0.0.1:${r.adminPort}/api/sessions`)
+  const res = await fetch(`http://${r.host}:${r.adminPort}/api/sessions`)
   return (await res.json() as Array<{ id: string }>).map(s => s.id)
 }
 
 t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and 2.x clients, a cap across replicas, a replica killed', async t => {
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-replicas-'))
   t.teardown(() => rm(dir, { recursive: true, force: true }))
-  const redis = await startRedis(t)
+  // Never skipped: without namespaces the same test runs on loopback and says so.
+  const made = namespaces(t, 3)
+  const net = typeof made === 'string' ? LOOPBACK : made
+  if (typeof made === 'string') t.comment(`network namespaces unavailable (${made}): the three replicas run on 127.0.0.1`)
+  else t.comment(`three replicas in network namespaces of their own at ${[0, 1, 2].map(i => net.replicaIp(i)).join(', ')}, bridged to ${net.hostIp}`)
+  const redis = await startRedis(t, net.kind === 'namespaces' ? net.hostIp : undefined)
+  const redisUrl = net.kind === 'namespaces' ? `redis://${net.hostIp}:${redis.port}` : redis.url
   const idp = await startDevIdp()
   t.teardown(() => idp.close())
+  if (net.kind === 'namespaces') {
+    const idpPort = Number(new URL(idp.issuer).port)
+    const relay = await relayTo(t, net.hostIp, idpPort)
+    await Promise.all([0, 1, 2].map(i => forwarderIn(t, net.exec(i), idpPort, net.hostIp, relay)))
+  }
   const nginxPort = await freePort()
   const publicUrl = `http://127.0.0.1:${nginxPort}/mcp`
-  const replicas = await Promise.all([0, 1, 2].map(i => startReplica(t, dir, i, publicUrl, idp, redis.url)))
+  const replicas = await Promise.all([0, 1, 2].map(i => startReplica(t, dir, i, publicUrl, idp, redisUrl, net)))
   await Promise.all(replicas.map(untilReady))
   // nginx takes the port picked above: the gateways' resource URL names it.
-  await startNginx(t, dir, nginxPort, replicas.map(r => r.port))
+  await startNginx(t, dir, nginxPort, replicas)
   const url = new URL(publicUrl)
   const token = (sub: string): Promise<string> => idp.mintToken({ sub, groups: ['mcp-users'] })
 

@@ -26,10 +26,14 @@ function accepts (port: number): Promise<boolean> {
   })
 }
 
-export async function startRedis (t: Test): Promise<RedisServer> {
+/**
+ * `alsoBind`: another local address to listen on too (replicas in network namespaces reach it there); protected
+ * mode, which only lets loopback clients in while no password is set, is off then: the address is a test bridge's.
+ */
+export async function startRedis (t: Test, alsoBind?: string): Promise<RedisServer> {
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-redis-'))
   const port = await freePort()
-  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--protected-mode', 'yes'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  const child = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', ...(alsoBind !== undefined ? [alsoBind] : []), '--save', '', '--appendonly', 'no', '--dir', dir, '--protected-mode', alsoBind !== undefined ? 'no' : 'yes'], { stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
   child.stdout!.on('data', d => { out += d })
   child.stderr!.on('data', d => { out += d })
