@@ -308,6 +308,7 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
 }
 
 const G_SESSIONS = 'g http target, sessions (workers)'
+const G_SESSIONS_OWN = 'g http target, sessions, a connection each (workers)'
 const G_MODERN = 'g http target, 2026-07-28 (workers)'
 
 /**
@@ -315,7 +316,12 @@ const G_MODERN = 'g http target, 2026-07-28 (workers)'
  * (lib/sse-upstream.ts), JWT on, 16 keep-alive connections in closed loops,
  * alternating rounds: session-era calls (a session lives in one worker; a
  * request the primary hands to the other worker is relayed to it over
- * loopback) and 2026-07-28 calls (any worker serves them). CPU is the
+ * loopback), once with the 16 sessions sharing one pool of 16 connections
+ * (about half the calls relayed: the worst case) and once with a keep-alive
+ * connection per session, as a client with its own connection has (its
+ * calls stay on the worker its connection went to: relayed only when that is
+ * not the worker that got its initialize); and 2026-07-28 calls (any worker
+ * serves them). CPU is the
  * gateway's whole process tree (primary and workers). The upstream and the
  * load generator share the same two cores, so the ratio is what a second
  * worker buys on a box that also runs its clients and server.
@@ -333,17 +339,21 @@ async function workersScaling (auth: AuthSettings, token: string): Promise<Recor
     { name: 'gateway, 1 process', role: 'gateway', url: one.url, pid: one.service.pid },
     { name: 'gateway, workers: 2', role: 'gateway', url: two.url, pid: two.service.pid },
   ]
+  const session = async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => { const w = new McpHttpSession(url, agent, bearer); await w.initialize(); return w }
   const kinds = [
-    { workload: G_SESSIONS, open: async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => { const w = new McpHttpSession(url, agent, bearer); await w.initialize(); return w } },
-    { workload: G_MODERN, open: async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => new ModernClient(url, agent, bearer) },
+    { workload: G_SESSIONS, key: 'g workers 2/1 http target (sessions, shared pool)', own: false, open: session },
+    { workload: G_SESSIONS_OWN, key: 'g workers 2/1 http target (sessions, a connection each)', own: true, open: session },
+    { workload: G_MODERN, key: 'g workers 2/1 2026-07-28', own: false, open: async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => new ModernClient(url, agent, bearer) },
   ]
   const ratios: Record<string, number | undefined> = {}
   try {
     for (const kind of kinds) {
-      const state = new Map<string, { agent: ReturnType<typeof makeAgent>; workers: Worker[]; samples: Measured[] }>()
+      const state = new Map<string, { agents: Array<ReturnType<typeof makeAgent>>; workers: Worker[]; samples: Measured[] }>()
       for (const s of systems) {
-        const agent = makeAgent(n)
-        state.set(s.name, { agent, workers: await Promise.all(Array.from({ length: n }, () => kind.open(s.url, agent))), samples: [] })
+        const shared = makeAgent(n)
+        const agents = kind.own ? Array.from({ length: n }, () => makeAgent(1)) : [shared]
+        state.set(s.name, { agents, workers: await Promise.all(agents.length === 1 ? Array.from({ length: n }, () => kind.open(s.url, shared)) : agents.map(a => kind.open(s.url, a))), samples: [] })
+        if (kind.own) shared.destroy()
       }
       try {
         for (let round = 0; round < ROUNDS; round++) {
@@ -356,11 +366,10 @@ async function workersScaling (auth: AuthSettings, token: string): Promise<Recor
           const st = state.get(s.name)!
           return rowOf(kind.workload, s, n, summarize(st.samples.map(m => m.sample)), undefined, 'CPU: primary and workers', cpuSum(st.samples))
         })
-        const key = kind.workload === G_SESSIONS ? 'g workers 2/1 http target (sessions)' : 'g workers 2/1 2026-07-28'
-        ratios[key] = ratio(made[1], made[0])
-        ratios[`${key} CPU/req`] = cpuRatio(made[1], made[0])
+        ratios[kind.key] = ratio(made[1], made[0])
+        ratios[`${kind.key} CPU/req`] = cpuRatio(made[1], made[0])
       } finally {
-        for (const st of state.values()) { await closeWorkers(st.workers); st.agent.destroy() }
+        for (const st of state.values()) { await closeWorkers(st.workers); for (const a of st.agents) a.destroy() }
       }
     }
     return ratios
@@ -624,7 +633,7 @@ async function main (): Promise<void> {
     if (ONLY.has('g')) {
       const g = await workersScaling(auth, token)
       Object.assign(ratios, g)
-      for (const [key, label] of [['g workers 2/1 http target (sessions)', 'session-era calls'], ['g workers 2/1 2026-07-28', '2026-07-28 calls']] as const) {
+      for (const [key, label] of [['g workers 2/1 http target (sessions, shared pool)', 'session-era calls over one pool of connections'], ['g workers 2/1 http target (sessions, a connection each)', 'session-era calls, a connection per session'], ['g workers 2/1 2026-07-28', '2026-07-28 calls']] as const) {
         targets.push({ target: `(informative) workers: 2 vs 1 process on this ${cpus().length}-core box, HTTP target, JWT, 16 connections, ${label}: throughput ratio`, measured: fmt(g[key]), met: undefined })
       }
     }
