@@ -362,20 +362,34 @@ export async function runPrimary (o: PrimaryOptions): Promise<void> {
     throw err
   }
 
+  function answerJson (res: ServerResponse, status: number, body: unknown, extra: Record<string, string> = {}): void {
+    const text = JSON.stringify(body)
+    res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...extra })
+    res.end(text)
+  }
+
   function relayAdmin (req: IncomingMessage, res: ServerResponse): void {
     const url = new URL(req.url ?? '/', 'http://admin')
-    const wanted = Number(url.searchParams.get('worker') ?? req.headers[WORKER_HEADER] ?? NaN)
-    const slot = Number.isInteger(wanted) ? slots.find(s => s.n === wanted) : slots.find(s => s.adminUrl !== undefined)
+    const asked = url.searchParams.get('worker') ?? (typeof req.headers[WORKER_HEADER] === 'string' ? req.headers[WORKER_HEADER] : undefined)
+    if (asked !== undefined && (!/^\d{1,2}$/.test(asked) || Number(asked) < 1 || Number(asked) > o.count)) {
+      log.info({ worker: asked.slice(0, 20) }, 'admin request for a worker that does not exist')
+      answerJson(res, 400, { error: 'invalid_request', error_description: `worker must be an integer from 1 to ${o.count}` })
+      return
+    }
+    const slot = asked !== undefined ? slots[Number(asked) - 1]! : slots.find(s => s.adminUrl !== undefined)
     if (slot?.adminUrl === undefined) {
-      const body = JSON.stringify({ error: 'unavailable', error_description: Number.isInteger(wanted) ? `worker ${wanted} is not serving` : 'no worker is serving yet' })
-      res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '1', 'content-length': Buffer.byteLength(body) })
-      res.end(body)
+      answerJson(res, 503, { error: 'unavailable', error_description: asked !== undefined ? `worker ${asked} is not serving` : 'no worker is serving yet' }, { 'retry-after': '1' })
       return
     }
     const headers = { ...req.headers }
     delete headers[WORKER_HEADER]
     const up = httpRequest(new URL(req.url ?? '/', slot.adminUrl), { method: req.method, headers }, answer => {
-      res.writeHead(answer.statusCode ?? 502, { ...answer.headers, [WORKER_HEADER]: String(slot.n) })
+      const out: Record<string, string | string[]> = { [WORKER_HEADER]: String(slot.n) }
+      // RFC 9110 §7.6.1: the connection's own fields stay with that connection (the body is re-framed here).
+      for (const [name, value] of Object.entries(answer.headers)) {
+        if (value !== undefined && name !== 'connection' && name !== 'keep-alive' && name !== 'transfer-encoding') out[name] = value
+      }
+      res.writeHead(answer.statusCode ?? 502, out)
       answer.pipe(res)
     })
     up.once('error', err => {
