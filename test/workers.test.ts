@@ -223,3 +223,55 @@ t.test('--check and --workers validate the setting; config errors name the path'
   t.equal(restarts.code, 1)
   t.match(restarts.stderr, /workerRestartsPerMinute/)
 })
+
+t.test('restarts are bounded (workerRestartsPerMinute), and a primary killed with SIGKILL leaves no worker and no stdio child', async t => {
+  const start = async (name: string): Promise<{ cli: ReturnType<typeof spawnCli>; url: string; admin: number; probes: number }> => {
+    const [port, admin, probes] = await Promise.all([freePort(), freePort(), freePort()])
+    const file = await configFile([
+      'mcp:',
+      '  host: 127.0.0.1',
+      `  port: ${port}`,
+      '  targets:',
+      `    - { name: faulty, stdio: { cmd: "${process.execPath}", args: ["${FAULTY}"] } }`,
+      `admin: { port: ${admin} }`,
+      `probes: { host: 127.0.0.1, port: ${probes} }`,
+      'workers: 2',
+      'workerRestartsPerMinute: 1',
+    ].join('\n'), `mcpp-workers-${name}-`)
+    const cli = spawnCli(['-f', file])
+    t.teardown(() => { if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL') })
+    const ready = await eventually(async () => (await fetch(`http://127.0.0.1:${probes}/readyz`).catch(() => undefined))?.status, s => s === 200, 600, 100)
+    t.equal(ready, 200, `${name}: ready`)
+    return { cli, url: `http://127.0.0.1:${port}/mcp`, admin, probes }
+  }
+  /** A session with its stdio child on every worker: sessions until both workers hold one (fresh connections alternate). */
+  const children = async (g: { url: string; admin: number }): Promise<number[]> => {
+    for (let i = 0; i < 8; i++) {
+      t.equal((await post(g.url, INIT)).status, 200)
+      const pids = (await Promise.all(['1', '2'].map(async w => await (await fetch(`http://127.0.0.1:${g.admin}/api/sessions?worker=${w}`)).json() as Array<{ pids: number[] }>)))
+        .map(list => list.flatMap(s => s.pids))
+      if (pids.every(p => p.length > 0)) return pids.flat()
+    }
+    throw new Error('the sessions never spread over both workers')
+  }
+  const [a, b] = await Promise.all([start('limit'), start('primary-killed')])
+
+  // Limit 1 a minute: the first dead worker is replaced, the second stops the gateway (exit 1), children and all.
+  const aChildren = await children(a)
+  const aWorkers = workersOf(a.cli.child.pid!)
+  process.kill(aWorkers[0]!, 'SIGKILL')
+  t.ok(await eventually(async () => /^mcp_proxy_worker_restarts_total 1$/m.test(await (await fetch(`http://127.0.0.1:${a.probes}/metrics`)).text()), ok => ok, 600, 100), 'the first dead worker is replaced')
+  process.kill(aWorkers[1]!, 'SIGKILL')
+  const aExit = await Promise.race([a.cli.exited, new Promise(resolve => setTimeout(resolve, 30_000, 'timeout'))])
+  t.same(aExit, { code: 1, signal: null }, 'the second death within the minute stops the gateway with exit 1')
+  t.match(a.cli.output(), /workerRestartsPerMinute reached/)
+  t.ok(await eventually(() => [...aWorkers, ...aChildren, ...workersOf(a.cli.child.pid!)].every(p => !isAlive(p)), ok => ok, 40, 50), 'nothing of it is left')
+
+  // The primary itself killed: the workers see their channel close, drain and exit, ending their children.
+  const bChildren = await children(b)
+  const bWorkers = workersOf(b.cli.child.pid!)
+  t.equal(bWorkers.length, 2)
+  b.cli.child.kill('SIGKILL')
+  await b.cli.exited
+  t.ok(await eventually(() => [...bWorkers, ...bChildren].every(p => !isAlive(p)), ok => ok, 200, 50), 'no worker and no stdio child outlives a killed primary')
+})
