@@ -4,7 +4,8 @@
  * built-in plugins (plugins/index.ts); signals; exit codes.
  *
  * Exit codes: 0 success (or clean shutdown), 1 invalid configuration
- * (including `environment variable not found`), 2 usage error,
+ * (including `environment variable not found`; with `workers`, also more
+ * dead workers within a minute than workerRestartsPerMinute), 2 usage error,
  * 3 start-up failure (port in use, a plugin failed to start).
  */
 import cluster from 'node:cluster'

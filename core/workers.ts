@@ -177,14 +177,12 @@ export function mergeMetrics (parts: ReadonlyArray<{ worker: number; text: strin
   }
   const add = (text: string, label: string | undefined): void => {
     let current: { meta: string[]; samples: string[] } | undefined
-    const seen = new Set<string>()
     for (const line of text.split('\n')) {
       if (line === '') continue
       if (line.startsWith('# ')) {
         const [, kind, name] = line.split(' ', 3)
         if (kind !== 'HELP' && kind !== 'TYPE') continue
         current = familyOf(name!)
-        if (!seen.has(name!)) seen.add(name!)
         if (current.meta.length < 2 && !current.meta.some(m => m.startsWith(`# ${kind} `))) current.meta.push(line)
         continue
       }

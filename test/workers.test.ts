@@ -275,3 +275,19 @@ t.test('restarts are bounded (workerRestartsPerMinute), and a primary killed wit
   await b.cli.exited
   t.ok(await eventually(() => [...bWorkers, ...bChildren].every(p => !isAlive(p)), ok => ok, 200, 50), 'no worker and no stdio child outlives a killed primary')
 })
+
+t.test('mergeMetrics: every worker\'s series labelled, each family\'s HELP and TYPE once, the primary\'s own unlabelled', async t => {
+  const { mergeMetrics } = await import('../core/workers.ts')
+  const worker = [
+    '# HELP mcp_proxy_sessions Open MCP sessions', '# TYPE mcp_proxy_sessions gauge', 'mcp_proxy_sessions 2',
+    '# HELP d Duration', '# TYPE d histogram', 'd_bucket{route="mcp",le="0.1"} 1', 'd_sum{route="mcp"} 0.05', 'd_count{route="mcp"} 1', '',
+  ].join('\n')
+  const merged = mergeMetrics([{ worker: 1, text: worker }, { worker: 2, text: worker.replace('sessions 2', 'sessions 3') }], '# HELP mcp_proxy_workers Live worker processes\n# TYPE mcp_proxy_workers gauge\nmcp_proxy_workers 2\n')
+  t.equal(merged, [
+    '# HELP mcp_proxy_workers Live worker processes', '# TYPE mcp_proxy_workers gauge', 'mcp_proxy_workers 2',
+    '# HELP mcp_proxy_sessions Open MCP sessions', '# TYPE mcp_proxy_sessions gauge', 'mcp_proxy_sessions{worker="1"} 2', 'mcp_proxy_sessions{worker="2"} 3',
+    '# HELP d Duration', '# TYPE d histogram',
+    'd_bucket{worker="1",route="mcp",le="0.1"} 1', 'd_sum{worker="1",route="mcp"} 0.05', 'd_count{worker="1",route="mcp"} 1',
+    'd_bucket{worker="2",route="mcp",le="0.1"} 1', 'd_sum{worker="2",route="mcp"} 0.05', 'd_count{worker="2",route="mcp"} 1', '',
+  ].join('\n'))
+})
