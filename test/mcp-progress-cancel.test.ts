@@ -107,3 +107,29 @@ for (const [path, target] of Object.entries(paths)) {
     t.same(unknownToken(errors), [], 'the client was sent no progress for the request it cancelled')
   })
 }
+
+for (const [path, target] of Object.entries(paths)) {
+  t.test(`${path}: a cancellation without a reason reaches the server without one`, async t => {
+    const gw = await startGateway(t, { targets: [await target(t)] })
+    const client = new Client({ name: 'progress-cancel', version: '1.0.0' })
+    const transport = new StreamableHTTPClientTransport(new URL(gw.url))
+    // The id the SDK gives the call: the cancellation names it.
+    let callId: unknown
+    const send = transport.send.bind(transport)
+    transport.send = (m, o) => { if ('method' in m && m.method === 'tools/call' && 'id' in m && callId === undefined) callId = m.id; return send(m, o) }
+    await client.connect(transport)
+    t.teardown(() => client.close())
+    const seen: number[] = []
+    // Never answered: the gateway drops the call once cancelled, and the client's close ends it.
+    client.callTool({ name: 'until-cancelled', arguments: {} }, undefined, { onprogress: p => { seen.push(p.progress) } }).catch(() => {})
+    t.ok(await until(() => seen.length > 0), 'the call runs')
+    await client.notification({ method: 'notifications/cancelled', params: { requestId: callId as string } })
+    let received: Array<{ requestId: unknown; reason?: unknown }> = []
+    t.ok(await until(async () => {
+      received = JSON.parse(textOf(await client.callTool({ name: 'cancellations', arguments: {} }))) as typeof received
+      return received.length > 0
+    }, 100, 20), 'the server got a cancellation')
+    t.equal(received.length, 1)
+    t.same(Object.keys(received[0]!), ['requestId'], 'no reason: the client gave none')
+  })
+}

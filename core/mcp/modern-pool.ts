@@ -47,8 +47,8 @@ export interface CallHooks {
 
 export interface PoolCall {
   readonly done: Promise<JsonRpcMessage>
-  /** Stops waiting: `notifications/cancelled` goes upstream; `done` resolves with an error. */
-  cancel(reason: string): void
+  /** Stops waiting: `notifications/cancelled` goes upstream (with `reason` when given); `done` resolves with an error. */
+  cancel(reason?: string): void
 }
 
 interface Pending {
@@ -182,7 +182,7 @@ export class PooledUpstream {
     }
     return {
       done,
-      cancel: (reason: string) => {
+      cancel: (reason?: string) => {
         if (!this.#pending.remove(pending)) return
         this.#cancelUpstream(id, reason)
         this.#settle(pending, rpcError(RPC.REQUEST_TIMEOUT, 'Request cancelled'))
@@ -236,8 +236,9 @@ export class PooledUpstream {
     p.resolve(msg)
   }
 
-  #cancelUpstream (id: number, reason: string): void {
-    this.notify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: id, reason } })
+  /** `reason` absent: none is sent (it is optional, MCP 2025-11-25 utilities, Cancellation). */
+  #cancelUpstream (id: number, reason: string | undefined): void {
+    this.notify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: reason === undefined ? { requestId: id } : { requestId: id, reason } })
   }
 
   #fromUpstream (msg: JsonRpcMessage): void {

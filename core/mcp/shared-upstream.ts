@@ -259,7 +259,8 @@ export class SharedUpstream implements Upstream {
         const call = rid === undefined ? undefined : this.#calls.get(rid)
         if (call === undefined) return
         this.#calls.delete(rid!)
-        call.cancel(typeof msg.params?.reason === 'string' ? msg.params.reason : 'cancelled')
+        // No reason from the client, none upstream (it is optional: MCP 2025-11-25 utilities, Cancellation).
+        call.cancel(typeof msg.params?.reason === 'string' ? msg.params.reason : undefined)
         return
       }
       case 'notifications/roots/list_changed':
