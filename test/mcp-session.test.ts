@@ -22,7 +22,7 @@ async function open (t: Test, targets: string[], env: Partial<SessionEnv> = {}) 
   const ended: string[] = []
   const session = new Session({
     id: 'session-id-0123456789', subject: 'alice', subjectKey: 'alice', version: '2025-06-18', factories,
-    env: { log, streams: streamLimits({ log, metrics: new Metrics() }), requestTimeoutMs: 60_000, failClosed: false, checkers: [], onEnd: (_s, reason) => ended.push(reason), ...env },
+    env: { log, streams: streamLimits({ log, metrics: new Metrics() }), requestTimeoutMs: 60_000, failClosed: false, maxTasks: 100, checkers: [], onEnd: (_s, reason) => ended.push(reason), ...env },
   })
   t.teardown(() => session.end('test over'))
   const init = await session.start({ protocolVersion: '2025-06-18', capabilities: { sampling: {} }, clientInfo: { name: 'c', version: '1' } })

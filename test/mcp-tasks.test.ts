@@ -124,3 +124,33 @@ t.test('a child shared per subject: a task\'s status notifications reach only th
   t.ok(seen.owner.every(id => id === taskId))
   await owner.request({ method: 'tasks/cancel', params: { taskId } }, CancelTaskResultSchema)
 })
+
+const lateTarget = (name: string, ...flags: string[]) => ({ name, stdio: { cmd: process.execPath, args: [LATE, 'stdio', ...flags], env: {} } })
+
+for (const rules of [false, true]) {
+  t.test(`${rules ? 'per-operation rules' : 'no rules'}: a session's unfinished tasks are bounded (mcp.limits.maxTasksPerSession); a terminal status frees a slot`, async t => {
+    const allowAll: Plugin = { name: 'test-rules', allowMcpOperation: () => true }
+    const gw = await startGateway(t, { targets: [lateTarget('x', '--tasks')], plugins: rules ? [allowAll] : [], limits: { maxTasksPerSession: 2 } })
+    const client = await connect(t, gw)
+    const hold = (): Promise<string> => startTask(client, 'task-hold', 'bounded')
+    const finish = (taskId: string, notify: boolean) => client.callTool({ name: 'task-finish', arguments: { taskId, notify } })
+    const first = await hold()
+    const second = await hold()
+    t.match(await errorOf(hold()), /^-32000 .*2 unfinished tasks.*mcp\.limits\.maxTasksPerSession/, 'past the limit: a clear JSON-RPC error')
+    t.match(gw.logText(), /task-augmented call refused: too many unfinished tasks/, 'and a log line')
+    t.equal((await client.request({ method: 'tasks/list', params: {} }, ListTasksResultSchema)).tasks.length, 2, 'the refused call created no task upstream')
+
+    await finish(first, false)
+    t.equal((await client.request({ method: 'tasks/get', params: { taskId: first } }, GetTaskResultSchema)).status, 'completed')
+    const third = await hold()
+    t.match(await errorOf(hold()), /maxTasksPerSession/, 'a completed status seen in tasks/get freed one slot, only one')
+
+    await finish(second, true)
+    await hold()
+    t.match(await errorOf(hold()), /maxTasksPerSession/, 'a completed notifications/tasks/status freed one slot')
+
+    const result = await client.request({ method: 'tasks/result', params: { taskId: first } }, CallToolResultSchema)
+    t.same(result.content, [{ type: 'text', text: 'task done' }], 'an ended task is still its caller\'s: its result is given')
+    t.not(third, first)
+  })
+}

@@ -36,7 +36,7 @@ export interface McpEndpointOptions {
   readonly plugins: readonly Plugin[]
   readonly config: Pick<GatewayConfig['mcp'], 'session' | 'failClosed'> & {
     /** SSE bounds and tool labels; defaults as in the schema when absent. */
-    readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes' | 'maxResumableStreams' | 'maxToolLabels'>>
+    readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes' | 'maxResumableStreams' | 'maxToolLabels' | 'maxTasksPerSession'>>
     /** Polling of session-era POST streams; off when absent. */
     readonly streams?: Partial<GatewayConfig['mcp']['streams']>
   }
@@ -90,6 +90,8 @@ const RETRY_AFTER_SECONDS = '10'
 const KEEPALIVE_MS = 15_000
 /** Pooled upstreams per (target, subject) for 2026-07-28 requests (docs/protocol.md, "Revision 2026-07-28"). */
 const POOLED_PER_SUBJECT = 2
+/** The schema's default of mcp.limits.maxTasksPerSession, for callers that pass no limits (tests). */
+const DEFAULT_MAX_TASKS = 100
 
 function sessionNotFound (): ProxyError {
   return new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: RPC.REQUEST_TIMEOUT })
@@ -165,6 +167,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     streams,
     requestTimeoutMs: config.session.requestTimeoutSeconds * 1000,
     failClosed: config.failClosed,
+    maxTasks: config.limits?.maxTasksPerSession ?? DEFAULT_MAX_TASKS,
     checkers: opts.plugins.filter(p => typeof p.allowMcpOperation === 'function'),
     onEnd (session, reason) {
       if (sessions.get(session.id) !== session) return

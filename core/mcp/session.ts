@@ -18,6 +18,7 @@ import { isSessionRevision, type SessionRevision } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
 import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, rpcError } from './router.ts'
 import { UpstreamCalls } from './calls.ts'
+import { TaskLedger, isTerminal } from './task-ledger.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
 import { tracer } from '../tracing.ts'
 
@@ -28,6 +29,8 @@ export interface SessionEnv {
   readonly streams: StreamLimits
   readonly requestTimeoutMs: number
   readonly failClosed: boolean
+  /** Unfinished tasks a session may have (mcp.limits.maxTasksPerSession). */
+  readonly maxTasks: number
   /** Plugins that have `allowMcpOperation`; empty means no filtering. */
   readonly checkers: readonly Plugin[]
   /** Call metrics per target name (call-metrics.ts); absent, calls are not measured. */
@@ -120,10 +123,12 @@ export class Session {
   readonly #undelivered = new Map<string, Exchange>()
   #starting = true
   /**
-   * Tasks this session created (client-facing id -> target and tool), kept only with
-   * per-operation rules: a task is the caller's while the tool it runs is allowed.
+   * Tasks this session created (client-facing id -> target, tool, progress token), bounded
+   * (task-ledger.ts). With per-operation rules a task is the caller's while the tool it runs is allowed.
    */
-  readonly #tasks = new Map<string, { readonly target: string; readonly tool: string }>()
+  readonly #tasks: TaskLedger<{ readonly target: string; readonly tool: string; readonly token: unknown }>
+  /** Task-augmented calls not answered yet: each may create a task, so each holds a slot. */
+  readonly #taskCalls = new Set<Inflight>()
   /** Progress tokens of task-augmented calls, valid for the task's lifetime (MCP 2025-11-25 tasks) -> client-facing task id. */
   readonly #taskTokens = new Map<unknown, string>()
 
@@ -136,6 +141,7 @@ export class Session {
     this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
     this.#backlog = new Backlog(opts.env.streams, this.#log)
     this.#getReplay = new Replay(opts.env.streams.maxBacklogBytes)
+    this.#tasks = new TaskLedger(opts.env.maxTasks)
     this.links = opts.factories.map(f => {
       const link: Link = { target: f.target, upstream: f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), up: false, pending: new UpstreamCalls(opts.env.meters?.get(f.target)), active: new Set(), initResult: undefined }
       link.upstream.onMessage = (msg) => this.#fromUpstream(link, msg)
@@ -449,31 +455,43 @@ export class Session {
       return
     }
     if (router.multi) params[field] = name
+    const augmented = kind === 'tool' && params.task !== undefined
+    if (augmented) {
+      if (this.#tasks.full(this.#taskCalls.size)) {
+        const limit = this.#tasks.limit
+        this.#log.warn({ target: link.target, tool: String(name), limit }, 'task-augmented call refused: too many unfinished tasks (mcp.limits.maxTasksPerSession)')
+        this.#reply(inflight, rpcError(RPC.SERVER_ERROR, `Too many tasks: this session has ${limit} unfinished tasks (mcp.limits.maxTasksPerSession: ${limit}); wait for one to end`))
+        return
+      }
+      this.#taskCalls.add(inflight)
+    }
     // Several targets: URIs inside answers are the gateway's (resources/read contents; links and embedded resources of calls and prompts).
     let mark: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined
     if (router.multi && read) mark = (r) => router.markContents(link.target, r)
-    else if (kind === 'tool' && params.task !== undefined) mark = (r) => this.#taskCreated(inflight, link.target, String(name), router.markTasks(link.target, r))
+    else if (augmented) mark = (r) => this.#taskCreated(inflight, link.target, String(name), router.markTasks(link.target, r))
     else if (router.multi && kind !== 'resource') mark = (r) => router.markUris(link.target, r)
     this.#forward(inflight, link, msg, mark)
   }
 
   /**
-   * A task-augmented tools/call was answered (MCP 2025-11-25 tasks): with a task, its
-   * progress token stays valid while the task runs, and with per-operation rules the
-   * session remembers which tool the task runs. Without a task it was a plain result.
+   * A task-augmented tools/call was answered (MCP 2025-11-25 tasks): with a task, the
+   * session remembers it (which tool it runs, for the rules) and its progress token
+   * stays valid while it runs. Without a task it was a plain result.
    */
   #taskCreated (inflight: Inflight, target: string, tool: string, r: JsonRpcMessage): JsonRpcMessage {
-    const taskId = (r.result as { task?: { taskId?: unknown } } | undefined)?.task?.taskId
+    const task = (r.result as { task?: { taskId?: unknown; status?: unknown } } | undefined)?.task
+    const taskId = task?.taskId
     if (typeof taskId !== 'string') return this.#router.markUris(target, r)
-    if (this.#router.checkers.length > 0) this.#tasks.set(taskId, { target, tool })
+    this.#tasks.add(taskId, { target, tool, token: inflight.progressToken })
     if (inflight.progressToken !== undefined) this.#taskTokens.set(inflight.progressToken, taskId)
+    if (isTerminal(task?.status)) this.#taskEnded(taskId)
     return r
   }
 
   /** Whether the caller may use the task (client-facing id): always without per-operation rules. */
   #mayUseTask (ctx: RequestContext, taskId: unknown): boolean {
     if (this.#router.checkers.length === 0) return true
-    const task = typeof taskId === 'string' ? this.#tasks.get(taskId) : undefined
+    const task = this.#tasks.get(taskId)
     return task !== undefined && this.#router.allows(ctx, 'tools/call', 'tool', task.tool, task.target)
   }
 
@@ -488,19 +506,19 @@ export class Session {
     }
     msg.params!.taskId = r.taskId
     const target = r.target.target
-    const ended = method !== 'tasks/get'
-    this.#forward(inflight, r.target, msg, !router.multi && !ended
-      ? undefined
-      : (resp) => {
-          if (ended) this.#taskEnded(taskId as string)
-          router.markTasks(target, resp)
-          return method === 'tasks/result' ? router.markUris(target, resp) : resp
-        })
+    // A result given, a cancellation answered or a terminal status seen: the task has ended.
+    this.#forward(inflight, r.target, msg, (resp) => {
+      if (method !== 'tasks/get' || isTerminal((resp.result as { status?: unknown } | undefined)?.status)) this.#taskEnded(taskId as string)
+      router.markTasks(target, resp)
+      return method === 'tasks/result' ? router.markUris(target, resp) : resp
+    })
   }
 
-  /** The task's result was fetched or it was cancelled: its progress token is spent. */
+  /** The task has ended: its slot is free (it stays known a while: task-ledger.ts) and its progress token is spent. */
   #taskEnded (taskId: string): void {
-    for (const [token, id] of this.#taskTokens) if (id === taskId) { this.#taskTokens.delete(token); break }
+    const task = this.#tasks.get(taskId)
+    this.#tasks.end(taskId)
+    if (task?.token !== undefined && this.#taskTokens.get(task.token) === taskId) this.#taskTokens.delete(task.token)
   }
 
   /** tasks/list: one target's, or merged over the targets that list tasks; with rules, only the caller's tasks. */
@@ -617,6 +635,7 @@ export class Session {
   #finish (inflight: Inflight): void {
     inflight.finished = true
     this.#inflight.delete(inflight.clientId)
+    this.#taskCalls.delete(inflight)
     if (inflight.progressToken !== undefined) this.#progress.delete(inflight.progressToken)
     inflight.link?.active.delete(inflight)
     this.lastActivityAt = Date.now()
@@ -722,9 +741,8 @@ export class Session {
         this.#router.markTasks(link.target, msg)
         const taskId = msg.params?.taskId
         // With rules, only the session's own tasks (its children are its own, but a shared child is its subject's).
-        if (this.#router.checkers.length > 0 && (typeof taskId !== 'string' || !this.#tasks.has(taskId))) return
-        const status = msg.params?.status
-        if (status === 'completed' || status === 'failed' || status === 'cancelled') this.#taskEnded(taskId as string)
+        if (this.#router.checkers.length > 0 && !this.#tasks.has(taskId)) return
+        if (typeof taskId === 'string' && isTerminal(msg.params?.status)) this.#taskEnded(taskId)
         this.#deliver(msg, undefined)
         return
       }

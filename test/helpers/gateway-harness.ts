@@ -47,6 +47,7 @@ export async function startGateway (t: Test, opts: {
   factories?: UpstreamFactory[]
   plugins?: Plugin[]
   session?: Partial<GatewayConfig['mcp']['session']>
+  limits?: Partial<GatewayConfig['mcp']['limits']>
   failClosed?: boolean
 }): Promise<GatewayHarness> {
   const { log, text } = memoryLogger('debug')
@@ -58,6 +59,7 @@ export async function startGateway (t: Test, opts: {
     config: {
       session: { idleTimeoutSeconds: 1800, maxSessions: 1000, maxSessionsPerSubject: 100, requestTimeoutSeconds: 120, ...opts.session },
       failClosed: opts.failClosed ?? false,
+      limits: opts.limits,
     },
     log,
     metrics,
