@@ -126,6 +126,7 @@ t.test('a child shared per subject: a task\'s status notifications reach only th
 })
 
 const lateTarget = (name: string, ...flags: string[]) => ({ name, stdio: { cmd: process.execPath, args: [LATE, 'stdio', ...flags], env: {} } })
+const sharedLate = () => ({ name: 'late', stdio: { cmd: process.execPath, args: [LATE, 'stdio', '--tasks'], env: {}, share: 'subject' as const, processesPerSubject: 1 } })
 
 for (const rules of [false, true]) {
   t.test(`${rules ? 'per-operation rules' : 'no rules'}: a session's unfinished tasks are bounded (mcp.limits.maxTasksPerSession); a terminal status frees a slot`, async t => {
@@ -154,3 +155,31 @@ for (const rules of [false, true]) {
     t.not(third, first)
   })
 }
+
+t.test('a child shared per subject: tasks/list lists only the calling session\'s tasks; another session\'s task is unknown', async t => {
+  const gw = await startGateway(t, { targets: [sharedLate()] })
+  const one = await connect(t, gw)
+  const two = await connect(t, gw)
+  t.equal(gw.endpoint.pooled().length, 1, 'one child for both sessions')
+  const a = await startTask(one, 'task-hold', 'one')
+  const b = await startTask(two, 'task-hold', 'two')
+  t.same((await one.request({ method: 'tasks/list', params: {} }, ListTasksResultSchema)).tasks.map(x => x.taskId), [a], 'the first session lists its own task only')
+  t.same((await two.request({ method: 'tasks/list', params: {} }, ListTasksResultSchema)).tasks.map(x => x.taskId), [b], '... and the second its own')
+  t.match(await errorOf(two.request({ method: 'tasks/get', params: { taskId: a } }, GetTaskResultSchema)), /-32602 .*Unknown task/, 'the other session\'s task is unknown to it')
+  t.match(await errorOf(two.request({ method: 'tasks/cancel', params: { taskId: a } }, CancelTaskResultSchema)), /-32602/, '... and cannot be cancelled by it')
+  t.equal((await one.request({ method: 'tasks/get', params: { taskId: a } }, GetTaskResultSchema)).status, 'working')
+})
+
+t.test('a child shared per subject: a status the child sends before its CreateTaskResult reaches the session that created the task', async t => {
+  const gw = await startGateway(t, { targets: [sharedLate()] })
+  const owner = await connect(t, gw)
+  const other = await connect(t, gw)
+  const seen: Record<'owner' | 'other', Array<{ taskId: string; status: string }>> = { owner: [], other: [] }
+  owner.setNotificationHandler(TaskStatusNotificationSchema, n => { seen.owner.push({ taskId: n.params.taskId, status: n.params.status }) })
+  other.setNotificationHandler(TaskStatusNotificationSchema, n => { seen.other.push({ taskId: n.params.taskId, status: n.params.status }) })
+  const taskId = await startTask(owner, 'task-early', 'race')
+  t.ok(await until(() => seen.owner.length > 0), 'the early status reached the owner')
+  t.same(seen.owner, [{ taskId, status: 'working' }])
+  await other.ping()
+  t.same(seen.other, [], 'not the other session')
+})

@@ -218,7 +218,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   pooledGauge.collect = () => [[undefined, pool.size]]
   const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed, streams })
   // share: subject targets: the sessions of one subject lease the same pooled children.
-  const sessionFactories = opts.targets.map(f => f.share === 'subject' ? sharedFactory(f, pool) : f)
+  const sessionFactories = opts.targets.map(f => f.share === 'subject' ? sharedFactory(f, pool, env.maxTasks) : f)
 
   /** The caller's session, or 400/404. Another subject's session is "not found". */
   function lookup (ctx: RequestContext): Session {

@@ -13,8 +13,12 @@
  *   progress tokens, back); `notifications/cancelled` cancels the matching one;
  * - `resources/subscribe`/`unsubscribe` are counted per URI on the child, and
  *   `notifications/resources/updated` reaches only the sessions subscribed;
- *   list-changed notifications reach every session on the child,
- *   `notifications/tasks/status` only the session whose call created the task;
+ *   list-changed notifications reach every session on the child;
+ * - tasks (MCP 2025-11-25 tasks) are the session's whose call created them:
+ *   `notifications/tasks/status` reaches only that session (one the child
+ *   sends before its `CreateTaskResult` is held until that result names the
+ *   task), `tasks/list` lists only its tasks, and `tasks/get|result|cancel`
+ *   of another session's task are unknown (-32602);
  * - a server-to-client request (sampling, elicitation) reaches this session
  *   only when its request is the one in flight on the child and its client
  *   declared the capability; otherwise the child gets "Method not found";
@@ -31,7 +35,9 @@
  */
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
+import { TASK_METHODS } from './router.ts'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
+import { TaskLedger, isTerminal } from './task-ledger.ts'
 
 /** Whose upstream a session creates: the session's token subject. */
 export interface UpstreamOwner {
@@ -109,21 +115,27 @@ export class SharedUpstream implements Upstream {
   /** Session's upstream id -> the call on the shared child. */
   readonly #calls = new Map<JsonRpcId, PoolCall>()
   readonly #subscribed = new Set<string>()
+  /** Tasks this session created on the child (MCP 2025-11-25 tasks), under the child's ids. */
+  readonly #tasks: TaskLedger<true>
+  /** Task-augmented calls of this session in flight on the child. */
+  #creating = 0
   /**
-   * Tasks this session created on the child (MCP 2025-11-25 tasks): only their status
-   * notifications are its (one the child sends before its CreateTaskResult is dropped; that result carries the status).
+   * Status notifications of tasks no session is known to own yet, held while this session
+   * has a task-augmented call in flight: a child may announce a task before its
+   * CreateTaskResult. At most the session's task limit, the oldest dropped first.
    */
-  readonly #tasks = new Set<string>()
+  #early: JsonRpcMessage[] = []
   /** Client capabilities from the session's initialize. */
   #clientCaps: Record<string, unknown> = {}
   #closed = false
   #startedAt: number | undefined
 
-  constructor (pool: UpstreamPool, factory: UpstreamFactory, owner: UpstreamOwner) {
+  constructor (pool: UpstreamPool, factory: UpstreamFactory, owner: UpstreamOwner, maxTasks: number) {
     this.target = factory.target
     this.#pool = pool
     this.#factory = factory
     this.#owner = owner
+    this.#tasks = new TaskLedger(maxTasks)
   }
 
   get pid (): number | undefined { return this.#entry?.upstream.pid }
@@ -150,12 +162,29 @@ export class SharedUpstream implements Upstream {
     }
     if (msg.method === 'notifications/tasks/status') {
       const taskId = msg.params?.taskId
-      if (typeof taskId !== 'string' || !this.#tasks.has(taskId)) return
-      const status = msg.params?.status
-      if (status === 'completed' || status === 'failed' || status === 'cancelled') this.#tasks.delete(taskId)
+      if (!this.#tasks.has(taskId)) {
+        if (this.#creating > 0 && typeof taskId === 'string') {
+          if (this.#early.length >= this.#tasks.limit) this.#early.shift()
+          this.#early.push(structuredClone(msg))
+        }
+        return
+      }
+      if (isTerminal(msg.params?.status)) this.#tasks.end(taskId)
     }
     // One object per session: the session may rewrite it (URI markers).
     this.onMessage(structuredClone(msg))
+  }
+
+  /** A task-augmented call of this session was answered: `taskId` is the session's now, and its held statuses follow the result. */
+  #created (taskId: string | undefined): void {
+    if (--this.#creating === 0 && taskId === undefined) { this.#early = []; return }
+    if (taskId === undefined) return
+    const held = this.#early.filter(m => m.params?.taskId === taskId)
+    this.#early = this.#creating === 0 ? [] : this.#early.filter(m => m.params?.taskId !== taskId)
+    for (const m of held) {
+      if (isTerminal(m.params?.status)) this.#tasks.end(taskId)
+      this.#deliver(m)
+    }
   }
 
   readonly #gone = (): void => {
@@ -237,17 +266,37 @@ export class SharedUpstream implements Upstream {
         return
       }
     }
-    const augmented = msg.method === 'tools/call' && msg.params?.task !== undefined
+    const method = msg.method
+    const augmented = method === 'tools/call' && msg.params?.task !== undefined
+    const taskId = msg.params?.taskId
+    // The child knows every session's tasks; this session may name only its own.
+    if (TASK_METHODS.has(method) && !this.#tasks.has(taskId)) {
+      this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.INVALID_PARAMS, message: 'Unknown task' } })
+      return
+    }
+    if (augmented) this.#creating++
     const call = entry.call(msg, this.#hooks)
     this.#calls.set(id, call)
     void call.done.then(r => {
-      if (this.#calls.get(id) !== call) return
-      this.#calls.delete(id)
-      const taskId = augmented ? (r.result as { task?: { taskId?: unknown } } | undefined)?.task?.taskId : undefined
-      if (typeof taskId === 'string') this.#tasks.add(taskId)
-      r.id = id
-      this.#deliver(r)
+      const current = this.#calls.get(id) === call
+      const created = current && augmented ? (r.result as { task?: { taskId?: unknown } } | undefined)?.task?.taskId : undefined
+      if (current) {
+        if (typeof created === 'string') this.#tasks.add(created, true)
+        this.#calls.delete(id)
+        this.#tasksSeen(method, taskId, r)
+        r.id = id
+        this.#deliver(r)
+      }
+      if (augmented) this.#created(typeof created === 'string' ? created : undefined)
     })
+  }
+
+  /** What an answer tells of this session's tasks: a terminal one is ended, tasks/list keeps only this session's. */
+  #tasksSeen (method: string, taskId: unknown, r: JsonRpcMessage): void {
+    const result = r.result as { status?: unknown; tasks?: Array<{ taskId?: unknown }> } | undefined
+    if (result === undefined) return
+    if (method === 'tasks/list' && Array.isArray(result.tasks)) result.tasks = result.tasks.filter(x => this.#tasks.has(x.taskId))
+    else if (method === 'tasks/result' || (TASK_METHODS.has(method) && isTerminal(result.status))) this.#tasks.end(taskId)
   }
 
   #notification (entry: PooledUpstream, msg: JsonRpcMessage): void {
@@ -295,6 +344,7 @@ export class SharedUpstream implements Upstream {
     const entry = this.#entry
     for (const call of this.#calls.values()) call.cancel('session ended')
     this.#calls.clear()
+    this.#early = []
     if (entry !== undefined) {
       entry.listeners.delete(this.#listener)
       entry.onGone.delete(this.#gone)
@@ -307,12 +357,12 @@ export class SharedUpstream implements Upstream {
 }
 
 /** The factory a session uses for a `share: subject` target: a lease per session. */
-export function sharedFactory (factory: UpstreamFactory, pool: UpstreamPool): SessionUpstreamFactory {
+export function sharedFactory (factory: UpstreamFactory, pool: UpstreamPool, maxTasks: number): SessionUpstreamFactory {
   return {
     ...factory,
     create (owner?: UpstreamOwner): Upstream {
       if (owner === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `target ${factory.target}: a shared upstream needs its owner`)
-      return new SharedUpstream(pool, factory, owner)
+      return new SharedUpstream(pool, factory, owner, maxTasks)
     },
   }
 }
