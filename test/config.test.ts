@@ -44,6 +44,12 @@ t.test('a minimal config validates and gets defaults from the schema', async t =
   t.same(cfg.mcp.targets[0]!.stdio!.args, ['x.js'])
   t.equal(cfg.mcp.session.idleTimeoutSeconds, 1800)
   t.equal(cfg.mcp.limits.maxBodyBytes, 4194304)
+  t.equal(cfg.mcp.limits.maxTasksPerSession, 100)
+})
+
+t.test('mcp.limits.maxTasksPerSession: a positive integer, named when wrong', async t => {
+  const lines = await problems({ mcp: { ...minimal.mcp, limits: { maxTasksPerSession: 0 } } })
+  t.match(lines.join('\n'), /mcp\.limits\.maxTasksPerSession/)
 })
 
 t.test('the SPEC example config validates', async t => {
