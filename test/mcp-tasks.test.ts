@@ -183,3 +183,14 @@ t.test('a child shared per subject: a status the child sends before its CreateTa
   await other.ping()
   t.same(seen.other, [], 'not the other session')
 })
+
+t.test('per-operation rules, a child per session: a status the child sends before its CreateTaskResult reaches the caller', async t => {
+  const allowAll: Plugin = { name: 'test-rules', allowMcpOperation: () => true }
+  const gw = await startGateway(t, { targets: [lateTarget('x', '--tasks')], plugins: [allowAll] })
+  const client = await connect(t, gw)
+  const seen: Array<{ taskId: string; status: string }> = []
+  client.setNotificationHandler(TaskStatusNotificationSchema, n => { seen.push({ taskId: n.params.taskId, status: n.params.status }) })
+  const taskId = await startTask(client, 'task-early', 'race')
+  t.ok(await until(() => seen.length > 0), 'the early status reached the caller')
+  t.same(seen, [{ taskId, status: 'working' }])
+})

@@ -131,6 +131,12 @@ export class Session {
   readonly #taskCalls = new Set<Inflight>()
   /** Progress tokens of task-augmented calls, valid for the task's lifetime (MCP 2025-11-25 tasks) -> client-facing task id. */
   readonly #taskTokens = new Map<unknown, string>()
+  /**
+   * With per-operation rules: status notifications of tasks the session does not know yet,
+   * held while a task-augmented call is in flight (a server may announce a task before its
+   * CreateTaskResult); at most the task limit, the oldest dropped first.
+   */
+  #earlyStatus: JsonRpcMessage[] = []
 
   constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly SessionUpstreamFactory[]; env: SessionEnv }) {
     this.id = opts.id
@@ -485,6 +491,12 @@ export class Session {
     this.#tasks.add(taskId, { target, tool, token: inflight.progressToken })
     if (inflight.progressToken !== undefined) this.#taskTokens.set(inflight.progressToken, taskId)
     if (isTerminal(task?.status)) this.#taskEnded(taskId)
+    const held = this.#earlyStatus.filter(m => m.params?.taskId === taskId)
+    if (held.length > 0) {
+      this.#earlyStatus = this.#earlyStatus.filter(m => m.params?.taskId !== taskId)
+      // After the result, which is written once this returns.
+      queueMicrotask(() => { for (const m of held) if (!this.ended) this.#taskStatus(m) })
+    }
     return r
   }
 
@@ -635,7 +647,7 @@ export class Session {
   #finish (inflight: Inflight): void {
     inflight.finished = true
     this.#inflight.delete(inflight.clientId)
-    this.#taskCalls.delete(inflight)
+    if (this.#taskCalls.delete(inflight) && this.#taskCalls.size === 0) this.#earlyStatus = []
     if (inflight.progressToken !== undefined) this.#progress.delete(inflight.progressToken)
     inflight.link?.active.delete(inflight)
     this.lastActivityAt = Date.now()
@@ -741,13 +753,25 @@ export class Session {
         this.#router.markTasks(link.target, msg)
         const taskId = msg.params?.taskId
         // With rules, only the session's own tasks (its children are its own, but a shared child is its subject's).
-        if (this.#router.checkers.length > 0 && !this.#tasks.has(taskId)) return
-        if (typeof taskId === 'string' && isTerminal(msg.params?.status)) this.#taskEnded(taskId)
-        this.#deliver(msg, undefined)
+        if (this.#router.checkers.length > 0 && !this.#tasks.has(taskId)) {
+          if (this.#taskCalls.size > 0 && typeof taskId === 'string') {
+            if (this.#earlyStatus.length >= this.#tasks.limit) this.#earlyStatus.shift()
+            this.#earlyStatus.push(msg)
+          }
+          return
+        }
+        this.#taskStatus(msg)
         return
       }
     }
     if (this.multi && msg.params?._meta !== undefined) this.#router.markTasks(link.target, msg)
+    this.#deliver(msg, undefined)
+  }
+
+  /** A task's status for the client (task id as the client knows it); a terminal one ends the task. */
+  #taskStatus (msg: JsonRpcMessage): void {
+    const taskId = msg.params?.taskId
+    if (typeof taskId === 'string' && isTerminal(msg.params?.status)) this.#taskEnded(taskId)
     this.#deliver(msg, undefined)
   }
 
