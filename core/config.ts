@@ -25,7 +25,11 @@ export interface StdioTargetConfig {
   share?: 'session' | 'subject'; processesPerSubject?: number
 }
 export interface HttpTargetConfig { url: string; headers: Record<string, string> }
-export interface TargetConfig { name: string; stdio?: StdioTargetConfig; mcp?: HttpTargetConfig }
+export interface TargetConfig {
+  name: string; stdio?: StdioTargetConfig; mcp?: HttpTargetConfig
+  /** Which era the target speaks to 2026-07-28 clients (see the schema); default auto. */
+  protocol?: 'auto' | '2026-07-28' | 'session'
+}
 export interface PluginEntryConfig { builtin?: string; module?: string; options?: Record<string, unknown> }
 export interface ProbesConfig { host: string; port: number; metricsToken?: string; shutdownDelayMs: number }
 export interface ClusterConfig {

@@ -7,8 +7,10 @@
  * gateway on each of its paths:
  *
  *   http     the server as the only HTTP target: session-era traffic is proxied
- *            as is (http-proxy), 2026-07-28 requests go through the pool
- *   stdio    the server as a stdio target: the gateway speaks MCP to it
+ *            as is (http-proxy), 2026-07-28 requests forwarded natively (the
+ *            fixture answers server/discover)
+ *   stdio    the server as a stdio target: the gateway speaks MCP to it (2026-07-28
+ *            natively: the fixture's stdio mode serves both eras)
  *   rule     the HTTP target with a per-operation authorization rule, so every
  *            message crosses the gateway's own MCP layer (message by message)
  *
@@ -49,17 +51,9 @@ const PATHS: Path[] = ['direct', 'http', 'stdio', 'rule']
  * Scenarios that pass directly and are known to fail through the gateway, by
  * revision and path, with the reason. Each must still fail there.
  */
-const GATEWAY: Path[] = ['http', 'stdio', 'rule']
 const KNOWN_GAPS: Partial<Record<Revision, Record<string, { paths: Path[]; why: string }>>> = {
   '2025-11-25': {},
-  '2026-07-28': {
-    'input-required-result-basic-elicitation': { paths: GATEWAY, why: 'keyed input requests renamed input-N on the session-era upstream (issue 15 item 1)' },
-    'input-required-result-basic-list-roots': { paths: GATEWAY, why: 'roots/list refused upstream (issue 15 item 1)' },
-    'input-required-result-multiple-input-requests': { paths: GATEWAY, why: 'one input request per round (issue 15 item 1)' },
-    'input-required-result-capability-check': { paths: GATEWAY, why: 'per-request client capabilities not forwarded (issue 15 item 1)' },
-    'input-required-result-ignore-extra-params': { paths: GATEWAY, why: 'a first call already carrying inputResponses is treated as new (issue 15 item 1)' },
-    'server-stateless': { paths: GATEWAY, why: 'list-changed on subscriptions/listen only for stateless-mode upstream clients (issue 15 item 1)' },
-  },
+  '2026-07-28': {},
 }
 
 interface Check { id: string; status: string; errorMessage?: string }

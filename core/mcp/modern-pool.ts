@@ -1,9 +1,12 @@
 /**
  * Upstream processes for the stateless MCP revision (2026-07-28). Upstream
- * servers speak the session era (initialize handshake, one conversation per
- * stdio process), so the gateway keeps a small pool of initialized upstreams
- * per (target, subject) and sends each stateless client request to one of
- * them. An upstream is never shared across subjects: its state (resource
+ * servers that speak only the session era (initialize handshake, one
+ * conversation per stdio process) are initialized by the gateway, which keeps
+ * a small pool of them per (target, subject) and sends each stateless client
+ * request to one of them. Upstreams that speak 2026-07-28 themselves
+ * (`mode: 'modern'`) are asked `server/discover` instead of initialized and
+ * get the revision's requests as they are, ids and progress tokens mapped
+ * (stdio), or one stateless POST each (HTTP, `Upstream.sendModern`). An upstream is never shared across subjects: its state (resource
  * subscriptions, log level, anything the server keeps per connection) stays
  * with the subject that created it. Idle upstreams are closed after a
  * timeout; a cap per (target, subject) and a global cap bound the processes.
@@ -11,7 +14,7 @@
 import type { Logger } from 'pino'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError, RPC } from '../errors.ts'
-import { LATEST_SESSION_REVISION } from './revision.ts'
+import { LATEST_SESSION_REVISION, MODERN_REVISION } from './revision.ts'
 import { GATEWAY_INFO } from './router.ts'
 import { UpstreamCalls } from './calls.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
@@ -41,8 +44,29 @@ export interface CallHooks {
    * such requests are refused.
    */
   onServerRequest?: (msg: JsonRpcMessage) => void
+  /**
+   * Modern mode: any other notification of this request (a `subscriptions/listen`
+   * stream's acknowledgement and change notifications).
+   */
+  onNotification?: (msg: JsonRpcMessage) => void
+  /** Modern mode over HTTP: the revision's request headers (Mcp-Method, Mcp-Name, Mcp-Param-*). */
+  headers?: Readonly<Record<string, string>>
   /** 0: no timer here (the caller times the request itself and cancels it). */
   timeoutMs?: number
+}
+
+/** How the gateway speaks to a pooled upstream: as its session-era client, or in 2026-07-28 as is. */
+export type PoolMode = 'session' | 'modern'
+
+/** The `_meta` key of the revision's subscription ids (MCP 2026-07-28 Subscriptions). */
+const SUBSCRIPTION_ID = 'io.modelcontextprotocol/subscriptionId'
+
+/** Thrown (as the cause of the 502) when a `modern` upstream's `server/discover` shows it does not speak 2026-07-28. */
+export class NotModernError extends Error {}
+
+/** Whether `err` from `acquire(..., 'modern')` says the target speaks only the session era. */
+export function isNotModern (err: unknown): boolean {
+  return (err as { cause?: unknown } | undefined)?.cause instanceof NotModernError
 }
 
 export interface PoolCall {
@@ -85,6 +109,7 @@ export class PooledUpstream {
   readonly key: string
   readonly subject: string | undefined
   readonly upstream: Upstream
+  readonly mode: PoolMode
   readonly createdAt = Date.now()
   lastUsedAt = Date.now()
   /** Requests (and listen streams) currently holding this upstream. */
@@ -105,8 +130,9 @@ export class PooledUpstream {
   readonly #timeoutMs: number
   readonly #unregister: (entry: PooledUpstream) => void
 
-  constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void, meter?: TargetCallMeter) {
+  constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void, meter?: TargetCallMeter, mode: PoolMode = 'session') {
     this.target = factory.target
+    this.mode = mode
     this.#pending = new UpstreamCalls<Pending>(meter)
     this.key = key
     this.subject = subject
@@ -121,9 +147,41 @@ export class PooledUpstream {
 
   get inFlight (): number { return this.#pending.size }
 
+  /** The upstream's name and version: `initialize`'s serverInfo, or `server/discover`'s `_meta` serverInfo. */
+  get serverInfo (): unknown {
+    if (this.mode === 'session') return this.initResult?.serverInfo
+    return (this.initResult?._meta as Record<string, unknown> | undefined)?.['io.modelcontextprotocol/serverInfo']
+  }
+
+  /**
+   * The revision's probe (MCP 2026-07-28 versioning, backward compatibility):
+   * `server/discover` listing 2026-07-28 is a modern server. Any other answer,
+   * or silence on stdio, is a session-era one (NotModernError); a transport
+   * failure (HTTP 5xx, network, a crash) is only a failure, asked again later.
+   */
+  async #discover (): Promise<void> {
+    const res = await this.call({
+      jsonrpc: '2.0', method: 'server/discover', params: { _meta: { 'io.modelcontextprotocol/protocolVersion': MODERN_REVISION, 'io.modelcontextprotocol/clientInfo': GATEWAY_INFO, 'io.modelcontextprotocol/clientCapabilities': {} } },
+    }, { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS), headers: { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': 'server/discover' } }).done
+    const versions = (res.result as { supportedVersions?: unknown } | undefined)?.supportedVersions
+    if (Array.isArray(versions) && versions.includes(MODERN_REVISION)) {
+      this.initResult = res.result as Record<string, unknown>
+      return
+    }
+    const code = res.error?.code
+    const failed = this.closed || code === RPC.INTERNAL_ERROR || (code === RPC.REQUEST_TIMEOUT && this.upstream.kind === 'http')
+    if (failed) throw new Error(res.error?.message ?? 'server/discover failed')
+    throw new NotModernError(`target ${this.target} does not speak ${MODERN_REVISION}: ${res.error?.message ?? 'server/discover lists other versions'}`)
+  }
+
   async #start (): Promise<void> {
     try {
       await this.upstream.start()
+      if (this.mode === 'modern') {
+        await this.#discover()
+        this.up = true
+        return
+      }
       // The gateway is the session-era client here. It declares sampling and
       // form elicitation, which it bridges to multi round-trip results for
       // clients that declare them per request (modern.ts); not roots (roots
@@ -136,7 +194,8 @@ export class PooledUpstream {
       this.upstream.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
       this.up = true
     } catch (err) {
-      this.#log.warn({ err: (err as Error).message }, 'pooled upstream failed to start')
+      if (err instanceof NotModernError) this.#log.info({ err: err.message }, 'upstream speaks only the session era')
+      else this.#log.warn({ err: (err as Error).message }, 'pooled upstream failed to start')
       void this.close()
       throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${this.target} failed to start`, { rpcCode: RPC.SERVER_ERROR, expose: true, cause: err })
     }
@@ -152,7 +211,9 @@ export class PooledUpstream {
     const meta = msg.params?._meta as Record<string, unknown> | undefined
     const clientToken = meta?.progressToken
     let token: string | undefined
-    if (clientToken !== undefined && meta !== undefined) {
+    // A 2026-07-28 HTTP request has a stream of its own: its progress needs no mapping.
+    const ownStream = this.mode === 'modern' && this.upstream.sendModern !== undefined
+    if (clientToken !== undefined && meta !== undefined && !ownStream) {
       // Two requests of one subject may carry the same token: make it unique upstream.
       token = `mcpp-${id}`
       meta.progressToken = token
@@ -168,7 +229,8 @@ export class PooledUpstream {
     this.#pending.add(pending, msg)
     if (token !== undefined) this.#progress.set(token, pending)
     try {
-      this.upstream.send(msg)
+      if (ownStream) this.upstream.sendModern!(msg, hooks.headers ?? {}, (m) => this.#related(pending, m))
+      else this.upstream.send(msg)
     } catch {
       this.#settle(pending, rpcError(RPC.CONNECTION_CLOSED, `upstream ${this.target} closed`))
       return { done, cancel () {} }
@@ -238,7 +300,18 @@ export class PooledUpstream {
 
   /** `reason` absent: none is sent (it is optional, MCP 2025-11-25 utilities, Cancellation). */
   #cancelUpstream (id: number, reason: string | undefined): void {
-    this.notify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: reason === undefined ? { requestId: id } : { requestId: id, reason } })
+    // 2026-07-28 over HTTP: closing the request's stream is the cancellation.
+    if (this.mode === 'modern' && this.upstream.abortModern !== undefined) this.upstream.abortModern(id)
+    else this.notify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: reason === undefined ? { requestId: id } : { requestId: id, reason } })
+  }
+
+  /** A notification on the stream of one 2026-07-28 HTTP request: it is that request's. */
+  #related (p: Pending, msg: JsonRpcMessage): void {
+    switch (msg.method) {
+      case 'notifications/progress': p.hooks.onProgress?.(msg); return
+      case 'notifications/message': p.hooks.onLog?.(msg); return
+      default: p.hooks.onNotification?.(msg)
+    }
   }
 
   #fromUpstream (msg: JsonRpcMessage): void {
@@ -249,6 +322,11 @@ export class PooledUpstream {
         return
       }
       this.#settle(p, msg)
+      return
+    }
+    if (msg.id !== undefined && msg.id !== null && this.mode === 'modern') {
+      // The revision has no server-to-client requests (MCP 2026-07-28 stdio: the server MUST NOT write them).
+      this.#log.debug({ method: msg.method }, 'dropped a request from a 2026-07-28 upstream')
       return
     }
     if (msg.id !== undefined && msg.id !== null) {
@@ -285,8 +363,15 @@ export class PooledUpstream {
       }
       case 'notifications/cancelled':
         return
-      default:
+      default: {
+        const sub = (msg.params?._meta as Record<string, unknown> | undefined)?.[SUBSCRIPTION_ID]
+        if (this.mode === 'modern' && sub !== undefined) {
+          // A subscriptions/listen stream's: its id is the listen request's on this upstream.
+          for (const p of this.#pending.values()) if (p.id === sub) p.hooks.onNotification?.(msg)
+          return
+        }
         for (const l of this.listeners) l(msg)
+      }
     }
   }
 
@@ -342,9 +427,9 @@ export class UpstreamPool {
    * must call `release()` when its request (or listen stream, or shared
    * session) is over. `perKeyMax` caps the upstreams of this key.
    */
-  async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined, perKeyMax = this.#opts.perKeyMax): Promise<PooledUpstream> {
+  async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined, perKeyMax = this.#opts.perKeyMax, mode: PoolMode = 'session'): Promise<PooledUpstream> {
     if (this.#closed) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
-    const key = factory.target + '\u0000' + subjectKey
+    const key = factory.target + '\u0000' + subjectKey + (mode === 'modern' ? '\u0000modern' : '')
     const list = this.#byKey.get(key) ?? []
     const live = list.filter(e => !e.closed)
     let entry: PooledUpstream | undefined
@@ -354,7 +439,7 @@ export class UpstreamPool {
       if (this.#size >= this.#opts.globalMax && !this.#evictIdle()) {
         if (entry === undefined) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: upstream process limit reached', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
       } else {
-        entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e), this.#opts.meters?.get(factory.target))
+        entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e), this.#opts.meters?.get(factory.target), mode)
         live.push(entry)
         this.#byKey.set(key, live)
         this.#size++

@@ -3,9 +3,13 @@
  * Mcp-Session-Id; each POST carries one request whose `_meta` holds the
  * protocol version and client capabilities, mirrored in the
  * `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers (checked here,
- * MCP 2026-07-28 "Streamable HTTP: Server Validation"). Requests are served
- * by pooled session-era upstreams (modern-pool.ts) through the same router
- * (router.ts: naming, authorization, merged lists) as the session era.
+ * MCP 2026-07-28 "Streamable HTTP: Server Validation"). A target that speaks
+ * the revision itself (asked once with `server/discover`, or configured) gets
+ * each request as it is: `_meta`, input requests with their keys,
+ * `inputResponses` and `requestState` untouched (native forwarding); any
+ * other target's requests are translated onto pooled session-era upstreams
+ * (modern-pool.ts). Both go through the same router (router.ts: naming,
+ * authorization, merged lists) as the session era.
  * endpoint.ts decides the era (revision.ts) and calls `post()` here; what
  * this revision refuses is thrown as a ProxyError like every other error.
  */
@@ -19,7 +23,7 @@ import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
 import { GATEWAY_INFO, NAMED, Router, type ListMethod, type NamedMethod } from './router.ts'
 import { randomBytes } from 'node:crypto'
-import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
+import { isNotModern, type CallHooks, type PoolCall, type PooledUpstream, type PoolMode, type UpstreamPool } from './modern-pool.ts'
 import { subjectKeyOf } from './subject-key.ts'
 import { tracer } from '../tracing.ts'
 import { ParamHeaderCache, paramHeaderMismatch, type ParamHeader } from './param-headers.ts'
@@ -51,9 +55,28 @@ const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', '
 const KEEPALIVE_MS = 15_000
 /** How long a parked upstream call waits for the client's retry with `inputResponses`. */
 const INPUT_TTL_MS = 120_000
+/**
+ * Native upstreams per (target, subject): one. A server of the revision takes concurrent requests
+ * on one connection, and a change one request makes (a list change, say) must reach the
+ * subscriptions/listen another holds on that connection (stdio has no shared bus between processes).
+ */
+const NATIVE_PER_KEY = 1
 /** Upstream calls one subject may have parked on InputRequiredResults at once. */
 const MAX_PARKED_PER_SUBJECT = 32
 const SENTINEL = /^=\?base64\?([A-Za-z0-9+/]*={0,2})\?=$/
+/** A header value sent as it is (MCP 2026-07-28 "Value Encoding"); anything else is Base64-wrapped. */
+const PLAIN_VALUE = /^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/
+
+/** `Mcp-Name` (and `Mcp-Param-*`) value for an upstream: plain when it can be, else the Base64 sentinel form. */
+function encodeHeaderValue (v: string): string {
+  return PLAIN_VALUE.test(v) && !v.startsWith('=?base64?') ? v : `=?base64?${Buffer.from(v, 'utf8').toString('base64')}?=`
+}
+
+/** HTTP status of an error answer (MCP 2026-07-28 streamable HTTP: -32021 and the header errors are 400). */
+function errorStatus (res: JsonRpcMessage): number {
+  const code = res.error?.code
+  return code === MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY || code === MODERN_RPC.HEADER_MISMATCH || code === MODERN_RPC.UNSUPPORTED_PROTOCOL_VERSION ? 400 : 200
+}
 
 export interface ModernOptions {
   readonly targets: readonly UpstreamFactory[]
@@ -175,6 +198,8 @@ class Exchange {
   readonly calls = new Set<PoolCall>()
   readonly logLevel: string | undefined
   readonly clientCapabilities: Record<string, unknown>
+  /** The client's `_meta` as sent: what a native upstream gets with each request. */
+  meta: Record<string, unknown> = {}
   stream: SseStream | undefined
   readonly streams: StreamLimits
   finished = false
@@ -292,7 +317,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
 
   function serverInfoOf (entry: PooledUpstream | undefined): unknown {
     if (multi || entry === undefined) return GATEWAY_INFO
-    serverInfo = entry.initResult?.serverInfo ?? GATEWAY_INFO
+    serverInfo = entry.serverInfo ?? GATEWAY_INFO
     return serverInfo
   }
 
@@ -304,16 +329,85 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     return hooks
   }
 
+  /** Targets' eras as found by their `server/discover` (protocol: auto), and the probes under way. */
+  const eras = new Map<string, PoolMode>()
+  const probes = new Map<string, Promise<void>>()
+
+  /**
+   * Whether `factory` speaks 2026-07-28: configured, or asked once with
+   * `server/discover` (MCP 2026-07-28 versioning: cached per server, asked
+   * again when the cached answer fails). A probe that fails (network, 5xx)
+   * fails this request and is tried again by the next one.
+   */
+  async function eraOf (ex: Exchange, factory: UpstreamFactory): Promise<PoolMode> {
+    if (factory.protocol === '2026-07-28') return 'modern'
+    if (factory.protocol === 'session') return 'session'
+    const known = eras.get(factory.target)
+    if (known !== undefined) return known
+    let probe = probes.get(factory.target)
+    if (probe === undefined) {
+      probe = (async () => {
+        try {
+          // The probing upstream stays pooled: this subject's request uses it next.
+          pool.release(await pool.acquire(factory, ex.subjectKey, ex.subject, NATIVE_PER_KEY, 'modern'))
+          eras.set(factory.target, 'modern')
+        } catch (err) {
+          if (!isNotModern(err)) throw err
+          eras.set(factory.target, 'session')
+        }
+        log.info({ target: factory.target, era: eras.get(factory.target) }, 'target era found by server/discover')
+      })().finally(() => probes.delete(factory.target))
+      probes.set(factory.target, probe)
+    }
+    await probe
+    return eras.get(factory.target) ?? 'session'
+  }
+
+  /** A leased upstream of `factory` in its era; a native one that stopped speaking the revision is asked again. */
+  async function lease (ex: Exchange, factory: UpstreamFactory): Promise<PooledUpstream> {
+    const mode = await eraOf(ex, factory)
+    try {
+      return await pool.acquire(factory, ex.subjectKey, ex.subject, mode === 'modern' ? NATIVE_PER_KEY : undefined, mode)
+    } catch (err) {
+      if (mode !== 'modern' || factory.protocol === '2026-07-28' || !isNotModern(err)) throw err
+      eras.set(factory.target, 'session')
+      return pool.acquire(factory, ex.subjectKey, ex.subject)
+    }
+  }
+
+  /** The revision's request headers for a native HTTP upstream (MCP 2026-07-28 streamable HTTP, "Standard Headers"). */
+  function modernHeaders (ex: Exchange, target: string, method: string, params: Record<string, unknown>): Record<string, string> {
+    const h: Record<string, string> = { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': method }
+    const source = NAME_SOURCE[method]
+    const name = source === undefined ? undefined : params[source]
+    if (typeof name === 'string') h['mcp-name'] = encodeHeaderValue(name)
+    if (method === 'tools/call' && typeof name === 'string') {
+      // Mirrored where the upstream's tool declares them; the client's values were checked against the arguments.
+      for (const a of paramHeaders.lookup(target, name) ?? []) {
+        const v = header(ex.ctx, 'mcp-param-' + a.name.toLowerCase())
+        if (v !== undefined) h['mcp-param-' + a.name.toLowerCase()] = v
+      }
+    }
+    return h
+  }
+
   /** Leases an upstream of `factory` and starts one request on it; the caller releases the lease. */
   async function start (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>): Promise<Running> {
-    const entry = await pool.acquire(factory, ex.subjectKey, ex.subject)
+    const entry = await lease(ex, factory)
+    if (!multi) serverInfoOf(entry)
     try {
       const caps = entry.initResult?.capabilities as Record<string, unknown> | undefined
-      if (ex.logLevel !== undefined && caps?.logging !== undefined) {
+      const native = entry.mode === 'modern'
+      if (!native && ex.logLevel !== undefined && caps?.logging !== undefined) {
         // The session-era upstream keeps one level per process; set it for this request.
         await entry.call({ jsonrpc: '2.0', method: 'logging/setLevel', params: { level: ex.logLevel } }).done
       }
       const hooks = hookTo(ex, {})
+      if (native) {
+        // As the client sent it: protocol version, client info, per-request capabilities, log level.
+        params = { ...params, _meta: { ...ex.meta, ...((params._meta ?? {}) as Record<string, unknown>) } }
+        hooks.headers = modernHeaders(ex, factory.target, method, params)
+      }
       const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
       const traced = tracer?.upstreamCall(ex.ctx, factory.target, msg)
       const call = entry.call(msg, hooks)
@@ -417,7 +511,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   }
 
   async function discover (ex: Exchange): Promise<void> {
-    const parts = await Promise.allSettled(opts.targets.map(f => pool.acquire(f, ex.subjectKey, ex.subject)))
+    const parts = await Promise.allSettled(opts.targets.map(f => lease(ex, f)))
     const live: PooledUpstream[] = []
     const failed: string[] = []
     parts.forEach((p, i) => {
@@ -490,6 +584,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     let res: JsonRpcMessage | undefined
     const standIn = router.refuse(ex.ctx, method, kind, name, factory.target)
     if (standIn === undefined && kind === 'tool') await checkParamHeaders(ex, factory, name, params.arguments)
+    const native = standIn === undefined && await eraOf(ex, factory) === 'modern'
     if (standIn !== undefined) {
       // Refused: answered exactly as the upstream answers an item it does not have.
       delete params.inputResponses
@@ -497,6 +592,10 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       params[field] = standIn.value
       res = await settle(ex, await start(ex, factory, method, params), method, value)
       if (res !== undefined) res = standIn.restore(res)
+    } else if (native) {
+      // inputResponses and requestState are the upstream's own (MCP 2026-07-28 Multi Round-Trip Requests): as they are.
+      params[field] = name
+      res = await settle(ex, await start(ex, factory, method, params), method, value)
     } else if (params.requestState !== undefined) {
       res = await resume(ex, method, value, params)
     } else {
@@ -505,7 +604,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       res = await settle(ex, await start(ex, factory, method, params), method, value)
     }
     if (res === undefined) return
-    if (res.error !== undefined) { await ex.answer(res); return }
+    if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
     if (kind === 'resource') router.markContents(factory.target, res)
     const result = (res.result ?? {}) as Record<string, unknown>
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
@@ -528,11 +627,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
    */
   async function listen (ex: Exchange, params: Record<string, unknown>): Promise<void> {
     const want = (params.notifications ?? {}) as { toolsListChanged?: unknown; promptsListChanged?: unknown; resourcesListChanged?: unknown; resourceSubscriptions?: unknown }
-    const held: PooledUpstream[] = []
-    const parts = await Promise.allSettled(opts.targets.map(f => pool.acquire(f, ex.subjectKey, ex.subject)))
-    for (const p of parts) if (p.status === 'fulfilled') held.push(p.value)
-    const releaseAll = (): void => { for (const e of held) pool.release(e) }
-    if (held.length === 0) { await ex.fail(RPC.SERVER_ERROR, 'no upstream available', 502); return }
+    const all: PooledUpstream[] = []
+    const parts = await Promise.allSettled(opts.targets.map(f => lease(ex, f)))
+    for (const p of parts) if (p.status === 'fulfilled') all.push(p.value)
+    const releaseAll = (): void => { for (const e of all) pool.release(e) }
+    if (all.length === 0) { await ex.fail(RPC.SERVER_ERROR, 'no upstream available', 502); return }
+    // Native targets hold a subscriptions/listen of their own; session-era ones are listened to here.
+    const held = all.filter(e => e.mode === 'session')
+    const natives = all.filter(e => e.mode === 'modern')
     const capOf = (e: PooledUpstream, kind: string, flag: string): boolean => {
       const c = (e.initResult?.capabilities as Record<string, Record<string, unknown> | undefined> | undefined)?.[kind]
       return c?.[flag] === true
@@ -561,14 +663,69 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
         subscribed.set(entry, set)
         acked.push(uri)
       }
-      if (acked.length > 0) agreed.resourceSubscriptions = acked
     }
-    if (ex.aborted || ex.ctx.res.destroyed) { unsubscribeAll(); releaseAll(); return }
     const tag = (): Record<string, unknown> => ({ [META.subscriptionId]: ex.id })
+    let stream: SseStream | undefined
+    /** Notifications that arrive between an upstream's acknowledgement and the client's. */
+    const early: JsonRpcMessage[] = []
+    const relay = (m: JsonRpcMessage): void => { if (stream === undefined) early.push(m); else stream.send(m) }
+    let ended = false
+    let shutdown = (): void => {}
+    // Each native upstream gets the part of the filter that is its (its own URIs), acknowledges, then streams.
+    const upstreamListens = await Promise.all(natives.map(async entry => {
+      const mine: Record<string, unknown> = {}
+      for (const k of ['toolsListChanged', 'promptsListChanged', 'resourcesListChanged'] as const) if (want[k] === true) mine[k] = true
+      const uris = new Map<string, string>()
+      if (Array.isArray(want.resourceSubscriptions)) {
+        for (const uri of want.resourceSubscriptions) {
+          if (typeof uri !== 'string') continue
+          const routed = router.resolve('resource', uri)
+          if (routed === undefined || routed.target.target !== entry.target) continue
+          if (!router.allows(ex.ctx, 'resources/read', 'resource', routed.name, entry.target)) continue
+          uris.set(routed.name, uri)
+        }
+        mine.resourceSubscriptions = [...uris.keys()]
+      }
+      let ack!: (n: Record<string, unknown> | undefined) => void
+      const acknowledged = new Promise<Record<string, unknown> | undefined>(resolve => { ack = resolve })
+      const params = { _meta: { ...ex.meta }, notifications: mine }
+      const call = entry.call({ jsonrpc: '2.0', method: 'subscriptions/listen', params }, {
+        timeoutMs: 0,
+        headers: { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': 'subscriptions/listen' },
+        onNotification: (m) => {
+          const p = { ...(m.params ?? {}) } as Record<string, unknown>
+          if (m.method === 'notifications/subscriptions/acknowledged') { ack(p.notifications as Record<string, unknown> | undefined); return }
+          if (ended) return
+          if (m.method === 'notifications/resources/updated') {
+            const uri = typeof p.uri === 'string' ? uris.get(p.uri) : undefined
+            if (uri === undefined) return
+            p.uri = uri
+          } else {
+            const flag = m.method === 'notifications/tools/list_changed' ? 'toolsListChanged' : m.method === 'notifications/prompts/list_changed' ? 'promptsListChanged' : m.method === 'notifications/resources/list_changed' ? 'resourcesListChanged' : undefined
+            if (flag === undefined || agreed[flag] !== true) return
+          }
+          relay({ jsonrpc: '2.0', method: m.method, params: { ...p, _meta: { ...((p._meta ?? {}) as Record<string, unknown>), ...tag() } } })
+        },
+      })
+      // The upstream's listen ending (its graceful result, or a failure) ends the client's.
+      void call.done.then(res => { ack(undefined); if (res.error !== undefined) log.debug({ target: entry.target, err: res.error.message }, 'upstream subscriptions/listen ended'); shutdown() })
+      ex.calls.add(call)
+      const got = await acknowledged
+      if (got !== undefined) {
+        for (const k of ['toolsListChanged', 'promptsListChanged', 'resourcesListChanged']) if (got[k] === true) agreed[k] = true
+        if (Array.isArray(got.resourceSubscriptions)) for (const u of got.resourceSubscriptions) if (typeof u === 'string' && uris.has(u)) acked.push(uris.get(u)!)
+      }
+      return call
+    }))
+    if (acked.length > 0) agreed.resourceSubscriptions = acked
+    const cancelNatives = (): void => { for (const c of upstreamListens) { ex.calls.delete(c); c.cancel('subscription ended') } }
+    if (ex.aborted || ex.ctx.res.destroyed) { cancelNatives(); unsubscribeAll(); releaseAll(); return }
     await ex.ctx.writeHead(200, { ...SSE_HEADERS })
-    const stream = new SseStream(ex.ctx.res, opts.streams)
+    stream = new SseStream(ex.ctx.res, opts.streams)
     ex.stream = stream
     stream.send({ jsonrpc: '2.0', method: 'notifications/subscriptions/acknowledged', params: { _meta: tag(), notifications: agreed } })
+    for (const m of early.splice(0)) stream.send(m)
+    const out = stream
     const listeners = held.map(entry => {
       const fn = (msg: JsonRpcMessage): void => {
         let flag: string | undefined
@@ -579,23 +736,22 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
           case 'notifications/resources/updated': {
             const uri = msg.params?.uri
             if (typeof uri !== 'string' || subscribed.get(entry)?.has(uri) !== true) return
-            stream.send({ jsonrpc: '2.0', method: msg.method, params: { ...msg.params, uri: router.clientUri(entry.target, uri), _meta: tag() } })
+            out.send({ jsonrpc: '2.0', method: msg.method, params: { ...msg.params, uri: router.clientUri(entry.target, uri), _meta: tag() } })
             return
           }
         }
         if (flag === undefined || agreed[flag] !== true) return
-        stream.send({ jsonrpc: '2.0', method: msg.method, params: { ...(msg.params ?? {}), _meta: tag() } })
+        out.send({ jsonrpc: '2.0', method: msg.method, params: { ...(msg.params ?? {}), _meta: tag() } })
       }
       entry.listeners.add(fn)
       return [entry, fn] as const
     })
-    const keepAlive = setInterval(() => stream.keepAlive(), KEEPALIVE_MS)
+    const keepAlive = setInterval(() => out.keepAlive(), KEEPALIVE_MS)
     keepAlive.unref()
     function unsubscribeAll (): void {
       for (const [entry, uris] of subscribed) for (const uri of uris) entry.unsubscribe(uri)
       subscribed.clear()
     }
-    let ended = false
     const end = (graceful: boolean): void => {
       if (ended) return
       ended = true
@@ -603,18 +759,19 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       listens.delete(shutdown)
       clearInterval(keepAlive)
       for (const [entry, fn] of listeners) entry.listeners.delete(fn)
+      cancelNatives()
       unsubscribeAll()
       releaseAll()
       // Graceful closure: a result for the listen request, then the stream ends.
-      if (graceful) stream.end({ jsonrpc: '2.0', id: ex.id, result: { resultType: 'complete', _meta: tag() } })
-      else stream.end()
+      if (graceful) out.end({ jsonrpc: '2.0', id: ex.id, result: { resultType: 'complete', _meta: tag() } })
+      else out.end()
     }
-    const shutdown = (): void => end(true)
+    shutdown = (): void => end(true)
     listens.add(shutdown)
-    stream.onClose(() => end(false))
+    out.onClose(() => end(false))
     // An upstream that ends ends the subscription: its state (subscriptions) is gone.
-    for (const entry of held) entry.onGone.add(shutdown)
-    stream.onClose(() => { for (const entry of held) entry.onGone.delete(shutdown) })
+    for (const entry of all) entry.onGone.add(shutdown)
+    out.onClose(() => { for (const entry of all) entry.onGone.delete(shutdown) })
   }
 
   async function dispatch (ex: Exchange, msg: JsonRpcMessage): Promise<void> {
@@ -651,6 +808,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       const meta = msg.params?._meta as Record<string, unknown>
       const level = meta[META.logLevel]
       const ex = new Exchange(ctx, msg.id, subjectKeyOf(ctx), typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined, meta[META.clientCapabilities] as Record<string, unknown>, opts.streams)
+      ex.meta = meta
       try {
         await dispatch(ex, msg)
       } catch (err) {

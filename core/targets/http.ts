@@ -197,6 +197,24 @@ export class HttpUpstream implements Upstream {
     void this.#post(message)
   }
 
+  /** Requests sent with sendModern() by id: closing one's stream is its cancellation (MCP 2026-07-28). */
+  readonly #modern = new Map<JsonRpcId, AbortController>()
+
+  sendModern (message: JsonRpcMessage, headers: Readonly<Record<string, string>>, related: (message: JsonRpcMessage) => void): void {
+    if (this.#state !== 'running') throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
+    const extra: Record<string, string> = {}
+    // The revision's own headers only: nothing of a client's request besides them reaches this module.
+    for (const [k, v] of Object.entries(headers)) {
+      const name = k.toLowerCase()
+      if (name === 'mcp-protocol-version' || name === 'mcp-method' || name === 'mcp-name' || name.startsWith('mcp-param-')) extra[name] = v
+    }
+    void this.#post(message, { headers: extra, related })
+  }
+
+  abortModern (id: JsonRpcId): void {
+    this.#modern.get(id)?.abort()
+  }
+
   #deliver (m: unknown): void {
     if (m === null || typeof m !== 'object' || (m as { jsonrpc?: unknown }).jsonrpc !== '2.0') {
       this.#log.warn('dropped upstream message that is not JSON-RPC')
@@ -225,13 +243,16 @@ export class HttpUpstream implements Upstream {
     }
   }
 
-  async #post (message: JsonRpcMessage): Promise<void> {
+  async #post (message: JsonRpcMessage, modern?: { headers: Record<string, string>; related: (m: JsonRpcMessage) => void }): Promise<void> {
     const ac = new AbortController()
     this.#aborts.add(ac)
+    if (modern !== undefined && isRequest(message)) this.#modern.set(message.id, ac)
     let answered = false
     try {
-      const hadSession = this.#sessionId !== undefined
-      const headers = this.#headers({ accept: 'application/json, text/event-stream', 'content-type': 'application/json' })
+      const hadSession = modern === undefined && this.#sessionId !== undefined
+      const base = { accept: 'application/json, text/event-stream', 'content-type': 'application/json' }
+      // 2026-07-28 requests are stateless: no session id, the revision's headers instead.
+      const headers = modern === undefined ? this.#headers(base) : { ...this.#static, ...modern.headers, ...base }
       tracer?.httpHeaders(message, headers)
       const res = await fetch(this.#opts.url, {
         method: 'POST',
@@ -247,12 +268,24 @@ export class HttpUpstream implements Upstream {
         this.#gone(new Error(`target ${this.target}: upstream session ended (HTTP 404)`))
         return
       }
+      const type = (res.headers.get('content-type') ?? '').toLowerCase()
+      if (!res.ok && modern !== undefined && res.status < 500 && type.startsWith('application/json') && isRequest(message)) {
+        // The revision answers its errors (-32021, -32602, ...) with a 4xx and a JSON-RPC body: that error is the answer.
+        const text = await this.#readBounded(res)
+        let body: JsonRpcMessage | undefined
+        try { body = JSON.parse(text) as JsonRpcMessage } catch { body = undefined }
+        if (body?.error !== undefined && typeof body.error.code === 'number') {
+          this.#deliver({ jsonrpc: '2.0', id: message.id, error: body.error })
+          return
+        }
+        this.#fail(message, `upstream answered HTTP ${res.status}`)
+        return
+      }
       if (!res.ok) {
         void res.body?.cancel().catch(() => {})
         this.#fail(message, `upstream answered HTTP ${res.status}`)
         return
       }
-      const type = (res.headers.get('content-type') ?? '').toLowerCase()
       if (res.status === 202 || res.body === null) {
         void res.body?.cancel().catch(() => {})
         if (isRequest(message)) this.#fail(message, `upstream answered HTTP ${res.status} without a response`)
@@ -261,11 +294,12 @@ export class HttpUpstream implements Upstream {
       }
       if (type.startsWith('text/event-stream')) {
         const waitFor = isRequest(message) ? message.id : undefined
-        const parser = this.#messageParser(waitFor)
+        const parser = this.#messageParser(waitFor, modern?.related)
         answered = await this.#readSse(res, waitFor, parser)
         // An upstream may close the stream early and expect a reconnection (MCP 2025-11-25
         // transports, resumability; SEP-1699 polling): resumable when it gave event ids.
-        if (!answered && waitFor !== undefined && parser.lastEventId !== undefined) answered = await this.#resume(parser, waitFor, ac)
+        // A 2026-07-28 request has no session to reconnect to.
+        if (!answered && modern === undefined && waitFor !== undefined && parser.lastEventId !== undefined) answered = await this.#resume(parser, waitFor, ac)
         if (!answered && isRequest(message)) {
           this.#fail(message, 'upstream stream ended before the response')
         }
@@ -286,6 +320,7 @@ export class HttpUpstream implements Upstream {
       this.#fail(message, `upstream request failed: ${(err as Error).message}`)
     } finally {
       this.#aborts.delete(ac)
+      if (modern !== undefined && isRequest(message) && this.#modern.get(message.id) === ac) this.#modern.delete(message.id)
     }
   }
 
@@ -304,8 +339,11 @@ export class HttpUpstream implements Upstream {
   /** Answers to the requests a message parser saw: kept with the parser across reconnections. */
   readonly #answeredBy = new WeakMap<SseParser, Set<JsonRpcId>>()
 
-  /** A parser that delivers each message event and notes the answer to `waitFor`. */
-  #messageParser (waitFor: JsonRpcId | undefined): SseParser {
+  /**
+   * A parser that delivers each message event and notes the answer to `waitFor`;
+   * with `related`, the stream's notifications go there instead of `onMessage`.
+   */
+  #messageParser (waitFor: JsonRpcId | undefined, related?: (m: JsonRpcMessage) => void): SseParser {
     const answered = new Set<JsonRpcId>()
     const parser = new SseParser(ev => {
       if (ev.event !== 'message' || ev.data.trim() === '') return
@@ -320,6 +358,10 @@ export class HttpUpstream implements Upstream {
       for (const m of list) {
         const msg = m as JsonRpcMessage
         if (waitFor !== undefined && msg?.id === waitFor && msg.method === undefined) answered.add(waitFor)
+        if (related !== undefined && typeof msg?.method === 'string' && msg.id === undefined && msg.jsonrpc === '2.0') {
+          try { related(msg) } catch (err) { this.#log.error({ err }, 'related handler threw') }
+          continue
+        }
         this.#deliver(m)
       }
     }, this.#max)

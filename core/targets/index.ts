@@ -36,6 +36,7 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
       kind: 'stdio',
       share: config.share ?? 'session',
       processesPerSubject: config.processesPerSubject ?? 1,
+      protocol: target.protocol ?? 'auto',
       create (): Upstream {
         return new StdioUpstream({ target: name, config, baseDir: opts.baseDir, maxLineBytes: opts.maxLineBytes, log: opts.log, metrics: opts.metrics, observer: opts.observer })
       },
@@ -47,6 +48,7 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
     return {
       target: name,
       kind: 'http',
+      protocol: target.protocol ?? 'auto',
       create (): Upstream {
         return new HttpUpstream({ target: name, url, headers, log: opts.log, metrics: opts.metrics, observer: opts.observer })
       },

@@ -49,6 +49,18 @@ export interface Upstream extends UpstreamInfo {
   /** Whether the upstream is running. */
   readonly alive: boolean
   /**
+   * HTTP only, revision 2026-07-28: POSTs one stateless request (no session
+   * header) with the revision's request headers `headers` (MCP-Protocol-Version,
+   * Mcp-Method, Mcp-Name, Mcp-Param-*) beside the target's static ones. Its
+   * answer arrives through `onMessage`; notifications on its stream go to
+   * `related` (they belong to this request, which a shared `onMessage` could
+   * not tell). An error answer with an HTTP 4xx JSON-RPC body is delivered as
+   * that error. stdio upstreams carry the revision over `send()` as is.
+   */
+  sendModern?(message: JsonRpcMessage, headers: Readonly<Record<string, string>>, related: (message: JsonRpcMessage) => void): void
+  /** HTTP only: ends the request stream of a `sendModern` request (the revision's cancellation on HTTP). */
+  abortModern?(id: JsonRpcId): void
+  /**
    * Ends the upstream. stdio: end stdin, then SIGTERM, then SIGKILL to the
    * whole process group. HTTP: DELETE the upstream session. Idempotent.
    */
@@ -70,5 +82,11 @@ export interface UpstreamFactory {
   readonly share?: 'session' | 'subject'
   /** With `share: subject`: processes per (target, subject). */
   readonly processesPerSubject?: number
+  /**
+   * The target's `protocol` setting: `auto` (default) asks the upstream with
+   * `server/discover` whether it speaks 2026-07-28; `2026-07-28` or `session`
+   * say so without asking.
+   */
+  readonly protocol?: 'auto' | '2026-07-28' | 'session'
   create(): Upstream
 }

@@ -1,0 +1,207 @@
+/**
+ * Native 2026-07-28 forwarding (issue 15 item 1): an upstream that speaks the
+ * revision gets its requests as they are (per-request `_meta`, input requests
+ * with their keys, `inputResponses` and `requestState` untouched), over HTTP
+ * (found by `server/discover`) and over stdio (a dual-era child probed with
+ * `server/discover` first), with names mapped by the one router. The fixture
+ * is test/fixtures/conformance-server.mjs (the official SDK 2.x); a raw
+ * recording HTTP upstream shows what goes on the wire.
+ */
+import t, { type Test } from 'tap'
+import { spawn } from 'node:child_process'
+import { createServer, type IncomingHttpHeaders } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { join } from 'node:path'
+import type { TargetConfig } from '../core/config.ts'
+import { ROOT } from './helpers/gateway-harness.ts'
+import { fullGateway } from './helpers/full-gateway.ts'
+
+const MODERN = '2026-07-28'
+const META = {
+  'io.modelcontextprotocol/protocolVersion': MODERN,
+  'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' },
+}
+const FIXTURE = join(ROOT, 'test/fixtures/conformance-server.mjs')
+
+/** The fixture over HTTP on a free port; its URL once it listens. */
+async function fixtureHttp (t: Test): Promise<string> {
+  const child = spawn(process.execPath, [FIXTURE, 'http'], { env: { ...process.env, PORT: '0', NODE_OPTIONS: '' }, stdio: ['ignore', 'ignore', 'pipe'] })
+  t.teardown(() => { child.kill('SIGKILL') })
+  const port = await new Promise<string>((resolve, reject) => {
+    let err = ''
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => {
+      err += d
+      const m = /listening on port (\d+)/.exec(err)
+      if (m !== null) resolve(m[1]!)
+    })
+    child.once('exit', () => reject(new Error('fixture exited: ' + err)))
+  })
+  return `http://127.0.0.1:${port}/mcp`
+}
+
+const fixtureStdio = (): TargetConfig => ({ name: 'fixture', stdio: { cmd: process.execPath, args: [FIXTURE, 'stdio'], env: {} } })
+
+interface Answer { status: number; json: any; frames: any[] }
+
+/** One 2026-07-28 POST with the revision's headers; SSE answers are read frame by frame. */
+async function call (url: string, method: string, params: Record<string, unknown>, caps: Record<string, unknown> = {}, extra: Record<string, string> = {}): Promise<Answer> {
+  const headers: Record<string, string> = {
+    'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': method, ...extra,
+  }
+  const name = params.name ?? params.uri
+  if (typeof name === 'string') headers['mcp-name'] = name
+  const body = { jsonrpc: '2.0', id: 7, method, params: { ...params, _meta: { ...META, 'io.modelcontextprotocol/clientCapabilities': caps, ...(params._meta as object ?? {}) } } }
+  const res = await fetch(url, { method: 'POST', headers, body: JSON.stringify(body) })
+  const text = await res.text()
+  const frames = (res.headers.get('content-type') ?? '').startsWith('application/json')
+    ? [JSON.parse(text)]
+    : text.split('\n').filter(l => l.startsWith('data: ')).map(l => JSON.parse(l.slice(6)))
+  return { status: res.status, json: frames.at(-1), frames }
+}
+
+/** The keyed multi round-trip scenarios of the suite, through one gateway URL. */
+async function roundTrips (t: Test, url: string, prefix: string): Promise<void> {
+  const tool = (n: string): string => prefix + n
+  const first = await call(url, 'tools/call', { name: tool('test_input_required_result_elicitation'), arguments: {} }, { elicitation: {} })
+  t.equal(first.json.result?.resultType, 'input_required', 'input required', { got: first.json })
+  t.same(Object.keys(first.json.result?.inputRequests ?? {}), ['user_name'], 'the upstream\'s key kept')
+  const second = await call(url, 'tools/call', {
+    name: tool('test_input_required_result_elicitation'), arguments: {},
+    inputResponses: { user_name: { action: 'accept', content: { name: 'Ada' } } },
+    ...(first.json.result?.requestState === undefined ? {} : { requestState: first.json.result.requestState }),
+  }, { elicitation: {} })
+  t.match(second.json.result?.content?.[0]?.text, 'Hello, Ada!', 'the retry answered by the upstream', { got: second.json })
+
+  const caps = await call(url, 'tools/call', { name: tool('test_input_required_result_capabilities'), arguments: {} }, { roots: {} })
+  t.same(Object.keys(caps.json.result?.inputRequests ?? {}), ['client_roots'], 'the per-request capabilities reach the tool', { got: caps.json })
+
+  const multi = await call(url, 'tools/call', { name: tool('test_input_required_result_multiple_inputs'), arguments: {} }, { elicitation: {}, sampling: {}, roots: {} })
+  t.same(Object.keys(multi.json.result?.inputRequests ?? {}).sort(), ['client_roots', 'greeting', 'user_name'], 'several input requests in one round')
+  t.type(multi.json.result?.requestState, 'string', 'the upstream\'s requestState')
+  const done = await call(url, 'tools/call', {
+    name: tool('test_input_required_result_multiple_inputs'), arguments: {}, requestState: multi.json.result.requestState,
+    inputResponses: {
+      user_name: { action: 'accept', content: { name: 'Ada' } },
+      greeting: { role: 'assistant', content: { type: 'text', text: 'Hi' }, model: 'm', stopReason: 'endTurn' },
+      client_roots: { roots: [{ uri: 'file:///a' }] },
+    },
+  }, { elicitation: {}, sampling: {}, roots: {} })
+  t.equal(done.json.result?.content?.[0]?.text, 'Hi Ada, 1 root(s) visible', 'the upstream verified its own requestState', { got: done.json })
+
+  const extra = await call(url, 'tools/call', { name: tool('test_simple_text'), arguments: {}, inputResponses: { stray: { action: 'decline' } } })
+  t.equal(extra.json.result?.content?.[0]?.text, 'This is a simple text response for testing.', 'extra inputResponses on a first call are passed on and ignored', { got: extra.json })
+  const forged = await call(url, 'tools/call', { name: tool('test_simple_text'), arguments: {}, requestState: 'not-ours' })
+  t.match(forged.json.error, { code: -32602, message: 'Invalid or expired requestState' }, 'requestState is the upstream\'s to judge: its own answer', { got: forged.json })
+}
+
+t.test('HTTP target speaking 2026-07-28: forwarded natively (keys, capabilities, requestState)', async t => {
+  const upstream = await fixtureHttp(t)
+  const { url } = await fullGateway(t, { targets: [{ name: 'fixture', mcp: { url: upstream } }] })
+  await roundTrips(t, url, '')
+})
+
+t.test('stdio target speaking 2026-07-28: probed with server/discover, forwarded natively', async t => {
+  const { url } = await fullGateway(t, { targets: [fixtureStdio()] })
+  await roundTrips(t, url, '')
+})
+
+t.test('two targets: names mapped by the router, both native', async t => {
+  const upstream = await fixtureHttp(t)
+  const { url } = await fullGateway(t, { targets: [{ name: 'remote', mcp: { url: upstream } }, fixtureStdio()] })
+  await roundTrips(t, url, 'remote_')
+  await roundTrips(t, url, 'fixture_')
+})
+
+t.test('what reaches a native HTTP upstream: the revision\'s headers and _meta, no client token, static headers', async t => {
+  const seen: Array<{ headers: IncomingHttpHeaders; body: any }> = []
+  const upstream = createServer((req, res) => {
+    let raw = ''
+    req.setEncoding('utf8').on('data', (d: string) => { raw += d }).on('end', () => {
+      const body = JSON.parse(raw)
+      seen.push({ headers: req.headers, body })
+      const reply = (result: unknown): void => { res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result })) }
+      if (body.method === 'server/discover') reply({ resultType: 'complete', supportedVersions: [MODERN], capabilities: { tools: {} }, _meta: { 'io.modelcontextprotocol/serverInfo': { name: 'raw-upstream', version: '9' } } })
+      else if (body.method === 'tools/list') reply({ resultType: 'complete', tools: [{ name: 'where', inputSchema: { type: 'object', properties: { region: { type: 'string', 'x-mcp-header': 'Region' } } } }] })
+      else reply({ resultType: 'complete', content: [{ type: 'text', text: 'ok' }] })
+    })
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => { upstream.closeAllConnections(); upstream.close(() => resolve()) }))
+  const port = (upstream.address() as AddressInfo).port
+  const { url } = await fullGateway(t, { targets: [{ name: 'raw', mcp: { url: `http://127.0.0.1:${port}/mcp`, headers: { 'x-gateway-key': 'k1' } } }] })
+  const r = await call(url, 'tools/call', { name: 'where', arguments: { region: 'eu' }, _meta: { progressToken: 'p1' } }, { sampling: {} }, { authorization: 'Bearer client-token', 'mcp-param-region': 'eu' })
+  t.equal(r.status, 200)
+  t.equal(r.json.result?.content?.[0]?.text, 'ok', 'answered', { got: r.json })
+  t.equal(r.json.result?._meta?.['io.modelcontextprotocol/serverInfo']?.name, 'raw-upstream', 'one target: the upstream\'s serverInfo')
+  const callSeen = seen.find(s => s.body.method === 'tools/call')
+  t.ok(callSeen, 'the call reached the upstream')
+  t.ok(seen.some(s => s.body.method === 'server/discover'), 'probed with server/discover')
+  t.notOk(seen.some(s => s.body.method === 'initialize'), 'never initialized: the upstream speaks the revision')
+  const h = callSeen!.headers
+  t.equal(h['mcp-protocol-version'], MODERN)
+  t.equal(h['mcp-method'], 'tools/call')
+  t.equal(h['mcp-name'], 'where')
+  t.equal(h['mcp-param-region'], 'eu', 'Mcp-Param-* mirrored where the tool declares it')
+  t.equal(h['x-gateway-key'], 'k1', 'the target\'s static headers')
+  t.equal(h.authorization, undefined, 'the client\'s token never goes upstream')
+  t.equal(h['mcp-session-id'], undefined, 'no session')
+  const meta = callSeen!.body.params._meta
+  t.same(meta['io.modelcontextprotocol/clientCapabilities'], { sampling: {} }, 'the client\'s per-request capabilities')
+  t.same(meta['io.modelcontextprotocol/clientInfo'], { name: 'raw', version: '1' }, 'the client\'s info')
+  t.equal(meta['io.modelcontextprotocol/protocolVersion'], MODERN)
+  t.equal(meta.progressToken, 'p1', 'a per-request HTTP stream: the client\'s own token')
+})
+
+/**
+ * subscriptions/listen forwarded natively: the acknowledgement first, then the list change a
+ * concurrent tools/call triggers, re-tagged with the client's subscription id.
+ */
+async function listenSeesChange (t: Test, url: string, prefix: string): Promise<void> {
+  const ac = new AbortController()
+  t.teardown(() => ac.abort())
+  const res = await fetch(url, {
+    method: 'POST',
+    signal: ac.signal,
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': 'subscriptions/listen' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 'sub-1', method: 'subscriptions/listen', params: { _meta: { ...META, 'io.modelcontextprotocol/clientCapabilities': {} }, notifications: { toolsListChanged: true } } }),
+  })
+  t.equal(res.status, 200)
+  const reader = res.body!.getReader()
+  const decoder = new TextDecoder()
+  let buf = ''
+  // A failure guard only: a missing event fails the test instead of hanging it.
+  const next = (): Promise<any> => Promise.race([read(), new Promise(resolve => setTimeout(resolve, 10_000).unref())])
+  const read = async (): Promise<any> => {
+    for (;;) {
+      const at = buf.indexOf('\n\n')
+      if (at >= 0) {
+        const event = buf.slice(0, at)
+        buf = buf.slice(at + 2)
+        const data = event.split('\n').filter(l => l.startsWith('data: ')).map(l => l.slice(6)).join('\n')
+        if (data !== '') return JSON.parse(data)
+        continue
+      }
+      const { value, done } = await reader.read()
+      if (done) return undefined
+      buf += decoder.decode(value, { stream: true })
+    }
+  }
+  const ack = await next()
+  t.equal(ack?.method, 'notifications/subscriptions/acknowledged', 'acknowledged first')
+  t.same(ack?.params?.notifications, { toolsListChanged: true }, 'as the upstream agreed')
+  t.equal(ack?.params?._meta?.['io.modelcontextprotocol/subscriptionId'], 'sub-1')
+  const trigger = await call(url, 'tools/call', { name: prefix + 'test_trigger_tool_change', arguments: {} })
+  t.match(trigger.json.result?.content?.[0]?.text, 'published', { got: trigger.json })
+  const change = await next()
+  t.equal(change?.method, 'notifications/tools/list_changed', 'the change made by another request reaches the stream')
+  t.equal(change?.params?._meta?.['io.modelcontextprotocol/subscriptionId'], 'sub-1', 'tagged with the client\'s subscription id')
+  ac.abort()
+}
+
+t.test('subscriptions/listen forwarded natively (HTTP and stdio)', async t => {
+  const upstream = await fixtureHttp(t)
+  const http = await fullGateway(t, { targets: [{ name: 'fixture', mcp: { url: upstream } }] })
+  await listenSeesChange(t, http.url, '')
+  const stdio = await fullGateway(t, { targets: [fixtureStdio()] })
+  await listenSeesChange(t, stdio.url, '')
+})
