@@ -82,8 +82,8 @@ async function serve (t: Test, h: ReturnType<typeof createModernHandler>) {
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
   t.teardown(() => new Promise<void>(resolve => { server.closeAllConnections(); server.close(() => resolve()) }))
   const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/`
-  return async (method: string, params: Record<string, unknown>, name?: string): Promise<{ status: number; body: JsonRpcMessage }> => {
-    const res = await fetch(url, { method: 'POST', headers: headers(method, name) as Record<string, string>, body: JSON.stringify({ jsonrpc: '2.0', id: 5, method, params: { ...params, _meta: meta } }) })
+  return async (method: string, params: Record<string, unknown>, name?: string, extraMeta: Record<string, unknown> = {}): Promise<{ status: number; body: JsonRpcMessage }> => {
+    const res = await fetch(url, { method: 'POST', headers: headers(method, name) as Record<string, string>, body: JSON.stringify({ jsonrpc: '2.0', id: 5, method, params: { ...params, _meta: { ...meta, ...extraMeta } } }) })
     return { status: res.status, body: await res.json() as JsonRpcMessage }
   }
 }
@@ -123,4 +123,37 @@ t.test('two targets: routed and merged by the shared router', async t => {
   t.match(read.body.result, { contents: [{ uri: 'mcp-proxy://a/x://1', text: 'contents of x://1' }] })
   const discover = await rpc('server/discover', {})
   t.match(discover.body.result, { supportedVersions: SUPPORTED_VERSIONS, instructions: '[a] instructions of a\n\n[b] instructions of b' })
+})
+
+t.test('an input-required result: no upstream progress token, the serverInfo of every result (issue 15)', async t => {
+  const { h } = handler(t, ['a'])
+  const rpc = await serve(t, h)
+  const r = await rpc('tools/call', { name: 'ask', arguments: {} }, 'ask', { [META.clientCapabilities]: { sampling: {} }, progressToken: 'tok' })
+  const result = r.body.result as { resultType: string; inputRequests: Record<string, { method: string; params: Record<string, unknown> }>; _meta?: Record<string, unknown> }
+  t.equal(result?.resultType, 'input_required', { got: r.body })
+  const [request] = Object.values(result.inputRequests)
+  t.equal(request!.method, 'sampling/createMessage')
+  t.equal((request!.params._meta as Record<string, unknown> | undefined)?.progressToken, undefined, 'the upstream\'s (gateway-mapped) progress token is not the client\'s business')
+  t.same(result._meta?.[META.serverInfo], { name: 'memory-a', version: '1.0.0' }, 'serverInfo as on every result')
+})
+
+t.test('session-era upstream: every input request of one round in one input-required result, answered together', async t => {
+  const { h } = handler(t, ['a'])
+  const rpc = await serve(t, h)
+  const caps = { [META.clientCapabilities]: { sampling: {}, elicitation: {} } }
+  const first = await rpc('tools/call', { name: 'ask2', arguments: {} }, 'ask2', caps)
+  const result = first.body.result as { resultType: string; inputRequests: Record<string, { method: string }>; requestState: string }
+  t.equal(result?.resultType, 'input_required', { got: first.body })
+  const methods = Object.fromEntries(Object.entries(result.inputRequests).map(([k, v]) => [v.method, k]))
+  t.same(Object.keys(methods).sort(), ['elicitation/create', 'sampling/createMessage'], 'both requests of the round')
+  const retry = await rpc('tools/call', {
+    name: 'ask2', arguments: {}, requestState: result.requestState,
+    inputResponses: { [methods['sampling/createMessage']!]: { model: 'm', role: 'assistant', content: { type: 'text', text: 'S' } }, [methods['elicitation/create']!]: { action: 'accept', content: { n: 'E' } }, unasked: { action: 'decline' } },
+  }, 'ask2', caps)
+  const text = (retry.body.result as { content: Array<{ text: string }> } | undefined)?.content[0]?.text ?? ''
+  t.match(text, /"text":"S"/, 'the sampling answer reached the upstream', { got: retry.body })
+  t.match(text, /"n":"E"/, 'the elicitation answer too (a key the gateway did not ask for is ignored)')
+  const without = await rpc('tools/call', { name: 'ask2', arguments: {} }, 'ask2', { [META.clientCapabilities]: { sampling: {} } })
+  t.equal(without.status, 400)
+  t.match(without.body.error, { code: MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, data: { requiredCapabilities: { elicitation: {} } } }, 'one undeclared capability in the round: -32021 naming it')
 })

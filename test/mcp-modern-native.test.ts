@@ -13,7 +13,7 @@ import { createServer, type IncomingHttpHeaders } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import type { TargetConfig } from '../core/config.ts'
-import { ROOT } from './helpers/gateway-harness.ts'
+import { ROOT, everythingTarget } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
 
 const MODERN = '2026-07-28'
@@ -204,4 +204,39 @@ t.test('subscriptions/listen forwarded natively (HTTP and stdio)', async t => {
   await listenSeesChange(t, http.url, '')
   const stdio = await fullGateway(t, { targets: [fixtureStdio()] })
   await listenSeesChange(t, stdio.url, '')
+})
+
+t.test('protocol: session: the same fixture translated onto a session-era upstream (keys the gateway\'s, one round answered as a whole)', async t => {
+  const upstream = await fixtureHttp(t)
+  const { url } = await fullGateway(t, { targets: [{ name: 'fixture', protocol: 'session', mcp: { url: upstream } }] })
+  const first = await call(url, 'tools/call', { name: 'test_input_required_result_elicitation', arguments: {}, _meta: { progressToken: 'p7' } }, { elicitation: {} })
+  t.equal(first.json.result?.resultType, 'input_required', { got: first.json })
+  const [key, request] = Object.entries(first.json.result?.inputRequests ?? {})[0] as [string, any]
+  t.equal(request?.method, 'elicitation/create', 'the upstream\'s elicitation, bridged')
+  t.equal(request?.params?._meta?.progressToken, undefined, 'no upstream progress token in the input request')
+  t.equal(first.json.result?._meta?.['io.modelcontextprotocol/serverInfo']?.name, 'conformance-fixture', 'the serverInfo every result carries')
+  const second = await call(url, 'tools/call', {
+    name: 'test_input_required_result_elicitation', arguments: {}, requestState: first.json.result.requestState,
+    inputResponses: { [key]: { action: 'accept', content: { name: 'Ada' } } },
+  }, { elicitation: {} })
+  t.equal(second.json.result?.content?.[0]?.text, 'Hello, Ada!', { got: second.json })
+  const multi = await call(url, 'tools/call', { name: 'test_input_required_result_multiple_inputs', arguments: {} }, { elicitation: {}, sampling: {}, roots: {} })
+  t.ok(Object.keys(multi.json.result?.inputRequests ?? {}).length >= 2, 'the round\'s input requests together', { got: multi.json })
+})
+
+t.test('capability-gated tools: a session-era upstream is pooled per declared capability set', async t => {
+  const { url } = await fullGateway(t, { targets: [everythingTarget()] })
+  const names = async (caps: Record<string, unknown>): Promise<string[]> => {
+    const r = await call(url, 'tools/list', {}, caps)
+    return ((r.json.result?.tools ?? []) as Array<{ name: string }>).map(x => x.name)
+  }
+  const bare = await names({})
+  t.ok(bare.includes('echo'), 'listed', { got: bare })
+  t.notOk(bare.includes('trigger-sampling-request'), 'a client without sampling never sees the tool gated on it')
+  t.notOk(bare.includes('trigger-elicitation-request'), 'nor the one gated on elicitation')
+  const sampling = await names({ sampling: {} })
+  t.ok(sampling.includes('trigger-sampling-request'), 'a client declaring sampling sees it', { got: sampling })
+  t.notOk(sampling.includes('trigger-elicitation-request'), 'but not the elicitation one')
+  const denied = await call(url, 'tools/call', { name: 'trigger-sampling-request', arguments: { prompt: 'x' } }, {})
+  t.ok(denied.json.error !== undefined || denied.json.result?.isError === true, 'nor gets it', { got: denied.json })
 })

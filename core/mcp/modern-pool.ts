@@ -96,8 +96,34 @@ export interface PooledSummary {
 }
 
 const INIT_TIMEOUT_MIN_MS = 15_000
-/** What the gateway declares to pooled upstreams as their (session-era) client. */
+/** What the gateway declares to pooled upstreams as their (session-era) client, unless told a narrower set. */
 export const UPSTREAM_CAPABILITIES = { sampling: {}, elicitation: { form: {} } } as const
+
+/** Client capabilities the gateway can bridge to a 2026-07-28 client's input requests. */
+export type Bridged = 'sampling' | 'elicitation' | 'roots'
+
+/**
+ * The session-era client capabilities declaring exactly `kinds` (form elicitation only; roots
+ * without listChanged: a stateless client cannot tell of a change).
+ */
+export function upstreamCapabilities (kinds: readonly Bridged[]): Record<string, unknown> {
+  const caps: Record<string, unknown> = {}
+  if (kinds.includes('sampling')) caps.sampling = {}
+  if (kinds.includes('elicitation')) caps.elicitation = { form: {} }
+  if (kinds.includes('roots')) caps.roots = {}
+  return caps
+}
+
+/** How `acquire()` reaches the target: its era, and (session era) which capabilities to declare. */
+export interface AcquireHow {
+  readonly mode?: PoolMode
+  /**
+   * Session era: the capabilities declared upstream; upstreams are pooled per set, so a server's
+   * capability-gated tools are seen only by clients that declared the capability. Absent:
+   * UPSTREAM_CAPABILITIES.
+   */
+  readonly capabilities?: readonly Bridged[]
+}
 
 function rpcError (code: number, message: string): JsonRpcMessage {
   return { jsonrpc: '2.0', error: { code, message } }
@@ -110,6 +136,8 @@ export class PooledUpstream {
   readonly subject: string | undefined
   readonly upstream: Upstream
   readonly mode: PoolMode
+  /** Session era: what was declared in `initialize`. */
+  readonly declared: Record<string, unknown>
   readonly createdAt = Date.now()
   lastUsedAt = Date.now()
   /** Requests (and listen streams) currently holding this upstream. */
@@ -130,9 +158,10 @@ export class PooledUpstream {
   readonly #timeoutMs: number
   readonly #unregister: (entry: PooledUpstream) => void
 
-  constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void, meter?: TargetCallMeter, mode: PoolMode = 'session') {
+  constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void, meter?: TargetCallMeter, how: AcquireHow = {}) {
     this.target = factory.target
-    this.mode = mode
+    this.mode = how.mode ?? 'session'
+    this.declared = how.capabilities === undefined ? UPSTREAM_CAPABILITIES : upstreamCapabilities(how.capabilities)
     this.#pending = new UpstreamCalls<Pending>(meter)
     this.key = key
     this.subject = subject
@@ -182,12 +211,12 @@ export class PooledUpstream {
         this.up = true
         return
       }
-      // The gateway is the session-era client here. It declares sampling and
-      // form elicitation, which it bridges to multi round-trip results for
-      // clients that declare them per request (modern.ts); not roots (roots
-      // are asked for outside any request, which a stateless client cannot answer).
+      // The gateway is the session-era client here. It declares what it bridges
+      // to multi round-trip results (modern.ts): by default sampling and form
+      // elicitation; for 2026-07-28 clients exactly the ones they declare
+      // (sampling, elicitation, roots), so that no tool gated on another shows.
       const res = await this.call({
-        jsonrpc: '2.0', method: 'initialize', params: { protocolVersion: LATEST_SESSION_REVISION, capabilities: UPSTREAM_CAPABILITIES, clientInfo: GATEWAY_INFO },
+        jsonrpc: '2.0', method: 'initialize', params: { protocolVersion: LATEST_SESSION_REVISION, capabilities: this.declared, clientInfo: GATEWAY_INFO },
       }, { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS) }).done
       if (res.error !== undefined) throw new Error(res.error.message)
       this.initResult = (res.result ?? {}) as Record<string, unknown>
@@ -340,7 +369,8 @@ export class PooledUpstream {
       let target: Pending | undefined
       let candidates = 0
       for (const p of this.#pending.values()) if (p.hooks.onServerRequest !== undefined) { target = p; candidates++ }
-      if (target === undefined || candidates > 1 || msg.method === 'roots/list') {
+      // roots/list only where roots were declared: asked within a call, it is bridged like the others.
+      if (target === undefined || candidates > 1 || (msg.method === 'roots/list' && this.declared.roots === undefined)) {
         this.answer(msg.id, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
         return
       }
@@ -427,9 +457,10 @@ export class UpstreamPool {
    * must call `release()` when its request (or listen stream, or shared
    * session) is over. `perKeyMax` caps the upstreams of this key.
    */
-  async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined, perKeyMax = this.#opts.perKeyMax, mode: PoolMode = 'session'): Promise<PooledUpstream> {
+  async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined, perKeyMax = this.#opts.perKeyMax, how: AcquireHow = {}): Promise<PooledUpstream> {
     if (this.#closed) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
-    const key = factory.target + '\u0000' + subjectKey + (mode === 'modern' ? '\u0000modern' : '')
+    const key = factory.target + '\u0000' + subjectKey +
+      (how.mode === 'modern' ? '\u0000modern' : how.capabilities === undefined ? '' : '\u0000caps:' + [...how.capabilities].sort().join(','))
     const list = this.#byKey.get(key) ?? []
     const live = list.filter(e => !e.closed)
     let entry: PooledUpstream | undefined
@@ -439,7 +470,7 @@ export class UpstreamPool {
       if (this.#size >= this.#opts.globalMax && !this.#evictIdle()) {
         if (entry === undefined) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: upstream process limit reached', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
       } else {
-        entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e), this.#opts.meters?.get(factory.target), mode)
+        entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e), this.#opts.meters?.get(factory.target), how)
         live.push(entry)
         this.#byKey.set(key, live)
         this.#size++

@@ -23,7 +23,7 @@ import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
 import { GATEWAY_INFO, NAMED, Router, type ListMethod, type NamedMethod } from './router.ts'
 import { randomBytes } from 'node:crypto'
-import { isNotModern, type CallHooks, type PoolCall, type PooledUpstream, type PoolMode, type UpstreamPool } from './modern-pool.ts'
+import { isNotModern, type Bridged, type CallHooks, type PoolCall, type PooledUpstream, type PoolMode, type UpstreamPool } from './modern-pool.ts'
 import { subjectKeyOf } from './subject-key.ts'
 import { tracer } from '../tracing.ts'
 import { ParamHeaderCache, paramHeaderMismatch, type ParamHeader } from './param-headers.ts'
@@ -63,6 +63,16 @@ const INPUT_TTL_MS = 120_000
 const NATIVE_PER_KEY = 1
 /** Upstream calls one subject may have parked on InputRequiredResults at once. */
 const MAX_PARKED_PER_SUBJECT = 32
+/**
+ * An upstream sends the input requests of one round together (the SDK awaits them all at once):
+ * after one arrives, the round is collected until none follows for this long.
+ */
+const ROUND_GATHER_MS = 25
+/** Input requests in one round at most; more are refused (the tool then fails). */
+const MAX_INPUTS_PER_ROUND = 16
+/** The client capability each bridged server-to-client request needs (MCP 2026-07-28 `_meta`). */
+const NEEDS: Readonly<Record<string, string>> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation', 'roots/list': 'roots' }
+const BRIDGED: readonly Bridged[] = ['sampling', 'elicitation', 'roots']
 const SENTINEL = /^=\?base64\?([A-Za-z0-9+/]*={0,2})\?=$/
 /** A header value sent as it is (MCP 2026-07-28 "Value Encoding"); anything else is Base64-wrapped. */
 const PLAIN_VALUE = /^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/
@@ -103,7 +113,17 @@ interface Running {
   readonly entry: PooledUpstream
   readonly call: PoolCall
   readonly hooks: CallHooks
+  /**
+   * Server-to-client requests of the call not yet turned into input requests: taken from the
+   * moment the call is sent (a fast upstream may ask before anyone waits) and while it is parked.
+   */
+  readonly asked: JsonRpcMessage[]
+  /** Wakes whoever waits for `asked`. */
+  wake: (() => void) | undefined
 }
+
+/** One server-to-client request of a parked call, under the key the client answers it by. */
+interface Ask { readonly key: string; readonly serverRequestId: JsonRpcId }
 
 /** An upstream call parked on an InputRequiredResult until the client retries. */
 interface Continuation {
@@ -112,8 +132,7 @@ interface Continuation {
   readonly method: string
   /** The name or URI as the client sent it. */
   readonly name: unknown
-  readonly key: string
-  readonly serverRequestId: JsonRpcId
+  readonly asks: readonly Ask[]
   readonly timer: NodeJS.Timeout
 }
 
@@ -349,7 +368,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       probe = (async () => {
         try {
           // The probing upstream stays pooled: this subject's request uses it next.
-          pool.release(await pool.acquire(factory, ex.subjectKey, ex.subject, NATIVE_PER_KEY, 'modern'))
+          pool.release(await pool.acquire(factory, ex.subjectKey, ex.subject, NATIVE_PER_KEY, { mode: 'modern' }))
           eras.set(factory.target, 'modern')
         } catch (err) {
           if (!isNotModern(err)) throw err
@@ -366,12 +385,16 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   /** A leased upstream of `factory` in its era; a native one that stopped speaking the revision is asked again. */
   async function lease (ex: Exchange, factory: UpstreamFactory): Promise<PooledUpstream> {
     const mode = await eraOf(ex, factory)
+    // A translated upstream declares exactly the bridgeable capabilities this client declared (pooled per set).
+    const capabilities = BRIDGED.filter(k => ex.clientCapabilities[k] !== undefined && ex.clientCapabilities[k] !== null)
     try {
-      return await pool.acquire(factory, ex.subjectKey, ex.subject, mode === 'modern' ? NATIVE_PER_KEY : undefined, mode)
+      return mode === 'modern'
+        ? await pool.acquire(factory, ex.subjectKey, ex.subject, NATIVE_PER_KEY, { mode })
+        : await pool.acquire(factory, ex.subjectKey, ex.subject, undefined, { capabilities })
     } catch (err) {
       if (mode !== 'modern' || factory.protocol === '2026-07-28' || !isNotModern(err)) throw err
       eras.set(factory.target, 'session')
-      return pool.acquire(factory, ex.subjectKey, ex.subject)
+      return pool.acquire(factory, ex.subjectKey, ex.subject, undefined, { capabilities })
     }
   }
 
@@ -392,7 +415,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   }
 
   /** Leases an upstream of `factory` and starts one request on it; the caller releases the lease. */
-  async function start (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>): Promise<Running> {
+  async function start (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>, bridge = false): Promise<Running> {
     const entry = await lease(ex, factory)
     if (!multi) serverInfoOf(entry)
     try {
@@ -410,9 +433,12 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       }
       const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
       const traced = tracer?.upstreamCall(ex.ctx, factory.target, msg)
-      const call = entry.call(msg, hooks)
-      if (traced !== undefined) void call.done.then(traced)
-      return { entry, hooks, call }
+      const asked: JsonRpcMessage[] = []
+      const run: { entry: PooledUpstream; hooks: CallHooks; call: PoolCall; asked: JsonRpcMessage[]; wake: (() => void) | undefined } = { entry, hooks, call: undefined as unknown as PoolCall, asked, wake: undefined }
+      if (bridge && !native) hooks.onServerRequest = (req) => { asked.push(req); run.wake?.() }
+      run.call = entry.call(msg, hooks)
+      if (traced !== undefined) void run.call.done.then(traced)
+      return run
     } catch (err) {
       pool.release(entry)
       throw err
@@ -445,36 +471,66 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
    */
   async function settle (ex: Exchange, run: Running, method: string, name: unknown): Promise<JsonRpcMessage | undefined> {
     ex.calls.add(run.call)
-    const outcome = await new Promise<{ res: JsonRpcMessage } | { req: JsonRpcMessage }>(resolve => {
-      run.hooks.onServerRequest = (req) => resolve({ req })
-      void run.call.done.then(res => resolve({ res }))
+    let answered: JsonRpcMessage | undefined
+    void run.call.done.then(res => { answered = res; run.wake?.() })
+    const wait = (ms?: number): Promise<void> => new Promise<void>(resolve => {
+      const timer = ms === undefined ? undefined : setTimeout(() => { run.wake = undefined; resolve() }, ms)
+      run.wake = () => { clearTimeout(timer); run.wake = undefined; resolve() }
     })
-    run.hooks.onServerRequest = undefined
-    ex.calls.delete(run.call)
-    if ('res' in outcome) {
-      pool.release(run.entry)
-      return modernError(outcome.res)
+    // The first server request (or the answer), then the rest of its round.
+    while (answered === undefined && run.asked.length === 0) await wait()
+    if (answered === undefined) {
+      let seen = run.asked.length
+      for (;;) {
+        await wait(ROUND_GATHER_MS)
+        if (answered !== undefined || run.asked.length === seen || run.asked.length >= MAX_INPUTS_PER_ROUND) break
+        seen = run.asked.length
+      }
     }
-    const req = outcome.req
-    const need = req.method === 'sampling/createMessage' ? 'sampling' : req.method === 'elicitation/create' ? 'elicitation' : undefined
-    if (need === undefined || ex.clientCapabilities[need] === undefined || ex.aborted) {
-      // A server MUST NOT rely on capabilities the client did not declare (MCP 2026-07-28 `_meta`).
-      run.entry.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
-      run.call.cancel('client lacks a required capability')
+    ex.calls.delete(run.call)
+    const reqs = run.asked.splice(0)
+    if (answered !== undefined || reqs.length === 0) {
+      // Asked and answered without waiting for the client: its requests are moot, the answer stands.
+      for (const req of reqs) run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'request already answered' })
       pool.release(run.entry)
-      await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, { requiredCapabilities: { [need ?? String(req.method)]: {} } })
+      return modernError(answered ?? await run.call.done)
+    }
+    const refuse = (why: string): void => {
+      for (const req of reqs) run.entry.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
+      run.call.cancel(why)
+      pool.release(run.entry)
+    }
+    const missing = reqs.map(r => NEEDS[String(r.method)] ?? String(r.method)).find(need => ex.clientCapabilities[need] === undefined)
+    if (missing !== undefined || ex.aborted) {
+      // A server MUST NOT rely on capabilities the client did not declare (MCP 2026-07-28 `_meta`).
+      refuse('client lacks a required capability')
+      await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, { requiredCapabilities: { [missing ?? 'sampling']: {} } })
       return undefined
     }
     const parked = [...continuations.values()].filter(c => c.subjectKey === ex.subjectKey).length
     if (parked >= MAX_PARKED_PER_SUBJECT) {
-      run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'too many pending input requests' })
+      for (const req of reqs) run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'too many pending input requests' })
       run.call.cancel('too many pending input requests')
       pool.release(run.entry)
       await ex.fail(RPC.SERVER_ERROR, 'Too many requests waiting for input', 429)
       return undefined
     }
     const state = randomBytes(24).toString('base64url')
-    const key = 'input-' + String(++inputSeq)
+    const asks: Ask[] = []
+    const inputRequests: Record<string, unknown> = {}
+    for (const req of reqs) {
+      const key = 'input-' + String(++inputSeq)
+      asks.push({ key, serverRequestId: req.id! })
+      const params = { ...(req.params ?? {}) }
+      const meta = params._meta as Record<string, unknown> | undefined
+      if (meta !== undefined) {
+        // The upstream's progress token (the gateway's mapped one) is no business of the client's.
+        const { progressToken: _, ...rest } = meta
+        if (Object.keys(rest).length === 0) delete params._meta
+        else params._meta = rest
+      }
+      inputRequests[key] = { method: req.method, params }
+    }
     const timer = setTimeout(() => {
       if (continuations.get(state) !== cont) return
       continuations.delete(state)
@@ -482,12 +538,10 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       pool.release(run.entry)
     }, INPUT_TTL_MS)
     timer.unref()
-    const cont: Continuation = { run, subjectKey: ex.subjectKey, method, name, key, serverRequestId: req.id!, timer }
+    const cont: Continuation = { run, subjectKey: ex.subjectKey, method, name, asks, timer }
     continuations.set(state, cont)
-    await ex.answer({
-      jsonrpc: '2.0',
-      result: { resultType: 'input_required', inputRequests: { [key]: { method: req.method, params: req.params ?? {} } }, requestState: state },
-    })
+    const result = { resultType: 'input_required', inputRequests, requestState: state }
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
     return undefined
   }
 
@@ -502,10 +556,13 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     }
     continuations.delete(state as string)
     clearTimeout(cont.timer)
+    // Keys the gateway did not ask for are ignored (MCP 2026-07-28 MRTR, error handling).
     const responses = params.inputResponses as Record<string, unknown> | undefined
-    const answer = responses?.[cont.key]
-    if (answer === undefined) cont.run.entry.answer(cont.serverRequestId, undefined, { code: RPC.INVALID_PARAMS, message: 'no input response' })
-    else cont.run.entry.answer(cont.serverRequestId, answer)
+    for (const ask of cont.asks) {
+      const answer = responses?.[ask.key]
+      if (answer === undefined) cont.run.entry.answer(ask.serverRequestId, undefined, { code: RPC.INVALID_PARAMS, message: 'no input response' })
+      else cont.run.entry.answer(ask.serverRequestId, answer)
+    }
     hookTo(ex, cont.run.hooks)
     return settle(ex, cont.run, method, cont.name)
   }
@@ -590,18 +647,18 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       delete params.inputResponses
       delete params.requestState
       params[field] = standIn.value
-      res = await settle(ex, await start(ex, factory, method, params), method, value)
+      res = await settle(ex, await start(ex, factory, method, params, true), method, value)
       if (res !== undefined) res = standIn.restore(res)
     } else if (native) {
       // inputResponses and requestState are the upstream's own (MCP 2026-07-28 Multi Round-Trip Requests): as they are.
       params[field] = name
-      res = await settle(ex, await start(ex, factory, method, params), method, value)
+      res = await settle(ex, await start(ex, factory, method, params, true), method, value)
     } else if (params.requestState !== undefined) {
       res = await resume(ex, method, value, params)
     } else {
       delete params.inputResponses
       params[field] = name
-      res = await settle(ex, await start(ex, factory, method, params), method, value)
+      res = await settle(ex, await start(ex, factory, method, params, true), method, value)
     }
     if (res === undefined) return
     if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }

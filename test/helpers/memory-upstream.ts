@@ -6,7 +6,8 @@
  *
  * Tools: `echo` (answers `args.message`), `hang` (never answers), `progress`
  * (one progress notification, then the answer), `ask` (a sampling request
- * to the client first, then its answer as text). `tools/list` comes in two
+ * to the client first, then its answer as text), `ask2` (a sampling and an
+ * elicitation request at once, then both answers as text; not listed). `tools/list` comes in two
  * pages. `resources/read` answers any URI with its own contents.
  */
 import type { JsonRpcMessage, Upstream, UpstreamFactory } from '../../core/targets/types.ts'
@@ -29,6 +30,8 @@ export class MemoryUpstream implements Upstream {
   readonly #server: MemoryServer
   /** Pending `ask` calls: server-request id -> the tools/call id to answer. */
   readonly #asks = new Map<number | string, number | string>()
+  /** `ask2` calls: the tools/call id -> the answers so far (two expected). */
+  readonly #rounds = new Map<number | string, unknown[]>()
   #serverSeq = 0
 
   constructor (target: string, server: MemoryServer, pid: number) {
@@ -76,7 +79,15 @@ export class MemoryUpstream implements Upstream {
       const callId = msg.id === undefined || msg.id === null ? undefined : this.#asks.get(msg.id)
       if (callId !== undefined) {
         this.#asks.delete(msg.id!)
-        this.#answer(callId, { content: [{ type: 'text', text: `answered: ${JSON.stringify(msg.result ?? msg.error)}` }] })
+        const round = this.#rounds.get(callId)
+        if (round === undefined) {
+          this.#answer(callId, { content: [{ type: 'text', text: `answered: ${JSON.stringify(msg.result ?? msg.error)}` }] })
+          return
+        }
+        round.push(msg.result ?? msg.error)
+        if (round.length < 2) return
+        this.#rounds.delete(callId)
+        this.#answer(callId, { content: [{ type: 'text', text: `answered: ${JSON.stringify(round)}` }] })
       }
       return
     }
@@ -111,7 +122,18 @@ export class MemoryUpstream implements Upstream {
           case 'ask': {
             const sid = `srv-${++this.#serverSeq}`
             this.#asks.set(sid, msg.id)
-            return this.emit({ jsonrpc: '2.0', id: sid, method: 'sampling/createMessage', params: { messages: [], maxTokens: 1 } })
+            // As SDK servers do for a request's own server requests: the call's progress token goes along.
+            const token = (params._meta as Record<string, unknown> | undefined)?.progressToken
+            return this.emit({ jsonrpc: '2.0', id: sid, method: 'sampling/createMessage', params: { messages: [], maxTokens: 1, ...(token === undefined ? {} : { _meta: { progressToken: token } }) } })
+          }
+          case 'ask2': {
+            const a = `srv-${++this.#serverSeq}`
+            const b = `srv-${++this.#serverSeq}`
+            this.#asks.set(a, msg.id)
+            this.#asks.set(b, msg.id)
+            this.#rounds.set(msg.id, [])
+            this.emit({ jsonrpc: '2.0', id: a, method: 'sampling/createMessage', params: { messages: [], maxTokens: 1 } })
+            return this.emit({ jsonrpc: '2.0', id: b, method: 'elicitation/create', params: { message: 'name?', requestedSchema: { type: 'object', properties: {} } } })
           }
           default:
             return this.emit({ jsonrpc: '2.0', id: msg.id, error: { code: -32602, message: `Unknown tool: ${String(params.name)}` } })
