@@ -51,7 +51,7 @@ export interface GatewayConfig {
     trustedProxies: string[]
     failClosed: boolean
     session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }
-    limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; maxResumableStreams: number; startupHoldMs: number; startupMaxHeldRequests: number; maxToolLabels: number; maxTasksPerSession: number }
+    limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; maxResumableStreams: number; startupHoldMs: number; startupMaxHeldRequests: number; maxToolLabels: number; maxTasksPerSession: number; maxInputRequestsPerRound: number }
     readiness: { targets?: 'all' | 'any' | 'none' }
     /** SSE answers of the session era; `pollAfterMs` 0 is off (schemas/config.schema.json). */
     streams: { pollAfterMs: number }

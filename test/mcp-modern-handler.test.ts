@@ -22,11 +22,11 @@ import { memoryLogger } from './helpers/logger.ts'
 const V = '2026-07-28'
 const meta = { [META.protocolVersion]: V, [META.clientCapabilities]: {} }
 
-function handler (t: Test, targets: string[]) {
+function handler (t: Test, targets: string[], maxInputsPerRound?: number) {
   const log = memoryLogger().log
   const factories = targets.map(name => memoryFactory(name))
   const pool = new UpstreamPool({ log, perKeyMax: 2, globalMax: 10, idleMs: 60_000, requestTimeoutMs: 5_000 })
-  const h = createModernHandler({ targets: factories, checkers: [], pool, log, failClosed: false, streams: streamLimits({ log, metrics: new Metrics() }) })
+  const h = createModernHandler({ targets: factories, checkers: [], pool, log, failClosed: false, streams: streamLimits({ log, metrics: new Metrics() }), maxInputsPerRound })
   t.teardown(async () => { h.close(); await pool.close() })
   return { h, factories }
 }
@@ -156,4 +156,14 @@ t.test('session-era upstream: every input request of one round in one input-requ
   const without = await rpc('tools/call', { name: 'ask2', arguments: {} }, 'ask2', { [META.clientCapabilities]: { sampling: {} } })
   t.equal(without.status, 400)
   t.match(without.body.error, { code: MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, data: { requiredCapabilities: { elicitation: {} } } }, 'one undeclared capability in the round: -32021 naming it')
+})
+
+t.test('mcp.limits.maxInputRequestsPerRound: a round past the bound is cut there, the rest refused upstream', async t => {
+  const { h, factories } = handler(t, ['a'], 1)
+  const rpc = await serve(t, h)
+  const first = await rpc('tools/call', { name: 'ask2', arguments: {} }, 'ask2', { [META.clientCapabilities]: { sampling: {}, elicitation: {} } })
+  const result = first.body.result as { inputRequests: Record<string, unknown> }
+  t.equal(Object.keys(result?.inputRequests ?? {}).length, 1, 'one input request, as configured', { got: first.body })
+  const refusedUp = factories[0]!.server.received.find(m => m.method === undefined && m.error?.message === 'too many input requests in one round')
+  t.ok(refusedUp, 'the other refused to the upstream')
 })

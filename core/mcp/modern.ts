@@ -68,8 +68,6 @@ const MAX_PARKED_PER_SUBJECT = 32
  * after one arrives, the round is collected until none follows for this long.
  */
 const ROUND_GATHER_MS = 25
-/** Input requests in one round at most; more are refused (the tool then fails). */
-const MAX_INPUTS_PER_ROUND = 16
 /** The client capability each bridged server-to-client request needs (MCP 2026-07-28 `_meta`). */
 const NEEDS: Readonly<Record<string, string>> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation', 'roots/list': 'roots' }
 const BRIDGED: readonly Bridged[] = ['sampling', 'elicitation', 'roots']
@@ -97,6 +95,8 @@ export interface ModernOptions {
   readonly failClosed: boolean
   /** Bounds of every SSE answer and listen stream (sse.ts). */
   readonly streams: StreamLimits
+  /** `mcp.limits.maxInputRequestsPerRound`; default 16. */
+  readonly maxInputsPerRound?: number
 }
 
 export interface ModernHandler {
@@ -283,6 +283,7 @@ class Exchange {
 
 export function createModernHandler (opts: ModernOptions): ModernHandler {
   const { pool, checkers, log } = opts
+  const maxInputs = opts.maxInputsPerRound ?? 16
   const router = new Router(opts.targets, checkers)
   const multi = router.multi
   const listens = new Set<() => void>()
@@ -483,12 +484,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       let seen = run.asked.length
       for (;;) {
         await wait(ROUND_GATHER_MS)
-        if (answered !== undefined || run.asked.length === seen || run.asked.length >= MAX_INPUTS_PER_ROUND) break
+        if (answered !== undefined || run.asked.length === seen || run.asked.length >= maxInputs) break
         seen = run.asked.length
       }
     }
     ex.calls.delete(run.call)
     const reqs = run.asked.splice(0)
+    // Past the bound the round is cut: the rest are refused, the tool decides what that means.
+    for (const req of reqs.splice(maxInputs)) run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'too many input requests in one round' })
     if (answered !== undefined || reqs.length === 0) {
       // Asked and answered without waiting for the client: its requests are moot, the answer stands.
       for (const req of reqs) run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'request already answered' })
