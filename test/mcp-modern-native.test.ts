@@ -240,3 +240,22 @@ t.test('capability-gated tools: a session-era upstream is pooled per declared ca
   const denied = await call(url, 'tools/call', { name: 'trigger-sampling-request', arguments: { prompt: 'x' } }, {})
   t.ok(denied.json.error !== undefined || denied.json.result?.isError === true, 'nor gets it', { got: denied.json })
 })
+
+t.test('2026-07-28 streams are not resumable: no event ids, Last-Event-ID ignored, progress relayed with the client\'s token', async t => {
+  const upstream = await fixtureHttp(t)
+  for (const target of [{ name: 'fixture', mcp: { url: upstream } }, fixtureStdio()] as TargetConfig[]) {
+    const { url } = await fullGateway(t, { targets: [target] })
+    const res = await fetch(url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': 'tools/call', 'mcp-name': 'test_tool_with_progress', 'last-event-id': 'p1.3' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'test_tool_with_progress', arguments: {}, _meta: { ...META, 'io.modelcontextprotocol/clientCapabilities': {}, progressToken: 'mine' } } }),
+    })
+    t.equal(res.status, 200)
+    const text = await res.text()
+    t.notMatch(text, /^id:/m, `${target.name}: no event ids (MCP 2026-07-28 streamable HTTP)`)
+    const frames = text.split('\n').filter(l => l.startsWith('data: ')).map(l => JSON.parse(l.slice(6)))
+    const progress = frames.filter(f => f.method === 'notifications/progress')
+    t.ok(progress.length > 0 && progress.every(p => p.params.progressToken === 'mine'), `${target.stdio === undefined ? 'http' : 'stdio'}: progress with the client's token`, { frames })
+    t.equal(frames.at(-1)?.id, 3, 'the answer last')
+  }
+})
