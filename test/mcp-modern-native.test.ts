@@ -259,3 +259,41 @@ t.test('2026-07-28 streams are not resumable: no event ids, Last-Event-ID ignore
     t.equal(frames.at(-1)?.id, 3, 'the answer last')
   }
 })
+
+t.test('the probe: a target down is asked again by the next request; protocol: session never asks; 2026-07-28 configured needs no probe', async t => {
+  const seen: string[] = []
+  const upstream = createServer((req, res) => {
+    let raw = ''
+    req.setEncoding('utf8').on('data', (d: string) => { raw += d }).on('end', () => {
+      const body = JSON.parse(raw)
+      seen.push(body.method)
+      const reply = (result: unknown): void => { res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result })) }
+      if (body.method === 'server/discover') reply({ resultType: 'complete', supportedVersions: [MODERN], capabilities: { tools: {} } })
+      else if (body.method === 'tools/list') reply({ resultType: 'complete', tools: [{ name: 'late', inputSchema: { type: 'object' } }] })
+      else res.writeHead(400, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id ?? null, error: { code: -32600, message: 'session era not served here' } }))
+    })
+  })
+  t.teardown(() => new Promise<void>(resolve => { upstream.closeAllConnections(); upstream.close(() => resolve()) }))
+  // A port that nothing listens on yet.
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  const port = (upstream.address() as AddressInfo).port
+  await new Promise<void>(resolve => upstream.close(() => resolve()))
+  const { url, logText } = await fullGateway(t, { targets: [{ name: 'late', mcp: { url: `http://127.0.0.1:${port}/mcp` } }] })
+  const down = await call(url, 'tools/list', {})
+  t.ok(down.json.error !== undefined, 'the target down: this request fails', { got: down.json })
+  t.notMatch(logText(), /"era":"session"/, 'a failed probe decides nothing')
+  await new Promise<void>(resolve => upstream.listen(port, '127.0.0.1', resolve))
+  const up = await call(url, 'tools/list', {})
+  t.same(up.json.result?.tools?.map((x: { name: string }) => x.name), ['late'], 'asked again: native', { got: up.json })
+  t.equal(seen.filter(m => m === 'server/discover').length, 1, 'probed once it answered')
+
+  seen.length = 0
+  const configured = await fullGateway(t, { targets: [{ name: 'late', protocol: '2026-07-28', mcp: { url: `http://127.0.0.1:${port}/mcp` } }] })
+  const direct = await call(configured.url, 'tools/list', {})
+  t.same(direct.json.result?.tools?.map((x: { name: string }) => x.name), ['late'])
+  const session = await fullGateway(t, { targets: [{ name: 'late', protocol: 'session', mcp: { url: `http://127.0.0.1:${port}/mcp` } }] })
+  const translated = await call(session.url, 'tools/list', {})
+  t.ok(translated.json.error !== undefined, 'protocol: session: translated (this upstream refuses initialize)', { got: translated.json })
+  t.ok(seen.includes('initialize'), 'initialized as a session-era upstream')
+  t.equal(seen.filter(m => m === 'server/discover').length, 1, 'only the configured-native gateway\'s pooled upstream asked (its start handshake); protocol: session never')
+})

@@ -435,7 +435,7 @@ async function startHttpEverything (t: Test): Promise<string> {
 
 t.test('an HTTP target serves both eras: 2.x (pooled HttpUpstream) and 1.x (passthrough)', async t => {
   const upstream = await startHttpEverything(t)
-  const { url, gw } = await fullGateway(t, { targets: [{ name: 'remote', mcp: { url: upstream } }] })
+  const { url, gw, logText } = await fullGateway(t, { targets: [{ name: 'remote', mcp: { url: upstream } }] })
   const modern = new Client2({ name: 'sdk2', version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } } })
   const legacy = new Client1({ name: 'sdk1', version: '1.0.0' })
   t.teardown(async () => { await modern.close().catch(() => {}); await legacy.close().catch(() => {}) })
@@ -453,4 +453,5 @@ t.test('an HTTP target serves both eras: 2.x (pooled HttpUpstream) and 1.x (pass
   t.equal(pooled.length, 1, 'one pooled upstream for the anonymous subject')
   t.equal(pooled[0]!.target, 'remote')
   t.equal(pooled[0]!.pid, undefined, 'an HTTP upstream has no process')
+  t.match(logText(), /"target":"remote","era":"session","msg":"target era found by server\/discover"/, 'server-everything (SDK 1.x) answered server/discover as a session-era server: translated')
 })
