@@ -120,6 +120,8 @@ interface Running {
   readonly asked: JsonRpcMessage[]
   /** Wakes whoever waits for `asked`. */
   wake: (() => void) | undefined
+  /** Takes a server request into `asked`: the call's `onServerRequest` except while it is parked. */
+  readonly take: ((req: JsonRpcMessage) => void) | undefined
 }
 
 /** One server-to-client request of a parked call, under the key the client answers it by. */
@@ -435,8 +437,9 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
       const traced = tracer?.upstreamCall(ex.ctx, factory.target, msg)
       const asked: JsonRpcMessage[] = []
-      const run: { entry: PooledUpstream; hooks: CallHooks; call: PoolCall; asked: JsonRpcMessage[]; wake: (() => void) | undefined } = { entry, hooks, call: undefined as unknown as PoolCall, asked, wake: undefined }
-      if (bridge && !native) hooks.onServerRequest = (req) => { asked.push(req); run.wake?.() }
+      const take = bridge && !native ? (req: JsonRpcMessage): void => { asked.push(req); run.wake?.() } : undefined
+      const run: Running & { call: PoolCall } = { entry, hooks, call: undefined as unknown as PoolCall, asked, wake: undefined, take }
+      hooks.onServerRequest = take
       run.call = entry.call(msg, hooks)
       if (traced !== undefined) void run.call.done.then(traced)
       return run
@@ -543,6 +546,8 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     timer.unref()
     const cont: Continuation = { run, subjectKey: ex.subjectKey, method, name, asks, timer }
     continuations.set(state, cont)
+    // Parked: another call on this upstream may take a server request meanwhile (stdio routes by "the only one").
+    run.hooks.onServerRequest = undefined
     const result = { resultType: 'input_required', inputRequests, requestState: state }
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
     return undefined
@@ -560,6 +565,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     continuations.delete(state as string)
     clearTimeout(cont.timer)
     // Keys the gateway did not ask for are ignored (MCP 2026-07-28 MRTR, error handling).
+    cont.run.hooks.onServerRequest = cont.run.take
     const responses = params.inputResponses as Record<string, unknown> | undefined
     for (const ask of cont.asks) {
       const answer = responses?.[ask.key]
