@@ -167,3 +167,14 @@ t.test('mcp.limits.maxInputRequestsPerRound: a round past the bound is cut there
   const refusedUp = factories[0]!.server.received.find(m => m.method === undefined && m.error?.message === 'too many input requests in one round')
   t.ok(refusedUp, 'the other refused to the upstream')
 })
+
+t.test('session-era upstream: a first call carrying inputResponses is served as new, the responses ignored (MCP 2026-07-28 MRTR)', async t => {
+  const { h, factories } = handler(t, ['a'])
+  const rpc = await serve(t, h)
+  const r = await rpc('tools/call', { name: 'echo', arguments: { message: 'fresh' }, inputResponses: { 'input-1': { action: 'accept', content: {} } } }, 'echo')
+  t.match(r.body.result, { content: [{ text: 'fresh' }] })
+  const up = factories[0]!.server.received.find(m => m.method === 'tools/call')!
+  t.same(up.params, { name: 'echo', arguments: { message: 'fresh' } }, 'nothing of them upstream')
+  const forged = await rpc('tools/call', { name: 'echo', arguments: {}, requestState: 'never-minted' }, 'echo')
+  t.same(forged.body.error, { code: -32602, message: 'Invalid params: unknown or expired requestState' }, 'a requestState the gateway never minted fails verification (MRTR: MUST reject)')
+})
