@@ -297,3 +297,49 @@ t.test('the probe: a target down is asked again by the next request; protocol: s
   t.ok(seen.includes('initialize'), 'initialized as a session-era upstream')
   t.equal(seen.filter(m => m === 'server/discover').length, 1, 'only the configured-native gateway\'s pooled upstream asked (its start handshake); protocol: session never')
 })
+
+t.test('native HTTP: the client closing its response ends the upstream request (the revision\'s cancellation); an upstream 5xx is a clear error', async t => {
+  let closed!: () => void
+  const upstreamClosed = new Promise<void>(resolve => { closed = resolve })
+  let arrived!: () => void
+  const callArrived = new Promise<void>(resolve => { arrived = resolve })
+  const upstream = createServer((req, res) => {
+    let raw = ''
+    req.setEncoding('utf8').on('data', (d: string) => { raw += d }).on('end', () => {
+      const body = JSON.parse(raw)
+      if (body.method === 'server/discover') {
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result: { resultType: 'complete', supportedVersions: [MODERN], capabilities: { tools: {} } } }))
+        return
+      }
+      if (body.method === 'tools/list') {
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result: { resultType: 'complete', tools: [] } }))
+        return
+      }
+      if (body.params?.name === 'broken') { res.writeHead(502).end('bad gateway'); return }
+      // tools/call hang: an SSE stream that never answers, until the gateway lets go of it.
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(': open\n\n')
+      res.on('close', () => closed())
+      arrived()
+    })
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => { upstream.closeAllConnections(); upstream.close(() => resolve()) }))
+  const port = (upstream.address() as AddressInfo).port
+  const { url } = await fullGateway(t, { targets: [{ name: 'raw', mcp: { url: `http://127.0.0.1:${port}/mcp` } }] })
+  const broken = await call(url, 'tools/call', { name: 'broken', arguments: {} })
+  t.match(broken.json.error, { message: /target raw: upstream answered HTTP 502/ }, 'a clear error naming the target', { got: broken.json })
+  const ac = new AbortController()
+  const pending = fetch(url, {
+    method: 'POST',
+    signal: ac.signal,
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': 'tools/call', 'mcp-name': 'hang' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'hang', arguments: {}, _meta: { ...META, 'io.modelcontextprotocol/clientCapabilities': {} } } }),
+  }).catch(() => undefined)
+  // Failure guards only: a missing event fails the test instead of hanging it.
+  const guard = (): Promise<string> => new Promise(resolve => setTimeout(() => resolve('timed out'), 10_000).unref())
+  t.equal(await Promise.race([callArrived.then(() => 'arrived'), guard()]), 'arrived', 'the call reached the upstream')
+  ac.abort()
+  await pending
+  t.equal(await Promise.race([upstreamClosed.then(() => 'closed'), guard()]), 'closed', 'the upstream request stream was closed after the client went away')
+})
