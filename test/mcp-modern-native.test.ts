@@ -343,3 +343,9 @@ t.test('native HTTP: the client closing its response ends the upstream request (
   await pending
   t.equal(await Promise.race([upstreamClosed.then(() => 'closed'), guard()]), 'closed', 'the upstream request stream was closed after the client went away')
 })
+
+t.test('subscriptions/listen over a native and a translated target at once', async t => {
+  const upstream = await fixtureHttp(t)
+  const { url } = await fullGateway(t, { targets: [{ name: 'fixture', mcp: { url: upstream } }, everythingTarget()] })
+  await listenSeesChange(t, url, 'fixture_')
+})
