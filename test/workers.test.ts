@@ -12,37 +12,16 @@
  * then everything exits, children included.
  */
 import t from 'tap'
-import { readdirSync, readFileSync } from 'node:fs'
-import { request as httpRequest } from 'node:http'
-import { Readable } from 'node:stream'
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { Client as Client2, StreamableHTTPClientTransport as Transport2 } from '@modelcontextprotocol/client'
-import { configFile, eventually, freePort, isAlive, runCli, spawnCli, waitForPort } from './helpers/cli.ts'
+import { configFile, eventually, freePort, freshFetch, isAlive, parentOf, runCli, spawnCli, waitForPort, workersOf } from './helpers/cli.ts'
 import { FAULTY } from './helpers/gateway-harness.ts'
 
 const CAP = 4
 const MODERN = '2026-07-28'
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
 const INIT = { jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }
-
-/** fetch over a new TCP connection each time (no keep-alive pool): the primary hands each to the next worker. */
-function freshFetch (url: string | URL, init: RequestInit = {}): Promise<Response> {
-  return new Promise((resolve, reject) => {
-    const headers: Record<string, string> = {}
-    new Headers(init.headers).forEach((v, k) => { headers[k] = v })
-    const req = httpRequest(url, { method: init.method ?? 'GET', headers, agent: false }, res => {
-      const h = new Headers()
-      for (const [k, v] of Object.entries(res.headers)) if (v !== undefined) h.set(k, Array.isArray(v) ? v.join(', ') : v)
-      const empty = res.statusCode === 204 || res.statusCode === 304
-      if (empty) res.resume()
-      resolve(new Response(empty ? null : Readable.toWeb(res) as ReadableStream, { status: res.statusCode, headers: h }))
-    })
-    init.signal?.addEventListener('abort', () => req.destroy(new Error('aborted')))
-    req.once('error', reject)
-    req.end(typeof init.body === 'string' ? init.body : undefined)
-  })
-}
 
 async function post (url: string, body: unknown, sid?: string): Promise<{ status: number; sid: string | null }> {
   const res = await freshFetch(url, { method: 'POST', headers: { ...HEADERS, ...(sid !== undefined ? { 'mcp-session-id': sid } : {}) }, body: JSON.stringify(body) })
@@ -63,19 +42,6 @@ async function perWorker (probes: number, name: string, match = ''): Promise<Rec
 }
 
 const textOf = (r: unknown): string => ((r as { content: Array<{ text: string }> }).content[0]!).text
-
-/** The parent of a process (Linux /proc). */
-function parentOf (pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1])
-}
-
-/** The gateway processes the primary forked (tsx may run a helper process of its own beside them). */
-function workersOf (pid: number): number[] {
-  return readdirSync('/proc').filter(d => /^\d+$/.test(d)).map(Number).filter(p => {
-    try { return parentOf(p) === pid && readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('mcp-proxy.ts') } catch { return false }
-  })
-}
 
 t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, probes and admin, a worker killed, SIGTERM', async t => {
   const [port, admin, probes] = await Promise.all([freePort(), freePort(), freePort()])

@@ -3,6 +3,9 @@ import { fileURLToPath } from 'node:url'
 import { createServer, connect } from 'node:net'
 import { mkdtemp, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
+import { readdirSync, readFileSync } from 'node:fs'
+import { request as httpRequest } from 'node:http'
+import { Readable } from 'node:stream'
 import { join } from 'node:path'
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url))
@@ -107,3 +110,35 @@ export const canConnect = (port: number): Promise<boolean> => new Promise(resolv
   s.once('connect', () => { s.destroy(); resolve(true) })
   s.once('error', () => resolve(false))
 })
+
+/** fetch over a new TCP connection each time (no keep-alive pool): the primary hands each to the next worker. */
+export function freshFetch (url: string | URL, init: RequestInit = {}): Promise<Response> {
+  return new Promise((resolve, reject) => {
+    const headers: Record<string, string> = {}
+    new Headers(init.headers).forEach((v, k) => { headers[k] = v })
+    const req = httpRequest(url, { method: init.method ?? 'GET', headers, agent: false }, res => {
+      const h = new Headers()
+      for (const [k, v] of Object.entries(res.headers)) if (v !== undefined) h.set(k, Array.isArray(v) ? v.join(', ') : v)
+      const empty = res.statusCode === 204 || res.statusCode === 304
+      if (empty) res.resume()
+      resolve(new Response(empty ? null : Readable.toWeb(res) as ReadableStream, { status: res.statusCode, headers: h }))
+    })
+    init.signal?.addEventListener('abort', () => req.destroy(new Error('aborted')))
+    req.once('error', reject)
+    req.end(typeof init.body === 'string' ? init.body : undefined)
+  })
+}
+
+/** The parent of a process (Linux /proc). */
+export function parentOf (pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1])
+}
+
+/** The gateway processes the primary forked (tsx may run a helper process of its own beside them). */
+export function workersOf (pid: number): number[] {
+  return readdirSync('/proc').filter(d => /^\d+$/.test(d)).map(Number).filter(p => {
+    try { return parentOf(p) === pid && readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('mcp-proxy.ts') } catch { return false }
+  })
+}
+
