@@ -211,9 +211,13 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       : createClusterForward({
         secret: clusterSecret!, advertiseUrl: await internalListener(), forwardTimeoutMs: config.cluster?.forwardTimeoutMs ?? 5000, log, clientRelay: clientRelay!,
       })
-    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster?.newSessionId }) : undefined
+    // With replicas or workers, a passthrough session's id carries its upstream session: any of them serves it.
+    const sealed = cluster === undefined || only === undefined
+      ? undefined
+      : { seal: (subject: string | undefined, up: string) => cluster.sealUpstream(only.name, subject, up), open: (subject: string | undefined, id: string) => cluster.openUpstream(only.name, subject, id) }
+    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster?.newSessionId, sealed }) : undefined
     const endpoint = createMcpEndpoint({
-      targets: factories, plugins, config: config.mcp, log, metrics, passthrough: passthrough as McpEndpoint | undefined,
+      targets: factories, plugins, config: config.mcp, log, metrics, passthrough,
       // In the primary's store a dead worker's slots are freed at once; the lease is a second guard.
       shared: { state: shared, leaseMs: redis !== undefined ? redis.sessionLeaseSeconds * 1000 : shared.kind === 'primary' ? 60_000 : Number.POSITIVE_INFINITY },
       cluster,

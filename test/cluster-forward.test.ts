@@ -13,6 +13,9 @@ import { join } from 'node:path'
 import { faultyTarget, ROOT } from './helpers/gateway-harness.ts'
 import { freePort } from './helpers/cli.ts'
 import { request as httpRequest } from 'node:http'
+import { pino } from 'pino'
+import { createClusterForward } from '../core/mcp/cluster-forward.ts'
+import { createClientRelay } from '../core/client-address.ts'
 
 const SECRET = 'cluster-secret-for-tests-0123456789abcdef'
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
@@ -139,16 +142,35 @@ async function httpServer (t: Test): Promise<string> {
   })
 }
 
-t.test('one HTTP target (passthrough): the gateway session id names its replica too, and is relayed to it', async t => {
+t.test('one HTTP target (passthrough): the gateway session id carries the upstream session, so any replica serves it without a relay', async t => {
   const upstream = await httpServer(t)
   const targets = [{ name: 'remote', mcp: { url: upstream } }]
   const a = await replica(t, SECRET, targets)
   const b = await replica(t, SECRET, targets)
   const sid = await initialize(a.url)
   const listed = await call(b.url, sid, 1, 'tools/list')
-  t.equal(listed.status, 200, 'B relays to A, which maps the id to the upstream session')
+  t.equal(listed.status, 200, 'B opens the id and talks to the upstream session itself')
   t.ok(Array.isArray(listed.body.result.tools) && listed.body.result.tools.length > 0)
-  t.match(b.logText(), /forwarded to the session owner/)
+  t.notMatch(b.logText(), /forwarded to the session owner/)
+  // A replica with another secret cannot open it (nor relay it anywhere).
+  const other = await replica(t, 'another-cluster-secret-0123456789abcdef', targets)
+  t.equal((await call(other.url, sid, 2, 'tools/list')).status, 404, 'another cluster\'s replica: unknown')
+})
+
+t.test('sealed passthrough ids are bound to the target and the subject, and are not owner ids', async t => {
+  const log = pino({ level: 'silent' })
+  const cf = createClusterForward({ secret: SECRET, advertiseUrl: 'http://127.0.0.1:1', forwardTimeoutMs: 1000, log, clientRelay: createClientRelay(SECRET, log) })
+  t.teardown(() => cf.close())
+  const id = cf.sealUpstream('remote', 'alice', 'upstream-session-1')!
+  t.equal(cf.openUpstream('remote', 'alice', id), 'upstream-session-1', 'opens for its target and subject')
+  t.equal(cf.openUpstream('remote', 'bob', id), undefined, 'another subject: unknown')
+  t.equal(cf.openUpstream('remote', undefined, id), undefined, 'no token: unknown')
+  t.equal(cf.openUpstream('other', 'alice', id), undefined, 'another target: unknown')
+  t.equal(cf.openUpstream('remote', 'alice', cf.newSessionId()), undefined, 'an owner id is not a passthrough id')
+  const ctx = { req: { headers: {} } } as unknown as Parameters<typeof cf.remoteOwner>[0]
+  t.equal(cf.remoteOwner(ctx, id), undefined, 'nor the reverse')
+  t.notMatch(Buffer.from(id, 'base64url').toString('latin1'), 'upstream-session-1', 'the upstream id is not readable')
+  t.equal(cf.sealUpstream('remote', 'alice', 'x'.repeat(257)), undefined, 'too long to seal: the caller names an owner instead')
 })
 
 /** A POST from a chosen loopback source address (Linux routes all of 127.0.0.0/8 to lo), so replicas see distinct clients. */

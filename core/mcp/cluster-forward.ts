@@ -18,7 +18,7 @@
  * client gets 404, which tells it to initialize again (MCP Streamable HTTP,
  * Session Management). A forwarded request is never forwarded again.
  */
-import { createCipheriv, createDecipheriv, hkdfSync, randomBytes } from 'node:crypto'
+import { createCipheriv, createDecipheriv, createHash, hkdfSync, randomBytes, timingSafeEqual } from 'node:crypto'
 import { Agent, request as httpRequest, type IncomingMessage, type OutgoingHttpHeaders } from 'node:http'
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https'
 import type { Logger } from 'pino'
@@ -45,6 +45,15 @@ export interface ClusterForward {
   remoteOwner(ctx: RequestContext, id: string): string | undefined
   /** Sends the request to `owner` and pipes its answer back; 404 when the owner is gone. */
   forward(ctx: RequestContext, owner: string): Promise<void>
+  /**
+   * A gateway session id that carries a passthrough session itself (the
+   * upstream's Mcp-Session-Id, bound to the target and the caller's subject),
+   * so any replica or worker serves it; undefined when the upstream id is too
+   * long to seal (the caller then names an owner instead).
+   */
+  sealUpstream(target: string, subject: string | undefined, upstreamId: string): string | undefined
+  /** The upstream session id sealed in `id` for this target and subject; undefined for any other id. */
+  openUpstream(target: string, subject: string | undefined, id: string): string | undefined
   close(): void
 }
 
@@ -54,6 +63,10 @@ export const FORWARDED_HEADER = 'mcp-proxy-forwarded'
 const IV_BYTES = 12
 const TAG_BYTES = 16
 const NONCE_BYTES = 16
+/** Bytes of SHA-256 over the subject kept in a sealed passthrough id (binds it; the subject itself is not carried). */
+const SUBJECT_BYTES = 16
+/** Longest upstream session id that is sealed (the id stays well under the 512 characters `open` accepts). */
+export const MAX_SEALED_UPSTREAM_ID = 256
 
 // RFC 9110 §7.6.1: connection-specific fields are not forwarded.
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', 'content-length'])
@@ -66,28 +79,59 @@ export function createClusterForward (o: ClusterForwardOptions): ClusterForward 
   const key = Buffer.from(hkdfSync('sha256', o.secret, 'mcp-proxy', 'session-id owner seal v1', 32))
   const self = new URL(o.advertiseUrl).origin
   const selfBytes = Buffer.from(self, 'utf8')
+  // A key of its own (another HKDF info): an owner id never opens as a passthrough id, nor the reverse.
+  const upstreamKey = Buffer.from(hkdfSync('sha256', o.secret, 'mcp-proxy', 'session-id passthrough seal v1', 32))
   const agents = { http: new Agent({ keepAlive: true }), https: new HttpsAgent({ keepAlive: true }) }
 
-  function open (id: string): string | undefined {
+  /** AES-256-GCM with a random 96-bit IV (NIST SP 800-38D §8.2.2); `aad` is authenticated, not carried. */
+  function seal (k: Buffer, plain: readonly Buffer[], aad?: Buffer): string {
+    const iv = randomBytes(IV_BYTES)
+    const c = createCipheriv('aes-256-gcm', k, iv)
+    if (aad !== undefined) c.setAAD(aad)
+    const parts = plain.map(p => c.update(p))
+    parts.push(c.final())
+    return Buffer.concat([iv, ...parts, c.getAuthTag()]).toString('base64url')
+  }
+
+  function unseal (k: Buffer, id: string, minPlain: number, aad?: Buffer): Buffer | undefined {
     if (id.length > 512) return undefined
     const raw = Buffer.from(id, 'base64url')
-    if (raw.length < IV_BYTES + NONCE_BYTES + 1 + TAG_BYTES) return undefined
+    if (raw.length < IV_BYTES + minPlain + TAG_BYTES) return undefined
     try {
-      const d = createDecipheriv('aes-256-gcm', key, raw.subarray(0, IV_BYTES))
+      const d = createDecipheriv('aes-256-gcm', k, raw.subarray(0, IV_BYTES))
+      if (aad !== undefined) d.setAAD(aad)
       d.setAuthTag(raw.subarray(raw.length - TAG_BYTES))
-      const plain = Buffer.concat([d.update(raw.subarray(IV_BYTES, raw.length - TAG_BYTES)), d.final()])
-      return plain.subarray(NONCE_BYTES).toString('utf8')
+      return Buffer.concat([d.update(raw.subarray(IV_BYTES, raw.length - TAG_BYTES)), d.final()])
     } catch {
       return undefined
     }
   }
 
+  function open (id: string): string | undefined {
+    return unseal(key, id, NONCE_BYTES + 1)?.subarray(NONCE_BYTES).toString('utf8')
+  }
+
+  /** The caller's subject as sealed: a digest, so a long subject does not lengthen the id (undefined: no token). */
+  function subjectDigest (subject: string | undefined): Buffer {
+    return createHash('sha256').update(subject === undefined ? '\0' : `s:${subject}`).digest().subarray(0, SUBJECT_BYTES)
+  }
+
   return {
     newSessionId (): string {
-      const iv = randomBytes(IV_BYTES)
-      const c = createCipheriv('aes-256-gcm', key, iv)
-      const sealed = Buffer.concat([c.update(randomBytes(NONCE_BYTES)), c.update(selfBytes), c.final()])
-      return Buffer.concat([iv, sealed, c.getAuthTag()]).toString('base64url')
+      return seal(key, [randomBytes(NONCE_BYTES), selfBytes])
+    },
+
+    sealUpstream (target: string, subject: string | undefined, upstreamId: string): string | undefined {
+      const up = Buffer.from(upstreamId, 'utf8')
+      if (up.length === 0 || up.length > MAX_SEALED_UPSTREAM_ID) return undefined
+      return seal(upstreamKey, [subjectDigest(subject), up], Buffer.from(target, 'utf8'))
+    },
+
+    openUpstream (target: string, subject: string | undefined, id: string): string | undefined {
+      const plain = unseal(upstreamKey, id, SUBJECT_BYTES + 1, Buffer.from(target, 'utf8'))
+      // Another subject's id is as unknown as a forged one.
+      if (plain === undefined || !timingSafeEqual(plain.subarray(0, SUBJECT_BYTES), subjectDigest(subject))) return undefined
+      return plain.subarray(SUBJECT_BYTES).toString('utf8')
     },
 
     remoteOwner (ctx: RequestContext, id: string): string | undefined {

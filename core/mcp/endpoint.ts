@@ -43,7 +43,7 @@ export interface McpEndpointOptions {
   readonly log: Logger
   readonly metrics: Metrics
   /** When set (one HTTP target), session-era traffic is handed to it unchanged. */
-  readonly passthrough?: McpEndpoint
+  readonly passthrough?: McpEndpoint & { holds?(id: string): boolean }
   /**
    * Where per-subject session caps are counted: this process's memory by
    * default, Redis with `cluster.redis` so the cap holds across replicas.
@@ -337,7 +337,8 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       ? undefined
       : function forwardForeignSession (ctx: RequestContext): Promise<void> | undefined {
         const sid = header(ctx, 'mcp-session-id')
-        if (sid === undefined || sessions.has(sid)) return undefined
+        // A passthrough session this process has served is answered here without decrypting its id.
+        if (sid === undefined || sessions.has(sid) || opts.passthrough?.holds?.(sid) === true) return undefined
         const owner = cluster.remoteOwner(ctx, sid)
         return owner === undefined ? undefined : cluster.forward(ctx, owner)
       },

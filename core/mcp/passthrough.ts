@@ -36,8 +36,20 @@ export interface HttpPassthrough {
   handle(ctx: RequestContext): Promise<void>
   /** Live sessions, for the admin UI (no full ids, no upstream ids). */
   sessions(): PassthroughSession[]
-  /** Best-effort DELETE of every upstream session, then forgets them. */
+  /** The id is a session this process has served (a lookup, no decryption): no need to relay it to an owner. */
+  holds(id: string): boolean
+  /** Best-effort DELETE of every upstream session only this process knows (not sealed ones), then forgets them. */
   close(): Promise<void>
+}
+
+/**
+ * Sessions sealed into their ids (core/mcp/cluster-forward.ts, with `cluster`
+ * or `workers`): the id carries the upstream session id, bound to the target
+ * and the caller's subject, so every replica and worker serves it.
+ */
+export interface SealedSessions {
+  seal(subject: string | undefined, upstreamId: string): string | undefined
+  open(subject: string | undefined, id: string): string | undefined
 }
 
 export interface HttpPassthroughOptions {
@@ -49,9 +61,12 @@ export interface HttpPassthroughOptions {
   proxyTimeoutMs?: number
   /** Makes gateway session ids; with `cluster`, ids that name this replica (core/mcp/cluster-forward.ts). */
   newSessionId?: () => string
+  /** With `cluster` or `workers`: session ids carry the upstream session, so no request needs its owner. */
+  sealed?: SealedSessions
 }
 
-interface Mapping { upstream: string; subject: string | undefined; createdAt: number; lastSeenAt: number }
+/** `sealed`: the id carries the upstream session; this entry only spares decrypting it on every request. */
+interface Mapping { upstream: string; subject: string | undefined; createdAt: number; lastSeenAt: number; sealed: boolean }
 
 interface Exchange {
   ctx: RequestContext
@@ -150,9 +165,11 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       if (status === 404 || ex.ctx.method === 'DELETE') sessions.delete(ex.gatewayId)
       else out['mcp-session-id'] = ex.gatewayId
     } else if (typeof upstreamSid === 'string' && upstreamSid !== '') {
-      const id = makeId()
+      const subject = ex.ctx.auth?.subject
+      const sealedId = opts.sealed?.seal(subject, upstreamSid)
+      const id = sealedId ?? makeId()
       const now = Date.now()
-      sessions.set(id, { upstream: upstreamSid, subject: ex.ctx.auth?.subject, createdAt: now, lastSeenAt: now })
+      sessions.set(id, { upstream: upstreamSid, subject, createdAt: now, lastSeenAt: now, sealed: sealedId !== undefined })
       ex.ctx.state.set('sessionId', id)
       out['mcp-session-id'] = id
     }
@@ -238,7 +255,17 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
     let gatewayId: string | undefined
     let upstreamId: string | undefined
     if (typeof presented === 'string' && presented !== '') {
-      const m = sessions.get(presented)
+      let m = sessions.get(presented)
+      if (m === undefined && opts.sealed !== undefined) {
+        // A sealed session first seen here (made by another worker or replica, or before this one
+        // forgot it): opened once, then held like one made here.
+        const upstream = opts.sealed.open(ctx.auth?.subject, presented)
+        if (upstream !== undefined) {
+          const now = Date.now()
+          m = { upstream, subject: ctx.auth?.subject, createdAt: now, lastSeenAt: now, sealed: true }
+          sessions.set(presented, m)
+        }
+      }
       // Another subject presenting an id is told the same as for an unknown id.
       if (m === undefined || m.subject !== ctx.auth?.subject) {
         return Promise.reject(new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: -32001 } /* as the MCP SDK servers answer */))
@@ -285,12 +312,14 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
 
   return {
     handle,
+    holds: id => sessions.has(id),
     sessions () {
       return [...sessions].map(([id, m]) => ({ id: id.slice(0, 8), subject: m.subject, createdAt: m.createdAt, lastSeenAt: m.lastSeenAt }))
     },
     async close () {
       clearInterval(sweep)
-      const all = [...sessions.values()]
+      // A sealed session is not this process's alone: other workers and replicas go on serving it.
+      const all = [...sessions.values()].filter(m => !m.sealed)
       sessions.clear()
       await Promise.allSettled(all.map(async m => {
         const res = await fetch(url, { method: 'DELETE', headers: { ...staticHeaders, 'mcp-session-id': m.upstream }, signal: AbortSignal.timeout(2000) })
