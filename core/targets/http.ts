@@ -12,6 +12,8 @@
  * start() does no network I/O: the initialize POST is the reachability check,
  * and its failure reaches the client as a JSON-RPC error for that request.
  */
+import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from 'node:http'
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https'
 import type { Logger } from 'pino'
 import { ProxyError, RPC } from '../errors.ts'
 import type { Metrics, Counter } from '../metrics.ts'
@@ -20,6 +22,67 @@ import type { UpstreamObserver } from './lifecycle.ts'
 import { tracer } from '../tracing.ts'
 
 export interface SseEvent { event: string; data: string; id?: string }
+
+/** What the readers need of an answer: a fetch Response, or a POST's answer below. */
+interface Answer {
+  readonly status: number
+  readonly ok: boolean
+  readonly headers: { get(name: string): string | null }
+  readonly body: (AsyncIterable<Uint8Array> & { cancel(): Promise<void> }) | null
+}
+
+// One keep-alive pool per process for every HTTP target: POSTs are the hot path of
+// each call (both eras), and node:http costs a fraction of fetch's CPU per request
+// (no WHATWG Request/Response/Headers objects, no web streams, no AbortError per
+// cancelled body): measured in docs/performance.md, "Workers: 2 vs 1 process".
+const ignore = (): void => {}
+const agents = { http: new HttpAgent({ keepAlive: true }), https: new HttpsAgent({ keepAlive: true }) }
+
+/**
+ * POSTs `body` with node:http(s). The answer's body is the IncomingMessage
+ * itself (an async iterable of Buffers); `cancel` drops the rest: read to its
+ * end when it is all here already (the connection goes back to the pool),
+ * else destroyed.
+ */
+function post (url: URL, headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Answer> {
+  const https = url.protocol === 'https:'
+  return new Promise((resolve, reject) => {
+    let answer: IncomingMessage | undefined
+    const req = (https ? httpsRequest : httpRequest)(url, {
+      method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) }, agent: https ? agents.https : agents.http,
+    }, (res: IncomingMessage) => {
+      // A reader sees the stream's errors through its iterator; one that is done with it (or an
+      // abort after the answer) must not turn a late 'error' into an uncaught exception.
+      res.on('error', ignore)
+      answer = res
+      // Leaving the loop early (the answer came) must not destroy the response, which would
+      // close the connection even when the body is complete: cancel() decides.
+      const stream = {
+        [Symbol.asyncIterator]: () => res.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array>,
+        async cancel () {
+          if (res.complete) res.resume()
+          else res.destroy()
+        },
+      }
+      const status = res.statusCode ?? 0
+      resolve({
+        status,
+        ok: status >= 200 && status < 300,
+        headers: { get: (name: string) => { const v = res.headers[name.toLowerCase()]; return v === undefined ? null : Array.isArray(v) ? v.join(', ') : v } },
+        body: stream,
+      })
+    })
+    // Not `signal` in the options: node would keep it bound to the request after the exchange,
+    // and a late abort would destroy the pooled socket another request may be using by then.
+    // A complete answer has nothing left to abort (its socket may be back in the pool already).
+    const abort = (): void => { if (answer?.complete !== true) req.destroy(signal.reason instanceof Error ? signal.reason : new Error('aborted')) }
+    if (signal.aborted) abort()
+    signal.addEventListener('abort', abort, { once: true })
+    req.once('close', () => signal.removeEventListener('abort', abort))
+    req.on('error', reject)
+    req.end(body)
+  })
+}
 
 /**
  * Incremental text/event-stream parser (WHATWG HTML §9.2). Feed decoded text
@@ -136,6 +199,8 @@ export class HttpUpstream implements Upstream {
   readonly #static: Record<string, string>
   readonly #max: number
   readonly #aborts = new Set<AbortController>()
+  /** The target's URL, parsed once by start() (every POST is sent to it). */
+  #url: URL | undefined
   #state: 'new' | 'running' | 'closed' = 'new'
   #sessionId: string | undefined
   #protocolVersion: string | undefined
@@ -173,6 +238,7 @@ export class HttpUpstream implements Upstream {
     try {
       const u = new URL(this.#opts.url)
       if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http(s)')
+      this.#url = u
     } catch (err) {
       this.#state = 'closed'
       this.#lastError = 'invalid url'
@@ -248,18 +314,14 @@ export class HttpUpstream implements Upstream {
     this.#aborts.add(ac)
     if (modern !== undefined && isRequest(message)) this.#modern.set(message.id, ac)
     let answered = false
+    let res: Answer | undefined
     try {
       const hadSession = modern === undefined && this.#sessionId !== undefined
       const base = { accept: 'application/json, text/event-stream', 'content-type': 'application/json' }
       // 2026-07-28 requests are stateless: no session id, the revision's headers instead.
       const headers = modern === undefined ? this.#headers(base) : { ...this.#static, ...modern.headers, ...base }
       tracer?.httpHeaders(message, headers)
-      const res = await fetch(this.#opts.url, {
-        method: 'POST',
-        headers,
-        body: JSON.stringify(message),
-        signal: ac.signal,
-      })
+      res = await post(this.#url!, headers, JSON.stringify(message), ac.signal)
       const sid = res.headers.get('mcp-session-id')
       if (sid !== null && message.method === 'initialize') this.#sessionId = sid
       if (res.status === 404 && hadSession) {
@@ -316,6 +378,8 @@ export class HttpUpstream implements Upstream {
       void res.body?.cancel().catch(() => {})
       this.#fail(message, `upstream answered unexpected content-type ${type.slice(0, 60) || '(none)'}`)
     } catch (err) {
+      // A reader that threw (a body past its bound) left the answer open: drop it.
+      void res?.body?.cancel().catch(() => {})
       if (ac.signal.aborted) return
       this.#fail(message, `upstream request failed: ${(err as Error).message}`)
     } finally {
@@ -324,7 +388,7 @@ export class HttpUpstream implements Upstream {
     }
   }
 
-  async #readBounded (res: Response): Promise<string> {
+  async #readBounded (res: Answer): Promise<string> {
     const decoder = new TextDecoder()
     let out = ''
     let size = 0
@@ -370,7 +434,7 @@ export class HttpUpstream implements Upstream {
   }
 
   /** Streams SSE events to onMessage; true when a response to `waitFor` arrived. */
-  async #readSse (res: Response, waitFor: JsonRpcId | undefined, parser?: SseParser): Promise<boolean> {
+  async #readSse (res: Answer, waitFor: JsonRpcId | undefined, parser?: SseParser): Promise<boolean> {
     const p = parser ?? this.#messageParser(waitFor)
     const answered = (): boolean => waitFor !== undefined && this.#answeredBy.get(p)?.has(waitFor) === true
     const decoder = new TextDecoder()
