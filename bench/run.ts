@@ -314,14 +314,12 @@ const G_MODERN = 'g http target, 2026-07-28 (workers)'
 /**
  * g: `workers: 2` against one process, the same HTTP target
  * (lib/sse-upstream.ts), JWT on, 16 keep-alive connections in closed loops,
- * alternating rounds: session-era calls (a session lives in one worker; a
- * request the primary hands to the other worker is relayed to it over
- * loopback), once with the 16 sessions sharing one pool of 16 connections
- * (about half the calls relayed: the worst case) and once with a keep-alive
- * connection per session, as a client with its own connection has (its
- * calls stay on the worker its connection went to: relayed only when that is
- * not the worker that got its initialize); and 2026-07-28 calls (any worker
- * serves them). CPU is the
+ * alternating rounds: session-era calls, once with the 16 sessions sharing
+ * one pool of 16 connections (about half the calls land on a worker that did
+ * not make their session) and once with a keep-alive connection per session;
+ * and 2026-07-28 calls. With one HTTP target (the passthrough) a session's id
+ * carries its upstream session, so either worker serves any call without a
+ * relay (other target shapes relay to the session's worker). CPU is the
  * gateway's whole process tree (primary and workers). The upstream and the
  * load generator share the same two cores, so the ratio is what a second
  * worker buys on a box that also runs its clients and server.
