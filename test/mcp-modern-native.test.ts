@@ -112,6 +112,23 @@ t.test('two targets: names mapped by the router, both native', async t => {
   await roundTrips(t, url, 'fixture_')
 })
 
+t.test('two targets: URIs in tools/call results and prompts/get messages carry their target (Router.markUris); one target: as the upstream wrote them', async t => {
+  const upstream = await fixtureHttp(t)
+  const { url } = await fullGateway(t, { targets: [{ name: 'remote', mcp: { url: upstream } }, fixtureStdio()] })
+  for (const target of ['remote', 'fixture']) {
+    const tool = await call(url, 'tools/call', { name: `${target}_test_embedded_resource`, arguments: {} })
+    t.equal(tool.json.result?.content?.[0]?.resource?.uri, `mcp-proxy://${target}/test://embedded-resource`, `${target}: embedded resource marked`, { got: tool.json })
+    const prompt = await call(url, 'prompts/get', { name: `${target}_test_prompt_with_embedded_resource`, arguments: { resourceUri: 'test://static-text' } })
+    const block = prompt.json.result?.messages?.find((m: any) => m.content?.type === 'resource')?.content
+    t.equal(block?.resource?.uri, `mcp-proxy://${target}/test://static-text`, `${target}: prompt message resource marked`, { got: prompt.json })
+    const read = await call(url, 'resources/read', { uri: block?.resource?.uri })
+    t.equal(read.json.result?.contents?.[0]?.text, 'This is the content of the static text resource.', `${target}: the marked URI reads from its target`, { got: read.json })
+  }
+  const single = await fullGateway(t, { targets: [fixtureStdio()] })
+  const one = await call(single.url, 'tools/call', { name: 'test_embedded_resource', arguments: {} })
+  t.equal(one.json.result?.content?.[0]?.resource?.uri, 'test://embedded-resource', 'one target: unchanged')
+})
+
 t.test('what reaches a native HTTP upstream: the revision\'s headers and _meta, no client token, static headers', async t => {
   const seen: Array<{ headers: IncomingHttpHeaders; body: any }> = []
   const upstream = createServer((req, res) => {

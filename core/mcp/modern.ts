@@ -671,7 +671,9 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     }
     if (res === undefined) return
     if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
+    // As in the session era: URIs in results carry their target, so the gateway's resources/read takes them.
     if (kind === 'resource') router.markContents(factory.target, res)
+    else router.markUris(factory.target, res)
     const result = (res.result ?? {}) as Record<string, unknown>
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
   }
