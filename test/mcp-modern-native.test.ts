@@ -8,56 +8,12 @@
  * recording HTTP upstream shows what goes on the wire.
  */
 import t, { type Test } from 'tap'
-import { spawn } from 'node:child_process'
 import { createServer, type IncomingHttpHeaders } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { join } from 'node:path'
 import type { TargetConfig } from '../core/config.ts'
-import { ROOT, everythingTarget } from './helpers/gateway-harness.ts'
+import { everythingTarget } from './helpers/gateway-harness.ts'
+import { META, MODERN, call, fixtureHttp, fixtureStdio } from './helpers/conformance-fixture.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
-
-const MODERN = '2026-07-28'
-const META = {
-  'io.modelcontextprotocol/protocolVersion': MODERN,
-  'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' },
-}
-const FIXTURE = join(ROOT, 'test/fixtures/conformance-server.mjs')
-
-/** The fixture over HTTP on a free port; its URL once it listens. */
-async function fixtureHttp (t: Test): Promise<string> {
-  const child = spawn(process.execPath, [FIXTURE, 'http'], { env: { ...process.env, PORT: '0', NODE_OPTIONS: '' }, stdio: ['ignore', 'ignore', 'pipe'] })
-  t.teardown(() => { child.kill('SIGKILL') })
-  const port = await new Promise<string>((resolve, reject) => {
-    let err = ''
-    child.stderr!.setEncoding('utf8').on('data', (d: string) => {
-      err += d
-      const m = /listening on port (\d+)/.exec(err)
-      if (m !== null) resolve(m[1]!)
-    })
-    child.once('exit', () => reject(new Error('fixture exited: ' + err)))
-  })
-  return `http://127.0.0.1:${port}/mcp`
-}
-
-const fixtureStdio = (): TargetConfig => ({ name: 'fixture', stdio: { cmd: process.execPath, args: [FIXTURE, 'stdio'], env: {} } })
-
-interface Answer { status: number; json: any; frames: any[] }
-
-/** One 2026-07-28 POST with the revision's headers; SSE answers are read frame by frame. */
-async function call (url: string, method: string, params: Record<string, unknown>, caps: Record<string, unknown> = {}, extra: Record<string, string> = {}): Promise<Answer> {
-  const headers: Record<string, string> = {
-    'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': method, ...extra,
-  }
-  const name = params.name ?? params.uri
-  if (typeof name === 'string') headers['mcp-name'] = name
-  const body = { jsonrpc: '2.0', id: 7, method, params: { ...params, _meta: { ...META, 'io.modelcontextprotocol/clientCapabilities': caps, ...(params._meta as object ?? {}) } } }
-  const res = await fetch(url, { method: 'POST', headers, body: JSON.stringify(body) })
-  const text = await res.text()
-  const frames = (res.headers.get('content-type') ?? '').startsWith('application/json')
-    ? [JSON.parse(text)]
-    : text.split('\n').filter(l => l.startsWith('data: ')).map(l => JSON.parse(l.slice(6)))
-  return { status: res.status, json: frames.at(-1), frames }
-}
 
 /** The keyed multi round-trip scenarios of the suite, through one gateway URL. */
 async function roundTrips (t: Test, url: string, prefix: string): Promise<void> {
