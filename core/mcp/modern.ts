@@ -27,6 +27,7 @@ import { isNotModern, type Bridged, type CallHooks, type PoolCall, type PooledUp
 import { subjectKeyOf } from './subject-key.ts'
 import { tracer } from '../tracing.ts'
 import { ParamHeaderCache, paramHeaderMismatch, type ParamHeader } from './param-headers.ts'
+import { TaskLedger, isTerminal } from './task-ledger.ts'
 
 /** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`). */
 export const META = {
@@ -49,8 +50,15 @@ export const MODERN_RPC = {
 export const SUPPORTED_VERSIONS: readonly string[] = [MODERN_REVISION, ...SESSION_REVISIONS]
 
 const CACHEABLE = new Set(['server/discover', 'tools/list', 'prompts/list', 'resources/list', 'resources/templates/list', 'resources/read'])
-/** Methods whose `Mcp-Name` header is required, and the param it mirrors. */
-const NAME_SOURCE: Record<string, 'name' | 'uri'> = { 'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri' }
+/**
+ * Methods whose `Mcp-Name` header is required, and the param it mirrors (MCP 2026-07-28 streamable
+ * HTTP "Standard Headers"; the tasks extension, SEP-2663, adds its methods naming `params.taskId`).
+ */
+const NAME_SOURCE: Record<string, 'name' | 'uri' | 'taskId'> = {
+  'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri', 'tasks/get': 'taskId', 'tasks/update': 'taskId', 'tasks/cancel': 'taskId',
+}
+/** The tasks extension (SEP-2663): negotiated per request under `clientCapabilities.extensions`. */
+const TASKS_EXTENSION = 'io.modelcontextprotocol/tasks'
 const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency']
 const KEEPALIVE_MS = 15_000
 /** How long a parked upstream call waits for the client's retry with `inputResponses`. */
@@ -97,6 +105,17 @@ export interface ModernOptions {
   readonly streams: StreamLimits
   /** `mcp.limits.maxInputRequestsPerRound`; default 16. */
   readonly maxInputsPerRound?: number
+  /** `mcp.limits.maxTasksPerSession`, here per subject: unfinished tasks one subject may have; default 100. */
+  readonly maxTasks?: number
+}
+
+/** A task a native upstream created for a subject's tools/call: where it lives and which tool made it. */
+interface TaskRecord {
+  readonly factory: UpstreamFactory
+  /** The upstream's own id. */
+  readonly taskId: string
+  /** The tool as the upstream names it (the rules are checked against it on every tasks/* request). */
+  readonly tool: string
 }
 
 export interface ModernHandler {
@@ -293,6 +312,13 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   let inputSeq = 0
   let serverInfo: unknown = GATEWAY_INFO
   const paramHeaders = new ParamHeaderCache()
+  const maxTasks = opts.maxTasks ?? 100
+  /**
+   * Tasks by subject, under their client-facing ids. The revision scopes a task to whoever created
+   * it, and a task id is the only thing a tasks/* request carries: one another subject's id must
+   * name no task here, so tasks/* requests are answered only from this record (never probed upstream).
+   */
+  const taskLedgers = new Map<string, TaskLedger<TaskRecord>>()
   const paramFetches = new Map<string, Promise<void>>()
 
   /** A tool's `Mcp-Param-*` annotations: learnt from lists, else one shared `tools/list` per target. */
@@ -671,11 +697,81 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     }
     if (res === undefined) return
     if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
+    if (native && kind === 'tool' && (res.result as { resultType?: unknown } | undefined)?.resultType === 'task') {
+      await adoptTask(ex, factory, name, res)
+      return
+    }
     // As in the session era: URIs in results carry their target, so the gateway's resources/read takes them.
     if (kind === 'resource') router.markContents(factory.target, res)
     else router.markUris(factory.target, res)
     const result = (res.result ?? {}) as Record<string, unknown>
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
+  }
+
+  /**
+   * A CreateTaskResult (SEP-2663): the task recorded as the calling subject's, its id as the client
+   * sees it. Past the subject's limit the upstream's task is cancelled and the call refused: whether
+   * a call becomes a task is the server's decision, known only from its answer.
+   */
+  async function adoptTask (ex: Exchange, factory: UpstreamFactory, tool: string, res: JsonRpcMessage): Promise<void> {
+    const result = res.result as Record<string, unknown>
+    const upstreamId = result.taskId
+    if (typeof upstreamId !== 'string') {
+      await ex.fail(RPC.INTERNAL_ERROR, `upstream ${factory.target} answered a task without a taskId`)
+      return
+    }
+    let ledger = taskLedgers.get(ex.subjectKey)
+    if (ledger === undefined) taskLedgers.set(ex.subjectKey, ledger = new TaskLedger<TaskRecord>(maxTasks))
+    if (ledger.full(0)) {
+      log.warn({ target: factory.target, tool, limit: maxTasks }, 'task refused: too many unfinished tasks (mcp.limits.maxTasksPerSession)')
+      forward(ex, factory, 'tasks/cancel', { taskId: upstreamId }).catch((err: unknown) => {
+        log.debug({ target: factory.target, err: (err as Error).message }, 'cancelling a refused task failed')
+      })
+      await ex.fail(RPC.SERVER_ERROR, `Too many tasks: ${maxTasks} unfinished (mcp.limits.maxTasksPerSession: ${maxTasks}); wait for one to end`)
+      return
+    }
+    router.markTasks(factory.target, res)
+    const clientId = result.taskId as string
+    const record: TaskRecord = { factory, taskId: upstreamId, tool }
+    ledger.add(clientId, record)
+    if (typeof result.ttlMs === 'number' && result.ttlMs > 0) {
+      // Past its ttlMs the server may forget the task (SEP-2663): a task nobody polled to its end
+      // must not hold its slot for ever. (setTimeout's bound: about 24 days.)
+      const held = ledger
+      setTimeout(() => { if (held.get(clientId) === record) held.end(clientId) }, Math.min(result.ttlMs, 2 ** 31 - 1)).unref()
+    }
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'tools/call', result, multi ? GATEWAY_INFO : serverInfo) })
+  }
+
+  /**
+   * tasks/get, tasks/update, tasks/cancel (SEP-2663): only a task the calling subject created, whose
+   * tool the rules still allow; anything else is an unknown task (-32602), as the extension answers
+   * an id it does not recognize. Forwarded to the task's target under its own id.
+   */
+  async function taskRequest (ex: Exchange, method: string, params: Record<string, unknown>): Promise<void> {
+    const ext = (ex.clientCapabilities.extensions as Record<string, unknown> | undefined)?.[TASKS_EXTENSION]
+    if (ext === undefined || ext === null) {
+      // SEP-2663: the task methods need the extension negotiated (SEP-2575 Missing Required Capabilities).
+      await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, { requiredCapabilities: { extensions: { [TASKS_EXTENSION]: {} } } })
+      return
+    }
+    const clientId = params.taskId
+    const ledger = taskLedgers.get(ex.subjectKey)
+    const rec = ledger?.get(clientId)
+    if (rec === undefined || !router.allows(ex.ctx, 'tools/call', 'tool', rec.tool, rec.factory.target)) {
+      await ex.fail(RPC.INVALID_PARAMS, `Unknown task: ${String(clientId)}`)
+      return
+    }
+    ex.ctx.target = rec.factory.target
+    const { res, entry } = await forward(ex, rec.factory, method, { ...params, taskId: rec.taskId })
+    if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
+    const result = (res.result ?? {}) as Record<string, unknown>
+    // The slot is free once the task is seen ended (a terminal status, or the cancel acknowledged).
+    if (method === 'tasks/cancel' || isTerminal(result.status)) ledger!.end(clientId)
+    router.markTasks(rec.factory.target, res)
+    // A finished task's inlined result: its URIs as the client sees them, as a tools/call result's.
+    if (result.result !== null && typeof result.result === 'object') router.markUris(rec.factory.target, { jsonrpc: '2.0', result: result.result })
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfoOf(entry)) })
   }
 
   async function complete (ex: Exchange, params: Record<string, unknown>): Promise<void> {
@@ -851,8 +947,9 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       case 'tools/call': case 'prompts/get': case 'resources/read': return named(ex, method, params)
       case 'completion/complete': return complete(ex, params)
       case 'subscriptions/listen': return listen(ex, msg.params ?? {})
+      case 'tasks/get': case 'tasks/update': case 'tasks/cancel': return taskRequest(ex, method, params)
       default:
-        // Not in this revision (initialize, ping, logging/setLevel, resources/subscribe, tasks/*, ...).
+        // Not in this revision (initialize, ping, logging/setLevel, resources/subscribe, tasks/result, tasks/list, ...).
         return ex.fail(RPC.METHOD_NOT_FOUND, `Method not found: ${method}`, 404)
     }
   }
