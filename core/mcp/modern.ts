@@ -721,7 +721,10 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       return
     }
     let ledger = taskLedgers.get(ex.subjectKey)
-    if (ledger === undefined) taskLedgers.set(ex.subjectKey, ledger = new TaskLedger<TaskRecord>(maxTasks))
+    if (ledger === undefined) {
+      ledger = new TaskLedger<TaskRecord>(maxTasks)
+      taskLedgers.set(ex.subjectKey, ledger)
+    }
     if (ledger.full(0)) {
       log.warn({ target: factory.target, tool, limit: maxTasks }, 'task refused: too many unfinished tasks (mcp.limits.maxTasksPerSession)')
       forward(ex, factory, 'tasks/cancel', { taskId: upstreamId }).catch((err: unknown) => {
