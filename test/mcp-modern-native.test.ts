@@ -322,3 +322,17 @@ t.test('subscriptions/listen over a native and a translated target at once', asy
   const { url } = await fullGateway(t, { targets: [{ name: 'fixture', mcp: { url: upstream } }, everythingTarget()] })
   await listenSeesChange(t, url, 'fixture_')
 })
+
+t.test('a shared native stdio child: a log notification goes to the one request in flight that asked for logs (a server logs only for those, MCP 2026-07-28 logging)', async t => {
+  const { url } = await fullGateway(t, { targets: [fixtureStdio()] })
+  // The child is started (and probed) first, so that both calls below share it.
+  await call(url, 'tools/list', {})
+  const slow = call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 1 } })
+  await new Promise(resolve => setTimeout(resolve, 200))
+  const logged = await call(url, 'tools/call', { name: 'test_logging_tool', arguments: {}, _meta: { 'io.modelcontextprotocol/logLevel': 'info' } })
+  const logs = logged.frames.filter(f => f.method === 'notifications/message')
+  t.same(logs.map(f => f.params?.data), ['test_logging_tool ran'], 'the log reached its request while another (without logLevel) was in flight', { frames: logged.frames })
+  const other = await slow
+  t.equal(other.frames.filter(f => f.method === 'notifications/message').length, 0, 'and not the other request')
+  t.equal(other.json.result?.content?.[0]?.text, 'computed ', 'the other call answered')
+})

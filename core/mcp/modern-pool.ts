@@ -386,9 +386,22 @@ export class PooledUpstream {
         return
       }
       case 'notifications/message': {
-        if (this.#pending.size !== 1) return
-        const only = this.#pending.values().next().value as Pending
-        only.hooks.onLog?.(msg)
+        // stdio has no per-request stream. A 2026-07-28 server logs only for requests carrying
+        // io.modelcontextprotocol/logLevel (MCP 2026-07-28 server/utilities/logging, "Per-request log
+        // level"), so the one such request in flight is the source; a session-era upstream logs at its
+        // process level for whatever runs. Anything else cannot be attributed and is dropped.
+        let only: Pending | undefined
+        let candidates = 0
+        for (const p of this.#pending.values()) {
+          if (this.mode === 'modern' && p.hooks.onLog === undefined) continue
+          only = p
+          candidates++
+        }
+        if (candidates !== 1) {
+          this.#log.debug({ candidates }, 'log notification not attributable to one request: dropped')
+          return
+        }
+        only!.hooks.onLog?.(msg)
         return
       }
       case 'notifications/cancelled':
