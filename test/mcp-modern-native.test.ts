@@ -336,3 +336,48 @@ t.test('a shared native stdio child: a log notification goes to the one request 
   t.equal(other.frames.filter(f => f.method === 'notifications/message').length, 0, 'and not the other request')
   t.equal(other.json.result?.content?.[0]?.text, 'computed ', 'the other call answered')
 })
+
+t.test('subscriptions/listen: a native upstream that refuses it is left out of the acknowledgement and logged with its error', async t => {
+  const upstream = createServer((req, res) => {
+    let raw = ''
+    req.setEncoding('utf8').on('data', (d: string) => { raw += d }).on('end', () => {
+      const body = JSON.parse(raw)
+      const send = (msg: Record<string, unknown>): void => { res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, ...msg })) }
+      if (body.method === 'server/discover') send({ result: { resultType: 'complete', supportedVersions: [MODERN], capabilities: { tools: { listChanged: true }, resources: { subscribe: true } } } })
+      else if (body.method === 'subscriptions/listen') send({ error: { code: -32603, message: 'listen refused by raw' } })
+      else send({ result: { resultType: 'complete', tools: [], resources: [] } })
+    })
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => { upstream.closeAllConnections(); upstream.close(() => resolve()) }))
+  const port = (upstream.address() as AddressInfo).port
+  const { url, logText } = await fullGateway(t, { targets: [{ name: 'raw', mcp: { url: `http://127.0.0.1:${port}/mcp` } }, fixtureStdio()] })
+  const ac = new AbortController()
+  t.teardown(() => ac.abort())
+  const res = await fetch(url, {
+    method: 'POST',
+    signal: ac.signal,
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': 'subscriptions/listen' },
+    body: JSON.stringify({
+      jsonrpc: '2.0', id: 'sub-r', method: 'subscriptions/listen',
+      params: { _meta: { ...META, 'io.modelcontextprotocol/clientCapabilities': {} }, notifications: { toolsListChanged: true, resourceSubscriptions: ['mcp-proxy://raw/test://a', 'mcp-proxy://fixture/test://watched-resource'] } },
+    }),
+  })
+  t.equal(res.status, 200)
+  const reader = res.body!.getReader()
+  const decoder = new TextDecoder()
+  let buf = ''
+  // A failure guard only: a missing acknowledgement fails the test instead of hanging it.
+  const guard = setTimeout(() => ac.abort(), 10_000)
+  while (!buf.includes('\n\n')) {
+    const { value, done } = await reader.read()
+    if (done) break
+    buf += decoder.decode(value, { stream: true })
+  }
+  clearTimeout(guard)
+  const ack = JSON.parse(buf.split('\n').find(l => l.startsWith('data: '))!.slice(6))
+  t.equal(ack.method, 'notifications/subscriptions/acknowledged')
+  t.same(ack.params.notifications, { toolsListChanged: true, resourceSubscriptions: ['mcp-proxy://fixture/test://watched-resource'] }, 'what the fixture agreed; nothing of the refusing target')
+  ac.abort()
+  t.match(logText(), /"target":"raw".*listen refused by raw|listen refused by raw.*"target":"raw"/, 'the refusal logged with the target and its error')
+})

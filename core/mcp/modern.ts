@@ -875,7 +875,19 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
         },
       })
       // The upstream's listen ending (its graceful result, or a failure) ends the client's.
-      void call.done.then(res => { ack(undefined); if (res.error !== undefined) log.debug({ target: entry.target, err: res.error.message }, 'upstream subscriptions/listen ended'); shutdown() })
+      let upstreamAcked = false
+      void acknowledged.then(() => { upstreamAcked = true })
+      void call.done.then(res => {
+        if (!upstreamAcked && res.error !== undefined) {
+          // Refused before acknowledging: the target is left out of the acknowledgement, which lists
+          // only what was agreed (MCP 2026-07-28 subscriptions, "Acknowledgment"); the operator sees why.
+          log.warn({ target: entry.target, code: res.error.code, err: res.error.message }, 'upstream refused subscriptions/listen; left out of the acknowledgement')
+        } else if (res.error !== undefined) {
+          log.debug({ target: entry.target, err: res.error.message }, 'upstream subscriptions/listen ended')
+        }
+        ack(undefined)
+        shutdown()
+      })
       ex.calls.add(call)
       const got = await acknowledged
       if (got !== undefined) {
