@@ -7,6 +7,8 @@
  * allow its tool, and a subject's unfinished tasks bounded (mcp.limits.maxTasksPerSession).
  */
 import t, { type Test } from 'tap'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { startDevIdp } from '../bin/dev-idp.ts'
 import { call, fixtureHttp, fixtureStdio, type Answer } from './helpers/conformance-fixture.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
@@ -129,4 +131,41 @@ t.test('a task is its creator\'s: another subject, or a tool the rules deny, fin
   t.equal((await call(url, 'tasks/get', { taskId }, WITH_TASKS, alice)).json.result?.status, 'cancelled', 'an ended task stays known to its creator')
   const sync = await call(url, 'tools/call', { name: 'greet', arguments: { name: 'A' } }, WITH_TASKS, alice)
   t.equal(sync.json.result?.content?.[0]?.text, 'Hello, A!', 'at the limit, a call that creates no task is served')
+})
+
+t.test('past the limit the server\'s new task is cancelled upstream; a task whose ttlMs passed is forgotten and frees its slot', async t => {
+  let n = 0
+  const cancelled: string[] = []
+  const upstream = createServer((req, res) => {
+    let raw = ''
+    req.setEncoding('utf8').on('data', (d: string) => { raw += d }).on('end', () => {
+      const body = JSON.parse(raw)
+      const reply = (result: unknown): void => { res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result })) }
+      const now = new Date().toISOString()
+      if (body.method === 'server/discover') reply({ resultType: 'complete', supportedVersions: ['2026-07-28'], capabilities: { tools: {}, extensions: { [TASKS]: {} } } })
+      else if (body.method === 'tools/call') reply({ resultType: 'task', taskId: `t${++n}`, status: 'working', createdAt: now, lastUpdatedAt: now, ttlMs: 100 })
+      else if (body.method === 'tasks/cancel') { cancelled.push(body.params.taskId); reply({ resultType: 'complete' }) }
+      else if (body.method === 'tasks/get') reply({ resultType: 'complete', taskId: body.params.taskId, status: 'working', createdAt: now, lastUpdatedAt: now, ttlMs: 100 })
+      else reply({ resultType: 'complete', tools: [] })
+    })
+  })
+  await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => { upstream.closeAllConnections(); upstream.close(() => resolve()) }))
+  const port = (upstream.address() as AddressInfo).port
+  const { url } = await fullGateway(t, { targets: [{ name: 'raw', mcp: { url: `http://127.0.0.1:${port}/mcp` } }], limits: { maxTasksPerSession: 1 } })
+  const first = await call(url, 'tools/call', { name: 'job', arguments: {} }, WITH_TASKS)
+  t.equal(first.json.result?.taskId, 't1', 'the first task', { got: first.json })
+  const second = await call(url, 'tools/call', { name: 'job', arguments: {} }, WITH_TASKS)
+  t.match(second.json.error, { code: -32000, message: /Too many tasks/ }, 'past the limit', { got: second.json })
+  // Failure guards only: the gateway's cancel is sent in the background, the TTL runs out on its own.
+  for (let i = 0; i < 100 && !cancelled.includes('t2'); i++) await new Promise(resolve => setTimeout(resolve, 20))
+  t.same(cancelled, ['t2'], 'the refused task was cancelled upstream')
+  let accepted: Answer | undefined
+  for (let i = 0; i < 100 && accepted === undefined; i++) {
+    await new Promise(resolve => setTimeout(resolve, 50))
+    const r = await call(url, 'tools/call', { name: 'job', arguments: {} }, WITH_TASKS)
+    if (r.json.result?.resultType === 'task') accepted = r
+  }
+  t.ok(accepted, 'after t1\'s ttlMs a new task is accepted')
+  t.equal((await call(url, 'tasks/get', { taskId: 't1' }, WITH_TASKS)).json.error?.code, -32602, 'the expired task is forgotten')
 })

@@ -29,3 +29,16 @@ t.test('ended tasks are kept up to the limit, the oldest forgotten first', async
 t.test('terminal statuses', async t => {
   t.same(['working', 'input_required', 'completed', 'failed', 'cancelled', undefined].map(isTerminal), [false, false, true, true, true, false])
 })
+
+t.test('delete forgets a task, working or ended; size counts both', async t => {
+  const ledger = new TaskLedger<number>(3)
+  ledger.add('a', 1)
+  ledger.add('b', 2)
+  ledger.end('b')
+  t.equal(ledger.size, 2)
+  ledger.delete('a')
+  t.equal(ledger.working, 0, 'a working task deleted frees its slot')
+  ledger.delete('b')
+  t.equal(ledger.size, 0)
+  t.notOk(ledger.has('b'))
+})

@@ -314,9 +314,10 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   const paramHeaders = new ParamHeaderCache()
   const maxTasks = opts.maxTasks ?? 100
   /**
-   * Tasks by subject, under their client-facing ids. The revision scopes a task to whoever created
-   * it, and a task id is the only thing a tasks/* request carries: one another subject's id must
-   * name no task here, so tasks/* requests are answered only from this record (never probed upstream).
+   * Tasks by subject, under their client-facing ids. A server MUST check on every task-related request
+   * that the caller may access the task (SEP-2663, Security Implications, "Auth binding"); the upstream
+   * sees no subjects (one pooled HTTP upstream serves all), so the gateway binds each task to the
+   * subject whose call created it and answers tasks/* only from this record (never probed upstream).
    */
   const taskLedgers = new Map<string, TaskLedger<TaskRecord>>()
   const paramFetches = new Map<string, Promise<void>>()
@@ -739,9 +740,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     ledger.add(clientId, record)
     if (typeof result.ttlMs === 'number' && result.ttlMs > 0) {
       // Past its ttlMs the server may forget the task (SEP-2663): a task nobody polled to its end
-      // must not hold its slot for ever. (setTimeout's bound: about 24 days.)
+      // must not hold its slot, nor a subject's record stay, for ever. (setTimeout's bound: about 24 days.)
       const held = ledger
-      setTimeout(() => { if (held.get(clientId) === record) held.end(clientId) }, Math.min(result.ttlMs, 2 ** 31 - 1)).unref()
+      const subjectKey = ex.subjectKey
+      setTimeout(() => {
+        if (held.get(clientId) !== record) return
+        held.delete(clientId)
+        if (held.size === 0 && taskLedgers.get(subjectKey) === held) taskLedgers.delete(subjectKey)
+      }, Math.min(result.ttlMs, 2 ** 31 - 1)).unref()
     }
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'tools/call', result, multi ? GATEWAY_INFO : serverInfo) })
   }

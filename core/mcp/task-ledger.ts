@@ -52,6 +52,17 @@ export class TaskLedger<V> {
     if (this.#ended.size > this.limit) this.#ended.delete(this.#ended.keys().next().value!)
   }
 
+  /** Forgets the task, ended or not (its server forgot it: its TTL passed). */
+  delete (taskId: string): void {
+    this.#working.delete(taskId)
+    this.#ended.delete(taskId)
+  }
+
+  /** Tasks known, ended or not. */
+  get size (): number {
+    return this.#working.size + this.#ended.size
+  }
+
   /** Tasks not seen ended yet. */
   get working (): number {
     return this.#working.size
