@@ -221,6 +221,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       // In the primary's store a dead worker's slots are freed at once; the lease is a second guard.
       shared: { state: shared, leaseMs: redis !== undefined ? redis.sessionLeaseSeconds * 1000 : shared.kind === 'primary' ? 60_000 : Number.POSITIVE_INFINITY },
       cluster,
+      secret: cluster === undefined ? undefined : clusterSecret,
     })
     cleanup.push(() => endpoint.close())
     gw.attach(pipeline, routes, endpoint)

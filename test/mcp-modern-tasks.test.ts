@@ -154,7 +154,8 @@ t.test('past the limit the server\'s new task is cancelled upstream; a task whos
   const port = (upstream.address() as AddressInfo).port
   const { url } = await fullGateway(t, { targets: [{ name: 'raw', mcp: { url: `http://127.0.0.1:${port}/mcp` } }], limits: { maxTasksPerSession: 1 } })
   const first = await call(url, 'tools/call', { name: 'job', arguments: {} }, WITH_TASKS)
-  t.equal(first.json.result?.taskId, 't1', 'the first task', { got: first.json })
+  t.equal(first.json.result?.status, 'working', 'the first task', { got: first.json })
+  t.not(first.json.result?.taskId, 't1', 'under a sealed id, not the upstream\'s')
   const second = await call(url, 'tools/call', { name: 'job', arguments: {} }, WITH_TASKS)
   t.match(second.json.error, { code: -32000, message: /Too many tasks/ }, 'past the limit', { got: second.json })
   // Failure guards only: the gateway's cancel is sent in the background, the TTL runs out on its own.
@@ -167,5 +168,6 @@ t.test('past the limit the server\'s new task is cancelled upstream; a task whos
     if (r.json.result?.resultType === 'task') accepted = r
   }
   t.ok(accepted, 'after t1\'s ttlMs a new task is accepted')
-  t.equal((await call(url, 'tasks/get', { taskId: 't1' }, WITH_TASKS)).json.error?.code, -32602, 'the expired task is forgotten')
+  t.equal((await call(url, 'tasks/get', { taskId: first.json.result?.taskId }, WITH_TASKS)).json.error?.code, -32602, 'the expired task is forgotten')
+  t.equal((await call(url, 'tasks/get', { taskId: 't1' }, WITH_TASKS)).json.error?.code, -32602, 'the upstream\'s own id is no id of the gateway')
 })

@@ -25,6 +25,7 @@ import { subjectKeyOf } from './subject-key.ts'
 import { createCallMeters } from './call-metrics.ts'
 import { createMemoryState, type SharedState } from '../shared-state.ts'
 import type { ClusterForward } from './cluster-forward.ts'
+import { createTaskSeal } from './task-seal.ts'
 
 /** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
 const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
@@ -52,6 +53,8 @@ export interface McpEndpointOptions {
   readonly shared?: { readonly state: SharedState; readonly leaseMs: number }
   /** With `cluster`: session ids name their owner, and another replica's sessions are forwarded to it. */
   readonly cluster?: ClusterForward
+  /** The cluster/worker secret: 2026-07-28 task ids are sealed under a key derived from it (any process serves them). */
+  readonly secret?: string
 }
 
 /** What the admin UI shows about one session. Never the whole id. */
@@ -216,7 +219,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   })
   const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Pooled upstreams: revision 2026-07-28 requests and share: subject targets')
   pooledGauge.collect = () => [[undefined, pool.size]]
-  const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed, streams, maxInputsPerRound: config.limits?.maxInputRequestsPerRound, maxTasks: env.maxTasks })
+  const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed, streams, maxInputsPerRound: config.limits?.maxInputRequestsPerRound, maxTasks: env.maxTasks, taskSeal: createTaskSeal(opts.secret), shared: caps })
   // share: subject targets: the sessions of one subject lease the same pooled children.
   const sessionFactories = opts.targets.map(f => f.share === 'subject' ? sharedFactory(f, pool, env.maxTasks) : f)
 

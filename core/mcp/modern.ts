@@ -27,7 +27,9 @@ import { isNotModern, type Bridged, type CallHooks, type PoolCall, type PooledUp
 import { subjectKeyOf } from './subject-key.ts'
 import { tracer } from '../tracing.ts'
 import { ParamHeaderCache, paramHeaderMismatch, type ParamHeader } from './param-headers.ts'
-import { TaskLedger, isTerminal } from './task-ledger.ts'
+import { isTerminal } from './task-ledger.ts'
+import { createTaskSeal, type TaskSeal } from './task-seal.ts'
+import { createMemoryState, type SharedState } from '../shared-state.ts'
 
 /** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`). */
 export const META = {
@@ -107,16 +109,14 @@ export interface ModernOptions {
   readonly maxInputsPerRound?: number
   /** `mcp.limits.maxTasksPerSession`, here per subject: unfinished tasks one subject may have; default 100. */
   readonly maxTasks?: number
+  /** Seals task ids (task-seal.ts): under the cluster/worker secret, any process serves a task. Default: a per-process key. */
+  readonly taskSeal?: TaskSeal
+  /** Where each subject's unfinished tasks are counted (memory, the primary's store under workers, Redis). Default: memory. */
+  readonly shared?: SharedState
 }
 
-/** A task a native upstream created for a subject's tools/call: where it lives and which tool made it. */
-interface TaskRecord {
-  readonly factory: UpstreamFactory
-  /** The upstream's own id. */
-  readonly taskId: string
-  /** The tool as the upstream names it (the rules are checked against it on every tasks/* request). */
-  readonly tool: string
-}
+/** A task's slot lasts its ttlMs; without one, setTimeout's bound (about 24 days), as it was in memory. */
+const TASK_LEASE_MAX_MS = 2 ** 31 - 1
 
 export interface ModernHandler {
   /** Serves one POST whose era is modern; `body` is the parsed JSON. */
@@ -314,12 +314,15 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   const paramHeaders = new ParamHeaderCache()
   const maxTasks = opts.maxTasks ?? 100
   /**
-   * Tasks by subject, under their client-facing ids. A server MUST check on every task-related request
-   * that the caller may access the task (SEP-2663, Security Implications, "Auth binding"); the upstream
-   * sees no subjects (one pooled HTTP upstream serves all), so the gateway binds each task to the
-   * subject whose call created it and answers tasks/* only from this record (never probed upstream).
+   * A server MUST check on every task-related request that the caller may access the task (SEP-2663,
+   * Security Implications, "Auth binding"); the upstream sees no subjects (one pooled HTTP upstream
+   * serves all), so the id the client sees is the task sealed to the subject whose call created it,
+   * and tasks/* are answered only for an id that opens for the caller (never probed upstream).
+   * The per-subject count lives in shared state, so it holds across workers and replicas.
    */
-  const taskLedgers = new Map<string, TaskLedger<TaskRecord>>()
+  const taskSeal = opts.taskSeal ?? createTaskSeal(undefined)
+  const taskSlots = opts.shared ?? createMemoryState()
+  const taskSlotKey = (subjectKey: string): string => 'tasks\u0000' + subjectKey
   const paramFetches = new Map<string, Promise<void>>()
 
   /** A tool's `Mcp-Param-*` annotations: learnt from lists, else one shared `tools/list` per target. */
@@ -721,34 +724,35 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       await ex.fail(RPC.INTERNAL_ERROR, `upstream ${factory.target} answered a task without a taskId`)
       return
     }
-    let ledger = taskLedgers.get(ex.subjectKey)
-    if (ledger === undefined) {
-      ledger = new TaskLedger<TaskRecord>(maxTasks)
-      taskLedgers.set(ex.subjectKey, ledger)
-    }
-    if (ledger.full(0)) {
-      log.warn({ target: factory.target, tool, limit: maxTasks }, 'task refused: too many unfinished tasks (mcp.limits.maxTasksPerSession)')
+    const cancelUpstream = (): void => {
       forward(ex, factory, 'tasks/cancel', { taskId: upstreamId }).catch((err: unknown) => {
         log.debug({ target: factory.target, err: (err as Error).message }, 'cancelling a refused task failed')
       })
+    }
+    const ttlMs = typeof result.ttlMs === 'number' && result.ttlMs > 0 ? result.ttlMs : undefined
+    // Past its ttlMs the server may forget the task (SEP-2663): so does its id, and its slot's lease ends.
+    const sealed = taskSeal.seal(ex.subjectKey, { target: factory.target, tool, taskId: upstreamId, expires: ttlMs === undefined ? 0 : Date.now() + ttlMs })
+    if (sealed === undefined) {
+      cancelUpstream()
+      await ex.fail(RPC.INTERNAL_ERROR, `upstream ${factory.target} answered a task id too long to keep`)
+      return
+    }
+    let joined: boolean
+    try {
+      joined = await taskSlots.join(taskSlotKey(ex.subjectKey), factory.target + '\n' + upstreamId, maxTasks, Math.min(ttlMs ?? TASK_LEASE_MAX_MS, TASK_LEASE_MAX_MS))
+    } catch (err) {
+      cancelUpstream()
+      throw err
+    }
+    if (!joined) {
+      log.warn({ target: factory.target, tool, limit: maxTasks }, 'task refused: too many unfinished tasks (mcp.limits.maxTasksPerSession)')
+      cancelUpstream()
       await ex.fail(RPC.SERVER_ERROR, `Too many tasks: ${maxTasks} unfinished (mcp.limits.maxTasksPerSession: ${maxTasks}); wait for one to end`)
       return
     }
+    result.taskId = sealed
+    // With several targets the id is named <target>_<sealed id>, as every other name of a target.
     router.markTasks(factory.target, res)
-    const clientId = result.taskId as string
-    const record: TaskRecord = { factory, taskId: upstreamId, tool }
-    ledger.add(clientId, record)
-    if (typeof result.ttlMs === 'number' && result.ttlMs > 0) {
-      // Past its ttlMs the server may forget the task (SEP-2663): a task nobody polled to its end
-      // must not hold its slot, nor a subject's record stay, for ever. (setTimeout's bound: about 24 days.)
-      const held = ledger
-      const subjectKey = ex.subjectKey
-      setTimeout(() => {
-        if (held.get(clientId) !== record) return
-        held.delete(clientId)
-        if (held.size === 0 && taskLedgers.get(subjectKey) === held) taskLedgers.delete(subjectKey)
-      }, Math.min(result.ttlMs, 2 ** 31 - 1)).unref()
-    }
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'tools/call', result, multi ? GATEWAY_INFO : serverInfo) })
   }
 
@@ -765,21 +769,27 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       return
     }
     const clientId = params.taskId
-    const ledger = taskLedgers.get(ex.subjectKey)
-    const rec = ledger?.get(clientId)
-    if (rec === undefined || !router.allows(ex.ctx, 'tools/call', 'tool', rec.tool, rec.factory.target)) {
+    const named = multi ? router.resolveTask(clientId) : undefined
+    const task = taskSeal.open(ex.subjectKey, multi ? named?.taskId : clientId)
+    const factory = task === undefined || (multi && named?.target.target !== task.target) ? undefined : opts.targets.find(f => f.target === task.target)
+    if (task === undefined || factory === undefined || !router.allows(ex.ctx, 'tools/call', 'tool', task.tool, factory.target)) {
       await ex.fail(RPC.INVALID_PARAMS, `Unknown task: ${String(clientId)}`)
       return
     }
-    ex.ctx.target = rec.factory.target
-    const { res, entry } = await forward(ex, rec.factory, method, { ...params, taskId: rec.taskId })
+    ex.ctx.target = factory.target
+    const { res, entry } = await forward(ex, factory, method, { ...params, taskId: task.taskId })
     if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
     const result = (res.result ?? {}) as Record<string, unknown>
     // The slot is free once the task is seen ended (a terminal status, or the cancel acknowledged).
-    if (method === 'tasks/cancel' || isTerminal(result.status)) ledger!.end(clientId)
-    router.markTasks(rec.factory.target, res)
+    if (method === 'tasks/cancel' || isTerminal(result.status)) {
+      taskSlots.leave(taskSlotKey(ex.subjectKey), factory.target + '\n' + task.taskId).catch((err: unknown) => {
+        log.warn({ err: (err as Error).message }, 'freeing a task slot in shared state failed (its lease expires)')
+      })
+    }
+    router.markTasks(factory.target, res)
+    if (typeof result.taskId === 'string') result.taskId = clientId
     // A finished task's inlined result: its URIs as the client sees them, as a tools/call result's.
-    if (result.result !== null && typeof result.result === 'object') router.markUris(rec.factory.target, { jsonrpc: '2.0', result: result.result })
+    if (result.result !== null && typeof result.result === 'object') router.markUris(factory.target, { jsonrpc: '2.0', result: result.result })
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfoOf(entry)) })
   }
 

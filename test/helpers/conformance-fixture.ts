@@ -36,15 +36,15 @@ export const fixtureStdio = (): TargetConfig => ({ name: 'fixture', stdio: { cmd
 
 export interface Answer { status: number; json: any; frames: any[] }
 
-/** One 2026-07-28 POST with the revision's headers; SSE answers are read frame by frame. */
-export async function call (url: string, method: string, params: Record<string, unknown>, caps: Record<string, unknown> = {}, extra: Record<string, string> = {}): Promise<Answer> {
+/** One 2026-07-28 POST with the revision's headers (`fetcher`: freshFetch spreads them over workers); SSE answers are read frame by frame. */
+export async function call (url: string, method: string, params: Record<string, unknown>, caps: Record<string, unknown> = {}, extra: Record<string, string> = {}, fetcher: typeof fetch = fetch): Promise<Answer> {
   const headers: Record<string, string> = {
     'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': MODERN, 'mcp-method': method, ...extra,
   }
   const name = params.name ?? params.uri ?? params.taskId
   if (typeof name === 'string' && extra['mcp-name'] === undefined) headers['mcp-name'] = name
   const body = { jsonrpc: '2.0', id: 7, method, params: { ...params, _meta: { ...META, 'io.modelcontextprotocol/clientCapabilities': caps, ...(params._meta as object ?? {}) } } }
-  const res = await fetch(url, { method: 'POST', headers, body: JSON.stringify(body) })
+  const res = await fetcher(url, { method: 'POST', headers, body: JSON.stringify(body) })
   const text = await res.text()
   const frames = (res.headers.get('content-type') ?? '').startsWith('application/json')
     ? [JSON.parse(text)]

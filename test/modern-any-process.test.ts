@@ -1,0 +1,76 @@
+/**
+ * 2026-07-28 requests served by any process (issue 16 item 4): the real CLI
+ * with `workers: 2`, every request on a fresh TCP connection so the primary's
+ * round-robin spreads them over both workers. A task of the tasks extension
+ * (SEP-2663) created on one worker is polled, updated and cancelled through
+ * either (its id is the task sealed to its creator, task-seal.ts), the
+ * per-subject task limit holds across workers (shared state), and an altered
+ * id is an unknown task.
+ */
+import t, { type Test } from 'tap'
+import { call, fixtureHttp } from './helpers/conformance-fixture.ts'
+import { configFile, freePort, freshFetch, spawnCli, waitForPort, workersOf } from './helpers/cli.ts'
+
+const TASKS = 'io.modelcontextprotocol/tasks'
+const WITH_TASKS = { elicitation: {}, extensions: { [TASKS]: {} } }
+const LIMIT = 2
+
+/** The CLI with `workers: 2` in front of `targets` (YAML lines); its /mcp URL once the port accepts. */
+async function twoWorkers (t: Test, targets: string[], extra: string[] = []): Promise<string> {
+  const port = await freePort()
+  const file = await configFile([
+    'mcp:',
+    '  host: 127.0.0.1',
+    `  port: ${port}`,
+    '  targets:',
+    ...targets.map(l => '    ' + l),
+    ...extra,
+    'workers: 2',
+  ].join('\n'), 'mcpp-anyproc-')
+  const cli = spawnCli(['-f', file])
+  // SIGKILL: the primary's workers and children go with it (workers.test.ts checks that); nothing here is about shutdown.
+  t.teardown(async () => { if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL'); await cli.exited })
+  const giveUp = Promise.race([cli.exited, new Promise(resolve => setTimeout(resolve, 60_000).unref())])
+  await waitForPort(port, giveUp)
+  // Both workers up (a failure guard bounds the wait): round-robin then alternates between them.
+  for (let i = 0; i < 300 && workersOf(cli.child.pid!).length < 2; i++) await new Promise(resolve => setTimeout(resolve, 50))
+  t.equal(workersOf(cli.child.pid!).length, 2, 'two workers')
+  return `http://127.0.0.1:${port}/mcp`
+}
+
+const fresh = freshFetch as typeof fetch
+
+t.test('workers: 2: a task is served by either worker; the per-subject limit holds across them', async t => {
+  const upstream = await fixtureHttp(t)
+  const url = await twoWorkers(t, [`- { name: fixture, mcp: { url: "${upstream}" } }`], [`  limits: { maxTasksPerSession: ${LIMIT} }`])
+  const created = await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, {}, fresh)
+  const taskId = created.json.result?.taskId as string
+  t.type(taskId, 'string', 'a task', { got: created.json })
+  // Six polls over fresh connections: three land on each worker.
+  for (let i = 0; i < 6; i++) {
+    const got = await call(url, 'tasks/get', { taskId }, WITH_TASKS, {}, fresh)
+    t.equal(got.json.result?.status, 'working', `tasks/get #${i + 1}: the task, wherever it lands`, { got: got.json })
+    t.equal(got.json.result?.taskId, taskId, 'under the id the client knows')
+  }
+  const tampered = taskId.slice(0, 20) + (taskId[20] === 'A' ? 'B' : 'A') + taskId.slice(21)
+  for (let i = 0; i < 2; i++) {
+    const bad = await call(url, 'tasks/get', { taskId: tampered }, WITH_TASKS, {}, fresh)
+    t.equal(bad.json.error?.code, -32602, 'an altered id: an unknown task', { got: bad.json })
+  }
+
+  // Up to the limit, wherever each call lands: the one task above and one more, then refused.
+  const results: string[] = []
+  for (let i = 0; i < 4; i++) {
+    const r = await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, {}, fresh)
+    results.push(r.json.result?.resultType ?? r.json.error?.code)
+  }
+  t.same(results, ['task', -32000, -32000, -32000], `${LIMIT} unfinished tasks across both workers, no more`)
+
+  const cancel = await call(url, 'tasks/cancel', { taskId }, WITH_TASKS, {}, fresh)
+  t.equal(cancel.json.result?.resultType, 'complete', 'cancelled through whichever worker', { got: cancel.json })
+  let status: unknown
+  for (let i = 0; i < 100 && status !== 'cancelled'; i++) status = (await call(url, 'tasks/get', { taskId }, WITH_TASKS, {}, fresh)).json.result?.status
+  t.equal(status, 'cancelled', 'and cancelled upstream')
+  const freed = await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, {}, fresh)
+  t.equal(freed.json.result?.resultType, 'task', 'its slot is free again on every worker', { got: freed.json })
+})
