@@ -25,9 +25,10 @@ export interface McpEndpoint {
   handle(ctx: RequestContext): Promise<void>
   /**
    * A request for /mcp that this process does not serve (another replica's
-   * session, `cluster`): answered before the pipeline, or undefined to go on.
+   * session, `cluster`): answered before the pipeline, or undefined (or a
+   * promise of `false`, when the body had to be read to tell) to go on.
    */
-  beforePipeline?(ctx: RequestContext): Promise<void> | undefined
+  beforePipeline?(ctx: RequestContext): Promise<void | false> | undefined
   close(): Promise<void>
 }
 
@@ -517,10 +518,7 @@ export class GatewayServer {
         this.#streams.add(ctx)
       }
       const elsewhere = ctx.path === '/mcp' ? this.#mcp.beforePipeline?.(ctx) : undefined
-      if (elsewhere !== undefined) {
-        await elsewhere
-        return
-      }
+      if (elsewhere !== undefined && await elsewhere !== false) return
       const pending = this.pipeline.runRequest(ctx, ctx.ran)
       const reply = pending instanceof Promise ? await pending : pending
       if (reply !== undefined) {

@@ -5,18 +5,22 @@
  * (SEP-2663) created on one worker is polled, updated and cancelled through
  * either (its id is the task sealed to its creator, task-seal.ts), the
  * per-subject task limit holds across workers (shared state), and an altered
- * id is an unknown task.
+ * id is an unknown task. A translated call (server-everything, session era)
+ * parked on an InputRequiredResult is resumed by a retry landing on the other
+ * worker (relayed to the owner its requestState names); with the owner gone
+ * the retry's requestState is unknown (-32602).
  */
 import t, { type Test } from 'tap'
 import { call, fixtureHttp } from './helpers/conformance-fixture.ts'
 import { configFile, freePort, freshFetch, spawnCli, waitForPort, workersOf } from './helpers/cli.ts'
+import { EVERYTHING } from './helpers/gateway-harness.ts'
 
 const TASKS = 'io.modelcontextprotocol/tasks'
 const WITH_TASKS = { elicitation: {}, extensions: { [TASKS]: {} } }
 const LIMIT = 2
 
 /** The CLI with `workers: 2` in front of `targets` (YAML lines); its /mcp URL once the port accepts. */
-async function twoWorkers (t: Test, targets: string[], extra: string[] = []): Promise<string> {
+async function twoWorkers (t: Test, targets: string[], extra: string[] = []): Promise<{ url: string; pid: number }> {
   const port = await freePort()
   const file = await configFile([
     'mcp:',
@@ -35,14 +39,14 @@ async function twoWorkers (t: Test, targets: string[], extra: string[] = []): Pr
   // Both workers up (a failure guard bounds the wait): round-robin then alternates between them.
   for (let i = 0; i < 300 && workersOf(cli.child.pid!).length < 2; i++) await new Promise(resolve => setTimeout(resolve, 50))
   t.equal(workersOf(cli.child.pid!).length, 2, 'two workers')
-  return `http://127.0.0.1:${port}/mcp`
+  return { url: `http://127.0.0.1:${port}/mcp`, pid: cli.child.pid! }
 }
 
 const fresh = freshFetch as typeof fetch
 
 t.test('workers: 2: a task is served by either worker; the per-subject limit holds across them', async t => {
   const upstream = await fixtureHttp(t)
-  const url = await twoWorkers(t, [`- { name: fixture, mcp: { url: "${upstream}" } }`], [`  limits: { maxTasksPerSession: ${LIMIT} }`])
+  const { url } = await twoWorkers(t, [`- { name: fixture, mcp: { url: "${upstream}" } }`], [`  limits: { maxTasksPerSession: ${LIMIT} }`])
   const created = await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, {}, fresh)
   const taskId = created.json.result?.taskId as string
   t.type(taskId, 'string', 'a task', { got: created.json })
@@ -73,4 +77,41 @@ t.test('workers: 2: a task is served by either worker; the per-subject limit hol
   t.equal(status, 'cancelled', 'and cancelled upstream')
   const freed = await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, {}, fresh)
   t.equal(freed.json.result?.resultType, 'task', 'its slot is free again on every worker', { got: freed.json })
+})
+
+t.test('workers: 2: a parked translated call is resumed by a retry on the other worker; its owner gone, the requestState is unknown', async t => {
+  const { url, pid } = await twoWorkers(t, [`- { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`])
+  const caps = { elicitation: { form: {} } }
+  const params = { name: 'trigger-elicitation-request', arguments: {} }
+  const park = async (): Promise<{ key: string; state: string }> => {
+    const first = await call(url, 'tools/call', params, caps, {}, fresh)
+    t.equal(first.json.result?.resultType, 'input_required', 'an InputRequiredResult', { got: first.json })
+    return { key: Object.keys(first.json.result?.inputRequests ?? {})[0]!, state: first.json.result?.requestState }
+  }
+  // Round-robin alternates the workers connection by connection once both accept: retries land on the other one.
+  for (let round = 1; round <= 3; round++) {
+    const { key, state } = await park()
+    const done = await call(url, 'tools/call', { ...params, requestState: state, inputResponses: { [key]: { action: 'decline' } } }, caps, {}, fresh)
+    t.equal(done.json.result?.resultType, 'complete', `round ${round}: the retry completes the call`, { got: done.json })
+    t.match(JSON.stringify(done.json.result?.content), /decline/i, 'with the client\'s answer')
+  }
+
+  // Both workers killed: the primary starts new ones; the parked call's owner is gone.
+  const { key, state } = await park()
+  const old = workersOf(pid)
+  for (const w of old) process.kill(w, 'SIGKILL')
+  let now: number[] = []
+  for (let i = 0; i < 400 && (now.length < 2 || now.some(w => old.includes(w))); i++) {
+    await new Promise(resolve => setTimeout(resolve, 50))
+    now = workersOf(pid)
+  }
+  t.equal(now.filter(w => !old.includes(w)).length, 2, 'two new workers')
+  let gone: Awaited<ReturnType<typeof call>> | undefined
+  // A new worker may still be starting (503, a failure guard bounds the wait).
+  for (let i = 0; i < 100 && (gone === undefined || gone.status === 503); i++) {
+    gone = await call(url, 'tools/call', { ...params, requestState: state, inputResponses: { [key]: { action: 'decline' } } }, caps, {}, fresh).catch(() => undefined)
+    if (gone === undefined || gone.status === 503) await new Promise(resolve => setTimeout(resolve, 50))
+  }
+  t.equal(gone?.status, 200, 'answered')
+  t.same(gone?.json.error, { code: -32602, message: 'Invalid params: unknown or expired requestState' }, 'the owner gone: an unknown requestState', { got: gone?.json })
 })

@@ -90,6 +90,8 @@ export interface GatewayMcpEndpoint extends McpEndpoint {
 }
 
 const RETRY_AFTER_SECONDS = '10'
+/** 2026-07-28 methods whose call may be parked on an InputRequiredResult (a retry carries its `requestState`). */
+const PARKABLE = new Set(['tools/call', 'prompts/get', 'resources/read'])
 const KEEPALIVE_MS = 15_000
 /** Pooled upstreams per (target, subject) for 2026-07-28 requests (docs/protocol.md, "Revision 2026-07-28"). */
 const POOLED_PER_SUBJECT = 2
@@ -219,7 +221,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   })
   const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Pooled upstreams: revision 2026-07-28 requests and share: subject targets')
   pooledGauge.collect = () => [[undefined, pool.size]]
-  const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed, streams, maxInputsPerRound: config.limits?.maxInputRequestsPerRound, maxTasks: env.maxTasks, taskSeal: createTaskSeal(opts.secret), shared: caps })
+  const modernHandler = createModernHandler({ targets: opts.targets, checkers: env.checkers, pool, log, failClosed: config.failClosed, streams, maxInputsPerRound: config.limits?.maxInputRequestsPerRound, maxTasks: env.maxTasks, taskSeal: createTaskSeal(opts.secret), shared: caps, mintState: opts.cluster?.newSessionId })
   // share: subject targets: the sessions of one subject lease the same pooled children.
   const sessionFactories = opts.targets.map(f => f.share === 'subject' ? sharedFactory(f, pool, env.maxTasks) : f)
 
@@ -332,14 +334,42 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     ctx.res.end()
   }
 
+  /**
+   * A 2026-07-28 retry whose `requestState` names another process as the owner of its parked call
+   * (modern.ts mints it as a session owner id): relayed there. The body is parsed once, here, for
+   * these methods only; `false` lets everything else go on to the pipeline.
+   */
+  async function forwardForeignRetry (ctx: RequestContext, cluster: ClusterForward): Promise<void | false> {
+    let msg: JsonRpcMessage
+    try {
+      msg = (await ctx.readMcpMessage()).body as JsonRpcMessage
+    } catch {
+      return false // answered by the pipeline's own parse, with its hooks
+    }
+    const state = msg?.params?.requestState
+    const owner = typeof state === 'string' ? cluster.remoteOwner(ctx, state) : undefined
+    if (owner === undefined) return false
+    try {
+      await cluster.forward(ctx, owner)
+    } catch (err) {
+      if (ctx.headersSent || !ProxyError.is(err) || err.code !== 'MCPP_ERR_SESSION_NOT_FOUND') throw err
+      // The owner is gone with the parked call: the retry's state is unknown now, as the handler answers one
+      // it never minted (MCP 2026-07-28 multi round-trip requests: an invalid requestState is rejected).
+      const body = JSON.stringify({ jsonrpc: '2.0', id: msg.id ?? null, error: { code: RPC.INVALID_PARAMS, message: 'Invalid params: unknown or expired requestState' } })
+      await ctx.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) })
+      ctx.res.end(body)
+    }
+  }
+
   const cluster = opts.cluster
   return {
     // Before the pipeline: the owner runs its own (the token is verified there, where
     // the session is bound to its subject); this replica only relays. Local sessions never decode their id.
     beforePipeline: cluster === undefined
       ? undefined
-      : function forwardForeignSession (ctx: RequestContext): Promise<void> | undefined {
+      : function forwardForeignSession (ctx: RequestContext): Promise<void | false> | undefined {
         const sid = header(ctx, 'mcp-session-id')
+        if (sid === undefined && ctx.method === 'POST' && PARKABLE.has(header(ctx, 'mcp-method') ?? '')) return forwardForeignRetry(ctx, cluster)
         // A passthrough session this process has served is answered here without decrypting its id.
         if (sid === undefined || sessions.has(sid) || opts.passthrough?.holds?.(sid) === true) return undefined
         const owner = cluster.remoteOwner(ctx, sid)

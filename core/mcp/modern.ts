@@ -113,6 +113,12 @@ export interface ModernOptions {
   readonly taskSeal?: TaskSeal
   /** Where each subject's unfinished tasks are counted (memory, the primary's store under workers, Redis). Default: memory. */
   readonly shared?: SharedState
+  /**
+   * Mints the `requestState` of a parked translated call. With `workers` or `cluster`: an id sealed to
+   * this process as a session's owner id is (cluster-forward.ts), so a retry landing elsewhere is
+   * relayed here. Default: 192 random bits.
+   */
+  readonly mintState?: () => string
 }
 
 /** A task's slot lasts its ttlMs; without one, setTimeout's bound (about 24 days), as it was in memory. */
@@ -500,7 +506,8 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
    * elicitation) becomes an InputRequiredResult (MCP 2026-07-28, Multi
    * Round-Trip Requests): the upstream call stays open, its lease held, under
    * a single-use random `requestState` bound to the subject, the method and
-   * the name, until the client retries with `inputResponses` or it expires.
+   * the name, until the client retries with `inputResponses` or it expires
+   * (with workers or replicas the retry is relayed to this process: endpoint.ts).
    * Resolves with the final answer, or undefined when `ex` was answered here.
    */
   async function settle (ex: Exchange, run: Running, method: string, name: unknown): Promise<JsonRpcMessage | undefined> {
@@ -551,7 +558,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       await ex.fail(RPC.SERVER_ERROR, 'Too many requests waiting for input', 429)
       return undefined
     }
-    const state = randomBytes(24).toString('base64url')
+    const state = opts.mintState?.() ?? randomBytes(24).toString('base64url')
     const asks: Ask[] = []
     const inputRequests: Record<string, unknown> = {}
     for (const req of reqs) {
