@@ -8,12 +8,14 @@
  * id is an unknown task. A translated call (server-everything, session era)
  * parked on an InputRequiredResult is resumed by a retry landing on the other
  * worker (relayed to the owner its requestState names); with the owner gone
- * the retry's requestState is unknown (-32602).
+ * the retry's requestState is unknown (-32602). The same through two
+ * in-process replicas sharing `cluster.secret`.
  */
 import t, { type Test } from 'tap'
 import { call, fixtureHttp } from './helpers/conformance-fixture.ts'
 import { configFile, freePort, freshFetch, spawnCli, waitForPort, workersOf } from './helpers/cli.ts'
-import { EVERYTHING } from './helpers/gateway-harness.ts'
+import { EVERYTHING, everythingTarget } from './helpers/gateway-harness.ts'
+import { fullGateway, type FullGateway } from './helpers/full-gateway.ts'
 
 const TASKS = 'io.modelcontextprotocol/tasks'
 const WITH_TASKS = { elicitation: {}, extensions: { [TASKS]: {} } }
@@ -114,4 +116,37 @@ t.test('workers: 2: a parked translated call is resumed by a retry on the other 
   }
   t.equal(gone?.status, 200, 'answered')
   t.same(gone?.json.error, { code: -32602, message: 'Invalid params: unknown or expired requestState' }, 'the owner gone: an unknown requestState', { got: gone?.json })
+})
+
+t.test('two replicas sharing cluster.secret: a task and a parked call created on one are served through the other', async t => {
+  const upstream = await fixtureHttp(t)
+  const targets = [{ name: 'fixture', mcp: { url: upstream } }, everythingTarget()]
+  const replica = async (secret = 'cluster-secret-for-tests-0123456789abcdef'): Promise<FullGateway> => {
+    const port = await freePort()
+    return fullGateway(t, { port, targets }, 'info', { cluster: { secret, advertiseUrl: `http://127.0.0.1:${port}` } })
+  }
+  const a = await replica()
+  const b = await replica()
+  const other = await replica('another-cluster-secret-0123456789abcdefgh')
+
+  const created = await call(a.url, 'tools/call', { name: 'fixture_slow_compute', arguments: { seconds: 60 } }, WITH_TASKS)
+  const taskId = created.json.result?.taskId as string
+  t.ok(taskId?.startsWith('fixture_'), 'a task on A, named by its target', { got: created.json })
+  t.equal((await call(b.url, 'tasks/get', { taskId }, WITH_TASKS)).json.result?.status, 'working', 'B serves it')
+  t.equal((await call(other.url, 'tasks/get', { taskId }, WITH_TASKS)).json.error?.code, -32602, 'a gateway with another secret: an unknown task')
+  t.equal((await call(b.url, 'tasks/cancel', { taskId }, WITH_TASKS)).json.result?.resultType, 'complete', 'B cancels it')
+
+  const caps = { elicitation: { form: {} } }
+  const params = { name: 'everything_trigger-elicitation-request', arguments: {} }
+  const park = async (): Promise<Record<string, unknown>> => {
+    const first = await call(a.url, 'tools/call', params, caps)
+    t.equal(first.json.result?.resultType, 'input_required', 'parked on A', { got: first.json })
+    return { ...params, requestState: first.json.result?.requestState, inputResponses: { [Object.keys(first.json.result?.inputRequests ?? {})[0]!]: { action: 'decline' } } }
+  }
+  const done = await call(b.url, 'tools/call', await park(), caps)
+  t.equal(done.json.result?.resultType, 'complete', 'the retry through B completes the call on A', { got: done.json })
+  const retry = await park()
+  await a.gw.close()
+  const gone = await call(b.url, 'tools/call', retry, caps)
+  t.same(gone.json.error, { code: -32602, message: 'Invalid params: unknown or expired requestState' }, 'A gone: an unknown requestState', { got: gone.json })
 })
