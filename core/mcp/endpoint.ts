@@ -336,12 +336,15 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
 
   /**
    * A 2026-07-28 retry whose `requestState` names another process as the owner of its parked call
-   * (modern.ts mints it as a session owner id): relayed there. The body is parsed once, here, for
-   * these methods only; `false` lets everything else go on to the pipeline.
+   * (modern.ts mints it as a session owner id): relayed there. The body is read here for these methods
+   * only (bounded as ever, shared with the pipeline), parsed once when it names a requestState;
+   * `false` lets everything else go on to the pipeline.
    */
   async function forwardForeignRetry (ctx: RequestContext, cluster: ClusterForward): Promise<void | false> {
     let msg: JsonRpcMessage
     try {
+      // Most calls carry no requestState: they go on without being parsed ahead of the pipeline.
+      if ((await ctx.readBody()).indexOf('"requestState"') < 0) return false
       msg = (await ctx.readMcpMessage()).body as JsonRpcMessage
     } catch {
       return false // answered by the pipeline's own parse, with its hooks
