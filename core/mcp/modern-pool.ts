@@ -123,6 +123,11 @@ export interface AcquireHow {
    * UPSTREAM_CAPABILITIES.
    */
   readonly capabilities?: readonly Bridged[]
+  /**
+   * Session era: exactly these client capabilities declared upstream (a shared child declares
+   * its clients' own, shared-upstream.ts); the caller names the set in its key. Wins over `capabilities`.
+   */
+  readonly declare?: Readonly<Record<string, unknown>>
 }
 
 function rpcError (code: number, message: string): JsonRpcMessage {
@@ -161,7 +166,7 @@ export class PooledUpstream {
   constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void, meter?: TargetCallMeter, how: AcquireHow = {}) {
     this.target = factory.target
     this.mode = how.mode ?? 'session'
-    this.declared = how.capabilities === undefined ? UPSTREAM_CAPABILITIES : upstreamCapabilities(how.capabilities)
+    this.declared = how.declare ?? (how.capabilities === undefined ? UPSTREAM_CAPABILITIES : upstreamCapabilities(how.capabilities))
     this.#pending = new UpstreamCalls<Pending>(meter)
     this.key = key
     this.subject = subject

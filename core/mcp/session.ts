@@ -232,7 +232,7 @@ export class Session {
     this.#exchanges.add(exchange)
     stream.onClose(() => this.#exchangeClosed(exchange, stream))
     stream.sendFrame(primingFrame(`${exchange.key}.0`))
-    this.#pollLater(exchange, stream)
+    if (this.#env.streams.pollAfterMs > 0) this.#pollLater(exchange, stream)
     if (single !== undefined) this.#clientRequest(exchange, single)
     else for (const m of list!) if (m.method !== undefined && m.id !== undefined) this.#clientRequest(exchange, m)
   }
@@ -289,7 +289,6 @@ export class Session {
    */
   #pollLater (ex: Exchange, stream: SseStream): void {
     const after = this.#env.streams.pollAfterMs
-    if (after <= 0) return
     const timer = setTimeout(() => {
       if (ex.stream !== stream || ex.open === 0 || !stream.open) return
       this.#log.debug({ stream: ex.key, open: ex.open }, 'POST stream polled: closed before its answers (mcp.streams.pollAfterMs); the client resumes with Last-Event-ID')
@@ -647,7 +646,7 @@ export class Session {
   #finish (inflight: Inflight): void {
     inflight.finished = true
     this.#inflight.delete(inflight.clientId)
-    if (this.#taskCalls.delete(inflight) && this.#taskCalls.size === 0) this.#earlyStatus = []
+    if (this.#taskCalls.size > 0 && this.#taskCalls.delete(inflight) && this.#taskCalls.size === 0) this.#earlyStatus = []
     if (inflight.progressToken !== undefined) this.#progress.delete(inflight.progressToken)
     inflight.link?.active.delete(inflight)
     this.lastActivityAt = Date.now()

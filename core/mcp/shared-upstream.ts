@@ -71,38 +71,6 @@ function canonical (v: unknown): string {
   return '{' + Object.keys(o).sort().map(k => JSON.stringify(k) + ':' + canonical(o[k])).join(',') + '}'
 }
 
-/**
- * An upstream whose initialize declares `caps` instead of what its pool
- * declares; everything else is the wrapped upstream's.
- */
-class DeclaringUpstream implements Upstream {
-  readonly #inner: Upstream
-  readonly #caps: Record<string, unknown>
-
-  constructor (inner: Upstream, caps: Record<string, unknown>) {
-    this.#inner = inner
-    this.#caps = caps
-  }
-
-  get target (): string { return this.#inner.target }
-  get kind (): 'stdio' | 'http' { return this.#inner.kind }
-  get pid (): number | undefined { return this.#inner.pid }
-  get startedAt (): number | undefined { return this.#inner.startedAt }
-  get lastError (): string | undefined { return this.#inner.lastError }
-  get alive (): boolean { return this.#inner.alive }
-  get onMessage (): (message: JsonRpcMessage) => void { return this.#inner.onMessage }
-  set onMessage (fn: (message: JsonRpcMessage) => void) { this.#inner.onMessage = fn }
-  get onClose (): (error: Error | undefined) => void { return this.#inner.onClose }
-  set onClose (fn: (error: Error | undefined) => void) { this.#inner.onClose = fn }
-  start (): Promise<void> { return this.#inner.start() }
-  close (): Promise<void> { return this.#inner.close() }
-
-  send (msg: JsonRpcMessage): void {
-    if (msg.method === 'initialize' && msg.params !== undefined) msg.params = { ...msg.params, capabilities: this.#caps }
-    this.#inner.send(msg)
-  }
-}
-
 export class SharedUpstream implements Upstream {
   readonly target: string
   readonly kind = 'stdio' as const
@@ -203,10 +171,10 @@ export class SharedUpstream implements Upstream {
   async #initialize (id: JsonRpcId, params: Record<string, unknown>): Promise<void> {
     this.#clientCaps = (params.capabilities ?? {}) as Record<string, unknown>
     const { caps, key } = declared(this.#clientCaps)
-    const factory: UpstreamFactory = { ...this.#factory, create: () => new DeclaringUpstream(this.#factory.create(), caps) }
     let entry: PooledUpstream
     try {
-      entry = await this.#pool.acquire(factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1)
+      // The child's initialize declares `caps` (modern-pool.ts): no wrapper on its message path.
+      entry = await this.#pool.acquire(this.#factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1, { declare: caps })
     } catch (err) {
       this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.SERVER_ERROR, message: (err as Error).message } })
       return
@@ -267,16 +235,27 @@ export class SharedUpstream implements Upstream {
       }
     }
     const method = msg.method
-    const augmented = method === 'tools/call' && msg.params?.task !== undefined
-    const taskId = msg.params?.taskId
+    const taskMethod = TASK_METHODS.has(method)
+    const taskId = taskMethod ? msg.params?.taskId : undefined
     // The child knows every session's tasks; this session may name only its own.
-    if (TASK_METHODS.has(method) && !this.#tasks.has(taskId)) {
+    if (taskMethod && !this.#tasks.has(taskId)) {
       this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.INVALID_PARAMS, message: 'Unknown task' } })
       return
     }
-    if (augmented) this.#creating++
+    const augmented = method === 'tools/call' && msg.params?.task !== undefined
     const call = entry.call(msg, this.#hooks)
     this.#calls.set(id, call)
+    if (!augmented && !taskMethod && method !== 'tasks/list') {
+      // No task in play: the answer goes back as it is, with no task bookkeeping on the hot path.
+      void call.done.then(r => {
+        if (this.#calls.get(id) !== call) return
+        this.#calls.delete(id)
+        r.id = id
+        this.#deliver(r)
+      })
+      return
+    }
+    if (augmented) this.#creating++
     void call.done.then(r => {
       const current = this.#calls.get(id) === call
       const created = current && augmented ? (r.result as { task?: { taskId?: unknown } } | undefined)?.task?.taskId : undefined
