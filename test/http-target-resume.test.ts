@@ -7,31 +7,18 @@
  * tool closes its own POST stream mid-call), a real server on loopback.
  */
 import t from 'tap'
-import { spawn } from 'node:child_process'
-import { join } from 'node:path'
 import { pino } from 'pino'
 import type { Logger } from '../core/logger.ts'
 import { HttpUpstream } from '../core/targets/http.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'
-import { ROOT } from './helpers/gateway-harness.ts'
+import { fixtureHttp } from './helpers/conformance-fixture.ts'
 
 const log = pino({ level: 'silent' }) as unknown as Logger
-const FIXTURE = join(ROOT, 'test/fixtures/conformance-server.mjs')
 
 t.test('a request stream closed early by the upstream is resumed with Last-Event-ID', async t => {
-  const child = spawn(process.execPath, [FIXTURE, 'http'], { env: { ...process.env, NODE_OPTIONS: '', PORT: '0' }, stdio: ['ignore', 'ignore', 'pipe'] })
-  t.teardown(() => { child.kill('SIGKILL') })
-  const port = await new Promise<string>((resolve, reject) => {
-    let err = ''
-    child.stderr!.setEncoding('utf8').on('data', (d: string) => {
-      err += d
-      const m = /listening on port (\d+)/.exec(err)
-      if (m !== null) resolve(m[1]!)
-    })
-    child.once('exit', code => reject(new Error(`fixture exited with ${String(code)}: ${err}`)))
-  })
+  const url = await fixtureHttp(t)
 
-  const up = new HttpUpstream({ target: 'fixture', url: `http://127.0.0.1:${port}/mcp`, headers: {}, log })
+  const up = new HttpUpstream({ target: 'fixture', url, headers: {}, log })
   const waiting = new Map<unknown, (m: JsonRpcMessage) => void>()
   up.onMessage = m => { if (m.method === undefined) waiting.get(m.id)?.(m) }
   const request = (id: number, method: string, params: Record<string, unknown>): Promise<JsonRpcMessage> => {
