@@ -18,7 +18,8 @@
  * client gets 404, which tells it to initialize again (MCP Streamable HTTP,
  * Session Management). A forwarded request is never forwarded again.
  */
-import { createCipheriv, createDecipheriv, createHash, hkdfSync, randomBytes, timingSafeEqual } from 'node:crypto'
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
+import { seal, sealKey, unseal } from '../seal.ts'
 import { Agent, request as httpRequest, type IncomingMessage, type OutgoingHttpHeaders } from 'node:http'
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https'
 import type { Logger } from 'pino'
@@ -60,8 +61,8 @@ export interface ClusterForward {
 /** Marks a request one replica sent to another; the receiver answers it itself. */
 export const FORWARDED_HEADER = 'mcp-proxy-forwarded'
 
-const IV_BYTES = 12
-const TAG_BYTES = 16
+/** Longest session id that is opened at all. */
+const MAX_ID_CHARS = 512
 const NONCE_BYTES = 16
 /** Bytes of SHA-256 over the subject kept in a sealed passthrough id (binds it; the subject itself is not carried). */
 const SUBJECT_BYTES = 16
@@ -76,39 +77,15 @@ function sessionGone (): ProxyError {
 }
 
 export function createClusterForward (o: ClusterForwardOptions): ClusterForward {
-  const key = Buffer.from(hkdfSync('sha256', o.secret, 'mcp-proxy', 'session-id owner seal v1', 32))
+  const key = sealKey(o.secret, 'session-id owner seal v1')
   const self = new URL(o.advertiseUrl).origin
   const selfBytes = Buffer.from(self, 'utf8')
   // A key of its own (another HKDF info): an owner id never opens as a passthrough id, nor the reverse.
-  const upstreamKey = Buffer.from(hkdfSync('sha256', o.secret, 'mcp-proxy', 'session-id passthrough seal v1', 32))
+  const upstreamKey = sealKey(o.secret, 'session-id passthrough seal v1')
   const agents = { http: new Agent({ keepAlive: true }), https: new HttpsAgent({ keepAlive: true }) }
 
-  /** AES-256-GCM with a random 96-bit IV (NIST SP 800-38D §8.2.2); `aad` is authenticated, not carried. */
-  function seal (k: Buffer, plain: readonly Buffer[], aad?: Buffer): string {
-    const iv = randomBytes(IV_BYTES)
-    const c = createCipheriv('aes-256-gcm', k, iv)
-    if (aad !== undefined) c.setAAD(aad)
-    const parts = plain.map(p => c.update(p))
-    parts.push(c.final())
-    return Buffer.concat([iv, ...parts, c.getAuthTag()]).toString('base64url')
-  }
-
-  function unseal (k: Buffer, id: string, minPlain: number, aad?: Buffer): Buffer | undefined {
-    if (id.length > 512) return undefined
-    const raw = Buffer.from(id, 'base64url')
-    if (raw.length < IV_BYTES + minPlain + TAG_BYTES) return undefined
-    try {
-      const d = createDecipheriv('aes-256-gcm', k, raw.subarray(0, IV_BYTES))
-      if (aad !== undefined) d.setAAD(aad)
-      d.setAuthTag(raw.subarray(raw.length - TAG_BYTES))
-      return Buffer.concat([d.update(raw.subarray(IV_BYTES, raw.length - TAG_BYTES)), d.final()])
-    } catch {
-      return undefined
-    }
-  }
-
   function open (id: string): string | undefined {
-    return unseal(key, id, NONCE_BYTES + 1)?.subarray(NONCE_BYTES).toString('utf8')
+    return unseal(key, id, NONCE_BYTES + 1, MAX_ID_CHARS)?.subarray(NONCE_BYTES).toString('utf8')
   }
 
   /** The caller's subject as sealed: a digest, so a long subject does not lengthen the id (undefined: no token). */
@@ -128,7 +105,7 @@ export function createClusterForward (o: ClusterForwardOptions): ClusterForward 
     },
 
     openUpstream (target: string, subject: string | undefined, id: string): string | undefined {
-      const plain = unseal(upstreamKey, id, SUBJECT_BYTES + 1, Buffer.from(target, 'utf8'))
+      const plain = unseal(upstreamKey, id, SUBJECT_BYTES + 1, MAX_ID_CHARS, Buffer.from(target, 'utf8'))
       // Another subject's id is as unknown as a forged one.
       if (plain === undefined || !timingSafeEqual(plain.subarray(0, SUBJECT_BYTES), subjectDigest(subject))) return undefined
       return plain.subarray(SUBJECT_BYTES).toString('utf8')

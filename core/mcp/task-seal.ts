@@ -9,10 +9,9 @@
  * alone; an id of another subject, an altered or forged one, or one past its
  * expiry does not open and is an unknown task.
  */
-import { createCipheriv, createDecipheriv, hkdfSync, randomBytes } from 'node:crypto'
+import { randomBytes } from 'node:crypto'
+import { seal, sealKey, unseal } from '../seal.ts'
 
-const IV_BYTES = 12
-const TAG_BYTES = 16
 /** Longest id that is opened at all: a bound on the work an attacker's id costs. */
 const MAX_ID_CHARS = 2048
 /** Longest upstream task id, target or tool sealed (each carries a 16-bit length). */
@@ -39,7 +38,7 @@ export interface TaskSeal {
 export function createTaskSeal (secret: string | undefined): TaskSeal {
   const key = secret === undefined
     ? randomBytes(32)
-    : Buffer.from(hkdfSync('sha256', secret, 'mcp-proxy', 'task-id seal v1', 32))
+    : sealKey(secret, 'task-id seal v1')
   return {
     seal (subjectKey, task) {
       const fields = [task.target, task.tool, task.taskId].map(f => Buffer.from(f, 'utf8'))
@@ -52,26 +51,13 @@ export function createTaskSeal (secret: string | undefined): TaskSeal {
         len.writeUInt16BE(f.length)
         parts.push(len, f)
       }
-      const iv = randomBytes(IV_BYTES)
-      const c = createCipheriv('aes-256-gcm', key, iv)
-      c.setAAD(Buffer.from(subjectKey, 'utf8'))
-      const sealed = [c.update(Buffer.concat(parts)), c.final()]
-      return Buffer.concat([iv, ...sealed, c.getAuthTag()]).toString('base64url')
+      return seal(key, parts, Buffer.from(subjectKey, 'utf8'))
     },
 
     open (subjectKey, id, now = Date.now()) {
-      if (typeof id !== 'string' || id.length > MAX_ID_CHARS) return undefined
-      const raw = Buffer.from(id, 'base64url')
-      if (raw.length < IV_BYTES + 8 + 6 + TAG_BYTES) return undefined
-      let plain: Buffer
-      try {
-        const d = createDecipheriv('aes-256-gcm', key, raw.subarray(0, IV_BYTES))
-        d.setAAD(Buffer.from(subjectKey, 'utf8'))
-        d.setAuthTag(raw.subarray(raw.length - TAG_BYTES))
-        plain = Buffer.concat([d.update(raw.subarray(IV_BYTES, raw.length - TAG_BYTES)), d.final()])
-      } catch {
-        return undefined
-      }
+      if (typeof id !== 'string') return undefined
+      const plain = unseal(key, id, 8 + 6, MAX_ID_CHARS, Buffer.from(subjectKey, 'utf8'))
+      if (plain === undefined) return undefined
       // Authenticated: the layout is ours, so only lengths past the end mean a bug, not an attack.
       const expires = plain.readDoubleBE(0)
       if (expires !== 0 && expires <= now) return undefined
