@@ -142,7 +142,8 @@ t.test('item 12: an HTTP target\'s own 401 is a 502 naming the target; its WWW-A
     t.ok(refusing.hits() > before, 'the target was asked')
     t.equal(res.status, 502, 'a gateway error', { got: text })
     t.equal(res.headers.get('www-authenticate'), null, 'the target\'s challenge is not passed on')
-    t.same(JSON.parse(text), { jsonrpc: '2.0', id: 1, error: { code: -32000, message: expected } })
+    // The body was piped, never parsed: no id to answer with (JSON-RPC 2.0 §5: null).
+    t.same(JSON.parse(text), { jsonrpc: '2.0', id: null, error: { code: -32000, message: expected } })
     t.match(gw.logText(), /refused the gateway's credentials/, 'and logged')
   })
 
@@ -152,10 +153,14 @@ t.test('item 12: an HTTP target\'s own 401 is a 502 naming the target; its WWW-A
     const text = await res.text()
     t.equal(res.headers.get('www-authenticate'), null, 'no challenge passed on')
     t.notMatch(text, /resource_metadata|evil/, 'nothing of the target\'s challenge in the answer')
-    t.match(gw.logText(), /target "locked" refused the gateway's credentials \(401\)/, 'logged, naming the target')
+    // The log line is JSON: its quotes are escaped.
+    t.match(gw.logText(), /target \\"locked\\" refused the gateway's credentials \(401\)/, 'logged, naming the target')
     const one = await fullGateway(t, { targets: [{ name: 'locked', mcp: { url: refusing.url } }] })
     const modern = await call(one.url, 'tools/list', {})
-    t.equal(modern.json?.error?.message, expected, '2026-07-28: the gateway\'s error naming the target', { got: modern.json })
+    t.equal(modern.status, 502, '2026-07-28: a gateway error')
+    t.match(modern.json?.error, { code: -32000, message: /locked/ }, 'naming the target', { got: modern.json })
+    t.notMatch(JSON.stringify(modern.json), /resource_metadata|evil|invalid_token/, 'nothing of the target\'s answer')
     t.equal(modern.json?.id, 7, 'for the request\'s id')
+    t.match(one.logText(), /target \\"locked\\" refused the gateway's credentials \(401\)/, 'logged, naming the target')
   })
 })
