@@ -7,6 +7,7 @@
 import type { IncomingMessage } from 'node:http'
 import type { RequestContext } from './context.ts'
 import { ProxyError, RPC } from './errors.ts'
+import { lingerClose } from './linger.ts'
 
 function rpcIdOf (ctx: RequestContext): string | number | null {
   const body = ctx.mcp?.body as { id?: unknown } | undefined
@@ -61,8 +62,12 @@ export async function writeError (ctx: RequestContext, err: unknown): Promise<vo
     'cache-control': 'no-store',
   }
   // Refused before its body arrived (401, 413, 408...): close the connection
-  // rather than let Node read, and wait for, the rest of a body nobody wants.
-  if (bodyPending(ctx.req)) headers.connection = 'close'
+  // rather than let Node read, and wait for, the rest of a body nobody wants;
+  // in stages, so that a reset does not take the answer with it (linger.ts).
+  if (bodyPending(ctx.req)) {
+    headers.connection = 'close'
+    lingerClose(ctx.req, ctx.res)
+  }
   await ctx.writeHead(e.statusCode, headers)
   ctx.res.end(body)
 }

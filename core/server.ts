@@ -26,7 +26,8 @@ export interface McpEndpoint {
   /**
    * A request for /mcp that this process does not serve (another replica's
    * session, `cluster`): answered before the pipeline, or undefined (or a
-   * promise of `false`, when the body had to be read to tell) to go on.
+   * promise of `false`) to go on. Decided from the head alone: a body is
+   * never read before the pipeline has authenticated the caller.
    */
   beforePipeline?(ctx: RequestContext): Promise<void | false> | undefined
   close(): Promise<void>

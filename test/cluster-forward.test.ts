@@ -107,8 +107,12 @@ t.test('forged, altered and foreign ids are unknown (404), never forwarded; a fo
     t.equal(r.body.error.code, -32001)
   }
   t.notMatch(b.logText(), /forwarded to the session owner|session owner cannot be reached/, 'nothing was forwarded')
-  const looped = await call(b.url, sid, 2, 'tools/list', {}, { 'mcp-proxy-forwarded': '1' })
-  t.equal(looped.status, 404, 'a request marked as forwarded is answered where it lands')
+  // Relayed means carrying a relay's authenticated client address (issue 22 item 12): a marker a client sets changes nothing.
+  const relayed = createClientRelay(SECRET, pino({ level: 'silent' })).sign('127.0.0.1', 'POST', '/mcp', sid)
+  const looped = await call(b.url, sid, 2, 'tools/list', {}, { 'mcp-proxy-client': relayed })
+  t.equal(looped.status, 404, 'a request a relay sent is answered where it lands')
+  const marked = await call(b.url, sid, 2, 'tools/list', {}, { 'mcp-proxy-forwarded': '1' })
+  t.equal(marked.status, 200, 'a client-set Mcp-Proxy-Forwarded does not stop the relay')
   t.equal((await call(b.url, sid, 3, 'tools/list')).status, 200, 'the real id still works')
 })
 

@@ -110,7 +110,7 @@ t.test('workers: 2: a parked translated call is resumed by a retry on the other 
   t.equal(now.filter(w => !old.includes(w)).length, 2, 'two new workers')
   let gone: Awaited<ReturnType<typeof call>> | undefined
   // A new worker may still be starting (503, a failure guard bounds the wait).
-  for (let i = 0; i < 100 && (gone === undefined || gone.status === 503); i++) {
+  for (let i = 0; i < 400 && (gone === undefined || gone.status === 503); i++) {
     gone = await call(url, 'tools/call', { ...params, requestState: state, inputResponses: { [key]: { action: 'decline' } } }, caps, {}, fresh).catch(() => undefined)
     if (gone === undefined || gone.status === 503) await new Promise(resolve => setTimeout(resolve, 50))
   }

@@ -16,7 +16,8 @@
  * resolved in an authenticated header (core/client-address.ts), so the owner
  * finds an anonymous caller's session wherever the request landed. An owner that cannot be reached is gone with its sessions: the
  * client gets 404, which tells it to initialize again (MCP Streamable HTTP,
- * Session Management). A forwarded request is never forwarded again.
+ * Session Management). A forwarded request (one carrying that authenticated
+ * header) is never forwarded again.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import { seal, sealKey, unseal } from '../seal.ts'
@@ -42,10 +43,14 @@ export interface ClusterForwardOptions {
 export interface ClusterForward {
   /** A new session id naming this replica as the owner. */
   newSessionId(): string
-  /** The owner's origin when `id` is a valid id of another replica and the request was not forwarded already; else undefined. */
+  /** The owner's origin when `id` is a valid id of another replica and the request was not relayed already; else undefined. */
   remoteOwner(ctx: RequestContext, id: string): string | undefined
-  /** Sends the request to `owner` and pipes its answer back; 404 when the owner is gone. */
-  forward(ctx: RequestContext, owner: string): Promise<void>
+  /**
+   * Sends the request to `owner` and pipes its answer back; 404 when the owner is gone.
+   * `authorization`: the caller's Authorization header as it arrived, for a request whose
+   * pipeline has run already (the authentication plugin removed it from the request).
+   */
+  forward(ctx: RequestContext, owner: string, authorization?: string): Promise<void>
   /**
    * A gateway session id that carries a passthrough session itself (the
    * upstream's Mcp-Session-Id, bound to the target and the caller's subject),
@@ -57,9 +62,6 @@ export interface ClusterForward {
   openUpstream(target: string, subject: string | undefined, id: string): string | undefined
   close(): void
 }
-
-/** Marks a request one replica sent to another; the receiver answers it itself. */
-export const FORWARDED_HEADER = 'mcp-proxy-forwarded'
 
 /** Longest session id that is opened at all. */
 const MAX_ID_CHARS = 512
@@ -112,12 +114,15 @@ export function createClusterForward (o: ClusterForwardOptions): ClusterForward 
     },
 
     remoteOwner (ctx: RequestContext, id: string): string | undefined {
-      if (ctx.req.headers[FORWARDED_HEADER] !== undefined) return undefined
+      // A relayed request is answered here, never relayed again. Relayed means: it carries the
+      // relay's own authenticated client-address header (client-address.ts), which no client can
+      // make; a plain marker header could be set by any client to stop the relay of its request.
+      if (ctx.req.headers[RELAYED_CLIENT_HEADER] !== undefined && o.clientRelay.verify(ctx.req) !== undefined) return undefined
       const owner = open(id)
       return owner === undefined || owner === self ? undefined : owner
     },
 
-    async forward (ctx: RequestContext, owner: string): Promise<void> {
+    async forward (ctx: RequestContext, owner: string, authorization?: string): Promise<void> {
       // The body is read through the context (bounded by maxBodyBytes, shared with
       // any hook that read it already): MCP POST bodies are single JSON-RPC messages.
       const body = ctx.method === 'POST' ? await ctx.readBody() : undefined
@@ -125,7 +130,7 @@ export function createClusterForward (o: ClusterForwardOptions): ClusterForward 
       for (const [name, value] of Object.entries(ctx.req.headers)) {
         if (value !== undefined && !HOP_BY_HOP.has(name)) headers[name] = value
       }
-      headers[FORWARDED_HEADER] = '1'
+      if (authorization !== undefined) headers.authorization = authorization
       if (body !== undefined) headers['content-length'] = body.length
       const target = new URL(ctx.path + (ctx.query === '' ? '' : `?${ctx.query}`), owner)
       // Replaces any header of the client's own: only the relay's signed one reaches the owner,
@@ -142,8 +147,11 @@ export function createClusterForward (o: ClusterForwardOptions): ClusterForward 
         // The client went away before the owner answered: stop asking.
         ctx.res.once('close', () => { if (!req.destroyed) req.destroy() })
         req.end(body)
-      }).catch((err: unknown) => {
+      }).catch(async (err: unknown) => {
         log.info({ owner: target.host, err: (err as Error).message }, 'the session owner cannot be reached: answered 404 so the client initializes again')
+        // Parsed on this path only (the relay never parses what it passes on), so that the
+        // error answers the request's own JSON-RPC id rather than null.
+        if (body !== undefined) await ctx.readMcpMessage().catch(() => undefined)
         throw sessionGone()
       })
       log.debug({ owner: target.host, status: upstream.statusCode }, 'forwarded to the session owner')

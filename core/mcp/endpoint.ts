@@ -137,6 +137,7 @@ function checkSessionIdSyntax (ctx: RequestContext): void {
 
 export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint {
   const { config, log } = opts
+  const cluster = opts.cluster
   const sessions = new Map<string, Session>()
   const caps = opts.shared?.state ?? createMemoryState()
   const leaseMs = opts.shared?.leaseMs ?? Number.POSITIVE_INFINITY
@@ -252,7 +253,10 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       throw new ProxyError('MCPP_ERR_UNSUPPORTED_MEDIA_TYPE', 415, 'Unsupported Media Type: Content-Type must be application/json', { rpcCode: RPC.INVALID_REQUEST })
     }
     const { body } = await ctx.readMcpMessage()
-    if (eraOf(ctx, body) === 'modern') return modernHandler.post(ctx, body)
+    if (eraOf(ctx, body) === 'modern') {
+      if (cluster !== undefined && await relayParkedRetry(ctx, body as JsonRpcMessage, cluster)) return
+      return modernHandler.post(ctx, body)
+    }
     if (Array.isArray(body)) {
       const list = body as JsonRpcMessage[]
       if (list.some(m => m.method === 'initialize')) throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must not be part of a batch')
@@ -335,25 +339,27 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   }
 
   /**
-   * A 2026-07-28 retry whose `requestState` names another process as the owner of its parked call
-   * (modern.ts mints it as a session owner id): relayed there. The body is read here for these methods
-   * only (bounded as ever, shared with the pipeline), parsed once when it names a requestState;
-   * `false` lets everything else go on to the pipeline.
+   * The Authorization header of a request that may be a retry of a parked call, as it arrived: the
+   * authentication plugin removes it from the request, and the owner of the parked call runs its own
+   * pipeline, so the relay passes it on (as it does for a session's requests). Kept out of the
+   * context's fields that plugins see; gone with the request.
    */
-  async function forwardForeignRetry (ctx: RequestContext, cluster: ClusterForward): Promise<void | false> {
-    let msg: JsonRpcMessage
-    try {
-      // Most calls carry no requestState: they go on without being parsed ahead of the pipeline.
-      if ((await ctx.readBody()).indexOf('"requestState"') < 0) return false
-      msg = (await ctx.readMcpMessage()).body as JsonRpcMessage
-    } catch {
-      return false // answered by the pipeline's own parse, with its hooks
-    }
-    const state = msg?.params?.requestState
-    const owner = typeof state === 'string' ? cluster.remoteOwner(ctx, state) : undefined
+  const arrivedAuthorization = new WeakMap<RequestContext, string>()
+
+  /**
+   * A 2026-07-28 retry whose `requestState` names another process as the owner of its parked call
+   * (modern.ts mints it as a session owner id): relayed there, and true. Runs in the terminal handler,
+   * after the pipeline: the caller is authenticated before its body is read (a body of up to
+   * maxBodyBytes read ahead of the token check let unauthenticated callers pin memory).
+   */
+  async function relayParkedRetry (ctx: RequestContext, msg: JsonRpcMessage, cluster: ClusterForward): Promise<boolean> {
+    // The revision's Mcp-Method header names the method (checked against the body by the handler).
+    if (Array.isArray(msg) || msg === null || typeof msg !== 'object' || !PARKABLE.has(header(ctx, 'mcp-method') ?? '')) return false
+    const state = msg.params?.requestState
+    const owner = typeof state === 'string' && header(ctx, 'mcp-session-id') === undefined ? cluster.remoteOwner(ctx, state) : undefined
     if (owner === undefined) return false
     try {
-      await cluster.forward(ctx, owner)
+      await cluster.forward(ctx, owner, arrivedAuthorization.get(ctx))
     } catch (err) {
       if (ctx.headersSent || !ProxyError.is(err) || err.code !== 'MCPP_ERR_SESSION_NOT_FOUND') throw err
       // The owner is gone with the parked call: the retry's state is unknown now, as the handler answers one
@@ -362,9 +368,9 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       await ctx.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) })
       ctx.res.end(body)
     }
+    return true
   }
 
-  const cluster = opts.cluster
   return {
     // Before the pipeline: the owner runs its own (the token is verified there, where
     // the session is bound to its subject); this replica only relays. Local sessions never decode their id.
@@ -372,9 +378,14 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
       ? undefined
       : function forwardForeignSession (ctx: RequestContext): Promise<void | false> | undefined {
         const sid = header(ctx, 'mcp-session-id')
-        if (sid === undefined && ctx.method === 'POST' && PARKABLE.has(header(ctx, 'mcp-method') ?? '')) return forwardForeignRetry(ctx, cluster)
+        if (sid === undefined) {
+          // Perhaps a retry of a call parked on another process: relayed after the pipeline (relayParkedRetry).
+          const authorization = ctx.req.headers.authorization
+          if (authorization !== undefined && ctx.method === 'POST' && PARKABLE.has(header(ctx, 'mcp-method') ?? '')) arrivedAuthorization.set(ctx, authorization)
+          return undefined
+        }
         // A passthrough session this process has served is answered here without decrypting its id.
-        if (sid === undefined || sessions.has(sid) || opts.passthrough?.holds?.(sid) === true) return undefined
+        if (sessions.has(sid) || opts.passthrough?.holds?.(sid) === true) return undefined
         const owner = cluster.remoteOwner(ctx, sid)
         return owner === undefined ? undefined : cluster.forward(ctx, owner)
       },

@@ -22,6 +22,7 @@ import type { TargetConfig } from '../config.ts'
 import { ProxyError, RPC } from '../errors.ts'
 import type { Metrics, Counter } from '../metrics.ts'
 import { tracer } from '../tracing.ts'
+import { subjectKeyOf } from './subject-key.ts'
 
 export interface PassthroughSession {
   /** First 8 characters of the gateway session id (never the whole id). */
@@ -45,11 +46,12 @@ export interface HttpPassthrough {
 /**
  * Sessions sealed into their ids (core/mcp/cluster-forward.ts, with `cluster`
  * or `workers`): the id carries the upstream session id, bound to the target
- * and the caller's subject, so every replica and worker serves it.
+ * and the caller's key (its subject, or without a token its client address:
+ * subject-key.ts), so every replica and worker serves it.
  */
 export interface SealedSessions {
-  seal(subject: string | undefined, upstreamId: string): string | undefined
-  open(subject: string | undefined, id: string): string | undefined
+  seal(subjectKey: string, upstreamId: string): string | undefined
+  open(subjectKey: string, id: string): string | undefined
 }
 
 export interface HttpPassthroughOptions {
@@ -65,8 +67,12 @@ export interface HttpPassthroughOptions {
   sealed?: SealedSessions
 }
 
-/** `sealed`: the id carries the upstream session; this entry only spares decrypting it on every request. */
-interface Mapping { upstream: string; subject: string | undefined; createdAt: number; lastSeenAt: number; sealed: boolean }
+/**
+ * `key`: what the session is bound to, the subject or an anonymous caller's address (README: an anonymous
+ * session answers only the address that opened it). `sealed`: the id carries the upstream session; this
+ * entry only spares decrypting it on every request.
+ */
+interface Mapping { upstream: string; subject: string | undefined; key: string; createdAt: number; lastSeenAt: number; sealed: boolean }
 
 interface Exchange {
   ctx: RequestContext
@@ -104,6 +110,17 @@ function upstreamRequestHeaders (headers: IncomingHttpHeaders, upstreamId: strin
   if (upstreamId !== undefined) out['mcp-session-id'] = upstreamId
   for (const [k, v] of staticHeaders) out[k] = v
   return out
+}
+
+/**
+ * An HTTP target's own 401: a gateway error naming the target (502), never the target's status and
+ * `WWW-Authenticate`, which would make the client take its valid gateway token for bad or follow the
+ * target's authorization server (its `resource_metadata`). Logged, since only the operator can fix it.
+ */
+export function targetRefused (name: string, log: Logger): ProxyError {
+  const message = `target "${name}" refused the gateway's credentials (401)`
+  log.warn({ target: name }, message)
+  return new ProxyError('MCPP_ERR_UPSTREAM', 502, message, { rpcCode: RPC.SERVER_ERROR, expose: true })
 }
 
 /** A gateway session id: 32 random bytes, base64url (visible ASCII per MCP). */
@@ -158,18 +175,18 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
     const out: OutgoingHttpHeaders = {}
     for (const k of Object.keys(src)) {
       const v = src[k]
-      if (v !== undefined && !HOP.has(k) && k !== 'mcp-session-id') out[k] = v
+      if (v !== undefined && !HOP.has(k) && k !== 'mcp-session-id' && k !== 'www-authenticate') out[k] = v
     }
     const upstreamSid = src['mcp-session-id']
     if (ex.gatewayId !== undefined) {
       if (status === 404 || ex.ctx.method === 'DELETE') sessions.delete(ex.gatewayId)
       else out['mcp-session-id'] = ex.gatewayId
     } else if (typeof upstreamSid === 'string' && upstreamSid !== '') {
-      const subject = ex.ctx.auth?.subject
-      const sealedId = opts.sealed?.seal(subject, upstreamSid)
+      const key = subjectKeyOf(ex.ctx)
+      const sealedId = opts.sealed?.seal(key, upstreamSid)
       const id = sealedId ?? makeId()
       const now = Date.now()
-      sessions.set(id, { upstream: upstreamSid, subject, createdAt: now, lastSeenAt: now, sealed: sealedId !== undefined })
+      sessions.set(id, { upstream: upstreamSid, subject: ex.ctx.auth?.subject, key, createdAt: now, lastSeenAt: now, sealed: sealedId !== undefined })
       ex.ctx.state.set('sessionId', id)
       out['mcp-session-id'] = id
     }
@@ -219,6 +236,14 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
     // silent for longer (a slow tool) and must not be cut. The next request on
     // this keep-alive socket sets it again.
     proxyRes.socket?.setTimeout(0)
+    if (proxyRes.statusCode === 401) {
+      // The target refused the gateway's own credentials (its static headers): the client's token is
+      // fine, and the target's challenge (its authorization server) is none of the client's business.
+      proxyRes.resume()
+      errors?.inc({ target: target.name })
+      ex.reject(targetRefused(target.name, log))
+      return
+    }
     let head: Promise<void>
     try {
       const status = proxyRes.statusCode ?? 502
@@ -255,19 +280,20 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
     let gatewayId: string | undefined
     let upstreamId: string | undefined
     if (typeof presented === 'string' && presented !== '') {
+      const key = subjectKeyOf(ctx)
       let m = sessions.get(presented)
       if (m === undefined && opts.sealed !== undefined) {
         // A sealed session first seen here (made by another worker or replica, or before this one
         // forgot it): opened once, then held like one made here.
-        const upstream = opts.sealed.open(ctx.auth?.subject, presented)
+        const upstream = opts.sealed.open(key, presented)
         if (upstream !== undefined) {
           const now = Date.now()
-          m = { upstream, subject: ctx.auth?.subject, createdAt: now, lastSeenAt: now, sealed: true }
+          m = { upstream, subject: ctx.auth?.subject, key, createdAt: now, lastSeenAt: now, sealed: true }
           sessions.set(presented, m)
         }
       }
-      // Another subject presenting an id is told the same as for an unknown id.
-      if (m === undefined || m.subject !== ctx.auth?.subject) {
+      // Another subject (or another address, without a token) presenting an id is told the same as for an unknown id.
+      if (m === undefined || m.key !== key) {
         return Promise.reject(new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: -32001 } /* as the MCP SDK servers answer */))
       }
       m.lastSeenAt = Date.now()

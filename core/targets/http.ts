@@ -299,14 +299,23 @@ export class HttpUpstream implements Upstream {
     }
   }
 
-  #fail (message: JsonRpcMessage, detail: string, code: number = RPC.INTERNAL_ERROR): void {
+  #fail (message: JsonRpcMessage, detail: string, code: number = RPC.INTERNAL_ERROR, text = `target ${this.target}: ${detail}`): void {
     this.#errors?.inc({ target: this.target })
     this.#lastError = detail
     this.#log.warn({ method: message.method, detail }, 'upstream request failed')
     // Also after the upstream ended on its own: the pending call fails fast.
     if (isRequest(message) && !this.#closedByUs) {
-      this.#deliver({ jsonrpc: '2.0', id: message.id, error: { code, message: `target ${this.target}: ${detail}` } })
+      this.#deliver({ jsonrpc: '2.0', id: message.id, error: { code, message: text } })
     }
+  }
+
+  /**
+   * The target's own 401: its credentials are the gateway's (static headers), not the client's.
+   * Answered as the gateway's error naming the target, never with the target's body or challenge.
+   */
+  #refused (message: JsonRpcMessage): void {
+    const text = `target "${this.target}" refused the gateway's credentials (401)`
+    this.#fail(message, text, RPC.SERVER_ERROR, text)
   }
 
   async #post (message: JsonRpcMessage, modern?: { headers: Record<string, string>; related: (m: JsonRpcMessage) => void }): Promise<void> {
@@ -328,6 +337,11 @@ export class HttpUpstream implements Upstream {
         void res.body?.cancel().catch(() => {})
         this.#fail(message, 'upstream session not found', RPC.CONNECTION_CLOSED)
         this.#gone(new Error(`target ${this.target}: upstream session ended (HTTP 404)`))
+        return
+      }
+      if (res.status === 401) {
+        void res.body?.cancel().catch(() => {})
+        this.#refused(message)
         return
       }
       const type = (res.headers.get('content-type') ?? '').toLowerCase()
