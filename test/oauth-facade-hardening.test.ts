@@ -13,9 +13,10 @@
  *   for the flow refused at registration; `__Host-` cookies on https.
  */
 import t from 'tap'
-import { facadeGateway, devIdpFor, ossAuth, ossSetup, Agent, FACADE_KEY, CALLBACK, pkce, register, authorizeUrl, redeem, type FacadeGateway } from './helpers/facade.ts'
+import { facadeGateway, devIdpFor, ossAuth, ossSetup, Agent, cimdServer, FACADE_KEY, CALLBACK, pkce, register, authorizeUrl, redeem, type FacadeGateway } from './helpers/facade.ts'
 import { startRedis } from './helpers/redis.ts'
 import { freePort } from './helpers/cli.ts'
+import { addressAllowed, CimdResolver } from '../plugins/oauth-facade/cimd.ts'
 
 const EVIL = 'https://evil.example/mcp'
 
@@ -234,4 +235,73 @@ t.test('https public URL: consent and remember cookies are __Host- with Secure, 
   // Remembered through the prefixed cookie.
   await agent.follow(authorizeUrl(publicBase, clientId, challenge), CALLBACK)
   t.equal(agent.consentPages, 1, 'the __Host- remember cookie is read back')
+})
+
+t.test('CIMD address check: IPv6 forms carrying a private IPv4 address are refused (no connection is made)', async t => {
+  for (const address of ['::127.0.0.1', '::7f00:1', '::a00:1', '::ffff:0:7f00:1', '::ffff:0:a00:1', '::ffff:0:10.0.0.1', '::ffff:7f00:1', '::ffff:127.0.0.1',
+    '64:ff9b::7f00:1', '64:ff9b::a00:1', '64:ff9b::10.0.0.1', '::', '::1', '0:0:0:0:0:0:a9fe:a9fe', '::ffff:0:a9fe:a9fe']) {
+    t.equal(addressAllowed(address, false), false, `${address} refused`)
+  }
+  for (const address of ['93.184.215.14', '::5db8:d70e', '::ffff:5db8:d70e', '::ffff:0:5db8:d70e', '2606:2800:21f:cb07:6820:80da:af6b:8b2c']) {
+    t.equal(addressAllowed(address, false), true, `${address} (public) allowed`)
+  }
+  // A name resolving (injected lookup) to those forms: refused before any request is opened.
+  for (const address of ['::7f00:1', '::ffff:0:7f00:1', '::ffff:0:a00:1', '64:ff9b::a00:1']) {
+    let requests = 0
+    const resolver = new CimdResolver({
+      timeoutMs: 1000, maxBytes: 4096, maxCacheSeconds: 0, defaultCacheSeconds: 0, maxEntries: 10, testOnlyAllowLoopback: false,
+      maxFetchesPerAddress: 10, maxFetchesPerMinute: 10, maxConcurrentFetches: 4, maxConcurrentFetchesPerAddress: 2,
+    }, {
+      lookup: async host => { t.equal(host, 'cimd.example', 'the name is resolved'); return [{ address, family: 6 }] },
+      request: (() => { requests++; throw new Error('no request may be opened') }) as never,
+    })
+    await t.rejects(resolver.resolve('https://cimd.example/client.json', '192.0.2.1'), /private or reserved/, `${address}: refused`)
+    t.equal(requests, 0, `${address}: no request opened`)
+  }
+})
+
+t.test('CIMD fetches: bounded per client address (per minute and in flight); the client is told no reason', async t => {
+  const cimd = await cimdServer(t)
+  const { g } = await ossSetup(t, {
+    keys: [FACADE_KEY], cimd: { testOnlyAllowLoopback: true, testOnlyCa: cimd.cert, timeoutMs: 3000 },
+  }, { trustedProxies: ['127.0.0.1'] })
+  const { challenge } = pkce()
+  const open = (id: string, from: string) => fetch(authorizeUrl(g.base, id, challenge), { redirect: 'manual', headers: { 'x-forwarded-for': from } })
+  const answers: Array<{ status: number; text: string; retryAfter: string | null }> = []
+  // The defaults (schema.json): 10 fetches a minute per address, 2 in flight.
+  for (let i = 1; i <= 11; i++) {
+    const res = await open(`${cimd.origin}/missing-${i}.json`, '198.51.100.20')
+    answers.push({ status: res.status, text: await res.text(), retryAfter: res.headers.get('retry-after') })
+  }
+  t.same(answers.map(a => a.status), [...new Array(10).fill(400), 429], 'ten fetches a minute for one address, then 429')
+  t.ok(Number(answers[10]!.retryAfter) >= 1, 'with Retry-After')
+  t.equal(cimd.requests.length, 10, 'the eleventh URL was never fetched')
+  for (const a of answers.slice(0, 10)) {
+    t.match(a.text, /could not be used/, 'a generic reason')
+    t.notMatch(a.text, /404|answered|resolve|fetch/, 'nothing about what the URL answered')
+  }
+  t.match(g.logText(), /client metadata document answered 404/, 'the detail is in the log')
+  const other = await open(`${cimd.origin}/missing-12.json`, '198.51.100.21')
+  t.equal(other.status, 400, 'another address is not limited by the first')
+  await other.arrayBuffer()
+
+  // In flight: two hanging fetches for one address, then a third is refused at once.
+  // A barrier: both hanging requests have reached the document server.
+  let arrived = 0
+  let bothArrived: () => void = () => {}
+  const both = new Promise<void>(resolve => { bothArrived = resolve })
+  const hang = () => { if (++arrived === 2) bothArrived(); return { hang: true } }
+  cimd.docs.set('/hang-1.json', hang)
+  cimd.docs.set('/hang-2.json', hang)
+  const seen = cimd.requests.length
+  const hanging = [open(`${cimd.origin}/hang-1.json`, '198.51.100.30'), open(`${cimd.origin}/hang-2.json`, '198.51.100.30')]
+  await both
+  const third = await open(`${cimd.origin}/missing-13.json`, '198.51.100.30')
+  t.equal(third.status, 429, 'a third concurrent fetch for the address: 429')
+  await third.arrayBuffer()
+  t.equal(cimd.requests.length, seen + 2, 'and not fetched')
+  for (const res of await Promise.all(hanging)) {
+    t.equal(res.status, 400, 'the hanging ones time out')
+    t.match(await res.text(), /could not be used/)
+  }
 })

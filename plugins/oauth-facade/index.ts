@@ -188,10 +188,10 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     throw new ProxyError('MCPP_ERR_IDP_UNAVAILABLE', 503, `the identity provider's discovery document has no ${field}`, { oauthError: 'temporarily_unavailable', expose: true })
   }
 
-  async function resolveClient (clientId: string): Promise<ResolvedClient> {
+  async function resolveClient (clientId: string, clientAddress: string): Promise<ResolvedClient> {
     if (looksLikeCimd(clientId)) {
       if (!options.cimd.enabled) throw new ClientRefused('client ID metadata documents are not accepted here')
-      const c = await cimd.resolve(clientId)
+      const c = await cimd.resolve(clientId, clientAddress)
       return {
         clientId, kind: 'cimd', clientName: c.clientName, redirectUris: c.redirectUris, verifiedHost: c.host,
         trusted: domainTrusted(c.host, options.consent.trustedDomains),
@@ -256,11 +256,15 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     if (clientId === undefined || clientId === '') return errorPage(400, 'Invalid authorization request', 'client_id is required')
     let client: ResolvedClient
     try {
-      client = await resolveClient(clientId)
+      client = await resolveClient(clientId, ctx.clientAddress)
     } catch (err) {
       if (!(err instanceof CimdError) && !(err instanceof ClientRefused)) throw err
       ctx.log.info({ clientId: shortId(clientId), reason: err.message }, 'oauth facade: authorize refused: client')
-      return errorPage(400, 'Unknown application', err.message)
+      if (err instanceof CimdError && err.retryAfter !== undefined) {
+        const page = errorPage(429, 'Try again later', err.shown)
+        return { ...page, headers: { ...page.headers, 'retry-after': String(err.retryAfter) } }
+      }
+      return errorPage(400, 'Unknown application', err instanceof CimdError ? err.shown : err.message)
     }
     const redirectUri = params.get('redirect_uri')
     const problem = authorizeRedirectProblem(redirectUri, redirectSchemes)
