@@ -17,8 +17,9 @@
  * challenge) -> the IdP's access token, so /mcp keeps validating IdP JWTs;
  * the refresh token is sealed and bound to the client.
  *
- * Nothing is stored between requests except the redeemed codes' ids (to
- * refuse a replay), so any replica with the same keys continues any flow.
+ * Nothing is stored between requests except the redeemed codes' ids and
+ * the used refresh tokens' slots (to refuse a replay), so any replica with
+ * the same keys and store continues any flow.
  */
 import { createHash, randomUUID } from 'node:crypto'
 import { definePlugin, ProxyError, type Plugin, type PluginEnv, type RouteDef, type Reply, type RequestContext } from '../../core/plugin-api.ts'
@@ -283,10 +284,10 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     const requested = (params.get('scope') ?? '').split(' ').filter(s => s !== '')
     const bad = requested.filter(s => !idp.allowedScopes.has(s))
     if (bad.length > 0) return back('invalid_scope', `scope not offered by this gateway: ${bad.join(' ')}`)
-    const target = targetProblem(resources, idp.resource)
-    if (target !== undefined) {
+    const badTarget = targetProblem(resources, idp.resource)
+    if (badTarget !== undefined) {
       ctx.log.info({ clientId: shortId(clientId) }, 'oauth facade: authorize refused: resource is not this gateway\'s')
-      return back('invalid_target', target)
+      return back('invalid_target', badTarget)
     }
     const scopes = requested.length > 0 ? requested : [...idp.scopesSupported]
     const verifier = randomToken(32)
@@ -298,16 +299,16 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     // Refresh tokens come from the IdP only when asked for (Entra: offline_access).
     const idpScopes = new Set(scopes)
     if (idp.family === 'cloud_idp') idpScopes.add('offline_access')
-    const to = new URL(await idpEndpoint('authorization_endpoint'))
-    to.searchParams.set('response_type', 'code')
-    to.searchParams.set('client_id', idp.clientId)
-    to.searchParams.set('redirect_uri', callbackUrl)
-    if (idpScopes.size > 0) to.searchParams.set('scope', [...idpScopes].join(' '))
-    to.searchParams.set('state', sealed)
-    to.searchParams.set('code_challenge', s256(verifier))
-    to.searchParams.set('code_challenge_method', 'S256')
+    const target = new URL(await idpEndpoint('authorization_endpoint'))
+    target.searchParams.set('response_type', 'code')
+    target.searchParams.set('client_id', idp.clientId)
+    target.searchParams.set('redirect_uri', callbackUrl)
+    if (idpScopes.size > 0) target.searchParams.set('scope', [...idpScopes].join(' '))
+    target.searchParams.set('state', sealed)
+    target.searchParams.set('code_challenge', s256(verifier))
+    target.searchParams.set('code_challenge_method', 'S256')
     ctx.log.info({ clientId: shortId(clientId), kind: client.kind }, 'oauth facade: authorize sent on to the identity provider')
-    return { status: 302, headers: { location: to.href, 'cache-control': 'no-store', 'referrer-policy': 'no-referrer' } }
+    return { status: 302, headers: { location: target.href, 'cache-control': 'no-store', 'referrer-policy': 'no-referrer' } }
   }
 
   // ---- IdP token endpoint ---------------------------------------------------
