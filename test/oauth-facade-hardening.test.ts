@@ -13,9 +13,9 @@
  *   for the flow refused at registration; `__Host-` cookies on https.
  */
 import t from 'tap'
-import { facadeGateway, devIdpFor, ossAuth, ossSetup, Agent, cimdServer, FACADE_KEY, CALLBACK, pkce, register, authorizeUrl, redeem, type FacadeGateway } from './helpers/facade.ts'
+import { facadeGateway, devIdpFor, ossAuth, ossSetup, Agent, cimdServer, EVERYTHING, FACADE_KEY, CALLBACK, pkce, register, authorizeUrl, redeem, type FacadeGateway } from './helpers/facade.ts'
 import { startRedis } from './helpers/redis.ts'
-import { freePort } from './helpers/cli.ts'
+import { configFile, freePort, freshFetch, spawnCli, waitForPort } from './helpers/cli.ts'
 import { addressAllowed, CimdResolver } from '../plugins/oauth-facade/cimd.ts'
 
 const EVIL = 'https://evil.example/mcp'
@@ -304,4 +304,62 @@ t.test('CIMD fetches: bounded per client address (per minute and in flight); the
     t.equal(res.status, 400, 'the hanging ones time out')
     t.match(await res.text(), /could not be used/)
   }
+})
+
+t.test('workers: 2 (real CLI): a refresh token is single-use and the registration limit one bucket across the workers', async t => {
+  const port = await freePort()
+  const base = `http://127.0.0.1:${port}`
+  const idp = await devIdpFor(t, () => [`${base}/oauth/callback`], { rotateRefreshTokens: false })
+  const file = await configFile([
+    'mcp:',
+    '  host: 127.0.0.1',
+    `  port: ${port}`,
+    '  trustedProxies: [127.0.0.1]',
+    '  targets:',
+    `    - { name: everything, stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] } }`,
+    '  policies:',
+    '    mcpAuthentication:',
+    '      mode: strict',
+    `      issuer: ${idp.issuer}`,
+    `      audiences: [${idp.clientId}]`,
+    `      clientId: ${idp.clientId}`,
+    '      provider: { oss_idp: {} }',
+    `      resourceMetadata: { resource: ${base}/mcp, scopesSupported: [openid, profile] }`,
+    `      facade: { keys: [{ kid: ${FACADE_KEY.kid}, secret: ${FACADE_KEY.secret} }] }`,
+    'admin: { enabled: false }',
+    'workers: 2',
+  ].join('\n'), 'mcpp-facade-workers-')
+  const cli = spawnCli(['-f', file])
+  t.teardown(async () => { if (cli.child.exitCode === null) cli.child.kill('SIGTERM'); await cli.exited })
+  await waitForPort(port, cli.exited)
+  // Every request on a fresh connection: the primary spreads them over both workers.
+  const form = async (body: Record<string, string>) => {
+    const res = await freshFetch(`${base}/oauth/token`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: new URLSearchParams(body).toString() })
+    return { status: res.status, body: await res.json() as Record<string, unknown> }
+  }
+  const reg = async (forwardedFor?: string) => {
+    const res = await freshFetch(`${base}/.well-known/oauth-authorization-server/client-registration`, {
+      method: 'POST', headers: { 'content-type': 'application/json', ...(forwardedFor !== undefined ? { 'x-forwarded-for': forwardedFor } : {}) },
+      body: JSON.stringify({ redirect_uris: [CALLBACK] }),
+    })
+    return { status: res.status, body: await res.json() as Record<string, unknown> }
+  }
+  const clientId = (await reg()).body.client_id as string
+  t.type(clientId, 'string')
+  const { cb, verifier } = await authorizeFlow(base, clientId)
+  const tokens = await form({ grant_type: 'authorization_code', code: cb.searchParams.get('code')!, client_id: clientId, redirect_uri: CALLBACK, code_verifier: verifier })
+  t.equal(tokens.status, 200, 'code redeemed')
+  const rt1 = tokens.body.refresh_token as string
+  const rotated = await form({ grant_type: 'refresh_token', refresh_token: rt1, client_id: clientId })
+  t.equal(rotated.status, 200, 'the first use rotates')
+  const replays = await Promise.all([1, 2, 3, 4].map(() => form({ grant_type: 'refresh_token', refresh_token: rt1, client_id: clientId })))
+  t.same(replays.map(r => r.status), [400, 400, 400, 400], 'the used token is refused on every worker')
+  const newest = await form({ grant_type: 'refresh_token', refresh_token: rotated.body.refresh_token as string, client_id: clientId })
+  t.equal(newest.status, 400, 'the family\'s newest token is revoked')
+
+  const statuses: number[] = []
+  for (let i = 0; i < 30; i++) statuses.push((await reg('203.0.113.77')).status)
+  // Each worker alone would allow 20 (30 spread over two is about 15 each): one bucket for the address.
+  t.ok(statuses.slice(0, 20).every(s => s === 201), 'twenty from one address')
+  t.ok(statuses.includes(429), 'then limited across the workers')
 })
