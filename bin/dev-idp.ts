@@ -55,6 +55,12 @@ export interface DevIdpOptions {
   serviceAccounts?: Readonly<Record<string, DevIdpServiceAccount>>
   /** Lifetime of access tokens. Default 600. */
   accessTokenTtlSeconds?: number
+  /**
+   * Whether a refresh grant rotates the refresh token (and refuses a used one). Default: oidc-provider's
+   * own rule. `false` acts like the many IdPs that keep one refresh token for its lifetime, so a test can
+   * show what a client of the gateway gets when only the gateway enforces single use.
+   */
+  rotateRefreshTokens?: boolean
 }
 
 export interface MintOptions {
@@ -271,6 +277,7 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
       return scopes.has('profile') ? { groups: [...groupsOf(token.accountId)] } : undefined
     },
     issueRefreshToken: async (_ctx: unknown, client: { grantTypeAllowed(g: string): boolean }) => client.grantTypeAllowed('refresh_token'),
+    ...(opts.rotateRefreshTokens !== undefined ? { rotateRefreshToken: opts.rotateRefreshTokens } : {}),
     clientBasedCORS: () => true,
     ttl: {
       AccessToken: ttl,

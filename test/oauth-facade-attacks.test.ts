@@ -16,7 +16,7 @@ import { facadeGateway, devIdpFor, ossAuth, ossSetup, Agent, cimdServer, FACADE_
 
 t.test('attacks', async t => {
   const cimd = await cimdServer(t)
-  const { g } = await ossSetup(t, { keys: [FACADE_KEY], cimd: { testOnlyAllowLoopback: true, testOnlyCa: cimd.cert, timeoutMs: 500, maxBytes: 1024 } })
+  const { g } = await ossSetup(t, { keys: [FACADE_KEY], cimd: { testOnlyAllowLoopback: true, testOnlyCa: cimd.cert, timeoutMs: 500, maxBytes: 1024, maxFetchesPerAddress: 50 } })
   const clientId = await register(g.base)
   const { verifier, challenge } = pkce()
 
@@ -149,11 +149,20 @@ t.test('attacks', async t => {
       ['client_id differs from the URL', `${cimd.origin}/other-id.json`, /another client_id/],
       ['redirect_uri not listed', `${cimd.origin}/good.json`, /not registered/],
     ]
+    // The page names a problem of the client_id itself (http) or of its redirect_uri; what a fetch met is only
+    // logged (the client is told "could not be used": no oracle for arbitrary https URLs, issue 22 item 12).
+    const shown = new Set(['http', 'redirect_uri not listed'])
     for (const [name, id, why] of cases) {
       const res = await fetch(authorizeUrl(g.base, id, challenge), { redirect: 'manual' })
       t.equal(res.status, 400, name)
       t.equal(res.headers.get('location'), null, name)
-      t.match(await res.text(), why, name)
+      const text = await res.text()
+      if (shown.has(name)) t.match(text, why, name)
+      else {
+        t.match(text, /could not be used/, `${name}: a generic reason`)
+        t.notMatch(text, why, `${name}: not on the page`)
+        t.match(g.logText(), why, `${name}: in the log`)
+      }
     }
   })
 })

@@ -42,6 +42,8 @@ export interface OAuthParams {
   readonly entries: Array<[string, string]>
   /** Values by canonical name (`Client_Id` is `client_id`). */
   readonly byName: ReadonlyMap<string, string>
+  /** Every `resource` value (RFC 8707 allows several), for the OAuth facade, which checks them itself. */
+  readonly resources: readonly string[]
 }
 
 /**
@@ -53,13 +55,14 @@ export interface OAuthParams {
 export function parseOAuthParams (raw: string): OAuthParams {
   const entries: Array<[string, string]> = []
   const byName = new Map<string, string>()
+  const resources: string[] = []
   for (const [k, v] of new URLSearchParams(raw)) {
     if (CONTROL_RE.test(k) || CONTROL_RE.test(v)) throw badRequest('parameters must not contain control characters (CR, LF, ...)')
     const name = canonicalName(k)
-    if (name === 'resource') continue
+    if (name === 'resource') { resources.push(v); continue }
     if (byName.has(name)) throw badRequest(`parameter ${name} is repeated`)
     byName.set(name, v)
     entries.push([k, v])
   }
-  return { entries, byName }
+  return { entries, byName, resources }
 }

@@ -108,3 +108,46 @@ export class RateLimiter {
     return { retryAfter: Math.max(1, Math.ceil((1 - b.tokens) / this.#rate / 1000)), firstRefusal }
   }
 }
+
+/** What AddressLimiter needs of the gateway's shared state (`env.shared`: Redis with cluster.redis, the primary's with workers). */
+export interface SharedBuckets {
+  readonly kind: string
+  take(key: string, capacity: number, windowMs: number): Promise<number>
+}
+
+/**
+ * The registration limit as both registration endpoints apply it (the
+ * registration plugin and the OAuth facade's): keyed by the resolved client
+ * address (`ctx.clientAddress`, which `mcp.trustedProxies` resolves), one
+ * bucket per address across replicas and workers when the gateway has shared
+ * state, else this process's table.
+ */
+export class AddressLimiter {
+  readonly #opts: RateLimitOptions
+  readonly #local: RateLimiter
+  readonly #shared: SharedBuckets | undefined
+  readonly #prefix: string
+  /** Addresses refused since last served, for one log line per streak (bounded like the local table). */
+  readonly #refusing = new Set<string>()
+
+  constructor (opts: RateLimitOptions, shared: SharedBuckets | undefined, prefix = 'registration') {
+    this.#opts = opts
+    this.#local = new RateLimiter(opts)
+    this.#shared = shared !== undefined && shared.kind !== 'memory' && opts.requests > 0 ? shared : undefined
+    this.#prefix = prefix
+  }
+
+  /** Counts one request from a client address (not yet keyed: `addressKey` is applied here). */
+  async take (clientAddress: string | undefined): Promise<TakeResult & { readonly address: string }> {
+    const address = addressKey(clientAddress)
+    if (this.#shared === undefined) return { ...this.#local.take(address), address }
+    const waitMs = await this.#shared.take(`${this.#prefix}\u0000${address}`, this.#opts.requests, this.#opts.windowSeconds * 1000)
+    if (waitMs === 0) { this.#refusing.delete(address); return { retryAfter: 0, firstRefusal: false, address } }
+    const firstRefusal = !this.#refusing.has(address)
+    if (firstRefusal) {
+      this.#refusing.add(address)
+      if (this.#refusing.size > this.#opts.maxAddresses) this.#refusing.delete(this.#refusing.values().next().value!)
+    }
+    return { retryAfter: Math.max(1, Math.ceil(waitMs / 1000)), firstRefusal, address }
+  }
+}

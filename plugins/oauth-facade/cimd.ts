@@ -11,11 +11,12 @@
  * whole exchange. Documents are cached as their Cache-Control allows,
  * bounded in time and count.
  */
-import { request } from 'node:https'
+import { request as httpsRequest } from 'node:https'
 import { lookup as dnsLookup } from 'node:dns/promises'
 import { BlockList, isIP, type LookupFunction } from 'node:net'
+import { CimdThrottle, type CimdFetchLimits } from './cimd-throttle.ts'
 
-export interface CimdOptions {
+export interface CimdOptions extends CimdFetchLimits {
   readonly timeoutMs: number
   readonly maxBytes: number
   readonly maxCacheSeconds: number
@@ -33,7 +34,31 @@ export interface CimdClient {
   readonly host: string
 }
 
-export class CimdError extends Error {}
+/** What a client is told when a document cannot be used: the same for every cause, so the fetch is no oracle for arbitrary https URLs. */
+export const CIMD_UNUSABLE = 'the client metadata document at client_id could not be used (the gateway\'s log has the reason)'
+
+/**
+ * A metadata document client refused. `message` is the detail, for the log
+ * only; `shown` is what the client may see (draft §6.4: the fetch must not
+ * tell a caller about the URLs it can reach).
+ */
+export class CimdError extends Error {
+  readonly shown: string
+  readonly retryAfter: number | undefined
+  constructor (detail: string, shown = CIMD_UNUSABLE, retryAfter?: number) {
+    super(detail)
+    this.shown = shown
+    this.retryAfter = retryAfter
+  }
+}
+
+/** How a fetch resolves names and opens requests (injected by tests, which must never connect to the addresses refused). */
+export interface CimdNet {
+  readonly lookup: (host: string) => Promise<Array<{ address: string; family: number }>>
+  readonly request: typeof httpsRequest
+}
+
+const REAL_NET: CimdNet = { lookup: host => dnsLookup(host, { all: true, verbatim: true }), request: httpsRequest }
 
 /** Addresses a metadata fetch may never reach (RFC 6890 special-purpose and private ranges). */
 const BLOCKED = new BlockList()
@@ -49,22 +74,56 @@ for (const [net, prefix] of [
 
 const LOOPBACK = new Set(['127.0.0.1', '::1'])
 
+/** The 16 bytes of an IPv6 address (zone dropped, a dotted IPv4 tail read), or undefined. */
+export function ipv6Bytes (address: string): number[] | undefined {
+  let a = address.toLowerCase()
+  const zone = a.indexOf('%')
+  if (zone !== -1) a = a.slice(0, zone)
+  if (isIP(a) !== 6) return undefined
+  const tail = /:(\d+\.\d+\.\d+\.\d+)$/.exec(a)
+  if (tail !== null) {
+    const v4 = tail[1]!.split('.').map(Number)
+    a = a.slice(0, tail.index + 1) + ((v4[0]! << 8) | v4[1]!).toString(16) + ':' + ((v4[2]! << 8) | v4[3]!).toString(16)
+  }
+  const cut = a.indexOf('::')
+  let groups: string[]
+  if (cut === -1) groups = a.split(':')
+  else {
+    const head = cut === 0 ? [] : a.slice(0, cut).split(':')
+    const rest = cut + 2 === a.length ? [] : a.slice(cut + 2).split(':')
+    groups = [...head, ...new Array<string>(8 - head.length - rest.length).fill('0'), ...rest]
+  }
+  return groups.flatMap(g => { const n = parseInt(g, 16); return [n >> 8, n & 255] })
+}
+
+/**
+ * The IPv4 address an IPv6 address carries, for the forms that reach (or are
+ * treated as) that IPv4 host: IPv4-mapped ::ffff:0:0/96, IPv4-compatible
+ * ::/96 (deprecated, RFC 4291 §2.5.5.1, still routed to the IPv4 host by
+ * some stacks) and IPv4-translated ::ffff:0:0:0/96 (SIIT, RFC 2765). NAT64
+ * 64:ff9b::/96 is blocked as a whole (BLOCKED), whatever it carries.
+ */
+export function embeddedIpv4 (bytes: readonly number[]): string | undefined {
+  const zero = (from: number, to: number): boolean => bytes.slice(from, to).every(b => b === 0)
+  const ffff = (i: number): boolean => bytes[i] === 255 && bytes[i + 1] === 255
+  const carried = zero(0, 10) && (ffff(10) || (bytes[10] === 0 && bytes[11] === 0))
+  const translated = zero(0, 8) && ffff(8) && bytes[10] === 0 && bytes[11] === 0
+  return carried || translated ? bytes.slice(12).join('.') : undefined
+}
+
 /** Whether a metadata fetch may connect to `address`. */
 export function addressAllowed (address: string, allowLoopback: boolean): boolean {
   const family = isIP(address)
   if (family === 0) return false
   if (allowLoopback && LOOPBACK.has(address)) return true
-  // IPv4-mapped IPv6 (::ffff:10.0.0.1) is judged as the IPv4 address it maps.
+  if (family === 4) return !BLOCKED.check(address, 'ipv4')
+  const bytes = ipv6Bytes(address)
+  if (bytes === undefined) return false
+  // An IPv6 form carrying an IPv4 address is judged as that IPv4 address (which also makes :: and ::1 0.0.0.x: refused).
   // (BlockList would match an ::ffff:0:0/96 rule against every IPv4 address.)
-  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address)
-  if (mapped !== null) return addressAllowed(mapped[1]!, allowLoopback)
-  const hex = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/i.exec(address)
-  if (hex !== null) {
-    const hi = parseInt(hex[1]!, 16)
-    const lo = parseInt(hex[2]!, 16)
-    return addressAllowed(`${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`, allowLoopback)
-  }
-  return !BLOCKED.check(address, family === 4 ? 'ipv4' : 'ipv6')
+  const v4 = embeddedIpv4(bytes)
+  if (v4 !== undefined) return addressAllowed(v4, allowLoopback)
+  return !BLOCKED.check(address, 'ipv6')
 }
 
 /** Whether `clientId` is meant as a metadata document URL (and so must pass `checkCimdUrl`). */
@@ -92,18 +151,28 @@ export class CimdResolver {
   readonly #opts: CimdOptions
   readonly #cache = new Map<string, CacheEntry>()
   readonly #inflight = new Map<string, Promise<CimdClient>>()
+  readonly #throttle: CimdThrottle
+  readonly #net: CimdNet
 
-  constructor (opts: CimdOptions) { this.#opts = opts }
+  constructor (opts: CimdOptions, net: CimdNet = REAL_NET) {
+    this.#opts = opts
+    this.#throttle = new CimdThrottle(opts)
+    this.#net = net
+  }
 
-  /** The client a metadata document URL names; throws CimdError with a reason that is safe to show. */
-  async resolve (clientId: string): Promise<CimdClient> {
+  /** The client a metadata document URL names, fetched for `clientAddress`; throws CimdError (`shown` is safe to show). */
+  async resolve (clientId: string, clientAddress?: string): Promise<CimdClient> {
     const problem = cimdUrlProblem(clientId)
-    if (problem !== undefined) throw new CimdError(`client_id ${problem}`)
+    if (problem !== undefined) throw new CimdError(`client_id ${problem}`, `client_id ${problem}`)
     const hit = this.#cache.get(clientId)
     if (hit !== undefined && hit.until > Date.now()) return hit.client
     const pending = this.#inflight.get(clientId)
     if (pending !== undefined) return pending
-    const p = this.#fetch(clientId).finally(() => this.#inflight.delete(clientId))
+    const release = this.#throttle.acquire(clientAddress)
+    if (typeof release !== 'function') {
+      throw new CimdError(`client metadata document fetches limited: ${release.reason}`, 'too many client metadata document fetches; retry later', release.retryAfter)
+    }
+    const p = this.#fetch(clientId).finally(() => { release(); this.#inflight.delete(clientId) })
     this.#inflight.set(clientId, p)
     return p
   }
@@ -117,7 +186,7 @@ export class CimdResolver {
       addresses = [{ address: host, family: isIP(host) }]
     } else {
       try {
-        addresses = await dnsLookup(host, { all: true, verbatim: true })
+        addresses = await this.#net.lookup(host)
       } catch { throw new CimdError('client_id host does not resolve') }
     }
     if (deadline.aborted) throw new CimdError('client metadata document fetch timed out')
@@ -131,7 +200,7 @@ export class CimdResolver {
       else cb(null, pinned.address, pinned.family)
     }
     const { status, headers, body } = await new Promise<{ status: number; headers: Record<string, string | string[] | undefined>; body: Buffer }>((resolve, reject) => {
-      const req = request(url, {
+      const req = this.#net.request(url, {
         method: 'GET',
         headers: { accept: 'application/json', 'user-agent': 'mcp-proxy oauth facade' },
         lookup,

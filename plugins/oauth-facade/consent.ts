@@ -92,6 +92,20 @@ export function readCookie (header: string | undefined, name: string): string | 
   return undefined
 }
 
+/**
+ * A cookie's name as the gateway sets and reads it: on https with the
+ * `__Host-` prefix (RFC 6265bis §4.1.3.2), which browsers accept only with
+ * Secure, Path=/ and no Domain, so neither a sibling subdomain nor a plain
+ * http page on the same host can set or shadow it. Plain http (loopback
+ * development) keeps the bare name: browsers refuse `__Host-` without Secure.
+ */
+export function cookieName (name: string, secure: boolean): string {
+  return secure ? `__Host-${name}` : name
+}
+
+/** Set-Cookie for `name` (bare: the prefix is added here on https, where the path is always /). */
 export function cookie (name: string, value: string, o: { path: string; maxAge: number; secure: boolean }): string {
-  return `${name}=${value}; Path=${o.path}; Max-Age=${o.maxAge}; HttpOnly; SameSite=Lax${o.secure ? '; Secure' : ''}`
+  return o.secure
+    ? `${cookieName(name, true)}=${value}; Path=/; Max-Age=${o.maxAge}; Secure; HttpOnly; SameSite=Lax`
+    : `${name}=${value}; Path=${o.path}; Max-Age=${o.maxAge}; HttpOnly; SameSite=Lax`
 }

@@ -19,6 +19,12 @@ export interface FacadeIdp {
   /** Endpoints used while discovery has never succeeded (cloud_idp). */
   readonly fallback: { readonly authorize: string; readonly token: string } | undefined
   readonly discovery: { readonly ttlSeconds: number; readonly timeoutMs: number }
+  /**
+   * The resource this gateway is, exactly as its protected resource metadata
+   * advertises it (`resourceMetadata.resource`): the only RFC 8707 `resource`
+   * the facade issues grants for.
+   */
+  readonly resource: string
   /** `resourceMetadata.scopesSupported`. */
   readonly scopesSupported: readonly string[]
   /** Scopes a client may request: the advertised ones plus OIDC's and offline_access. */
@@ -40,6 +46,7 @@ export function facadeIdpOf (env: Pick<PluginEnv, 'provided'>): FacadeIdp {
     discoveryUrl: idp.discoveryUrl,
     fallback: idp.cloud !== undefined ? cloudFallbackEndpoints(idp.cloud) : undefined,
     discovery: idp.discovery,
+    resource: resource.resource,
     scopesSupported,
     allowedScopes: new Set([...BASE_SCOPES, ...scopesSupported]),
   }

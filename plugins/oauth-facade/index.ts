@@ -17,8 +17,9 @@
  * challenge) -> the IdP's access token, so /mcp keeps validating IdP JWTs;
  * the refresh token is sealed and bound to the client.
  *
- * Nothing is stored between requests except the redeemed codes' ids (to
- * refuse a replay), so any replica with the same keys continues any flow.
+ * Nothing is stored between requests except the redeemed codes' ids and
+ * the used refresh tokens' slots (to refuse a replay), so any replica with
+ * the same keys and store continues any flow.
  */
 import { createHash, randomUUID } from 'node:crypto'
 import { definePlugin, ProxyError, type Plugin, type PluginEnv, type RouteDef, type Reply, type RequestContext } from '../../core/plugin-api.ts'
@@ -27,17 +28,19 @@ import { ROOT_METADATA_PATH, MCP_METADATA_PATHS, REGISTRATION_PATH } from '../oa
 import { parseOAuthParams } from '../oauth-common/params.ts'
 import { authorizeRedirectProblem, privateSchemes } from '../oauth-common/redirect-uri.ts'
 import { TOKEN_RESPONSE_MAX_BYTES } from '../oauth-common/idp-endpoints.ts'
-import { buildRegistrationResponse } from '../oauth-common/client-metadata.ts'
-import { RateLimiter, addressKey, REGISTRATION_RATE_LIMIT } from '../oauth-common/rate-limit.ts'
 import { Sealer, SealError, s256, randomToken } from './seal.ts'
 import { CimdResolver, CimdError, looksLikeCimd } from './cimd.ts'
-import { renderConsent, renderError, readCookie, cookie, PAGE_HEADERS, CSRF_COOKIE, REMEMBER_COOKIE } from './consent.ts'
+import { renderConsent, renderError, readCookie, cookie, cookieName, PAGE_HEADERS, CSRF_COOKIE } from './consent.ts'
+import { ConsentMemory } from './remember.ts'
+import { RefreshFamilies, familyOf } from './refresh-family.ts'
+import { facadeRegistration } from './registration.ts'
+import { targetProblem } from './resource.ts'
 import { facadeIdpOf, type FacadeIdp } from './idp.ts'
 import { FACADE_PATH, type FacadeOptions } from './options.ts'
 
 export { facadeOptions, facadeBlock, FACADE_PATH, type FacadeOptions } from './options.ts'
 import { MemoryUsedCodes, RedisUsedCodes, SharedUsedCodes, type UsedCodes } from './used-codes.ts'
-import { CodeStoreUnavailable } from './errors.ts'
+import { CodeStoreUnavailable, oauthError, refuseCredentials } from './errors.ts'
 
 export const AUTHORIZE_PATH = '/oauth/authorize'
 export const TOKEN_PATH = '/oauth/token'
@@ -46,11 +49,6 @@ export const CONSENT_PATH = '/oauth/consent'
 const PKCE_CHALLENGE_RE = /^[A-Za-z0-9._~-]{43,128}$/
 const PKCE_VERIFIER_RE = /^[A-Za-z0-9._~-]{43,128}$/
 const ERROR_CODE_RE = /^[a-z_]{1,64}$/
-const REMEMBER_MAX_ENTRIES = 20
-
-function oauthError (status: number, error: string, message: string): ProxyError {
-  return new ProxyError('MCPP_ERR_OAUTH_REQUEST', status, message, { oauthError: error })
-}
 
 /** An error shown in the browser: never a redirect, since the redirect target is not trusted (RFC 6749 §4.1.2.1). */
 function errorPage (status: number, title: string, message: string): Reply {
@@ -119,6 +117,8 @@ interface FlowState extends Record<string, unknown> {
   cc: string
   sc: string
   v: string
+  /** RFC 8707 resource the grant is for: always this gateway's (`idp.resource`). */
+  rs: string
 }
 
 function claimsOf (jwt: string | undefined): Record<string, unknown> | undefined {
@@ -155,7 +155,6 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
   }
   const preregistered = new Map(options.clients.map(c => [c.clientId, c]))
   const redirectSchemes = privateSchemes(options.allowedRedirectSchemes)
-  const limiter = new RateLimiter(REGISTRATION_RATE_LIMIT)
   /** Redeemed codes by id, until they expire: a code is single-use (RFC 6749 §4.1.2). */
   // facade.redis wins; else the cluster's shared store when it is Redis (cluster.redis.url), so one setting
   // makes codes single-use across replicas (or, with workers, the primary's store); else this replica's memory.
@@ -169,6 +168,9 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
   } else if (clusterShared !== undefined) {
     log.info({ store: clusterShared.kind }, 'oauth facade: redeemed codes are remembered in the gateway\'s shared state (single-use across replicas and workers)')
   }
+
+  const families = new RefreshFamilies(usedCodes, options.refreshTokenTtlSeconds)
+  const remembered = new ConsentMemory(sealer, options.consent.rememberSeconds, secure)
 
   const discovery = new DiscoveryCache({
     url: idp.discoveryUrl, ttlMs: idp.discovery.ttlSeconds * 1000, timeoutMs: idp.discovery.timeoutMs, log,
@@ -187,10 +189,10 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     throw new ProxyError('MCPP_ERR_IDP_UNAVAILABLE', 503, `the identity provider's discovery document has no ${field}`, { oauthError: 'temporarily_unavailable', expose: true })
   }
 
-  async function resolveClient (clientId: string): Promise<ResolvedClient> {
+  async function resolveClient (clientId: string, clientAddress: string): Promise<ResolvedClient> {
     if (looksLikeCimd(clientId)) {
       if (!options.cimd.enabled) throw new ClientRefused('client ID metadata documents are not accepted here')
-      const c = await cimd.resolve(clientId)
+      const c = await cimd.resolve(clientId, clientAddress)
       return {
         clientId, kind: 'cimd', clientName: c.clientName, redirectUris: c.redirectUris, verifiedHost: c.host,
         trusted: domainTrusted(c.host, options.consent.trustedDomains),
@@ -247,18 +249,23 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
 
   async function authorize (ctx: RequestContext): Promise<Reply> {
     let params: ReadonlyMap<string, string>
-    try { params = parseOAuthParams(ctx.query).byName } catch (err) {
+    let resources: readonly string[]
+    try { ({ byName: params, resources } = parseOAuthParams(ctx.query)) } catch (err) {
       return errorPage(400, 'Invalid authorization request', (err as Error).message)
     }
     const clientId = params.get('client_id')
     if (clientId === undefined || clientId === '') return errorPage(400, 'Invalid authorization request', 'client_id is required')
     let client: ResolvedClient
     try {
-      client = await resolveClient(clientId)
+      client = await resolveClient(clientId, ctx.clientAddress)
     } catch (err) {
       if (!(err instanceof CimdError) && !(err instanceof ClientRefused)) throw err
       ctx.log.info({ clientId: shortId(clientId), reason: err.message }, 'oauth facade: authorize refused: client')
-      return errorPage(400, 'Unknown application', err.message)
+      if (err instanceof CimdError && err.retryAfter !== undefined) {
+        const page = errorPage(429, 'Try again later', err.shown)
+        return { ...page, headers: { ...page.headers, 'retry-after': String(err.retryAfter) } }
+      }
+      return errorPage(400, 'Unknown application', err instanceof CimdError ? err.shown : err.message)
     }
     const redirectUri = params.get('redirect_uri')
     const problem = authorizeRedirectProblem(redirectUri, redirectSchemes)
@@ -277,11 +284,16 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     const requested = (params.get('scope') ?? '').split(' ').filter(s => s !== '')
     const bad = requested.filter(s => !idp.allowedScopes.has(s))
     if (bad.length > 0) return back('invalid_scope', `scope not offered by this gateway: ${bad.join(' ')}`)
+    const badTarget = targetProblem(resources, idp.resource)
+    if (badTarget !== undefined) {
+      ctx.log.info({ clientId: shortId(clientId) }, 'oauth facade: authorize refused: resource is not this gateway\'s')
+      return back('invalid_target', badTarget)
+    }
     const scopes = requested.length > 0 ? requested : [...idp.scopesSupported]
     const verifier = randomToken(32)
     const flow: FlowState = {
       c: clientId, k: client.kind, n: client.clientName, h: client.verifiedHost, tr: client.trusted,
-      r: redirectUri!, s: state, cc: challenge, sc: scopes.join(' '), v: verifier,
+      r: redirectUri!, s: state, cc: challenge, sc: scopes.join(' '), v: verifier, rs: idp.resource,
     }
     const sealed = await sealer.seal('state', flow, options.stateTtlSeconds)
     // Refresh tokens come from the IdP only when asked for (Entra: offline_access).
@@ -337,22 +349,8 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
   // ---- callback from the IdP ------------------------------------------------
 
   async function issueCode (flow: FlowState, tokens: IdpTokens): Promise<Reply> {
-    const code = await sealer.seal('code', { j: randomUUID(), c: flow.c, r: flow.r, cc: flow.cc, sc: flow.sc, t: tokens }, options.codeTtlSeconds)
+    const code = await sealer.seal('code', { j: randomUUID(), c: flow.c, r: flow.r, cc: flow.cc, sc: flow.sc, rs: flow.rs, t: tokens }, options.codeTtlSeconds)
     return clientRedirect(flow.r, { code, state: flow.s })
-  }
-
-  function rememberKey (user: string, clientId: string): string {
-    return createHash('sha256').update(`${user}\n${clientId}`).digest('base64url').slice(0, 22)
-  }
-
-  async function rememberedEntries (ctx: RequestContext): Promise<Array<[string, number]>> {
-    const raw = readCookie(ctx.req.headers.cookie, REMEMBER_COOKIE)
-    if (raw === undefined) return []
-    try {
-      const d = await sealer.open<{ e: Array<[string, number]> }>('remember', raw)
-      const now = Date.now() / 1000
-      return Array.isArray(d.e) ? d.e.filter(e => Array.isArray(e) && typeof e[0] === 'string' && typeof e[1] === 'number' && e[1] > now) : []
-    } catch { return [] }
   }
 
   async function callback (ctx: RequestContext): Promise<Reply> {
@@ -394,12 +392,10 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
       ctx.log.info({ clientId: shortId(flow.c), decision: 'trusted' }, 'oauth facade: consent not asked (trusted client)')
       return issueCode(flow, tokens)
     }
-    if (user !== undefined && options.consent.rememberSeconds > 0) {
-      const key = rememberKey(user, flow.c)
-      if ((await rememberedEntries(ctx)).some(e => e[0] === key)) {
-        ctx.log.info({ clientId: shortId(flow.c), decision: 'remembered' }, 'oauth facade: consent remembered')
-        return issueCode(flow, tokens)
-      }
+    // Remembered only for what was approved: these scopes (or fewer) at this resource.
+    if (user !== undefined && await remembered.covers(ctx.req.headers.cookie, user, flow.c, flow.sc, flow.rs ?? idp.resource)) {
+      ctx.log.info({ clientId: shortId(flow.c), decision: 'remembered' }, 'oauth facade: consent remembered')
+      return issueCode(flow, tokens)
     }
     const csrf = randomToken(24)
     const { v: _verifier, ...rest } = flow
@@ -429,7 +425,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
       return errorPage(400, 'Invalid consent', 'the consent request is invalid or has expired; start again from the application')
     }
     const posted = form.get('csrf')
-    const fromCookie = readCookie(ctx.req.headers.cookie, CSRF_COOKIE)
+    const fromCookie = readCookie(ctx.req.headers.cookie, cookieName(CSRF_COOKIE, secure))
     if (posted === null || posted === '' || posted !== tx.x || fromCookie !== tx.x) {
       ctx.log.warn({ clientId: shortId(tx.c) }, 'oauth facade: consent refused: CSRF token missing or wrong')
       return errorPage(403, 'Invalid consent', 'the consent form could not be verified (CSRF); start again from the application')
@@ -444,105 +440,92 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     ctx.log.info({ clientId: shortId(tx.c), decision: 'approve' }, 'oauth facade: consent given')
     const r = await issueCode(tx, tx.t)
     const cookies = [clear]
-    if (tx.u !== undefined && options.consent.rememberSeconds > 0) {
-      const key = rememberKey(tx.u, tx.c)
-      const entries = (await rememberedEntries(ctx)).filter(e => e[0] !== key)
-      entries.push([key, Math.floor(Date.now() / 1000) + options.consent.rememberSeconds])
-      const sealed = await sealer.seal('remember', { e: entries.slice(-REMEMBER_MAX_ENTRIES) }, options.consent.rememberSeconds)
-      cookies.push(cookie(REMEMBER_COOKIE, sealed, { path: '/', maxAge: options.consent.rememberSeconds, secure }))
-    }
+    const remember = tx.u !== undefined ? await remembered.remember(ctx.req.headers.cookie, tx.u, tx.c, tx.sc, tx.rs ?? idp.resource) : undefined
+    if (remember !== undefined) cookies.push(remember)
     return { ...r, headers: { ...r.headers, 'set-cookie': cookies } }
   }
 
   // ---- token ----------------------------------------------------------------
 
-  async function tokenReply (ctx: RequestContext, clientId: string, sc: string, tokens: IdpTokens, previousRefresh?: string): Promise<Reply> {
-    const out: Record<string, unknown> = { access_token: tokens.at, token_type: 'Bearer', scope: tokens.sc ?? sc }
+  type Refresh = { c: string; sc: string; rt: string; rs?: string; f?: string; g?: number; exp: number }
+
+  /** The access token, and a refresh token sealed with its family and next generation (refresh-family.ts). */
+  async function tokenReply (ctx: RequestContext, grant: { c: string; sc: string; rs: string }, tokens: IdpTokens, next?: { rt: string; f: string; g: number }): Promise<Reply> {
+    const out: Record<string, unknown> = { access_token: tokens.at, token_type: 'Bearer', scope: tokens.sc ?? grant.sc }
     if (tokens.exp !== undefined) out.expires_in = tokens.exp
-    const idpRefresh = tokens.rt ?? previousRefresh
+    const idpRefresh = tokens.rt ?? next?.rt
     if (idpRefresh !== undefined) {
-      out.refresh_token = await sealer.seal('refresh', { c: clientId, sc, rt: idpRefresh }, options.refreshTokenTtlSeconds)
+      const family = { f: next?.f ?? randomUUID(), g: next?.g ?? 0 }
+      out.refresh_token = await sealer.seal('refresh', { c: grant.c, sc: grant.sc, rs: grant.rs, rt: idpRefresh, ...family }, options.refreshTokenTtlSeconds)
     }
-    ctx.log.info({ clientId: shortId(clientId), refresh: idpRefresh !== undefined }, 'oauth facade: tokens issued')
+    ctx.log.info({ clientId: shortId(grant.c), refresh: idpRefresh !== undefined }, 'oauth facade: tokens issued')
     return { status: 200, headers: { 'cache-control': 'no-store', pragma: 'no-cache', 'access-control-allow-origin': '*' }, body: out }
+  }
+
+  /** RFC 8707 at the token endpoint: a named resource must be the one the grant was bound to (always this gateway's). */
+  function checkTarget (resources: readonly string[], bound: string | undefined): void {
+    const problem = targetProblem(resources, idp.resource)
+    if (problem !== undefined) throw oauthError(400, 'invalid_target', problem)
+    if (bound !== undefined && bound !== idp.resource) throw oauthError(400, 'invalid_grant', 'the grant was issued for another resource')
+  }
+
+  async function redeemCode (ctx: RequestContext, p: ReadonlyMap<string, string>, resources: readonly string[], clientId: string): Promise<Reply> {
+    let code: { j: string; c: string; r: string; cc: string; sc: string; rs?: string; t: IdpTokens; exp: number }
+    try { code = await sealer.open('code', p.get('code') ?? '') } catch (err) {
+      if (!(err instanceof SealError)) throw err
+      throw oauthError(400, 'invalid_grant', 'the code is invalid or has expired')
+    }
+    if (code.c !== clientId) throw oauthError(400, 'invalid_grant', 'the code was issued to another client')
+    if (p.get('redirect_uri') !== code.r) throw oauthError(400, 'invalid_grant', 'redirect_uri does not match the authorization request')
+    const verifier = p.get('code_verifier')
+    if (verifier === undefined || !PKCE_VERIFIER_RE.test(verifier) || s256(verifier) !== code.cc) {
+      throw oauthError(400, 'invalid_grant', 'code_verifier does not match the code_challenge (PKCE)')
+    }
+    checkTarget(resources, code.rs)
+    if (!await usedCodes.markUsed(code.j, code.exp)) {
+      ctx.log.warn({ clientId: shortId(clientId) }, 'oauth facade: a code was presented twice')
+      throw oauthError(400, 'invalid_grant', 'the code has already been used')
+    }
+    return tokenReply(ctx, { c: clientId, sc: code.sc, rs: code.rs ?? idp.resource }, code.t)
+  }
+
+  async function redeemRefresh (ctx: RequestContext, p: ReadonlyMap<string, string>, resources: readonly string[], clientId: string): Promise<Reply> {
+    const sealed = p.get('refresh_token') ?? ''
+    let rt: Refresh
+    try { rt = await sealer.open('refresh', sealed) } catch (err) {
+      if (!(err instanceof SealError)) throw err
+      throw oauthError(400, 'invalid_grant', 'the refresh token is invalid or has expired')
+    }
+    if (rt.c !== clientId) {
+      ctx.log.warn({ clientId: shortId(clientId) }, 'oauth facade: a refresh token was presented by another client')
+      throw oauthError(400, 'invalid_grant', 'the refresh token was issued to another client')
+    }
+    checkTarget(resources, rt.rs)
+    // Single use before the IdP is asked (two concurrent uses cannot both pass); a reuse revokes the family.
+    const ref = familyOf(rt, sealed)
+    if (!await families.redeem(ref, rt.exp)) {
+      const revoked = await families.revoke(ref)
+      ctx.log.warn({ clientId: shortId(clientId), generation: ref.generation, revokedFrom: revoked ?? null }, 'oauth facade: a refresh token was used twice: its family is revoked (RFC 9700 §4.14)')
+      throw oauthError(400, 'invalid_grant', 'the refresh token has already been used')
+    }
+    const res = await idpToken(ctx, { grant_type: 'refresh_token', refresh_token: rt.rt, scope: [...new Set([...rt.sc.split(' '), ...(idp.family === 'cloud_idp' ? ['offline_access'] : [])])].filter(s => s !== '').join(' ') })
+    const tokens = res.status === 200 ? tokensOf(res.body) : undefined
+    if (tokens === undefined) throw oauthError(400, 'invalid_grant', 'the identity provider refused the refresh token')
+    return tokenReply(ctx, { c: clientId, sc: rt.sc, rs: rt.rs ?? idp.resource }, tokens, { rt: rt.rt, f: ref.family, g: ref.generation + 1 })
   }
 
   async function token (ctx: RequestContext): Promise<Reply> {
     if (ctx.method === 'OPTIONS') return { status: 204, headers: { ...CORS, 'access-control-max-age': '600' } }
     const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
     if (type !== 'application/x-www-form-urlencoded') throw oauthError(400, 'invalid_request', 'the token request must be application/x-www-form-urlencoded')
-    const p = parseOAuthParams((await ctx.readBody(64 * 1024)).toString('utf8')).byName
-    if (ctx.req.headers.authorization !== undefined || p.has('client_secret') || p.has('client_assertion')) {
-      throw oauthError(401, 'invalid_client', 'clients of this gateway are public (token_endpoint_auth_method none): send client_id, no credentials')
-    }
+    const { byName: p, resources } = parseOAuthParams((await ctx.readBody(64 * 1024)).toString('utf8'))
+    refuseCredentials(ctx, p)
     const clientId = p.get('client_id')
     if (clientId === undefined) throw oauthError(400, 'invalid_request', 'client_id is required')
     const grant = p.get('grant_type')
-    if (grant === 'authorization_code') {
-      let code: { j: string; c: string; r: string; cc: string; sc: string; t: IdpTokens; exp: number }
-      try { code = await sealer.open('code', p.get('code') ?? '') } catch (err) {
-        if (!(err instanceof SealError)) throw err
-        throw oauthError(400, 'invalid_grant', 'the code is invalid or has expired')
-      }
-      if (code.c !== clientId) throw oauthError(400, 'invalid_grant', 'the code was issued to another client')
-      if (p.get('redirect_uri') !== code.r) throw oauthError(400, 'invalid_grant', 'redirect_uri does not match the authorization request')
-      const verifier = p.get('code_verifier')
-      if (verifier === undefined || !PKCE_VERIFIER_RE.test(verifier) || s256(verifier) !== code.cc) {
-        throw oauthError(400, 'invalid_grant', 'code_verifier does not match the code_challenge (PKCE)')
-      }
-      if (!await usedCodes.markUsed(code.j, code.exp)) {
-        ctx.log.warn({ clientId: shortId(clientId) }, 'oauth facade: a code was presented twice')
-        throw oauthError(400, 'invalid_grant', 'the code has already been used')
-      }
-      return tokenReply(ctx, clientId, code.sc, code.t)
-    }
-    if (grant === 'refresh_token') {
-      let rt: { c: string; sc: string; rt: string }
-      try { rt = await sealer.open('refresh', p.get('refresh_token') ?? '') } catch (err) {
-        if (!(err instanceof SealError)) throw err
-        throw oauthError(400, 'invalid_grant', 'the refresh token is invalid or has expired')
-      }
-      if (rt.c !== clientId) {
-        ctx.log.warn({ clientId: shortId(clientId) }, 'oauth facade: a refresh token was presented by another client')
-        throw oauthError(400, 'invalid_grant', 'the refresh token was issued to another client')
-      }
-      const res = await idpToken(ctx, { grant_type: 'refresh_token', refresh_token: rt.rt, scope: [...new Set([...rt.sc.split(' '), ...(idp.family === 'cloud_idp' ? ['offline_access'] : [])])].filter(s => s !== '').join(' ') })
-      const tokens = res.status === 200 ? tokensOf(res.body) : undefined
-      if (tokens === undefined) throw oauthError(400, 'invalid_grant', 'the identity provider refused the refresh token')
-      return tokenReply(ctx, clientId, rt.sc, tokens, rt.rt)
-    }
+    if (grant === 'authorization_code') return redeemCode(ctx, p, resources, clientId)
+    if (grant === 'refresh_token') return redeemRefresh(ctx, p, resources, clientId)
     throw oauthError(400, 'unsupported_grant_type', `grant_type ${grant ?? '(none)'} is not supported`)
-  }
-
-  // ---- registration (stateless DCR) ------------------------------------------
-
-  async function register (ctx: RequestContext): Promise<Reply> {
-    if (ctx.method === 'OPTIONS') return { status: 204, headers: { ...CORS, 'access-control-max-age': '600' } }
-    const address = addressKey(ctx.req.socket.remoteAddress)
-    const limited = limiter.take(address)
-    if (limited.retryAfter > 0) {
-      if (limited.firstRefusal) ctx.log.warn({ address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
-      throw new ProxyError('MCPP_ERR_RATE_LIMITED', 429, 'too many client registrations from this address; retry later', {
-        oauthError: 'temporarily_unavailable', headers: { 'retry-after': String(limited.retryAfter) },
-      })
-    }
-    const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
-    if (type !== 'application/json') throw new ProxyError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, 'the request must be application/json', { oauthError: 'invalid_client_metadata' })
-    let body: unknown
-    try { body = JSON.parse((await ctx.readBody(options.registration.maxBodyBytes)).toString('utf8')) } catch (err) {
-      if (ProxyError.is(err)) throw err
-      throw new ProxyError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, 'the request body is not valid JSON', { oauthError: 'invalid_client_metadata' })
-    }
-    const out = buildRegistrationResponse(body, '', Date.now(), options.registration)
-    const uris = out.redirect_uris as string[]
-    uris.forEach((u, i) => {
-      const problem = authorizeRedirectProblem(u, redirectSchemes)
-      if (problem !== undefined) throw new ProxyError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, `redirect_uris[${i}] ${problem}`, { oauthError: 'invalid_redirect_uri' })
-    })
-    const name = typeof out.client_name === 'string' ? out.client_name : undefined
-    out.client_id = await sealer.seal('client', { u: uris, ...(name !== undefined ? { n: name } : {}) })
-    ctx.log.info({ clientName: name, redirectUris: uris.length }, 'oauth facade: client registered (stateless)')
-    return { status: 201, headers: { 'cache-control': 'no-store', pragma: 'no-cache', 'access-control-allow-origin': '*' }, body: out }
   }
 
   const routes: RouteDef[] = [
@@ -555,7 +538,9 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     { methods: ['POST'], path: CONSENT_PATH, kind: 'other', handler: consent },
     { methods: ['POST', 'OPTIONS'], path: TOKEN_PATH, handler: token },
   ]
-  if (options.registration.enabled) routes.push({ methods: ['POST', 'OPTIONS'], path: REGISTRATION_PATH, handler: register })
+  if (options.registration.enabled) {
+    routes.push({ methods: ['POST', 'OPTIONS'], path: REGISTRATION_PATH, handler: facadeRegistration({ sealer, options, redirectSchemes, shared: env.shared, cors: CORS }) })
+  }
 
   return {
     name: 'oauthFacade',

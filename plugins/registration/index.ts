@@ -11,7 +11,7 @@
 import { definePlugin, ProxyError, createError, type Plugin, type PluginEnv, type RequestContext, type Reply } from '../../core/plugin-api.ts'
 import type { IdpIdentity } from '../mcp-authentication/identity.ts'
 import schema from './schema.json' with { type: 'json' }
-import { RateLimiter, addressKey, type RateLimitOptions, type TakeResult } from '../oauth-common/rate-limit.ts'
+import { AddressLimiter, type RateLimitOptions } from '../oauth-common/rate-limit.ts'
 import { redirectUriProblem as clientRedirectUriProblem } from '../oauth-common/redirect-uri.ts'
 import { buildRegistrationResponse as buildClientRegistration, InvalidClientMetadata, type ClientMetadataLimits } from '../oauth-common/client-metadata.ts'
 
@@ -86,23 +86,8 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
   }
   const clientId = idp.clientId
   const opts = withDefaults(options)
-  const limiter = new RateLimiter(opts.rateLimit)
   // With cluster.redis (or workers) every replica and worker draws from one bucket per address; else this process's table.
-  const shared = env.shared !== undefined && env.shared.kind !== 'memory' && opts.rateLimit.requests > 0 ? env.shared : undefined
-  /** Addresses refused since last served, for one log line per streak (bounded like the local table). */
-  const refusing = new Set<string>()
-
-  async function take (address: string): Promise<TakeResult> {
-    if (shared === undefined) return limiter.take(address)
-    const waitMs = await shared.take(`registration\u0000${address}`, opts.rateLimit.requests, opts.rateLimit.windowSeconds * 1000)
-    if (waitMs === 0) { refusing.delete(address); return { retryAfter: 0, firstRefusal: false } }
-    const firstRefusal = !refusing.has(address)
-    if (firstRefusal) {
-      refusing.add(address)
-      if (refusing.size > opts.rateLimit.maxAddresses) refusing.delete(refusing.values().next().value!)
-    }
-    return { retryAfter: Math.max(1, Math.ceil(waitMs / 1000)), firstRefusal }
-  }
+  const limiter = new AddressLimiter(opts.rateLimit, env.shared)
 
   async function registerClient (ctx: RequestContext): Promise<Reply> {
     if (ctx.method === 'OPTIONS') {
@@ -115,10 +100,9 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
       }
     }
     // Counted before anything is read: a refused request costs a map lookup.
-    const address = addressKey(ctx.clientAddress)
-    const limited = await take(address)
+    const limited = await limiter.take(ctx.clientAddress)
     if (limited.retryAfter > 0) {
-      if (limited.firstRefusal) ctx.log.warn({ address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
+      if (limited.firstRefusal) ctx.log.warn({ address: limited.address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
       throw RateLimited('too many client registrations from this address; retry later', { headers: { 'retry-after': String(limited.retryAfter) } })
     }
     const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()

@@ -34,7 +34,7 @@ export interface FacadeGateway { gw: RunningGateway; base: string; url: URL; log
  * `auth(base)` gives mcpAuthentication's options (facade included). `publicBase`
  * lets a second replica share the first one's public URL (as behind a load balancer).
  */
-export async function facadeGateway (t: Test, auth: (base: string) => Record<string, unknown>, opts: { port?: number; publicBase?: string; cluster?: Record<string, unknown> } = {}): Promise<FacadeGateway> {
+export async function facadeGateway (t: Test, auth: (base: string) => Record<string, unknown>, opts: { port?: number; publicBase?: string; cluster?: Record<string, unknown>; mcp?: Record<string, unknown> } = {}): Promise<FacadeGateway> {
   const port = opts.port ?? await freePort()
   const base = opts.publicBase ?? `http://127.0.0.1:${port}`
   const config = deepFreeze(await validateConfig({
@@ -43,6 +43,7 @@ export async function facadeGateway (t: Test, auth: (base: string) => Record<str
       port,
       targets: [{ name: 'everything', stdio: { cmd: process.execPath, args: [EVERYTHING, 'stdio'] } }],
       policies: { mcpAuthentication: { mode: 'strict', ...auth(base) } },
+      ...opts.mcp,
     },
     admin: { enabled: false },
     ...(opts.cluster !== undefined ? { cluster: opts.cluster } : {}),
@@ -243,9 +244,9 @@ export async function redeem (base: string, form: Record<string, string>): Promi
 }
 
 
-export async function devIdpFor (t: Test, callbacks: () => string[]): Promise<DevIdp> {
+export async function devIdpFor (t: Test, callbacks: () => string[], extra: { rotateRefreshTokens?: boolean } = {}): Promise<DevIdp> {
   // Only the gateway's callback is registered at the IdP: no loopback wildcard.
-  const idp = await startDevIdp({ allowLoopbackRedirects: false, redirectUris: callbacks() })
+  const idp = await startDevIdp({ allowLoopbackRedirects: false, redirectUris: callbacks(), ...extra })
   t.teardown(() => idp.close())
   return idp
 }
@@ -258,10 +259,10 @@ export function ossAuth (idp: { issuer: string; clientId: string }, facade: Reco
   })
 }
 
-/** Dev IdP + facade gateway whose callback is the one redirect URI at the IdP. */
-export async function ossSetup (t: Test, facade?: Record<string, unknown>): Promise<{ idp: DevIdp; g: FacadeGateway }> {
+/** Dev IdP + facade gateway whose callback is the one redirect URI at the IdP (`mcp`: more of the gateway's mcp block). */
+export async function ossSetup (t: Test, facade?: Record<string, unknown>, mcp?: Record<string, unknown>, idpExtra?: { rotateRefreshTokens?: boolean }): Promise<{ idp: DevIdp; g: FacadeGateway }> {
   const port = await freePort()
-  const idp = await devIdpFor(t, () => [`http://127.0.0.1:${port}/oauth/callback`])
-  return { idp, g: await facadeGateway(t, ossAuth(idp, facade), { port }) }
+  const idp = await devIdpFor(t, () => [`http://127.0.0.1:${port}/oauth/callback`], idpExtra)
+  return { idp, g: await facadeGateway(t, ossAuth(idp, facade), { port, mcp }) }
 }
 
