@@ -14,7 +14,7 @@ import t from 'tap'
 import type { Test } from 'tap'
 import { createServer as createTcpServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
-import { ossSetup, facadeGateway, ossAuth, devIdpFor, Agent, FACADE_KEY, CALLBACK, pkce, register, authorizeUrl, redeem, type FacadeGateway } from './helpers/facade.ts'
+import { ossSetup, facadeGateway, ossAuth, devIdpFor, cimdServer, Agent, FACADE_KEY, CALLBACK, pkce, register, authorizeUrl, redeem, type FacadeGateway } from './helpers/facade.ts'
 import { freePort } from './helpers/cli.ts'
 
 /** Runs `fn` with the process clock `seconds` ahead; the clock is put back whatever happens. */
@@ -170,4 +170,33 @@ t.test('consent.rememberSeconds 0: consent is asked every time, no remember cook
   }
   const gatewayCookies = [...(agent.jar.get(new URL(g.base).origin)?.keys() ?? [])]
   t.same(gatewayCookies, [], 'nothing remembered in a cookie')
+})
+
+t.test('CIMD cache bounds: maxCacheSeconds caps max-age, no-store is fetched every time, maxEntries evicts', async t => {
+  const cimd = await cimdServer(t)
+  const { g } = await ossSetup(t, { keys: [FACADE_KEY], cimd: { testOnlyAllowLoopback: true, testOnlyCa: cimd.cert, maxCacheSeconds: 60, maxEntries: 2 } })
+  const doc = (cacheControl: string) => (u: string) => ({ headers: { 'cache-control': cacheControl }, body: JSON.stringify({ client_id: u, client_name: 'cached', redirect_uris: [CALLBACK] }) })
+  for (const name of ['a', 'b', 'c']) cimd.docs.set(`/${name}.json`, doc('max-age=86400'))
+  cimd.docs.set('/ns.json', doc('no-store'))
+  const { challenge } = pkce()
+  const authorize = async (name: string): Promise<void> => {
+    const res = await fetch(authorizeUrl(g.base, `${cimd.origin}/${name}.json`, challenge), { redirect: 'manual' })
+    await res.text()
+    if (res.status !== 302) throw new Error(`${name}: ${res.status}`)
+  }
+  const fetches = (name: string) => cimd.requests.filter(r => r === `/${name}.json`).length
+  await authorize('a')
+  await authorize('a')
+  t.equal(fetches('a'), 1, 'max-age: the second authorize uses the cached document')
+  await later(61, () => authorize('a'))
+  t.equal(fetches('a'), 2, 'past maxCacheSeconds (60) the document is fetched again, whatever its max-age (one day)')
+  await authorize('ns')
+  await authorize('ns')
+  t.equal(fetches('ns'), 2, 'no-store: fetched every time')
+  await authorize('b')
+  await authorize('c')
+  await authorize('a')
+  t.equal(fetches('a'), 3, 'maxEntries 2: after b and c, a was forgotten')
+  await authorize('c')
+  t.equal(fetches('c'), 1, 'the most recent entry is still cached')
 })
