@@ -200,3 +200,26 @@ t.test('CIMD cache bounds: maxCacheSeconds caps max-age, no-store is fetched eve
   await authorize('c')
   t.equal(fetches('c'), 1, 'the most recent entry is still cached')
 })
+
+t.test('facade registration limits: maxBodyBytes 16384 (413), maxRedirectUris 10 and maxRedirectUriLength 1024 (400 invalid_redirect_uri)', async t => {
+  const { g } = await ossSetup(t)
+  const registerRaw = async (body: string): Promise<{ status: number; body: Record<string, unknown> }> => {
+    const res = await fetch(`${g.base}/.well-known/oauth-authorization-server/client-registration`, { method: 'POST', headers: { 'content-type': 'application/json' }, body })
+    const text = await res.text()
+    return { status: res.status, body: text.startsWith('{') ? JSON.parse(text) as Record<string, unknown> : {} }
+  }
+  const client = (uris: string[], extra: Record<string, unknown> = {}) => JSON.stringify({ client_name: 'limits', redirect_uris: uris, token_endpoint_auth_method: 'none', ...extra })
+  const uri = (i: number) => `http://127.0.0.1:53682/callback/${i}`
+  const ten = Array.from({ length: 10 }, (_, i) => uri(i))
+  t.equal((await registerRaw(client(ten))).status, 201, '10 redirect URIs pass')
+  const eleven = await registerRaw(client([...ten, uri(10)]))
+  t.equal(eleven.status, 400, '11 redirect URIs')
+  t.equal(eleven.body.error, 'invalid_redirect_uri')
+  const base = 'http://127.0.0.1:53682/'
+  t.equal((await registerRaw(client([base + 'a'.repeat(1024 - base.length)]))).status, 201, 'a 1024-character redirect URI passes')
+  const long = await registerRaw(client([base + 'a'.repeat(1025 - base.length)]))
+  t.equal(long.status, 400, 'a 1025-character redirect URI')
+  t.equal(long.body.error, 'invalid_redirect_uri')
+  const big = await registerRaw(client([uri(0)], { pad: 'x'.repeat(16384) }))
+  t.equal(big.status, 413, 'a body over 16384 bytes')
+})
