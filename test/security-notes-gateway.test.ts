@@ -9,7 +9,7 @@
 import t from 'tap'
 import { connect } from 'node:net'
 import { fullGateway } from './helpers/full-gateway.ts'
-import { freePort } from './helpers/cli.ts'
+import { freePort, runCli, configFile } from './helpers/cli.ts'
 import { EVERYTHING } from './helpers/facade.ts'
 import { parsePrometheus } from './helpers/admin.ts'
 
@@ -86,4 +86,23 @@ t.test('mcp.limits.maxToolLabels: only that many advertised tool names become la
   t.ok(tools.has('other'), 'the advertised name beyond the limit and the made-up name are other')
   t.notOk(metrics.includes('made-up-tool-name-7f3'), 'a made-up name is never a label')
   t.notOk(tools.has('get-sum'), 'an advertised name beyond maxToolLabels is not a label')
+})
+
+t.test('a ${NAME} value bound for an HTTP header that holds a newline is refused at load, naming its path (real CLI)', async t => {
+  const file = await configFile([
+    'mcp:', '  port: 0', '  host: 127.0.0.1', '  targets:',
+    '    - name: everything', `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
+    '  policies:', '    mcpAuthentication:', '      mode: strict', '      issuer: "https://idp.example.test/app/"', '      audiences: [gw]',
+    '      clientId: gw', '      provider: { oss_idp: {} }',
+    '      resourceMetadata: { resource: "https://gw.example.test/mcp", scopesSupported: [openid, "${SCOPE}"] }',
+    'admin: { enabled: false }',
+  ].join('\n') + '\n', 'mcpp-header-value-')
+  const [bad, good] = await Promise.all([
+    runCli(['-f', file, '--check'], { SCOPE: 'profile\r\nx-injected: 1' }),
+    runCli(['-f', file, '--check'], { SCOPE: 'profile' }),
+  ])
+  t.not(bad.code, 0, 'refused')
+  t.match(bad.stdout + bad.stderr, /mcp\.policies\.mcpAuthentication\.resourceMetadata\.scopesSupported(\.|\[|\/)1/, 'the path is named')
+  t.match(bad.stdout + bad.stderr, /control characters/)
+  t.equal(good.code, 0, `control: the same file with a plain value passes: ${good.stderr}`)
 })
