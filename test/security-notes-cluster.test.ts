@@ -1,18 +1,18 @@
 /**
- * README "Security notes", cluster and shared state (issue 22 item 18), from
- * the outside with hung processes rather than dead ones: a session owner
- * replica (the real CLI) stopped with SIGSTOP against `cluster.forwardTimeoutMs`,
- * and a real redis-server stopped with SIGSTOP against the 2 s Redis command
- * deadline (`cluster.redis`) and the facade's `redis.timeoutMs`. Every stopped
- * process is continued (SIGCONT) and killed in teardown.
+ * README "Security notes", cluster (issue 22 item 18), from the outside: a
+ * session owner replica (the real CLI) that hangs (SIGSTOP) against
+ * `cluster.forwardTimeoutMs`, continued (SIGCONT) and killed in teardown; a
+ * forged or altered `requestState` (2026-07-28 input requests) is unknown and
+ * relayed nowhere. Hung Redis: security-notes-redis.test.ts.
  */
 import t from 'tap'
 import type { Test } from 'tap'
 import type { ChildProcess } from 'node:child_process'
-import { spawnCli, waitForPort, freePort, eventually, configFile } from './helpers/cli.ts'
-import { fullGateway } from './helpers/full-gateway.ts'
-import { startRedis } from './helpers/redis.ts'
-import { EVERYTHING, facadeGateway, devIdpFor, ossAuth, Agent, FACADE_KEY, CALLBACK, pkce, register, authorizeUrl, redeem } from './helpers/facade.ts'
+import { spawnCli, waitForPort, freePort, configFile } from './helpers/cli.ts'
+import { fullGateway, type FullGateway } from './helpers/full-gateway.ts'
+import { everythingTarget } from './helpers/gateway-harness.ts'
+import { call } from './helpers/conformance-fixture.ts'
+import { EVERYTHING } from './helpers/facade.ts'
 
 const SECRET = 'cluster-secret-for-tests-0123456789abcdef'
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
@@ -72,41 +72,28 @@ t.test('cluster.forwardTimeoutMs: an owner that hangs (SIGSTOP) costs the client
   t.ok(fresh, 'the client initializes again on the relay')
 })
 
-t.test('cluster.redis hung (SIGSTOP): initialize gets 503 MCPP_ERR_SHARED_STATE with Retry-After, then recovers', async t => {
-  const redis = await startRedis(t)
-  const g = await fullGateway(t, { targets: [everything] }, 'info', {
-    cluster: { secret: SECRET, advertiseUrl: 'http://127.0.0.1:1', redis: { url: redis.url } },
-  })
-  await initialize(g.url)
-  stop(t, redis.child)
-  const hung = await post(g.url, INIT)
-  t.equal(hung.status, 503, 'Redis does not answer within its deadline: 503')
-  t.ok(hung.headers.get('retry-after'), 'with Retry-After')
-  t.match(hung.text, /MCPP_ERR_SHARED_STATE|shared state/i)
-  t.match(g.logText(), /MCPP_ERR_SHARED_STATE|Redis command took over 2000 ms/)
-  redis.child.kill('SIGCONT')
-  // Bounded: the client reconnects or the queued commands drain once Redis runs again.
-  const back = await eventually(() => post(g.url, INIT), r => r.status === 200, 100, 100)
-  t.equal(back.status, 200, 'Redis answers again: initialize works')
-})
-
-t.test('facade redis.timeoutMs: Redis hung (SIGSTOP) makes a code 503 temporarily_unavailable, never accepted unchecked', async t => {
-  const redis = await startRedis(t)
-  const port = await freePort()
-  const idp = await devIdpFor(t, () => [`http://127.0.0.1:${port}/oauth/callback`])
-  const g = await facadeGateway(t, ossAuth(idp, { keys: [FACADE_KEY], redis: { url: redis.url, timeoutMs: 500 } }), { port })
-  const clientId = await register(g.base)
-  const agent = new Agent()
-  const codeFor = async (): Promise<Record<string, string>> => {
-    const { verifier, challenge } = pkce()
-    const cb = await agent.follow(authorizeUrl(g.base, clientId, challenge), CALLBACK)
-    return { grant_type: 'authorization_code', code: cb.searchParams.get('code')!, client_id: clientId, redirect_uri: CALLBACK, code_verifier: verifier }
+t.test('a forged or altered requestState (2026-07-28 input request, cluster) is unknown (-32602) and relayed nowhere', async t => {
+  const replica = async (): Promise<FullGateway> => {
+    const port = await freePort()
+    return fullGateway(t, { port, targets: [everythingTarget()] }, 'debug', { cluster: { secret: SECRET, advertiseUrl: `http://127.0.0.1:${port}` } })
   }
-  t.equal((await redeem(g.base, await codeFor())).status, 200, 'control: a code is redeemed while Redis answers')
-  const form = await codeFor()
-  stop(t, redis.child)
-  const hung = await redeem(g.base, form)
-  t.equal(hung.status, 503, 'Redis does not answer within timeoutMs')
-  t.equal(hung.body.error, 'temporarily_unavailable')
-  t.notOk('access_token' in hung.body, 'no tokens')
+  const a = await replica()
+  const b = await replica()
+  const caps = { elicitation: { form: {} } }
+  const params = { name: 'trigger-elicitation-request', arguments: {} }
+  const first = await call(a.url, 'tools/call', params, caps)
+  t.equal(first.json.result?.resultType, 'input_required', 'a call parked on A', { got: first.json })
+  const state = first.json.result?.requestState as string
+  const key = Object.keys(first.json.result?.inputRequests ?? {})[0]!
+  const retry = (requestState: string) => ({ ...params, requestState, inputResponses: { [key]: { action: 'decline' } } })
+  const i = Math.floor(state.length / 2)
+  const altered = state.slice(0, i) + (state[i] === 'A' ? 'B' : 'A') + state.slice(i + 1)
+  for (const [name, forged] of [['altered', altered], ['made up', 'A'.repeat(state.length)]] as const) {
+    const r = await call(b.url, 'tools/call', retry(forged), caps)
+    t.same(r.json.error, { code: -32602, message: 'Invalid params: unknown or expired requestState' }, `${name}: unknown`, { got: r.json })
+  }
+  t.notMatch(b.logText(), /forwarded to the session owner|session owner cannot be reached/, 'B relayed none of them')
+  const done = await call(b.url, 'tools/call', retry(state), caps)
+  t.equal(done.json.result?.resultType, 'complete', 'control: the real requestState through B completes the call on A', { got: done.json })
+  t.match(b.logText(), /forwarded to the session owner/, 'control: that one was relayed')
 })
