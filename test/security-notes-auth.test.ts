@@ -3,9 +3,13 @@
  * 18), from the outside: a real gateway on a real socket in front of the real
  * development IdP (oidc-provider). `clockToleranceSeconds` at its edge (the
  * default 30 and 0), and `keySet.refreshSeconds`: a rotated key set is picked
- * up by the background refresh, with no unknown `kid` to trigger a fetch.
+ * up by the background refresh, with no unknown `kid` to trigger a fetch;
+ * `keySet.maxBytes` and `keySet.timeoutMs` through the gateway.
  */
 import t from 'tap'
+import type * as Tap from 'tap'
+import { createServer, type ServerResponse } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { devIdp, authGateway, ossOptions } from './helpers/idp.ts'
 import { eventually } from './helpers/cli.ts'
 
@@ -50,4 +54,42 @@ t.test('keySet.refreshSeconds: a rotated key set is fetched in the background, n
   const fetched = idp.jwksRequests
   t.equal(await status(gw.url, await idp.mintToken({ sub: 'alice' })), 200, `a token signed with the new key (${kid}) passes`)
   t.equal(idp.jwksRequests, fetched, 'and needed no unknown-kid fetch: the refresh had brought the key')
+})
+
+/** A JWKS endpoint in front of the dev IdP's: `pad` bytes added to the set, or no answer at all. */
+async function jwksHop (t: Tap.Test, upstream: string, mode: { pad?: number; hang?: boolean }): Promise<{ url: string; hits: () => number }> {
+  let hits = 0
+  const hanging: ServerResponse[] = []
+  const server = createServer((_req, res) => {
+    hits++
+    if (mode.hang === true) { hanging.push(res); return }
+    fetch(upstream).then(r => r.json()).then((set: Record<string, unknown>) => {
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...set, pad: 'x'.repeat(mode.pad ?? 0) }))
+    }, () => res.writeHead(502).end())
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => { for (const r of hanging) r.destroy(); server.closeAllConnections(); server.close(() => resolve()) }))
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/jwks/`, hits: () => hits }
+}
+
+t.test('keySet.maxBytes and keySet.timeoutMs: a key set too large or too slow is not used; callers get 503 + Retry-After, not a hung request', async t => {
+  const idp = await devIdp(t)
+  const token = await idp.mintToken({ sub: 'alice' })
+  const small = await jwksHop(t, idp.jwksUrl, { pad: 600 })
+  const fits = await authGateway(t, ossOptions(idp, { jwks: small.url, keySet: { maxBytes: 4096 } }))
+  t.equal(await status(fits.url, token), 200, 'control: the padded set within maxBytes is used')
+  const big = await jwksHop(t, idp.jwksUrl, { pad: 5000 })
+  const capped = await authGateway(t, ossOptions(idp, { jwks: big.url, keySet: { maxBytes: 4096 } }))
+  const tooBig = await fetch(capped.url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' })
+  t.equal(tooBig.status, 503, 'a key set over maxBytes: no keys, 503 (the token is not judged invalid)')
+  t.ok(Number(tooBig.headers.get('retry-after')) > 0, 'with Retry-After')
+  await tooBig.text()
+  t.match(capped.logText(), /exceeds 4096 bytes/, 'the reason is logged')
+  const slow = await jwksHop(t, idp.jwksUrl, { hang: true })
+  const timed = await authGateway(t, ossOptions(idp, { jwks: slow.url, keySet: { timeoutMs: 200 } }))
+  t.ok(slow.hits() > 0, 'the slow key set was asked')
+  const hung = await fetch(timed.url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' })
+  t.equal(hung.status, 503, 'a key set not answering within timeoutMs: 503, the request is answered')
+  t.ok(Number(hung.headers.get('retry-after')) > 0, 'with Retry-After')
+  await hung.text()
 })
