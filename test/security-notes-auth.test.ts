@@ -63,7 +63,7 @@ async function jwksHop (t: Tap.Test, upstream: string, mode: { pad?: number; han
   const server = createServer((_req, res) => {
     hits++
     if (mode.hang === true) { hanging.push(res); return }
-    fetch(upstream).then(r => r.json()).then((set: Record<string, unknown>) => {
+    fetch(upstream).then(r => r.json() as Promise<Record<string, unknown>>).then(set => {
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...set, pad: 'x'.repeat(mode.pad ?? 0) }))
     }, () => res.writeHead(502).end())
   })
