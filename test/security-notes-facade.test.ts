@@ -108,6 +108,10 @@ t.test('expired state, code and refresh token are refused; the same ones before 
     const inTime = await redeem(g.base, form)
     t.equal(inTime.status, 200, 'the same refresh token in time is accepted')
   })
+
+  t.test('after all that, the sealing key is in no log line', async t => {
+    t.notOk(g.logText().includes(FACADE_KEY.secret))
+  })
 })
 
 /** Posts `bytes` bytes of form body; answers the status and the JSON or text body. */
