@@ -68,7 +68,10 @@ t.test('mcp.limits.maxToolLabels: only that many advertised tool names become la
   const headers = { 'mcp-session-id': init.sid!, 'mcp-protocol-version': '2025-06-18' }
   await post(g.url, JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }), headers)
   const listed = await post(g.url, JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list' }), headers)
-  const names = (JSON.parse(/^data: (.*)$/m.exec(listed.text)?.[1] ?? listed.text) as { result: { tools: Array<{ name: string }> } }).result.tools.map(x => x.name)
+  // An SSE answer may carry the server's notifications before the response: take the message with id 1.
+  const messages = (listed.text.startsWith('{') ? [listed.text] : listed.text.split('\n').filter(l => l.startsWith('data: ')).map(l => l.slice(6)))
+    .map(m => JSON.parse(m) as { id?: number; result?: { tools: Array<{ name: string }> } })
+  const names = messages.find(m => m.id === 1)?.result?.tools.map(x => x.name) ?? []
   t.ok(names.length > 2, `the target advertises ${names.length} tools`)
   t.ok(names.includes('echo') && names.includes('get-sum'))
   const call = (id: number, name: string, args: Record<string, unknown>) => post(g.url, JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: args } }), headers)
