@@ -151,7 +151,10 @@ t.test('a CIMD client_id whose name resolves to loopback is refused before any c
   const res = await fetch(authorizeUrl(g.base, clientId, challenge), { redirect: 'manual' })
   t.equal(res.status, 400)
   t.equal(res.headers.get('location'), null, 'an error page, never a redirect')
-  t.match(await res.text(), /private or reserved/)
+  const page = await res.text()
+  t.match(page, /could not be used/, 'the client is told only that the document could not be used')
+  t.notMatch(page, /private or reserved/, 'the reason is not on the page (no oracle)')
+  t.match(g.logText(), /private or reserved/, 'the reason is in the log')
   t.equal(target.connections(), 0, 'no connection reached the listener behind the name')
   // Control: with the test-only loopback switch the same client id does reach the listener.
   const port = await freePort()
