@@ -6,6 +6,7 @@
  * fails here, at start-up. Core keys only: plugin option types live with
  * their plugins.
  */
+import { weakSecret } from './secret-strength.ts'
 import { readFile } from 'node:fs/promises'
 import { dirname, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -357,6 +358,10 @@ export async function validateConfig (data: unknown, registry: PluginRegistry = 
     const c = parseCidr(text)
     if (typeof c === 'string') problems.push(`mcp.trustedProxies[${i}]: ${c}`)
   })
+  if (cfg.cluster !== undefined) {
+    const weak = weakSecret(cfg.cluster.secret)
+    if (weak !== undefined) problems.push(`cluster.secret: ${weak}`)
+  }
   problems.push(...checkPolicies(cfg, registry))
   if (problems.length > 0) {
     throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid configuration:\n' + problems.map(l => '  ' + l).join('\n'), { data: { problems } })

@@ -1,27 +1,40 @@
 /**
- * deploy/kubernetes/*.yaml, offline: every object against the Kubernetes
- * OpenAPI schemas (the validators `kubernetes-models` generates from them),
- * with unknown fields rejected as `kubectl apply --validate=strict` does; the
- * hardening the README promises (non-root, read-only root filesystem, no
- * capabilities, probes, resources); selectors that match; and each ConfigMap's
- * gateway config through the gateway's own loader with the env its pod sets.
+ * deploy/kubernetes (Kustomize), offline: each overlay rendered with
+ * `kubectl kustomize` (every component included at least once), then every
+ * object against the Kubernetes OpenAPI schemas (the validators
+ * `kubernetes-models` generates from them), with unknown fields rejected as
+ * `kubectl apply --validate=strict` does; the hardening the README promises
+ * (non-root, read-only root filesystem, no capabilities, probes, resources);
+ * selectors that match; no Secret in any file; a config change that renames
+ * the mounted ConfigMap (so the pods roll); and each gateway config through
+ * the gateway's own loader with the env its pod gets.
  */
 import t from 'tap'
-import { readdir, readFile, writeFile, mkdtemp, rm } from 'node:fs/promises'
-import { join } from 'node:path'
+import { readdir, readFile, writeFile, mkdtemp, rm, cp } from 'node:fs/promises'
+import { join, relative } from 'node:path'
+import { execFile } from 'node:child_process'
+import { promisify } from 'node:util'
 import { tmpdir } from 'node:os'
+import { randomBytes } from 'node:crypto'
 import { parseAllDocuments } from 'yaml'
 import { validate as validateConfigMap } from 'kubernetes-models/_schemas/IoK8sApiCoreV1ConfigMap'
 import { validate as validateSecret } from 'kubernetes-models/_schemas/IoK8sApiCoreV1Secret'
 import { validate as validateService } from 'kubernetes-models/_schemas/IoK8sApiCoreV1Service'
 import { validate as validateDeployment } from 'kubernetes-models/_schemas/IoK8sApiAppsV1Deployment'
 import { validate as validatePdb } from 'kubernetes-models/_schemas/IoK8sApiPolicyV1PodDisruptionBudget'
+import { validate as validateNetworkPolicy } from 'kubernetes-models/_schemas/IoK8sApiNetworkingV1NetworkPolicy'
+import { validate as validateIngress } from 'kubernetes-models/_schemas/IoK8sApiNetworkingV1Ingress'
+import { validate as validateHpa } from 'kubernetes-models/_schemas/IoK8sApiAutoscalingV2HorizontalPodAutoscaler'
 import { loadConfig } from '../core/config.ts'
 import { builtins } from '../plugins/index.ts'
 import { loadPlugins } from '../core/plugin-loader.ts'
 import { Metrics } from '../core/metrics.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import { ROOT } from './helpers/cli.ts'
+
+// The operator package exports its models, not their schema validators: take the
+// validator file beside its entry point.
+const { validate: validatePodMonitor } = await import(new URL('./_schemas/ComGithubPrometheusOperatorPrometheusOperatorPkgApisMonitoringV1PodMonitor.js', import.meta.resolve('@kubernetes-models/prometheus-operator')).href) as { validate: Validate }
 
 type Validate = ((data: unknown) => boolean) & { errors?: { instancePath: string; keyword: string; params: object }[] | null }
 const SCHEMAS: Record<string, Validate> = {
@@ -30,6 +43,10 @@ const SCHEMAS: Record<string, Validate> = {
   'v1/Service': validateService,
   'apps/v1/Deployment': validateDeployment,
   'policy/v1/PodDisruptionBudget': validatePdb,
+  'networking.k8s.io/v1/NetworkPolicy': validateNetworkPolicy,
+  'networking.k8s.io/v1/Ingress': validateIngress,
+  'autoscaling/v2/HorizontalPodAutoscaler': validateHpa,
+  'monitoring.coreos.com/v1/PodMonitor': validatePodMonitor,
 }
 
 /**
@@ -70,6 +87,7 @@ interface Probe { exec?: { command: string[] }; httpGet?: { path: string; port: 
 interface Container {
   name: string; image: string; args?: string[]; ports?: { name?: string; containerPort: number }[]
   env?: { name: string; value?: string; valueFrom?: { secretKeyRef?: { name: string; key: string }; fieldRef?: { fieldPath: string } } }[]
+  envFrom?: { configMapRef?: { name: string } }[]
   readinessProbe?: Probe; livenessProbe?: Probe; startupProbe?: Probe
   resources?: { requests?: Record<string, string>; limits?: Record<string, string> }
   securityContext?: { allowPrivilegeEscalation?: boolean; readOnlyRootFilesystem?: boolean; runAsNonRoot?: boolean; capabilities?: { drop?: string[] } }
@@ -85,11 +103,30 @@ interface Deployment extends K8sObject {
 }
 
 const dir = join(ROOT, 'deploy/kubernetes')
-const files = (await readdir(dir)).filter(f => f.endsWith('.yaml')).sort()
+const overlays = (await readdir(join(dir, 'overlays'))).sort()
+const components = (await readdir(join(dir, 'components'))).sort()
+const run = promisify(execFile)
+const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { version: string }
 
-async function load (file: string): Promise<K8sObject[]> {
-  const docs = parseAllDocuments(await readFile(join(dir, file), 'utf8'))
-  return (Array.isArray(docs) ? docs : [docs]).map(d => d.toJS() as K8sObject).filter(o => o !== null)
+/** `kubectl kustomize` of a folder; `with` adds components (as a user's overlay would). */
+async function render (folder: string, withComponents: string[] = []): Promise<K8sObject[]> {
+  let target = folder
+  let tmp: string | undefined
+  if (withComponents.length > 0) {
+    tmp = await mkdtemp(join(dir, '.render-'))
+    await writeFile(join(tmp, 'kustomization.yaml'), [
+      'apiVersion: kustomize.config.k8s.io/v1beta1', 'kind: Kustomization',
+      `resources: [${relative(tmp, folder)}]`,
+      `components: [${withComponents.map(c => relative(tmp!, join(dir, 'components', c))).join(', ')}]`, '',
+    ].join('\n'))
+    target = tmp
+  }
+  try {
+    const { stdout } = await run('kubectl', ['kustomize', target], { maxBuffer: 16 << 20 })
+    return parseAllDocuments(stdout).map(d => d.toJS() as K8sObject).filter(o => o !== null)
+  } finally {
+    if (tmp !== undefined) await rm(tmp, { recursive: true, force: true })
+  }
 }
 
 t.test('the strict validator rejects a wrong type and an unknown field', async t => {
@@ -104,13 +141,53 @@ t.test('the strict validator rejects a wrong type and an unknown field', async t
   t.same(strictErrors(validateDeployment, { ...bad, spec: { ...bad.spec, template: { ...bad.spec.template, spec: { containers: [{ name: 'c', image: 'i' }] } } } }), [], 'labels are a map: any key is fine')
 })
 
-t.test('both shapes are there', async t => {
-  t.same(files, ['gateway.yaml', 'sidecar.yaml'])
+t.test('the three shapes and the optional parts are there', async t => {
+  t.same(overlays, ['replicas-redis', 'sidecar', 'single'])
+  t.same(components, ['ingress-tls', 'monitoring'])
 })
 
-for (const file of files) {
-  t.test(`${file}: valid against the Kubernetes schemas, hardened, wired together`, async t => {
-    const objects = await load(file)
+t.test('no Secret with a value in any file: secrets are created out of band', async t => {
+  const walk = async (folder: string): Promise<string[]> => (await Promise.all((await readdir(folder, { withFileTypes: true }))
+    .map(e => e.isDirectory() ? walk(join(folder, e.name)) : [join(folder, e.name)]))).flat()
+  for (const file of (await walk(dir)).filter(f => f.endsWith('.yaml'))) {
+    const text = await readFile(file, 'utf8')
+    t.notMatch(text, /^kind: Secret$/m, `${relative(dir, file)}: no Secret object`)
+    t.notMatch(text, /secretGenerator/, `${relative(dir, file)}: no generated Secret`)
+  }
+  for (const overlay of overlays) {
+    t.notOk((await render(join(dir, 'overlays', overlay))).some(o => o.kind === 'Secret'), `${overlay}: renders no Secret`)
+  }
+})
+
+t.test('a config change renames the mounted ConfigMap, so the pods roll', async t => {
+  const copy = await mkdtemp(join(tmpdir(), 'mcpp-k8s-roll-'))
+  t.teardown(() => rm(copy, { recursive: true, force: true }))
+  await cp(dir, copy, { recursive: true })
+  const mounted = (objects: K8sObject[]): string | undefined => (objects.find(o => o.kind === 'Deployment') as Deployment | undefined)
+    ?.spec.template.spec.volumes?.find(v => v.name === 'config')?.configMap?.name
+  for (const overlay of overlays) {
+    const before = mounted(await render(join(copy, 'overlays', overlay)))
+    t.match(before, /^mcp-proxy-config-[a-z0-9]+$/, `${overlay}: the ConfigMap's name carries a hash of its content`)
+  }
+  const edit = async (file: string): Promise<void> => { await writeFile(file, `${await readFile(file, 'utf8')}\n# changed\n`) }
+  await edit(join(copy, 'base/config.yaml'))
+  await edit(join(copy, 'overlays/replicas-redis/config.yaml'))
+  for (const overlay of overlays) {
+    const before = mounted(await render(join(dir, 'overlays', overlay)))
+    const after = mounted(await render(join(copy, 'overlays', overlay)))
+    t.not(after, before, `${overlay}: another name after the config changed`)
+  }
+})
+
+const shapes = [
+  ...overlays.map(o => ({ name: o, folder: join(dir, 'overlays', o), with: [] as string[] })),
+  // Every component rendered at least once, on the single-replica shape.
+  { name: `single + ${components.join(' + ')}`, folder: join(dir, 'overlays/single'), with: components },
+]
+
+for (const shape of shapes) {
+  t.test(`${shape.name}: renders, valid against the Kubernetes schemas, hardened, wired together`, async t => {
+    const objects = await render(shape.folder, shape.with)
     for (const o of objects) {
       const validate = SCHEMAS[`${o.apiVersion}/${o.kind}`]
       t.ok(validate, `${o.kind} ${o.metadata.name}: a known kind`)
@@ -133,6 +210,7 @@ for (const file of files) {
     }
 
     const gateway = pod.containers.find(c => c.image.startsWith('mcp-idp-gateway:'))
+    t.equal(gateway?.image, `mcp-idp-gateway:${pkg.version}`, 'the image at the package version')
     t.ok(gateway, 'a gateway container')
     if (gateway === undefined) return
     t.same(gateway.args, ['-f', '/etc/mcp-proxy/config.yaml'], 'config at the documented path')
@@ -151,8 +229,25 @@ for (const file of files) {
       t.ok(selects(s.spec.selector), `${s.metadata.name} selects the pods`)
       t.same(s.spec.ports.map(p => p.targetPort), [gateway.ports![0]!.name], 'the Service reaches the gateway port only')
     }
-    for (const pdb of of<K8sObject & { spec: { selector: { matchLabels: Record<string, string> } } }>('PodDisruptionBudget')) {
-      t.ok(selects(pdb.spec.selector.matchLabels), `${pdb.metadata.name} covers the pods`)
+    for (const kind of ['PodDisruptionBudget', 'PodMonitor']) {
+      for (const o of of<K8sObject & { spec: { selector: { matchLabels: Record<string, string> } } }>(kind)) {
+        t.ok(selects(o.spec.selector.matchLabels), `${kind} ${o.metadata.name} covers the pods`)
+      }
+    }
+    t.equal(of('PodDisruptionBudget').length, 1, 'a PodDisruptionBudget')
+    for (const np of of<K8sObject & { spec: { podSelector: { matchLabels: Record<string, string> }; ingress: { ports: { port: string }[] }[] } }>('NetworkPolicy')) {
+      t.ok(selects(np.spec.podSelector.matchLabels), `NetworkPolicy ${np.metadata.name} covers the pods`)
+      t.same(np.spec.ingress.flatMap(r => r.ports.map(p => p.port)).sort(), ['mcp', 'probes'], 'only the MCP and probe ports take connections')
+    }
+    t.equal(of('NetworkPolicy').length, 1, 'a NetworkPolicy')
+    for (const hpa of of<K8sObject & { spec: { scaleTargetRef: { kind: string; name: string } } }>('HorizontalPodAutoscaler')) {
+      t.same(hpa.spec.scaleTargetRef, { apiVersion: 'apps/v1', kind: 'Deployment', name: deployment.metadata.name }, 'the HPA scales the Deployment')
+      t.equal((deployment.spec as { replicas?: number }).replicas, undefined, 'the HPA owns the replica count')
+    }
+    for (const ingress of of<K8sObject & { metadata: { annotations?: Record<string, string> }; spec: { tls: unknown[]; rules: { http: { paths: { backend: { service: { name: string; port: { name: string } } } }[] } }[] } }>('Ingress')) {
+      t.ok(ingress.metadata.annotations?.['cert-manager.io/cluster-issuer'], 'TLS from cert-manager')
+      t.ok(ingress.spec.tls.length > 0, 'TLS terminated')
+      t.same(ingress.spec.rules.flatMap(r => r.http.paths.map(p => p.backend.service)), [{ name: services[0]?.metadata.name, port: { name: 'mcp' } }], 'to the Service\'s MCP port')
     }
 
     // The ConfigMap mounted at /etc/mcp-proxy passes the gateway's own checks
@@ -160,14 +255,23 @@ for (const file of files) {
     const configVolume = pod.volumes?.find(v => v.name === gateway.volumeMounts?.find(m => m.mountPath === '/etc/mcp-proxy')?.name)
     const configMap = of<K8sObject & { data: Record<string, string> }>('ConfigMap').find(c => c.metadata.name === configVolume?.configMap?.name)
     t.ok(configMap?.data['config.yaml'], 'the mounted ConfigMap holds config.yaml')
-    const secrets = of<K8sObject & { stringData?: Record<string, string> }>('Secret')
+    // The env the container gets: the generated ConfigMaps (envFrom), the
+    // downward API, and the Secret created out of band (a fresh random value
+    // stands for each key the overlay's README line creates).
     const env: Record<string, string> = {}
+    for (const ref of gateway.envFrom ?? []) {
+      const source = of<K8sObject & { data: Record<string, string> }>('ConfigMap').find(c => c.metadata.name === ref.configMapRef?.name)
+      t.ok(source, `envFrom ${ref.configMapRef?.name}: a ConfigMap of this overlay`)
+      Object.assign(env, source?.data)
+    }
     for (const e of gateway.env ?? []) {
       const ref = e.valueFrom?.secretKeyRef
+      if (ref !== undefined) t.equal(ref.name, 'mcp-proxy-secrets', `${e.name}: from the Secret the overlay says to create`)
       // The downward API's pod IP: any address stands for it here.
       const field = e.valueFrom?.fieldRef?.fieldPath === 'status.podIP' ? '10.0.0.7' : undefined
-      const value = ref !== undefined ? secrets.find(s => s.metadata.name === ref.name)?.stringData?.[ref.key] : field ?? e.value
-      t.ok(value !== undefined, `${e.name} has a value in this file`)
+      const secret = ref === undefined ? undefined : ref.key === 'REDIS_URL' ? 'redis://127.0.0.1:6379' : randomBytes(36).toString('base64')
+      const value = secret ?? field ?? e.value
+      t.ok(value !== undefined, `${e.name} has a value`)
       env[e.name] = value ?? ''
     }
     const tmp = await mkdtemp(join(tmpdir(), 'mcpp-k8s-'))

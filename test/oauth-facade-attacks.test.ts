@@ -203,7 +203,7 @@ t.test(`two replicas with redis (${via}): a code redeemed on one is refused on t
   const redisUrl = `redis://127.0.0.1:${redisPort}/0`
   const facade = via === 'facade.redis' ? { keys: [FACADE_KEY], redis: { url: redisUrl, timeoutMs: 500 } } : { keys: [FACADE_KEY] }
   // cluster.redis alone (no facade.redis): the facade keeps its codes in the gateway's shared state.
-  const cluster = (advertiseUrl: string) => via === 'cluster.redis' ? { secret: 'x'.repeat(32), advertiseUrl, redis: { url: redisUrl } } : undefined
+  const cluster = (advertiseUrl: string) => via === 'cluster.redis' ? { secret: 'facade-attacks-cluster-0123456789abcdef', advertiseUrl, redis: { url: redisUrl } } : undefined
   const bPort = await freePort()
   const a = await facadeGateway(t, ossAuth(idp, facade), { port, cluster: cluster(publicBase) })
   const b = await facadeGateway(t, ossAuth(idp, facade), { port: bPort, publicBase, cluster: cluster(`http://127.0.0.1:${bPort}`) })
