@@ -21,7 +21,7 @@ import { ProxyError, RPC } from '../errors.ts'
 import { SseStream, SSE_HEADERS, type StreamLimits } from './sse.ts'
 import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
-import { GATEWAY_INFO, NAMED, Router, type ListMethod, type NamedMethod } from './router.ts'
+import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, invalidList, type ListMethod, type NamedMethod } from './router.ts'
 import { randomBytes } from 'node:crypto'
 import { isNotModern, type Bridged, type CallHooks, type PoolCall, type PooledUpstream, type PoolMode, type UpstreamPool } from './modern-pool.ts'
 import { subjectKeyOf } from './subject-key.ts'
@@ -642,7 +642,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     if (!multi) {
       const { res, entry } = await forward(ex, opts.targets[0]!, method, params)
       if (res.error !== undefined) { await ex.answer(res); return }
-      const result = (res.result ?? {}) as Record<string, unknown>
+      // The result is decorated below, so it must be an object even when no rule reads its items.
+      const invalid = router.checkList(entry.target, method, res.result) ?? (res.result === null || typeof res.result !== 'object' ? invalidList(entry.target, method, LIST_KEYS[method], res.result) : undefined)
+      if (invalid !== undefined) {
+        log.warn({ target: entry.target, method, err: invalid.message }, 'invalid upstream list result')
+        await ex.fail(invalid.code, invalid.message)
+        return
+      }
+      const result = res.result as Record<string, unknown>
       if (method === 'tools/list') paramHeaders.learn(entry.target, toolsOf(result), params.cursor === undefined)
       router.filterResult(ex.ctx, method, result, entry.target)
       await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })

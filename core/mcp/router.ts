@@ -39,6 +39,34 @@ export const LIST_KEYS = {
 
 export type ListMethod = keyof typeof LIST_KEYS
 
+/**
+ * The string field that names each item of a list (MCP 2025-11-25 schema: Tool and Prompt
+ * `name`, Resource `uri`, ResourceTemplate `uriTemplate`; tasks: Task `taskId`).
+ */
+const ITEM_NAME = { tools: 'name', prompts: 'name', resources: 'uri', resourceTemplates: 'uriTemplate', tasks: 'taskId' } as const
+
+/**
+ * Why one target's list result cannot be filtered or renamed, or undefined when it can. A
+ * server that answers a result its schema forbids has failed (JSON-RPC 2.0 §5.1: -32603
+ * Internal error), so the request gets that error naming the target rather than a list the
+ * rules could not be applied to (dropping the item instead would hide the upstream's fault
+ * and show a list that is not the upstream's).
+ */
+export function invalidList (target: string, method: string, key: ListKey | 'tasks', result: unknown): RpcError | undefined {
+  let why: string | undefined
+  if (result === null || typeof result !== 'object' || Array.isArray(result)) why = 'the result is not an object'
+  else {
+    const items = (result as Record<string, unknown>)[key]
+    const field = ITEM_NAME[key]
+    if (items !== undefined && !Array.isArray(items)) why = `"${key}" is not an array`
+    else if (items !== undefined) {
+      const i = items.findIndex(it => it === null || typeof it !== 'object' || typeof (it as Record<string, unknown>)[field] !== 'string')
+      if (i >= 0) why = `${key}[${i}] is not an object with a string "${field}"`
+    }
+  }
+  return why === undefined ? undefined : { code: RPC.INTERNAL_ERROR, message: `upstream ${target} answered an invalid ${method} result: ${why}` }
+}
+
 /** Narrows a method once, so that the list code below needs no lookup that might miss. */
 export function isListMethod (method: string): method is ListMethod {
   return Object.hasOwn(LIST_KEYS, method)
@@ -130,11 +158,20 @@ export class Router<T extends { readonly target: string }> {
     return allowOperation(this.checkers, ctx, method, kind, name, target)
   }
 
-  /** One target's list result, in place: only the items the caller may see. */
-  filterResult (ctx: RequestContext, method: ListMethod, result: Record<string, unknown> | undefined, target: string): void {
+  /**
+   * Why one target's list result cannot be filtered (invalidList), or undefined. Without
+   * rules the gateway does not read the items of one target's list, so nothing is checked.
+   */
+  checkList (target: string, method: ListMethod, result: unknown): RpcError | undefined {
+    return this.checkers.length === 0 ? undefined : invalidList(target, method, LIST_KEYS[method], result)
+  }
+
+  /** One target's list result (checked by checkList), in place: only the items the caller may see. */
+  filterResult (ctx: RequestContext, method: ListMethod, result: unknown, target: string): void {
+    if (this.checkers.length === 0) return
     const key = LIST_KEYS[method]
-    const items = result?.[key]
-    if (Array.isArray(items)) result![key] = filterListItems(this.checkers, ctx, method, items, target)
+    const r = result as Record<string, unknown>
+    if (Array.isArray(r[key])) r[key] = filterListItems(this.checkers, ctx, method, r[key], target)
   }
 
   /** A URI of `target` as the client sees it (resources/read contents, resources/updated). */
@@ -221,11 +258,13 @@ export class Router<T extends { readonly target: string }> {
         do {
           const r = await fetch(t, cursor === undefined ? {} : { cursor })
           if (r.error !== undefined) return r.error
-          const result = r.result as Record<string, unknown> | undefined
-          const items = result?.[key]
+          const invalid = invalidList(t.target, method, key, r.result)
+          if (invalid !== undefined) return invalid
+          const result = r.result as Record<string, unknown>
+          const items = result[key]
           if (Array.isArray(items)) for (const it of key === 'tasks' ? items : filterListItems(this.checkers, ctx, method, items, t.target)) out.push(renameListItem(t.target, key, it))
           seen.add(cursor)
-          cursor = result?.nextCursor
+          cursor = result.nextCursor
         } while (typeof cursor === 'string' && !seen.has(cursor) && !stopped())
       } catch (err) {
         return { code: RPC.SERVER_ERROR, message: (err as Error).message }

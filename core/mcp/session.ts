@@ -413,7 +413,15 @@ export class Session {
       const link = this.links[0]!
       this.#forward(inflight, link, msg, router.checkers.length === 0
         ? undefined
-        : (r) => { router.filterResult(inflight.exchange.ctx, method, r.result as Record<string, unknown> | undefined, link.target); return r })
+        : (r) => {
+            const invalid = router.checkList(link.target, method, r.result)
+            if (invalid === undefined) {
+              router.filterResult(inflight.exchange.ctx, method, r.result, link.target)
+              return r
+            }
+            this.#log.warn({ target: link.target, method, err: invalid.message }, 'invalid upstream list result')
+            return rpcError(invalid.code, invalid.message)
+          })
       return
     }
     if (!router.multi) {
@@ -574,8 +582,26 @@ export class Session {
     inflight.exchange.ctx.target ??= link.target
     link.active.add(inflight)
     const traced = tracer?.upstreamCall(inflight.exchange.ctx, link.target, msg)
-    const call = this.#send(link, msg, (r) => { traced?.(r); this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : post(r)) })
+    const call = this.#send(link, msg, (r) => {
+      traced?.(r)
+      this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : this.#rewrite(link, msg.method!, r, post))
+    })
     if (call !== undefined) inflight.calls.push(call)
+  }
+
+  /**
+   * An upstream answer rewritten for the client. A rewrite that fails on a malformed
+   * answer fails this request only (-32603 naming the target), never the session: the
+   * answer arrives in the upstream's message handler, where a throw would leave the
+   * request unanswered and the session and its child pinned.
+   */
+  #rewrite (link: Link, method: string, r: JsonRpcMessage, post: (r: JsonRpcMessage) => JsonRpcMessage): JsonRpcMessage {
+    try {
+      return post(r)
+    } catch (err) {
+      this.#log.warn({ target: link.target, method, err: (err as Error).message }, 'invalid upstream answer')
+      return rpcError(RPC.INTERNAL_ERROR, `upstream ${link.target} answered an invalid ${method} result`)
+    }
   }
 
   /** A request of the gateway's own (initialize, list pages, fan-outs). */
