@@ -808,10 +808,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   }
 
   async function complete (ex: Exchange, params: Record<string, unknown>): Promise<void> {
-    const factory = router.completionTarget(params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
-    if (factory === undefined) { await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference'); return }
+    const routed = router.completion(ex.ctx, params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+    if (routed === undefined) { await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference'); return }
+    const factory = routed.target
     ex.ctx.target = factory.target
-    const { res, entry } = await forward(ex, factory, 'completion/complete', params)
+    const forwarded = await forward(ex, factory, 'completion/complete', params)
+    const { entry } = forwarded
+    // Refused: the upstream's answer for a reference it does not have, with the caller's name.
+    const res = routed.standIn === undefined ? forwarded.res : routed.standIn.restore(forwarded.res)
     if (res.error !== undefined) { await ex.answer(res); return }
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'completion/complete', (res.result ?? {}) as Record<string, unknown>, serverInfoOf(entry)) })
   }
@@ -850,7 +854,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
         const entry = routed === undefined ? undefined : held.find(e => e.target === routed.target.target)
         if (entry === undefined || !capOf(entry, 'resources', 'subscribe')) continue
         const name = routed!.name
-        if (!router.allows(ex.ctx, 'resources/read', 'resource', name, entry.target)) continue
+        if (!router.allowsWatch(ex.ctx, name, entry.target)) continue
         const set = subscribed.get(entry) ?? new Set<string>()
         if (set.has(name)) { acked.push(uri); continue }
         // Counted on the upstream: another holder of the same URI keeps its subscription when this stream ends.
@@ -878,7 +882,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
           if (typeof uri !== 'string') continue
           const routed = router.resolve('resource', uri)
           if (routed === undefined || routed.target.target !== entry.target) continue
-          if (!router.allows(ex.ctx, 'resources/read', 'resource', routed.name, entry.target)) continue
+          if (!router.allowsWatch(ex.ctx, routed.name, entry.target)) continue
           uris.set(routed.name, uri)
         }
         mine.resourceSubscriptions = [...uris.keys()]

@@ -145,6 +145,30 @@ export class Router<T extends { readonly target: string }> {
   }
 
   /**
+   * completion/complete: the target of `ref` (rewritten in place, completionTarget) and, when
+   * the rules deny the prompt or resource template it completes, the stand-in it goes on with:
+   * a refused completion reads exactly as one for a reference the upstream does not have, as
+   * a refused call does. The rules see the completion as the use of its prompt (`prompts/get`)
+   * or template (`resources/read` with the template as `mcp.resource.uri`, as when filtering
+   * `resources/templates/list`); templates are compared as the upstream compares them, as
+   * strings (RFC 6570 templates are not URIs: no URI normalization).
+   */
+  completion (ctx: RequestContext, ref: { type?: string; name?: unknown; uri?: unknown } | undefined): { target: T; standIn: StandIn | undefined } | undefined {
+    const target = this.completionTarget(ref)
+    if (target === undefined) return undefined
+    let standIn: StandIn | undefined
+    if (this.checkers.length === 0) return { target, standIn }
+    if (ref?.type === 'ref/prompt' && typeof ref.name === 'string') {
+      standIn = this.refuse(ctx, 'prompts/get', 'prompt', ref.name, target.target)
+      if (standIn !== undefined) ref.name = standIn.value
+    } else if (ref?.type === 'ref/resource' && typeof ref.uri === 'string') {
+      standIn = this.refuse(ctx, 'resources/read', 'resource', ref.uri, target.target)
+      if (standIn !== undefined) ref.uri = standIn.value
+    }
+    return { target, standIn }
+  }
+
+  /**
    * Undefined when the caller may use the item; otherwise the stand-in the
    * call goes on with, so that a refusal reads exactly as the upstream's
    * answer for an item it does not have (policy.ts).
@@ -159,6 +183,20 @@ export class Router<T extends { readonly target: string }> {
   }
 
   /**
+   * Whether the caller may hear of changes to resource `uri` (upstream URI) of `target`: a
+   * caller may watch what it may read. Both eras' subscriptions ask this: `resources/subscribe`
+   * and `unsubscribe` (session era) and `subscriptions/listen` (2026-07-28).
+   */
+  allowsWatch (ctx: RequestContext, uri: string, target: string): boolean {
+    return allowOperation(this.checkers, ctx, 'resources/read', 'resource', uri, target)
+  }
+
+  /** As refuse, for a subscription: undefined when allowsWatch, else the stand-in it goes on with. */
+  refuseWatch (ctx: RequestContext, uri: string, target: string): StandIn | undefined {
+    return this.allowsWatch(ctx, uri, target) ? undefined : deniedStandIn(uri, 'resource')
+  }
+
+  /**
    * Why one target's list result cannot be filtered (invalidList), or undefined. Without
    * rules the gateway does not read the items of one target's list, so nothing is checked.
    */
@@ -170,8 +208,8 @@ export class Router<T extends { readonly target: string }> {
   filterResult (ctx: RequestContext, method: ListMethod, result: unknown, target: string): void {
     if (this.checkers.length === 0) return
     const key = LIST_KEYS[method]
-    const r = result as Record<string, unknown>
-    if (Array.isArray(r[key])) r[key] = filterListItems(this.checkers, ctx, method, r[key], target)
+    const r = result as Record<string, unknown> | undefined
+    if (Array.isArray(r?.[key])) r[key] = filterListItems(this.checkers, ctx, method, r[key], target)
   }
 
   /** A URI of `target` as the client sees it (resources/read contents, resources/updated). */

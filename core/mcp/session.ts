@@ -424,6 +424,10 @@ export class Session {
           })
       return
     }
+    if (method === 'completion/complete' && (router.multi || router.checkers.length > 0)) {
+      this.#complete(inflight, msg)
+      return
+    }
     if (!router.multi) {
       this.#forward(inflight, this.links[0]!, msg, undefined)
       return
@@ -432,15 +436,16 @@ export class Session {
       case 'logging/setLevel':
         void this.#fanOutSetLevel(inflight, msg)
         return
-      case 'completion/complete': {
-        const link = router.completionTarget(msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
-        if (link === undefined) this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
-        else this.#forward(inflight, link, msg, undefined)
-        return
-      }
       default:
         this.#reply(inflight, rpcError(RPC.METHOD_NOT_FOUND, `Method not found: ${method}`))
     }
+  }
+
+  /** completion/complete: to the target of its reference; one the rules deny under a stand-in (router.ts). */
+  #complete (inflight: Inflight, msg: JsonRpcMessage): void {
+    const routed = this.#router.completion(inflight.exchange.ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+    if (routed === undefined) this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
+    else this.#forward(inflight, routed.target, msg, routed.standIn?.restore, routed.standIn !== undefined)
   }
 
   /** tools/call, prompts/get, resources/read and (un)subscribe: to the item's target, refused ones under a stand-in. */
@@ -460,8 +465,12 @@ export class Session {
       name = r.name
     }
     const read = method === 'resources/read'
-    // Subscriptions are not checked here: what a caller may read is checked when it reads.
-    const refused = kind !== 'resource' || read ? router.refuse(inflight.exchange.ctx, method, kind, String(name), link.target) : undefined
+    // A subscription the rules deny goes on under a stand-in too: the upstream never hears of the
+    // denied URI, and the answer is its answer for a URI it does not have.
+    const ctx = inflight.exchange.ctx
+    const refused = kind !== 'resource' || read
+      ? router.refuse(ctx, method, kind, String(name), link.target)
+      : router.refuseWatch(ctx, String(name), link.target)
     if (refused !== undefined) {
       params[field] = refused.value
       this.#forward(inflight, link, msg, read ? (r) => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
