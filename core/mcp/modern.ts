@@ -683,13 +683,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   async function named (ex: Exchange, method: NamedMethod, params: Record<string, unknown>): Promise<void> {
     const { kind, field } = NAMED[method]
     const value = params[field]
-    const routed = typeof value === 'string' ? router.resolve(kind, value) : undefined
-    if (routed === undefined) {
-      // An unknown target prefix: the gateway's own namespace.
-      await ex.answer(modernError(router.unknown(kind, value)))
+    // An unknown target prefix (the gateway's own namespace), or a resource URI refused (resource-uri.ts).
+    const routed = typeof value === 'string' ? router.route(kind, value) : { answer: router.unknown(kind, value) }
+    if ('answer' in routed) {
+      await ex.answer(modernError(routed.answer))
       return
     }
-    const { target: factory, name } = routed
+    const { target: factory } = routed
+    const name = routed.name as string
     ex.ctx.target = factory.target
     let res: JsonRpcMessage | undefined
     const standIn = router.refuse(ex.ctx, method, kind, name, factory.target)
@@ -850,10 +851,10 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     if (Array.isArray(want.resourceSubscriptions)) {
       for (const uri of want.resourceSubscriptions) {
         if (typeof uri !== 'string') continue
-        const routed = router.resolve('resource', uri)
-        const entry = routed === undefined ? undefined : held.find(e => e.target === routed.target.target)
+        const routed = router.route('resource', uri)
+        const entry = 'answer' in routed ? undefined : held.find(e => e.target === routed.target.target)
         if (entry === undefined || !capOf(entry, 'resources', 'subscribe')) continue
-        const name = routed!.name
+        const name = (routed as { name: string }).name
         if (!router.allowsWatch(ex.ctx, name, entry.target)) continue
         const set = subscribed.get(entry) ?? new Set<string>()
         if (set.has(name)) { acked.push(uri); continue }
@@ -880,10 +881,11 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       if (Array.isArray(want.resourceSubscriptions)) {
         for (const uri of want.resourceSubscriptions) {
           if (typeof uri !== 'string') continue
-          const routed = router.resolve('resource', uri)
-          if (routed === undefined || routed.target.target !== entry.target) continue
-          if (!router.allowsWatch(ex.ctx, routed.name, entry.target)) continue
-          uris.set(routed.name, uri)
+          const routed = router.route('resource', uri)
+          if ('answer' in routed || routed.target.target !== entry.target) continue
+          const name = routed.name as string
+          if (!router.allowsWatch(ex.ctx, name, entry.target)) continue
+          uris.set(name, uri)
         }
         mine.resourceSubscriptions = [...uris.keys()]
       }

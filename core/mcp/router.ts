@@ -15,6 +15,7 @@ import { VERSION } from '../version.ts'
 import { RPC } from '../errors.ts'
 import { splitName, markUri, unmarkUri, prefixName, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
+import { normalizeResourceUri } from './resource-uri.ts'
 
 /** How the gateway names itself to clients (several targets) and to upstreams (pooled clients). */
 export const GATEWAY_INFO: Readonly<{ name: string; version: string }> = Object.freeze({
@@ -119,6 +120,27 @@ export class Router<T extends { readonly target: string }> {
     const split = kind === 'resource' ? unmarkUri(value) : splitName(value)
     const target = split === undefined ? undefined : this.#byTarget.get(split[0])
     return target === undefined ? undefined : { target, name: split![1] }
+  }
+
+  /**
+   * A named request's target and the upstream's name for the item (resolve), or the
+   * answer to give instead: an unknown target prefix, or, with rules, a resource URI
+   * that does not parse or is ambiguous. With rules a resource URI is the normalized
+   * one (resource-uri.ts): the rules see it and the upstream is sent it.
+   */
+  route (kind: OperationKind, value: unknown): { target: T; name: unknown } | { answer: JsonRpcMessage } {
+    let target = this.targets[0]!
+    let name = value
+    if (this.multi) {
+      const r = typeof value === 'string' ? this.resolve(kind, value) : undefined
+      if (r === undefined) return { answer: this.unknown(kind, value) }
+      target = r.target
+      name = r.name
+    }
+    if (kind !== 'resource' || this.checkers.length === 0) return { target, name }
+    const uri = typeof name === 'string' ? normalizeResourceUri(name) : { invalid: 'not a string' }
+    if ('uri' in uri) return { target, name: uri.uri }
+    return { answer: rpcError(RPC.INVALID_PARAMS, `Invalid resource URI: ${uri.invalid}`) }
   }
 
   /** The answer for a name or URI that no target has (the gateway's own namespace). */

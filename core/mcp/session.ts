@@ -452,18 +452,12 @@ export class Session {
   #named (inflight: Inflight, msg: JsonRpcMessage, method: string, kind: 'tool' | 'prompt' | 'resource', field: 'name' | 'uri'): void {
     const router = this.#router
     const params = msg.params ?? {}
-    const value = params[field]
-    let link = this.links[0]!
-    let name = value
-    if (router.multi) {
-      const r = typeof value === 'string' ? router.resolve(kind, value) : undefined
-      if (r === undefined) {
-        this.#reply(inflight, router.unknown(kind, value))
-        return
-      }
-      link = r.target
-      name = r.name
+    const routed = router.route(kind, params[field])
+    if ('answer' in routed) {
+      this.#reply(inflight, routed.answer)
+      return
     }
+    const { target: link, name } = routed
     const read = method === 'resources/read'
     // A subscription the rules deny goes on under a stand-in too: the upstream never hears of the
     // denied URI, and the answer is its answer for a URI it does not have.
@@ -476,7 +470,8 @@ export class Session {
       this.#forward(inflight, link, msg, read ? (r) => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
       return
     }
-    if (router.multi) params[field] = name
+    // The upstream's own name (several targets), or the URI the rules saw (resource-uri.ts).
+    params[field] = name
     const augmented = kind === 'tool' && params.task !== undefined
     if (augmented) {
       if (this.#tasks.full(this.#taskCalls.size)) {
