@@ -13,7 +13,7 @@
 import t, { type Test } from 'tap'
 import { everythingTarget } from './helpers/gateway-harness.ts'
 import { fullGateway, type FullGateway } from './helpers/full-gateway.ts'
-import { modernCall, openSession, type Message, type RawSession } from './helpers/raw-mcp.ts'
+import { listenAck, modernCall, openSession, type Message, type RawSession } from './helpers/raw-mcp.ts'
 
 const RULES = [
   'mcp.method != "resources/read" || startsWith(mcp.resource.uri, "demo://resource/dynamic/")',
@@ -110,4 +110,11 @@ t.test('2026-07-28, one and several targets', async t => {
   t.equal(bad.answer.error?.code, -32602, 'unparsable: invalid params')
   const plainMarked = (await modernCall(two.url, 'resources/read', { uri: `mcp-proxy://b/${DENIED}` })).answer
   for (const uri of PAST_DENY) refusedLike(t, (await modernCall(two.url, 'resources/read', { uri: `mcp-proxy://b/${uri}` })).answer, plainMarked, `marked ${uri}`)
+})
+
+t.test('2026-07-28 subscriptions/listen: another spelling of a denied URI is not subscribed', async t => {
+  const allowed = 'demo://resource/dynamic/text/./1'
+  const ack = await listenAck(one.url, { resourceSubscriptions: [allowed, 'demo://resource/dynamic/text/./2', 'demo://resource/dynamic/%2e%2e/static/document/architecture.md'] })
+  t.equal(ack.method, 'notifications/subscriptions/acknowledged')
+  t.same(ack.params?.notifications?.resourceSubscriptions, [allowed], 'only the allowed resource, named as the client named it')
 })

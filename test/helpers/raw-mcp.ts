@@ -81,3 +81,35 @@ export async function modernCall (url: string, method: string, params: Record<st
   if (answer === undefined) throw new Error(`${method}: no answer (status ${res.status}): ${JSON.stringify(all)}`)
   return { status: res.status, answer }
 }
+
+/**
+ * Opens a 2026-07-28 `subscriptions/listen` stream, reads its first message (the
+ * acknowledgement, MCP 2026-07-28 Subscriptions) and closes the stream.
+ */
+export async function listenAck (url: string, notifications: Record<string, unknown>): Promise<Message> {
+  const ac = new AbortController()
+  const res = await fetch(url, {
+    method: 'POST',
+    signal: ac.signal,
+    headers: { ...INIT_HEADERS, 'mcp-protocol-version': MODERN, 'mcp-method': 'subscriptions/listen' },
+    body: JSON.stringify({
+      jsonrpc: '2.0', id: 'listen-1', method: 'subscriptions/listen',
+      params: { _meta: { 'io.modelcontextprotocol/protocolVersion': MODERN, 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' } }, notifications },
+    }),
+  })
+  if (res.body === null) throw new Error(`subscriptions/listen: no stream (status ${res.status})`)
+  const reader = res.body.getReader()
+  const decoder = new TextDecoder()
+  let text = ''
+  try {
+    for (;;) {
+      const { value, done } = await reader.read()
+      if (done) throw new Error(`subscriptions/listen ended before its acknowledgement: ${text}`)
+      text += decoder.decode(value, { stream: true })
+      const [first] = sseMessages(text.slice(0, text.lastIndexOf('\n\n') + 2))
+      if (first !== undefined) return first
+    }
+  } finally {
+    ac.abort()
+  }
+}
