@@ -60,6 +60,10 @@ t.test('session, one target: denied prompt and template completions are refused 
   const deniedTemplate = (await s.call('completion/complete', templateRef(BLOB))).answer
   const unknownTemplate = (await s.call('completion/complete', templateRef('demo://resource/dynamic/none/{resourceId}'))).answer
   sameAsUnknown(t, deniedTemplate, BLOB, unknownTemplate, 'demo://resource/dynamic/none/{resourceId}', 'denied template')
+  // Templates are compared as written (servers match a ref by its exact template string), so
+  // another spelling of a denied template is simply unknown upstream: a guard, not normalization.
+  const respelled = (await s.call('completion/complete', templateRef('DEMO://resource/dynamic/blob/{resourceId}'))).answer
+  t.equal(respelled.result, undefined, 'another spelling of a denied template completes nothing')
 })
 
 t.test('session, one target: subscribing to a denied resource never names it upstream', async t => {
