@@ -29,12 +29,14 @@ t.test('allowOperation: every checker must allow; none means always', async t =>
 
 t.test('filterListItems: list items are checked as the call that would use them', async t => {
   const seen: McpOperation[] = []
-  const noSecret = checker('c', op => (op.tool?.name ?? op.prompt?.name ?? op.resource?.uri) !== 'secret', seen)
+  const noSecret = checker('c', op => !['secret', 's://h/secret'].includes((op.tool?.name ?? op.prompt?.name ?? op.resource?.uri)!), seen)
   t.same(filterListItems([noSecret], ctx, 'tools/list', [{ name: 'a' }, { name: 'secret' }], 't'), [{ name: 'a' }])
   t.same(filterListItems([noSecret], ctx, 'prompts/list', [{ name: 'secret' }], 't'), [])
-  t.same(filterListItems([noSecret], ctx, 'resources/list', [{ uri: 'secret' }, { uri: 'x' }], 't'), [{ uri: 'x' }])
+  // Resources are checked as a read would see them (resource-uri.ts): normalized; one a read would refuse is not listed.
+  t.same(filterListItems([noSecret], ctx, 'resources/list', [{ uri: 'S://h/x/../secret' }, { uri: 's://h/x' }, { uri: 'no uri' }], 't'), [{ uri: 's://h/x' }])
   t.same(filterListItems([noSecret], ctx, 'resources/templates/list', [{ uriTemplate: 'secret' }], 't'), [])
   t.same(seen.map(o => o.method), ['tools/call', 'tools/call', 'prompts/get', 'resources/read', 'resources/read', 'resources/read'])
+  t.same(seen.slice(3, 5).map(o => o.resource?.uri), ['s://h/secret', 's://h/x'], 'the rules saw the normalized URIs')
   const items = [{ name: 'secret' }]
   t.equal(filterListItems([], ctx, 'tools/list', items, 't'), items, 'no checkers: the same array')
 })

@@ -21,7 +21,7 @@ import { ProxyError, RPC } from '../errors.ts'
 import { SseStream, SSE_HEADERS, type StreamLimits } from './sse.ts'
 import { MODERN_REVISION, SESSION_REVISIONS } from './revision.ts'
 import { mergeCapabilities } from './naming.ts'
-import { GATEWAY_INFO, NAMED, Router, type ListMethod, type NamedMethod } from './router.ts'
+import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, invalidList, type ListMethod, type NamedMethod } from './router.ts'
 import { randomBytes } from 'node:crypto'
 import { isNotModern, type Bridged, type CallHooks, type PoolCall, type PooledUpstream, type PoolMode, type UpstreamPool } from './modern-pool.ts'
 import { subjectKeyOf } from './subject-key.ts'
@@ -642,7 +642,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     if (!multi) {
       const { res, entry } = await forward(ex, opts.targets[0]!, method, params)
       if (res.error !== undefined) { await ex.answer(res); return }
-      const result = (res.result ?? {}) as Record<string, unknown>
+      // The result is decorated below, so it must be an object even when no rule reads its items.
+      const invalid = router.checkList(entry.target, method, res.result) ?? (res.result === null || typeof res.result !== 'object' ? invalidList(entry.target, method, LIST_KEYS[method], res.result) : undefined)
+      if (invalid !== undefined) {
+        log.warn({ target: entry.target, method, err: invalid.message }, 'invalid upstream list result')
+        await ex.fail(invalid.code, invalid.message)
+        return
+      }
+      const result = res.result as Record<string, unknown>
       if (method === 'tools/list') paramHeaders.learn(entry.target, toolsOf(result), params.cursor === undefined)
       router.filterResult(ex.ctx, method, result, entry.target)
       await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })
@@ -676,13 +683,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   async function named (ex: Exchange, method: NamedMethod, params: Record<string, unknown>): Promise<void> {
     const { kind, field } = NAMED[method]
     const value = params[field]
-    const routed = typeof value === 'string' ? router.resolve(kind, value) : undefined
-    if (routed === undefined) {
-      // An unknown target prefix: the gateway's own namespace.
-      await ex.answer(modernError(router.unknown(kind, value)))
+    // An unknown target prefix (the gateway's own namespace), or a resource URI refused (resource-uri.ts).
+    const routed = typeof value === 'string' ? router.route(kind, value) : { answer: router.unknown(kind, value) }
+    if ('answer' in routed) {
+      await ex.answer(modernError(routed.answer))
       return
     }
-    const { target: factory, name } = routed
+    const { target: factory } = routed
+    const name = routed.name as string
     ex.ctx.target = factory.target
     let res: JsonRpcMessage | undefined
     const standIn = router.refuse(ex.ctx, method, kind, name, factory.target)
@@ -801,10 +809,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   }
 
   async function complete (ex: Exchange, params: Record<string, unknown>): Promise<void> {
-    const factory = router.completionTarget(params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
-    if (factory === undefined) { await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference'); return }
+    const routed = router.completion(ex.ctx, params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+    if (routed === undefined) { await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference'); return }
+    const factory = routed.target
     ex.ctx.target = factory.target
-    const { res, entry } = await forward(ex, factory, 'completion/complete', params)
+    const forwarded = await forward(ex, factory, 'completion/complete', params)
+    const { entry } = forwarded
+    // Refused: the upstream's answer for a reference it does not have, with the caller's name.
+    const res = routed.standIn === undefined ? forwarded.res : routed.standIn.restore(forwarded.res)
     if (res.error !== undefined) { await ex.answer(res); return }
     await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'completion/complete', (res.result ?? {}) as Record<string, unknown>, serverInfoOf(entry)) })
   }
@@ -839,11 +851,11 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     if (Array.isArray(want.resourceSubscriptions)) {
       for (const uri of want.resourceSubscriptions) {
         if (typeof uri !== 'string') continue
-        const routed = router.resolve('resource', uri)
-        const entry = routed === undefined ? undefined : held.find(e => e.target === routed.target.target)
+        const routed = router.route('resource', uri)
+        const entry = 'answer' in routed ? undefined : held.find(e => e.target === routed.target.target)
         if (entry === undefined || !capOf(entry, 'resources', 'subscribe')) continue
-        const name = routed!.name
-        if (!router.allows(ex.ctx, 'resources/read', 'resource', name, entry.target)) continue
+        const name = (routed as { name: string }).name
+        if (!router.allowsWatch(ex.ctx, name, entry.target)) continue
         const set = subscribed.get(entry) ?? new Set<string>()
         if (set.has(name)) { acked.push(uri); continue }
         // Counted on the upstream: another holder of the same URI keeps its subscription when this stream ends.
@@ -869,10 +881,11 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       if (Array.isArray(want.resourceSubscriptions)) {
         for (const uri of want.resourceSubscriptions) {
           if (typeof uri !== 'string') continue
-          const routed = router.resolve('resource', uri)
-          if (routed === undefined || routed.target.target !== entry.target) continue
-          if (!router.allows(ex.ctx, 'resources/read', 'resource', routed.name, entry.target)) continue
-          uris.set(routed.name, uri)
+          const routed = router.route('resource', uri)
+          if ('answer' in routed || routed.target.target !== entry.target) continue
+          const name = routed.name as string
+          if (!router.allowsWatch(ex.ctx, name, entry.target)) continue
+          uris.set(name, uri)
         }
         mine.resourceSubscriptions = [...uris.keys()]
       }

@@ -8,6 +8,7 @@ import type { RequestContext } from '../context.ts'
 import type { Plugin, McpOperation } from '../plugin.ts'
 import type { JsonRpcMessage } from '../targets/types.ts'
 import { randomBytes } from 'node:crypto'
+import { normalizeResourceUri } from './resource-uri.ts'
 
 export type OperationKind = 'tool' | 'prompt' | 'resource'
 
@@ -27,7 +28,11 @@ export function filterListItems (checkers: readonly Plugin[], ctx: RequestContex
   switch (listMethod) {
     case 'tools/list': return items.filter(t => allowOperation(checkers, ctx, 'tools/call', 'tool', (t as { name: string }).name, target))
     case 'prompts/list': return items.filter(p => allowOperation(checkers, ctx, 'prompts/get', 'prompt', (p as { name: string }).name, target))
-    case 'resources/list': return items.filter(r => allowOperation(checkers, ctx, 'resources/read', 'resource', (r as { uri: string }).uri, target))
+    // As a read would see it (resource-uri.ts): a URI the gateway would refuse to read is not listed.
+    case 'resources/list': return items.filter(r => {
+      const uri = normalizeResourceUri((r as { uri: string }).uri)
+      return 'uri' in uri && allowOperation(checkers, ctx, 'resources/read', 'resource', uri.uri, target)
+    })
     default: return items.filter(r => allowOperation(checkers, ctx, 'resources/read', 'resource', (r as { uriTemplate: string }).uriTemplate, target))
   }
 }

@@ -15,6 +15,7 @@ import { VERSION } from '../version.ts'
 import { RPC } from '../errors.ts'
 import { splitName, markUri, unmarkUri, prefixName, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
+import { normalizeResourceUri } from './resource-uri.ts'
 
 /** How the gateway names itself to clients (several targets) and to upstreams (pooled clients). */
 export const GATEWAY_INFO: Readonly<{ name: string; version: string }> = Object.freeze({
@@ -38,6 +39,34 @@ export const LIST_KEYS = {
 } as const satisfies Readonly<Record<string, ListKey>>
 
 export type ListMethod = keyof typeof LIST_KEYS
+
+/**
+ * The string field that names each item of a list (MCP 2025-11-25 schema: Tool and Prompt
+ * `name`, Resource `uri`, ResourceTemplate `uriTemplate`; tasks: Task `taskId`).
+ */
+const ITEM_NAME = { tools: 'name', prompts: 'name', resources: 'uri', resourceTemplates: 'uriTemplate', tasks: 'taskId' } as const
+
+/**
+ * Why one target's list result cannot be filtered or renamed, or undefined when it can. A
+ * server that answers a result its schema forbids has failed (JSON-RPC 2.0 §5.1: -32603
+ * Internal error), so the request gets that error naming the target rather than a list the
+ * rules could not be applied to (dropping the item instead would hide the upstream's fault
+ * and show a list that is not the upstream's).
+ */
+export function invalidList (target: string, method: string, key: ListKey | 'tasks', result: unknown): RpcError | undefined {
+  let why: string | undefined
+  if (result === null || typeof result !== 'object' || Array.isArray(result)) why = 'the result is not an object'
+  else {
+    const items = (result as Record<string, unknown>)[key]
+    const field = ITEM_NAME[key]
+    if (items !== undefined && !Array.isArray(items)) why = `"${key}" is not an array`
+    else if (items !== undefined) {
+      const i = items.findIndex(it => it === null || typeof it !== 'object' || typeof (it as Record<string, unknown>)[field] !== 'string')
+      if (i >= 0) why = `${key}[${i}] is not an object with a string "${field}"`
+    }
+  }
+  return why === undefined ? undefined : { code: RPC.INTERNAL_ERROR, message: `upstream ${target} answered an invalid ${method} result: ${why}` }
+}
 
 /** Narrows a method once, so that the list code below needs no lookup that might miss. */
 export function isListMethod (method: string): method is ListMethod {
@@ -93,6 +122,27 @@ export class Router<T extends { readonly target: string }> {
     return target === undefined ? undefined : { target, name: split![1] }
   }
 
+  /**
+   * A named request's target and the upstream's name for the item (resolve), or the
+   * answer to give instead: an unknown target prefix, or, with rules, a resource URI
+   * that does not parse or is ambiguous. With rules a resource URI is the normalized
+   * one (resource-uri.ts): the rules see it and the upstream is sent it.
+   */
+  route (kind: OperationKind, value: unknown): { target: T; name: unknown } | { answer: JsonRpcMessage } {
+    let target = this.targets[0]!
+    let name = value
+    if (this.multi) {
+      const r = typeof value === 'string' ? this.resolve(kind, value) : undefined
+      if (r === undefined) return { answer: this.unknown(kind, value) }
+      target = r.target
+      name = r.name
+    }
+    if (kind !== 'resource' || this.checkers.length === 0) return { target, name }
+    const uri = typeof name === 'string' ? normalizeResourceUri(name) : { invalid: 'not a string' }
+    if ('uri' in uri) return { target, name: uri.uri }
+    return { answer: rpcError(RPC.INVALID_PARAMS, `Invalid resource URI: ${uri.invalid}`) }
+  }
+
   /** The answer for a name or URI that no target has (the gateway's own namespace). */
   unknown (kind: OperationKind, value: unknown): JsonRpcMessage {
     return kind === 'resource'
@@ -117,6 +167,30 @@ export class Router<T extends { readonly target: string }> {
   }
 
   /**
+   * completion/complete: the target of `ref` (rewritten in place, completionTarget) and, when
+   * the rules deny the prompt or resource template it completes, the stand-in it goes on with:
+   * a refused completion reads exactly as one for a reference the upstream does not have, as
+   * a refused call does. The rules see the completion as the use of its prompt (`prompts/get`)
+   * or template (`resources/read` with the template as `mcp.resource.uri`, as when filtering
+   * `resources/templates/list`); templates are compared as the upstream compares them, as
+   * strings (RFC 6570 templates are not URIs: no URI normalization).
+   */
+  completion (ctx: RequestContext, ref: { type?: string; name?: unknown; uri?: unknown } | undefined): { target: T; standIn: StandIn | undefined } | undefined {
+    const target = this.completionTarget(ref)
+    if (target === undefined) return undefined
+    let standIn: StandIn | undefined
+    if (this.checkers.length === 0) return { target, standIn }
+    if (ref?.type === 'ref/prompt' && typeof ref.name === 'string') {
+      standIn = this.refuse(ctx, 'prompts/get', 'prompt', ref.name, target.target)
+      if (standIn !== undefined) ref.name = standIn.value
+    } else if (ref?.type === 'ref/resource' && typeof ref.uri === 'string') {
+      standIn = this.refuse(ctx, 'resources/read', 'resource', ref.uri, target.target)
+      if (standIn !== undefined) ref.uri = standIn.value
+    }
+    return { target, standIn }
+  }
+
+  /**
    * Undefined when the caller may use the item; otherwise the stand-in the
    * call goes on with, so that a refusal reads exactly as the upstream's
    * answer for an item it does not have (policy.ts).
@@ -130,11 +204,34 @@ export class Router<T extends { readonly target: string }> {
     return allowOperation(this.checkers, ctx, method, kind, name, target)
   }
 
-  /** One target's list result, in place: only the items the caller may see. */
-  filterResult (ctx: RequestContext, method: ListMethod, result: Record<string, unknown> | undefined, target: string): void {
+  /**
+   * Whether the caller may hear of changes to resource `uri` (upstream URI) of `target`: a
+   * caller may watch what it may read. Both eras' subscriptions ask this: `resources/subscribe`
+   * and `unsubscribe` (session era) and `subscriptions/listen` (2026-07-28).
+   */
+  allowsWatch (ctx: RequestContext, uri: string, target: string): boolean {
+    return allowOperation(this.checkers, ctx, 'resources/read', 'resource', uri, target)
+  }
+
+  /** As refuse, for a subscription: undefined when allowsWatch, else the stand-in it goes on with. */
+  refuseWatch (ctx: RequestContext, uri: string, target: string): StandIn | undefined {
+    return this.allowsWatch(ctx, uri, target) ? undefined : deniedStandIn(uri, 'resource')
+  }
+
+  /**
+   * Why one target's list result cannot be filtered (invalidList), or undefined. Without
+   * rules the gateway does not read the items of one target's list, so nothing is checked.
+   */
+  checkList (target: string, method: ListMethod, result: unknown): RpcError | undefined {
+    return this.checkers.length === 0 ? undefined : invalidList(target, method, LIST_KEYS[method], result)
+  }
+
+  /** One target's list result (checked by checkList), in place: only the items the caller may see. */
+  filterResult (ctx: RequestContext, method: ListMethod, result: unknown, target: string): void {
+    if (this.checkers.length === 0) return
     const key = LIST_KEYS[method]
-    const items = result?.[key]
-    if (Array.isArray(items)) result![key] = filterListItems(this.checkers, ctx, method, items, target)
+    const r = result as Record<string, unknown> | undefined
+    if (Array.isArray(r?.[key])) r[key] = filterListItems(this.checkers, ctx, method, r[key], target)
   }
 
   /** A URI of `target` as the client sees it (resources/read contents, resources/updated). */
@@ -221,11 +318,13 @@ export class Router<T extends { readonly target: string }> {
         do {
           const r = await fetch(t, cursor === undefined ? {} : { cursor })
           if (r.error !== undefined) return r.error
-          const result = r.result as Record<string, unknown> | undefined
-          const items = result?.[key]
+          const invalid = invalidList(t.target, method, key, r.result)
+          if (invalid !== undefined) return invalid
+          const result = r.result as Record<string, unknown>
+          const items = result[key]
           if (Array.isArray(items)) for (const it of key === 'tasks' ? items : filterListItems(this.checkers, ctx, method, items, t.target)) out.push(renameListItem(t.target, key, it))
           seen.add(cursor)
-          cursor = result?.nextCursor
+          cursor = result.nextCursor
         } while (typeof cursor === 'string' && !seen.has(cursor) && !stopped())
       } catch (err) {
         return { code: RPC.SERVER_ERROR, message: (err as Error).message }

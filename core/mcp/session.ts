@@ -413,7 +413,19 @@ export class Session {
       const link = this.links[0]!
       this.#forward(inflight, link, msg, router.checkers.length === 0
         ? undefined
-        : (r) => { router.filterResult(inflight.exchange.ctx, method, r.result as Record<string, unknown> | undefined, link.target); return r })
+        : (r) => {
+            const invalid = router.checkList(link.target, method, r.result)
+            if (invalid === undefined) {
+              router.filterResult(inflight.exchange.ctx, method, r.result, link.target)
+              return r
+            }
+            this.#log.warn({ target: link.target, method, err: invalid.message }, 'invalid upstream list result')
+            return rpcError(invalid.code, invalid.message)
+          })
+      return
+    }
+    if (method === 'completion/complete' && (router.multi || router.checkers.length > 0)) {
+      this.#complete(inflight, msg)
       return
     }
     if (!router.multi) {
@@ -424,42 +436,42 @@ export class Session {
       case 'logging/setLevel':
         void this.#fanOutSetLevel(inflight, msg)
         return
-      case 'completion/complete': {
-        const link = router.completionTarget(msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
-        if (link === undefined) this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
-        else this.#forward(inflight, link, msg, undefined)
-        return
-      }
       default:
         this.#reply(inflight, rpcError(RPC.METHOD_NOT_FOUND, `Method not found: ${method}`))
     }
+  }
+
+  /** completion/complete: to the target of its reference; one the rules deny under a stand-in (router.ts). */
+  #complete (inflight: Inflight, msg: JsonRpcMessage): void {
+    const routed = this.#router.completion(inflight.exchange.ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+    if (routed === undefined) this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
+    else this.#forward(inflight, routed.target, msg, routed.standIn?.restore, routed.standIn !== undefined)
   }
 
   /** tools/call, prompts/get, resources/read and (un)subscribe: to the item's target, refused ones under a stand-in. */
   #named (inflight: Inflight, msg: JsonRpcMessage, method: string, kind: 'tool' | 'prompt' | 'resource', field: 'name' | 'uri'): void {
     const router = this.#router
     const params = msg.params ?? {}
-    const value = params[field]
-    let link = this.links[0]!
-    let name = value
-    if (router.multi) {
-      const r = typeof value === 'string' ? router.resolve(kind, value) : undefined
-      if (r === undefined) {
-        this.#reply(inflight, router.unknown(kind, value))
-        return
-      }
-      link = r.target
-      name = r.name
+    const routed = router.route(kind, params[field])
+    if ('answer' in routed) {
+      this.#reply(inflight, routed.answer)
+      return
     }
+    const { target: link, name } = routed
     const read = method === 'resources/read'
-    // Subscriptions are not checked here: what a caller may read is checked when it reads.
-    const refused = kind !== 'resource' || read ? router.refuse(inflight.exchange.ctx, method, kind, String(name), link.target) : undefined
+    // A subscription the rules deny goes on under a stand-in too: the upstream never hears of the
+    // denied URI, and the answer is its answer for a URI it does not have.
+    const ctx = inflight.exchange.ctx
+    const refused = kind !== 'resource' || read
+      ? router.refuse(ctx, method, kind, String(name), link.target)
+      : router.refuseWatch(ctx, String(name), link.target)
     if (refused !== undefined) {
       params[field] = refused.value
       this.#forward(inflight, link, msg, read ? (r) => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
       return
     }
-    if (router.multi) params[field] = name
+    // The upstream's own name (several targets), or the URI the rules saw (resource-uri.ts).
+    params[field] = name
     const augmented = kind === 'tool' && params.task !== undefined
     if (augmented) {
       if (this.#tasks.full(this.#taskCalls.size)) {
@@ -574,8 +586,26 @@ export class Session {
     inflight.exchange.ctx.target ??= link.target
     link.active.add(inflight)
     const traced = tracer?.upstreamCall(inflight.exchange.ctx, link.target, msg)
-    const call = this.#send(link, msg, (r) => { traced?.(r); this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : post(r)) })
+    const call = this.#send(link, msg, (r) => {
+      traced?.(r)
+      this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : this.#rewrite(link, msg.method!, r, post))
+    })
     if (call !== undefined) inflight.calls.push(call)
+  }
+
+  /**
+   * An upstream answer rewritten for the client. A rewrite that fails on a malformed
+   * answer fails this request only (-32603 naming the target), never the session: the
+   * answer arrives in the upstream's message handler, where a throw would leave the
+   * request unanswered and the session and its child pinned.
+   */
+  #rewrite (link: Link, method: string, r: JsonRpcMessage, post: (r: JsonRpcMessage) => JsonRpcMessage): JsonRpcMessage {
+    try {
+      return post(r)
+    } catch (err) {
+      this.#log.warn({ target: link.target, method, err: (err as Error).message }, 'invalid upstream answer')
+      return rpcError(RPC.INTERNAL_ERROR, `upstream ${link.target} answered an invalid ${method} result`)
+    }
   }
 
   /** A request of the gateway's own (initialize, list pages, fan-outs). */
