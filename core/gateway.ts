@@ -24,6 +24,7 @@ import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
 import { startTracing, stopTracing } from './tracing.ts'
 import { VERSION } from './version.ts'
+import { listenError } from './listen-error.ts'
 import { createClusterForward } from './mcp/cluster-forward.ts'
 import { createClientRelay } from './client-address.ts'
 import { createProbeServer, type ProbeReadiness } from './probes.ts'
@@ -122,7 +123,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     onAccess: rec => requestLog.add(rec),
     hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })
-  const bound = await gw.listen(mcpPort, config.mcp.host).catch(async (err: unknown) => { await endTracing(); throw err })
+  const bound = await gw.listen(mcpPort, config.mcp.host).catch(async (err: unknown) => { await endTracing(); throw listenError(err, 'mcp.port', mcpPort, config.mcp.host) })
   const cleanup: Array<() => Promise<unknown>> = [endTracing, async () => stopProcessMetrics(), () => gw.close(0)]
   // The admin listener is bound early too (a port in use fails start-up
   // before any plugin starts) and answers /readyz "starting" until then.
@@ -134,7 +135,9 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const server = createAdminServer({ log, metrics, token: config.admin.token, host: config.admin.host, state: () => adminState })
     cleanup.push(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
     try {
-      const adminPort = worker !== undefined ? await listen(server, 0, '127.0.0.1', true) : await listen(server, opts.adminPort ?? config.admin.port, config.admin.host)
+      const adminPort = worker !== undefined
+        ? await listen(server, 0, '127.0.0.1', true)
+        : await listen(server, opts.adminPort ?? config.admin.port, config.admin.host).catch((err: unknown) => { throw listenError(err, 'admin.port', opts.adminPort ?? config.admin.port, config.admin.host) })
       admin = server
       adminUrl = worker !== undefined ? `http://127.0.0.1:${adminPort}` : `http://${hostForUrl(config.admin.host)}:${adminPort}`
     } catch (err) {
@@ -154,6 +157,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   if (probes !== undefined) {
     try {
       const port = await listen(probes.server, opts.probesPort ?? config.probes!.port, config.probes!.host)
+        .catch((err: unknown) => { throw listenError(err, 'probes.port', opts.probesPort ?? config.probes!.port, config.probes!.host) })
       probesUrl = `http://${hostForUrl(config.probes!.host)}:${port}`
     } catch (err) {
       for (const c of cleanup.reverse()) await c().catch(() => {})

@@ -31,6 +31,7 @@
  * minute; its sessions are gone (clients get 404 and initialize again).
  */
 import cluster, { type Worker } from 'node:cluster'
+import { listenError } from './listen-error.ts'
 import { randomBytes } from 'node:crypto'
 import { availableParallelism } from 'node:os'
 import { createServer, request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http'
@@ -351,8 +352,8 @@ export async function runPrimary (o: PrimaryOptions): Promise<void> {
     s.listen(port, host, () => { s.off('error', reject); resolve() })
   })
   try {
-    if (probes !== undefined) await listen(probes.server, config.probes!.port, config.probes!.host)
-    if (admin !== undefined) await listen(admin, config.admin.port, config.admin.host)
+    if (probes !== undefined) await listen(probes.server, config.probes!.port, config.probes!.host).catch((err: unknown) => { throw listenError(err, 'probes.port', config.probes!.port, config.probes!.host) })
+    if (admin !== undefined) await listen(admin, config.admin.port, config.admin.host).catch((err: unknown) => { throw listenError(err, 'admin.port', config.admin.port, config.admin.host) })
   } catch (err) {
     if (probes !== undefined) await probes.close()
     if (admin !== undefined) await closeServer(admin)
