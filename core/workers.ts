@@ -31,12 +31,12 @@
  * minute; its sessions are gone (clients get 404 and initialize again).
  */
 import cluster, { type Worker } from 'node:cluster'
-import { listenError } from './listen-error.ts'
 import { randomBytes } from 'node:crypto'
 import { availableParallelism } from 'node:os'
 import { createServer, request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http'
 import type { Logger } from 'pino'
 import type { LoadedConfig } from './config.ts'
+import { listenError } from './listen-error.ts'
 import { Metrics } from './metrics.ts'
 import { collectProcessMetrics } from './process-metrics.ts'
 import { createProbeServer, type ProbeReadiness } from './probes.ts'
