@@ -3,6 +3,7 @@
  * plugins (in pipeline order), route table, upstream factories, the /mcp
  * endpoint, the MCP listener and the admin listener. Owns shutdown order.
  */
+import { createHmac, randomBytes } from 'node:crypto'
 import type { Server } from 'node:http'
 import { createServer as createNetServer, type Server as NetServer } from 'node:net'
 import type { Logger } from 'pino'
@@ -114,6 +115,11 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const traced = await startTracing(config.tracing, log, VERSION)
   const endTracing = (): Promise<void> => traced ? stopTracing() : Promise.resolve()
   const requestLog = new RequestLog()
+  // Marks the admin's own reads of the /.well-known documents (GatewayServerOptions.internalToken).
+  // Workers share the MCP port, so the read may land on a sibling: one value for all, from their shared secret.
+  const internalToken = worker === undefined
+    ? randomBytes(24).toString('base64url')
+    : createHmac('sha256', worker.secret).update('mcp-proxy internal requests').digest('base64url')
   const clusterSecret = config.cluster?.secret ?? worker?.secret
   const clientRelay = clusterSecret === undefined ? undefined : createClientRelay(clusterSecret, log)
   const gw = new GatewayServer({
@@ -121,6 +127,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     trustedProxies: config.mcp.trustedProxies,
     clientRelay,
     onAccess: rec => requestLog.add(rec),
+    internalToken,
     hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })
   const bound = await gw.listen(mcpPort, config.mcp.host).catch(async (err: unknown) => { await endTracing(); throw listenError(err, 'mcp.port', mcpPort, config.mcp.host) })
@@ -234,7 +241,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     if (admin !== undefined || probes !== undefined || worker !== undefined) {
       adminState = createAdminState({
         loaded, plugins, routes, endpoint, targets: lifecycles, requests: requestLog, metrics, log, version: VERSION,
-        mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
+        mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, internalToken, targetReadiness,
       })
       const state = adminState
       // Shared state (Redis) not reachable: this replica cannot check caps and limits.
