@@ -95,6 +95,17 @@ t.test('a probes port in use names probes.port', async t => {
   t.match(r.stderr, `cannot listen: probes.port ${port} is already in use (EADDRINUSE) on 127.0.0.1`)
 })
 
+t.test('with workers, an admin port in use names admin.port (the primary binds it)', async t => {
+  const blocker = createServer()
+  await new Promise<void>(resolve => blocker.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => blocker.close(() => resolve())))
+  const port = (blocker.address() as import('node:net').AddressInfo).port
+  const file = await configFile(`mcp:\n  port: ${await freePort()}\n  host: 127.0.0.1\n  targets:\n    - name: a\n      stdio: { cmd: node }\nadmin: { port: ${port}, host: 127.0.0.1 }\n`)
+  const r = await runCli(['-f', file, '--workers', '2'])
+  t.equal(r.code, 3)
+  t.match(r.stderr, `cannot listen: admin.port ${port} is already in use (EADDRINUSE) on 127.0.0.1`)
+})
+
 t.test('--schema prints the editor schema of this install, a file that exists', async t => {
   const r = await runCli(['--schema'])
   t.equal(r.code, 0)
