@@ -63,7 +63,7 @@ const KNOWN_GAPS: Partial<Record<Revision, Record<string, { paths: Path[]; why: 
 interface Check { id: string; status: string; errorMessage?: string }
 type Results = Map<string, Check[]>
 
-// Whole-file budget: a cold npx cache downloads Node 22 first (~30-60 s); the runs go in
+// Whole-file budget (Node 22 and the suite are installed beforehand: no download); the runs go in
 // parallel, three at a time: about 30-50 s each on an idle 2-core machine, up to 150 s on one
 // loaded twentyfold (a stdio session starts a child). Generous, so a slow machine fails only on a real hang.
 t.setTimeout(600_000)
