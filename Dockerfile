@@ -16,9 +16,9 @@
 #   PID 1 is tini: it forwards SIGTERM/SIGINT to node (which drains and ends its
 #   stdio children) and reaps orphaned grandchildren of stdio targets, which a
 #   bare node as PID 1 would leave as zombies.
-ARG NODE_IMAGE=node:20-bookworm-slim
+ARG NODE_IMAGE=node:24-bookworm-slim
 
-# Build: all dependencies, tsc, npm pack (prepack builds dist/).
+# Build: all dependencies, tsc, npm pack (prepack empties dist/, prepare builds it).
 FROM ${NODE_IMAGE} AS build
 WORKDIR /src
 COPY package.json package-lock.json ./

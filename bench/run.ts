@@ -39,6 +39,7 @@ import { rssOf, cpuMsOf, cpuMsOfTree, sleep, stopAll } from './lib/procs.ts'
 import { buildGateway, startGatewayProcess, startOtlpSink, type AuthSettings } from './lib/gateway.ts'
 import { findNginx, startNginx } from './lib/nginx.ts'
 import { benchVerifier, type VerifyResult } from './lib/verifier-bench.ts'
+import { ensurePeers } from './lib/peers.ts'
 import {
   paths, gatewaySystem, gatewaySharedSystem, supergatewaySystem, punkpeyeSystem, bareBridgeSystem, everythingHttpSystem, rawStdioSystem,
   sseUpstream, openWorkers, closeWorkers, type System, type Worker,
@@ -540,6 +541,7 @@ async function main (): Promise<void> {
   const targets: Array<{ target: string; measured: string; met: boolean | undefined }> = []
   try {
     if (ONLY.has('a') || ONLY.has('b') || ONLY.has('c') || ONLY.has('e')) {
+      await ensurePeers(join(ROOT, 'bench'), say)
       say('starting systems: gateway (child per session, and shared child), supergateway, punkpeye mcp-proxy, bare bridge, server-everything streamableHttp')
       const [gw, gwShared, sg, pp, bare, barePer, direct] = await Promise.all([
         gatewaySystem(P, auth, () => token),

@@ -55,15 +55,12 @@ async function main (): Promise<void> {
   Without a token you get 401 with WWW-Authenticate pointing at
   http://localhost:3000/.well-known/oauth-protected-resource/mcp
 
-  MCP Inspector 2.x (Node 22.19+): choose "Streamable HTTP", URL ${mcp}, and connect:
+  MCP Inspector 2.x: choose "Streamable HTTP", URL ${mcp}, and connect:
   it discovers the metadata, registers, and logs in through the dev provider without
-  a password prompt. On Node 20 start it with a Node 22 from npm:
+  a password prompt:
 
-    npx -y -p node@22 -p @modelcontextprotocol/inspector@2 -- mcp-inspector
-
-  (a plain npx @modelcontextprotocol/inspector on Node 20 installs 0.15, whose OAuth
-  flow fails: there, paste $TOKEN from the curl above as the bearer token of the
-  Authorization header in its Authentication settings)${facade ? `
+    npx -y @modelcontextprotocol/inspector@2
+${facade ? `
   In facade mode the gateway then shows its consent page before the Inspector gets a code.` : ''}
 
   Ctrl-C stops everything.

@@ -10,7 +10,7 @@
  */
 import cluster from 'node:cluster'
 import { parseArgs } from 'node:util'
-import { loadConfig, type LoadedConfig } from '../core/config.ts'
+import { loadConfig, packagePath, type LoadedConfig } from '../core/config.ts'
 import { startGateway, VERSION, type RunningGateway } from '../core/gateway.ts'
 import { loadPlugins } from '../core/plugin-loader.ts'
 import { ProxyError } from '../core/errors.ts'
@@ -30,6 +30,8 @@ with JWT authentication, OAuth metadata bridging and authorization rules.
 Options:
   -f, --file <path>   configuration file (YAML; \${NAME} expands environment variables)
       --check         validate the configuration, print a summary, and exit
+      --schema        print the path of this install's editor schema (for the
+                      yaml-language-server modeline) and exit
       --workers <N>   processes serving the MCP port together (1-64, or auto:
                       one per core); overrides the config's \`workers\`
   -h, --help          show this help
@@ -49,6 +51,7 @@ function readArgs () {
       options: {
         file: { type: 'string', short: 'f' },
         check: { type: 'boolean' },
+        schema: { type: 'boolean' },
         workers: { type: 'string' },
         help: { type: 'boolean', short: 'h' },
         version: { type: 'boolean', short: 'v' },
@@ -65,6 +68,7 @@ async function main (): Promise<void> {
   const v = readArgs().values
   if (v.help === true) { process.stdout.write(HELP + '\n'); return }
   if (v.version === true) { process.stdout.write(VERSION + '\n'); return }
+  if (v.schema === true) { process.stdout.write(packagePath('schemas/editor.schema.json') + '\n'); return }
   if (v.file === undefined) fail(EXIT.USAGE, `missing -f <config.yaml>\n\n${HELP}`)
 
   let loaded: LoadedConfig
@@ -107,7 +111,7 @@ async function main (): Promise<void> {
       await runPrimary({ loaded, count: workers, log: createLogger(cfg.logging), exit: code => process.exit(code) })
     } catch (err) {
       const errno = (err as NodeJS.ErrnoException).code as string | undefined
-      fail(EXIT.STARTUP, errno === 'EADDRINUSE' ? `cannot listen: address in use (${(err as Error).message})` : (err as Error).message)
+      fail(EXIT.STARTUP, errno === 'EADDRINUSE' || errno === 'EACCES' || errno === 'EADDRNOTAVAIL' ? `cannot listen: ${(err as Error).message}` : (err as Error).message)
     }
     return
   }
@@ -128,7 +132,7 @@ async function main (): Promise<void> {
     const code = ProxyError.is(err) && err.code === 'MCPP_ERR_CONFIG' ? EXIT.CONFIG : EXIT.STARTUP
     const errno = (err as NodeJS.ErrnoException).code as string | undefined
     const message = (err as Error).message
-    fail(code, errno === 'EADDRINUSE' ? `cannot listen: address in use (${message})` : message)
+    fail(code, errno === 'EADDRINUSE' || errno === 'EACCES' || errno === 'EADDRNOTAVAIL' ? `cannot listen: ${message}` : message)
   }
 
   let stopping = false

@@ -17,6 +17,7 @@ import { ProxyError } from './errors.ts'
 import { EMPTY_REGISTRY, type PluginModule, type PluginRegistry } from './plugin.ts'
 import { parseCidr } from './client-address.ts'
 import type { TracingConfig } from './tracing.ts'
+import { unknownKeyMessage } from './did-you-mean.ts'
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv
 
@@ -151,7 +152,10 @@ export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): s
     if (e.keyword === 'additionalProperties') {
       const key = (e.params as { additionalProperty: string }).additionalProperty
       at = at === '' ? key : `${at}.${key}`
-      msg = 'unknown key'
+      msg = unknownKeyMessage(key, Object.keys((e.parentSchema as { properties?: object } | undefined)?.properties ?? {}))
+    } else if (e.keyword === 'type' && (e.params as { type: string }).type === 'object' && typeof e.data === 'string' && Object.hasOwn((e.parentSchema as { properties?: object } | undefined)?.properties ?? {}, e.data)) {
+      // `provider: oss_idp` for `provider: { oss_idp: { ... } }`: the value names one of the object's keys.
+      msg = `must be an object like \`${at.split('.').pop()}: { ${e.data}: { … } }\`, not the string "${e.data}"`
     } else if (e.keyword === 'required') {
       const key = (e.params as { missingProperty: string }).missingProperty
       at = at === '' ? key : `${at}.${key}`
@@ -311,7 +315,7 @@ export function checkPolicies (config: GatewayConfig, registry: PluginRegistry):
   const policies = config.mcp.policies as Record<string, unknown>
   for (const key of Object.keys(policies)) {
     const mod = byPolicy.get(key)
-    if (mod === undefined) { problems.push(`mcp.policies.${key}: unknown key`); continue }
+    if (mod === undefined) { problems.push(`mcp.policies.${key}: ${unknownKeyMessage(key, byPolicy.keys())}`); continue }
     try {
       policies[key] = validatePluginOptions(mod, policies[key], `mcp.policies.${key}`)
     } catch (err) {

@@ -3,6 +3,7 @@
  * plugins (in pipeline order), route table, upstream factories, the /mcp
  * endpoint, the MCP listener and the admin listener. Owns shutdown order.
  */
+import { createHmac, randomBytes } from 'node:crypto'
 import type { Server } from 'node:http'
 import { createServer as createNetServer, type Server as NetServer } from 'node:net'
 import type { Logger } from 'pino'
@@ -24,6 +25,7 @@ import { createMcpEndpoint } from './mcp/index.ts'
 import { TargetReadiness } from './target-readiness.ts'
 import { startTracing, stopTracing } from './tracing.ts'
 import { VERSION } from './version.ts'
+import { listenError } from './listen-error.ts'
 import { createClusterForward } from './mcp/cluster-forward.ts'
 import { createClientRelay } from './client-address.ts'
 import { createProbeServer, type ProbeReadiness } from './probes.ts'
@@ -113,6 +115,11 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   const traced = await startTracing(config.tracing, log, VERSION)
   const endTracing = (): Promise<void> => traced ? stopTracing() : Promise.resolve()
   const requestLog = new RequestLog()
+  // Marks the admin's own reads of the /.well-known documents (GatewayServerOptions.internalToken).
+  // Workers share the MCP port, so the read may land on a sibling: one value for all, from their shared secret.
+  const internalToken = worker === undefined
+    ? randomBytes(24).toString('base64url')
+    : createHmac('sha256', worker.secret).update('mcp-proxy internal requests').digest('base64url')
   const clusterSecret = config.cluster?.secret ?? worker?.secret
   const clientRelay = clusterSecret === undefined ? undefined : createClientRelay(clusterSecret, log)
   const gw = new GatewayServer({
@@ -120,9 +127,10 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     trustedProxies: config.mcp.trustedProxies,
     clientRelay,
     onAccess: rec => requestLog.add(rec),
+    internalToken,
     hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })
-  const bound = await gw.listen(mcpPort, config.mcp.host).catch(async (err: unknown) => { await endTracing(); throw err })
+  const bound = await gw.listen(mcpPort, config.mcp.host).catch(async (err: unknown) => { await endTracing(); throw listenError(err, 'mcp.port', mcpPort, config.mcp.host) })
   const cleanup: Array<() => Promise<unknown>> = [endTracing, async () => stopProcessMetrics(), () => gw.close(0)]
   // The admin listener is bound early too (a port in use fails start-up
   // before any plugin starts) and answers /readyz "starting" until then.
@@ -134,7 +142,9 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const server = createAdminServer({ log, metrics, token: config.admin.token, host: config.admin.host, state: () => adminState })
     cleanup.push(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
     try {
-      const adminPort = worker !== undefined ? await listen(server, 0, '127.0.0.1', true) : await listen(server, opts.adminPort ?? config.admin.port, config.admin.host)
+      const adminPort = worker !== undefined
+        ? await listen(server, 0, '127.0.0.1', true)
+        : await listen(server, opts.adminPort ?? config.admin.port, config.admin.host).catch((err: unknown) => { throw listenError(err, 'admin.port', opts.adminPort ?? config.admin.port, config.admin.host) })
       admin = server
       adminUrl = worker !== undefined ? `http://127.0.0.1:${adminPort}` : `http://${hostForUrl(config.admin.host)}:${adminPort}`
     } catch (err) {
@@ -154,6 +164,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   if (probes !== undefined) {
     try {
       const port = await listen(probes.server, opts.probesPort ?? config.probes!.port, config.probes!.host)
+        .catch((err: unknown) => { throw listenError(err, 'probes.port', opts.probesPort ?? config.probes!.port, config.probes!.host) })
       probesUrl = `http://${hostForUrl(config.probes!.host)}:${port}`
     } catch (err) {
       for (const c of cleanup.reverse()) await c().catch(() => {})
@@ -230,7 +241,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     if (admin !== undefined || probes !== undefined || worker !== undefined) {
       adminState = createAdminState({
         loaded, plugins, routes, endpoint, targets: lifecycles, requests: requestLog, metrics, log, version: VERSION,
-        mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, targetReadiness,
+        mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, internalToken, targetReadiness,
       })
       const state = adminState
       // Shared state (Redis) not reachable: this replica cannot check caps and limits.

@@ -85,6 +85,8 @@ export interface StartupHold {
 export interface AccessRecord {
   id: string; method: string; path: string; status: number; durationMs: number
   mcpMethod?: string; sessionId?: string; subject?: string; denial?: Denial; at: number
+  /** The tool a `tools/call` named (clipped, as in the access log). */
+  tool?: string
 }
 
 export interface GatewayServerOptions {
@@ -102,7 +104,17 @@ export interface GatewayServerOptions {
   onAccess?: (rec: AccessRecord) => void
   /** Hold requests until `attach` (the gateway binds before its plugins exist). Default: serve at once. */
   hold?: StartupHold
+  /**
+   * The value of INTERNAL_HEADER on the gateway's own requests to itself (the
+   * admin UI reading the /.well-known documents every 15 s): those are kept out
+   * of the access log, the recent requests and the metrics. A per-process
+   * random value, so no client can hide its requests by sending the header.
+   */
+  internalToken?: string
 }
+
+/** Header marking the gateway's own requests to its MCP listener (see `internalToken`). */
+export const INTERNAL_HEADER = 'x-mcp-proxy-internal'
 
 /** Client-chosen strings (tool names, URIs, user agents) are cut to this many characters in the access log. */
 const MAX_LOGGED_CHARS = 256
@@ -317,6 +329,7 @@ export class GatewayServer {
   readonly clientAddresses: ClientAddresses
   #mcp: McpEndpoint
   readonly #onAccess: ((rec: AccessRecord) => void) | undefined
+  readonly #internalToken: string | undefined
   readonly #requests: Counter
   readonly #duration: Histogram
   /** Metric handles per route, then per status and MCP method, bound on first use. */
@@ -352,6 +365,7 @@ export class GatewayServer {
     this.clientAddresses = new ClientAddresses(opts.trustedProxies, opts.clientRelay)
     this.#mcp = opts.mcp
     this.#onAccess = opts.onAccess
+    this.#internalToken = opts.internalToken
     this.#hold = opts.hold
     if (opts.hold !== undefined) this.#held = new Set()
     this.#requests = opts.metrics.counter('mcp_proxy_requests_total', 'Requests by route, status and MCP method')
@@ -561,6 +575,10 @@ export class GatewayServer {
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
     tracer?.requestFinished(ctx, status)
+    if (this.#internalToken !== undefined && ctx.req.headers[INTERNAL_HEADER] === this.#internalToken) {
+      if (this.#inFlight === 0) this.#drained?.()
+      return
+    }
     const route = ctx.kind === 'mcp' ? '/mcp' : ctx.route !== undefined ? ctx.path : 'other'
     // A label value from a bounded set: the client names the method (metric-labels.ts).
     const named = ctx.mcp?.method
@@ -609,6 +627,7 @@ export class GatewayServer {
     this.#onAccess?.({
       id: ctx.id, method: ctx.method, path: ctx.path, status, durationMs, mcpMethod: ctx.mcp?.method,
       sessionId, subject: ctx.auth?.subject, denial: ctx.denial, at: Date.now(),
+      tool: ctx.mcp?.method === 'tools/call' && ctx.mcp.name !== undefined ? clip(ctx.mcp.name) : undefined,
     })
     if (this.#inFlight === 0) this.#drained?.()
   }

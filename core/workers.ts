@@ -36,6 +36,7 @@ import { availableParallelism } from 'node:os'
 import { createServer, request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http'
 import type { Logger } from 'pino'
 import type { LoadedConfig } from './config.ts'
+import { listenError } from './listen-error.ts'
 import { Metrics } from './metrics.ts'
 import { collectProcessMetrics } from './process-metrics.ts'
 import { createProbeServer, type ProbeReadiness } from './probes.ts'
@@ -351,8 +352,8 @@ export async function runPrimary (o: PrimaryOptions): Promise<void> {
     s.listen(port, host, () => { s.off('error', reject); resolve() })
   })
   try {
-    if (probes !== undefined) await listen(probes.server, config.probes!.port, config.probes!.host)
-    if (admin !== undefined) await listen(admin, config.admin.port, config.admin.host)
+    if (probes !== undefined) await listen(probes.server, config.probes!.port, config.probes!.host).catch((err: unknown) => { throw listenError(err, 'probes.port', config.probes!.port, config.probes!.host) })
+    if (admin !== undefined) await listen(admin, config.admin.port, config.admin.host).catch((err: unknown) => { throw listenError(err, 'admin.port', config.admin.port, config.admin.host) })
   } catch (err) {
     if (probes !== undefined) await probes.close()
     if (admin !== undefined) await closeServer(admin)

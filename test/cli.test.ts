@@ -81,7 +81,37 @@ t.test('a port in use exits 3', async t => {
   const file = await configFile(`mcp:\n  port: ${port}\n  host: 127.0.0.1\n  targets:\n    - name: a\n      stdio: { cmd: node }\nadmin: { enabled: false }\n`)
   const r = await runCli(['-f', file])
   t.equal(r.code, 3)
-  t.match(r.stderr, /address in use/)
+  t.match(r.stderr, `mcp-proxy: cannot listen: mcp.port ${port} is already in use (EADDRINUSE) on 127.0.0.1`, 'the message names the setting')
+})
+
+t.test('a probes port in use names probes.port', async t => {
+  const blocker = createServer()
+  await new Promise<void>(resolve => blocker.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => blocker.close(() => resolve())))
+  const port = (blocker.address() as import('node:net').AddressInfo).port
+  const file = await configFile(`mcp:\n  port: ${await freePort()}\n  host: 127.0.0.1\n  targets:\n    - name: a\n      stdio: { cmd: node }\nadmin: { enabled: false }\nprobes: { port: ${port}, host: 127.0.0.1 }\n`)
+  const r = await runCli(['-f', file])
+  t.equal(r.code, 3)
+  t.match(r.stderr, `cannot listen: probes.port ${port} is already in use (EADDRINUSE) on 127.0.0.1`)
+})
+
+t.test('with workers, an admin port in use names admin.port (the primary binds it)', async t => {
+  const blocker = createServer()
+  await new Promise<void>(resolve => blocker.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => blocker.close(() => resolve())))
+  const port = (blocker.address() as import('node:net').AddressInfo).port
+  const file = await configFile(`mcp:\n  port: ${await freePort()}\n  host: 127.0.0.1\n  targets:\n    - name: a\n      stdio: { cmd: node }\nadmin: { port: ${port}, host: 127.0.0.1 }\n`)
+  const r = await runCli(['-f', file, '--workers', '2'])
+  t.equal(r.code, 3)
+  t.match(r.stderr, `cannot listen: admin.port ${port} is already in use (EADDRINUSE) on 127.0.0.1`)
+})
+
+t.test('--schema prints the editor schema of this install, a file that exists', async t => {
+  const r = await runCli(['--schema'])
+  t.equal(r.code, 0)
+  const path = r.stdout.trim()
+  t.equal(path, join(ROOT, 'schemas/editor.schema.json'))
+  t.match(JSON.parse(await readFile(path, 'utf8')), { $schema: String })
 })
 
 t.test('SIGTERM stops accepting, ends every child process and exits 0', async t => {

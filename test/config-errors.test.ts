@@ -107,3 +107,25 @@ t.test('a missing required key is named even where a oneOf speaks for the choice
   t.notMatch(err.message, /mcp\.targets\[0\]: must have exactly one of stdio, mcp/)
   t.match(err.message, /mcp\.targets\[1\]: must have exactly one of stdio, mcp/)
 })
+
+t.test('unknown keys get the nearest allowed key at their path; a string where a provider object belongs says how to write it (real CLI)', async t => {
+  const file = await configFile([
+    'mcp:', '  port: 3000', '  hots: 127.0.0.1', TARGETS.trimEnd(), '  policies:', '    mcpAuthentcation: {}',
+    'admin: { enabeld: false, zzzzqqqq: 1 }', '',
+  ].join('\n'))
+  const r = await runCli(['-f', file, '--check'])
+  t.equal(r.code, 1)
+  t.match(r.stderr, 'mcp.hots: unknown key (did you mean "host"?)')
+  t.match(r.stderr, 'admin.enabeld: unknown key (did you mean "enabled"?)')
+  t.match(r.stderr, /admin\.zzzzqqqq: unknown key\n/, 'no guess when nothing is near')
+  const policies = await configFile(['mcp:', '  port: 3000', TARGETS.trimEnd(), '  policies:', '    mcpAuthentcation: {}', ''].join('\n'))
+  t.match((await runCli(['-f', policies, '--check'])).stderr, 'mcp.policies.mcpAuthentcation: unknown key (did you mean "mcpAuthentication"?)')
+  const provider = await configFile([
+    'mcp:', '  port: 3000', TARGETS.trimEnd(), '  policies:', '    mcpAuthentication:', '      mode: strict',
+    '      issuer: https://idp.example.com/application/o/mcp/', '      audiences: [mcp]', '      clientId: mcp',
+    '      resourceMetadata: { resource: "http://localhost:3000/mcp" }', '      provider: oss_idp', '',
+  ].join('\n'))
+  const p = await runCli(['-f', provider, '--check'])
+  t.equal(p.code, 1)
+  t.match(p.stderr, 'mcp.policies.mcpAuthentication.provider: must be an object like `provider: { oss_idp: { … } }`, not the string "oss_idp"')
+})

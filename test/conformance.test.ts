@@ -25,12 +25,13 @@
  * every path and set; server-everything (as issue 3 asked; it lacks most of the
  * tools the suite calls by name) for 2025-11-25 over stdio.
  *
- * The suite needs Node 22: `npx -p node@22` provides it (from the npm registry;
- * the first run downloads it, later runs use the npx cache).
+ * The suite (a devDependency, pinned exactly in package.json and the lockfile)
+ * runs on Node 22: the exact version .ci/run installs (MCPP_NODE22,
+ * test/helpers/node-versions.ts), nothing downloaded at test time.
  */
 import t, { type Test } from 'tap'
 import { spawn, type ChildProcess } from 'node:child_process'
-import { readFileSync, realpathSync } from 'node:fs'
+import { readFileSync } from 'node:fs'
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
@@ -39,10 +40,12 @@ import type { TargetConfig } from '../core/config.ts'
 import { EVERYTHING, ROOT, everythingTarget } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
 import { freePort } from './helpers/cli.ts'
+import { nodeBinary, packageBin } from './helpers/node-versions.ts'
 
 const PACKAGE = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
-const SUITE = `@modelcontextprotocol/conformance@${PACKAGE.devDependencies['@modelcontextprotocol/conformance']}`
-const NODE = 'node@22'
+const SUITE = '@modelcontextprotocol/conformance'
+// Exact, so the requirement sets below are the ones this version froze.
+const SUITE_VERSION = PACKAGE.devDependencies[SUITE]!
 const REVISIONS = ['2025-11-25', '2026-07-28'] as const
 type Revision = typeof REVISIONS[number]
 type Path = 'direct' | 'http' | 'stdio' | 'rule'
@@ -60,7 +63,7 @@ const KNOWN_GAPS: Partial<Record<Revision, Record<string, { paths: Path[]; why: 
 interface Check { id: string; status: string; errorMessage?: string }
 type Results = Map<string, Check[]>
 
-// Whole-file budget: a cold npx cache downloads Node 22 first (~30-60 s); the runs go in
+// Whole-file budget (Node 22 and the suite are installed beforehand: no download); the runs go in
 // parallel, three at a time: about 30-50 s each on an idle 2-core machine, up to 150 s on one
 // loaded twentyfold (a stdio session starts a child). Generous, so a slow machine fails only on a real hang.
 t.setTimeout(600_000)
@@ -133,18 +136,14 @@ async function startGateway (t: Test, targets: TargetConfig[], policies: Record<
 
 interface Suite { node: string; bin: string; requirements: (revision: Revision) => Set<string> }
 
-/**
- * Node 22 and the suite's bin, resolved once through npx (which installs them into its
- * cache on first use); every run then starts them directly, a fraction of a second each.
- */
+/** Node 22 (MCPP_NODE22) and the suite's bin from node_modules, checked once. */
 async function resolveSuite (): Promise<Suite> {
-  const { code, output } = await exec('npx', ['-y', '-p', NODE, '-p', SUITE, '--', 'sh', '-c', 'command -v node && command -v conformance'], 180_000)
-  const lines = output.split('\n').map(l => l.trim()).filter(l => l.startsWith('/'))
-  const node = lines.find(l => /\/node$/.test(l))
-  const bin = lines.find(l => /\/conformance$/.test(l))
-  if (code !== 0 || node === undefined || bin === undefined) throw new Error(`could not install ${SUITE} with ${NODE}:\n${output.slice(-2000)}`)
+  const node = nodeBinary(22)
+  const bin = packageBin(ROOT, SUITE, 'conformance')
+  const { code, output } = await exec(node, [bin, '--version'], 60_000)
+  if (code !== 0 || !output.includes(SUITE_VERSION)) throw new Error(`${SUITE} ${SUITE_VERSION} does not run with ${node}:\n${output.slice(-2000)}`)
   // <package>/dist/index.js; the frozen requirement sets are <package>/requirements/<revision>.yaml.
-  const pkg = dirname(dirname(realpathSync(bin)))
+  const pkg = dirname(dirname(bin))
   const requirements = (revision: Revision): Set<string> => {
     const doc = parseYaml(readFileSync(join(pkg, 'requirements', `${revision}.yaml`), 'utf8')) as { server: string[] }
     return new Set(doc.server)

@@ -14,31 +14,22 @@ import { join } from 'node:path'
 import { freePort } from './helpers/cli.ts'
 import { ROOT } from './helpers/gateway-harness.ts'
 import { ossSetup, Agent, FACADE_KEY } from './helpers/facade.ts'
+import { nodeBinary, packageBin } from './helpers/node-versions.ts'
 
-const SUITE = '@modelcontextprotocol/conformance@0.2.0-alpha.12'
-const NODE = 'node@22'
+// The suite is a devDependency pinned exactly; it runs on the Node 22 that
+// .ci/run installs (MCPP_NODE22, test/helpers/node-versions.ts): no download at test time.
+const SUITE = '@modelcontextprotocol/conformance'
 
 function env (): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, NO_COLOR: '1', npm_config_update_notifier: 'false' }
 }
 
-async function resolveSuite (): Promise<{ node: string; bin: string }> {
-  const child = spawn('npx', ['-y', '-p', NODE, '-p', SUITE, '--', 'sh', '-c', 'command -v node && command -v conformance'], { cwd: ROOT, env: env(), stdio: ['ignore', 'pipe', 'pipe'] })
-  let out = ''
-  child.stdout.setEncoding('utf8').on('data', (d: string) => { out += d })
-  child.stderr.setEncoding('utf8').on('data', (d: string) => { out += d })
-  const timer = setTimeout(() => child.kill('SIGKILL'), 180_000)
-  await new Promise(resolve => child.once('close', resolve))
-  clearTimeout(timer)
-  const lines = out.split('\n').map(l => l.trim()).filter(l => l.startsWith('/'))
-  const node = lines.find(l => /\/node$/.test(l))
-  const bin = lines.find(l => /\/conformance$/.test(l))
-  if (node === undefined || bin === undefined) throw new Error(`could not install ${SUITE}:\n${out.slice(-2000)}`)
-  return { node, bin }
+function resolveSuite (): { node: string; bin: string } {
+  return { node: nodeBinary(22), bin: packageBin(ROOT, SUITE, 'conformance') }
 }
 
 t.test('conformance authorization: metadata endpoint and authorization code grant pass against the facade', async t => {
-  const suite = await resolveSuite()
+  const suite = resolveSuite()
   const { g } = await ossSetup(t, {
     keys: [FACADE_KEY],
     clients: [{ clientId: 'conformance-client', clientName: 'MCP conformance suite', redirectUris: ['http://127.0.0.1/callback'] }],

@@ -24,7 +24,7 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { ROOT, freePort, eventually } from './helpers/cli.ts'
 import { EVERYTHING } from './helpers/gateway-harness.ts'
 
-// npm pack builds dist/ with tsc (prepack): most of this file's run time, and
+// npm pack builds dist/ with tsc (prepare, after prepack empties dist/): most of this file's run time, and
 // slower still while the rest of the suite shares the two cores.
 t.setTimeout(300_000)
 
@@ -138,7 +138,15 @@ t.test('the tarball ships the licence, the examples, and no dev-only script', as
   t.same(listed.filter(f => /^(test|bench|deploy|\.ci)\//.test(f)), [], 'no tests, benchmarks or CI files')
   const installed = JSON.parse(await readFile(join(app, 'package.json'), 'utf8')) as { scripts?: Record<string, string>; bin: Record<string, string> }
   // npm warns consumers about (and may refuse) packages with these scripts.
-  t.same(Object.keys(installed.scripts ?? {}).filter(s => ['preinstall', 'install', 'postinstall', 'prepare'].includes(s)), [], 'no install-time script')
+  // `prepare` builds dist/ so that `npm ci` in a clone leaves a runnable gateway.
+  // npm lists it among a tarball's install scripts (allowScripts): in an installed
+  // package, which ships no tsconfig.build.json, it does nothing and succeeds.
+  t.same(Object.keys(installed.scripts ?? {}).filter(s => ['preinstall', 'install', 'postinstall'].includes(s)), [], 'no install-time script')
+  if (installed.scripts?.prepare !== undefined) {
+    const before = await readFile(join(app, 'dist/bin/mcp-proxy.js'), 'utf8')
+    await run('sh', ['-c', installed.scripts.prepare], { cwd: app, env: npmEnv })
+    t.equal(await readFile(join(app, 'dist/bin/mcp-proxy.js'), 'utf8'), before, 'prepare is a no-op in an installed package')
+  }
   t.same(installed.bin, { 'mcp-proxy': 'dist/bin/mcp-proxy.js', 'mcp-idp-gateway': 'dist/bin/mcp-proxy.js' })
 })
 

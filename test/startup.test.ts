@@ -259,7 +259,7 @@ t.test('an admin port in use still exits 3', async t => {
   ])
   const run = cli(t, file)
   t.equal((await run.exited).code, 3)
-  t.match(run.output(), /cannot listen: address in use/)
+  t.match(run.output(), `cannot listen: admin.port ${(blocker.address() as import('node:net').AddressInfo).port} is already in use (EADDRINUSE)`, 'the message names the setting')
 })
 
 t.test('a plugin that fails to start still exits 3', async t => {

@@ -105,7 +105,44 @@ t.test('management page in chromium', async t => {
     await page.screenshot({ path: join(ARTIFACTS, 'admin-ui.png'), fullPage: true })
   })
 
+  await t.test('the tool column names the tool of each tools/call', async t => {
+    const row = page.locator('#requests tr', { has: page.locator('td.tool', { hasText: /^echo$/ }) }).first()
+    await row.waitFor()
+    t.match(await row.innerText(), /tools\/call\s+echo\s+200/)
+  })
+
+  await t.test('the page\'s own reads of the /.well-known documents are not traffic: not in Recent requests, the chart, the access log or the metrics', async t => {
+    // /api/oauth is what the page polls every 15 s; each call reads every /.well-known document of the MCP listener.
+    const headers = { authorization: `Bearer ${SECRETS.adminToken}` }
+    const before = await (await fetch(`${g.admin}/api/requests`, { headers })).json() as Array<{ id: string }>
+    const metricsBefore = await (await fetch(`${g.admin}/metrics`, { headers })).text()
+    const logBefore = g.logText().length
+    const oauth = await (await fetch(`${g.admin}/api/oauth`, { headers })).json() as { documents: Record<string, unknown> }
+    t.ok(Object.keys(oauth.documents).some(p => p.startsWith('/.well-known/')), 'the documents were read')
+    const after = await (await fetch(`${g.admin}/api/requests`, { headers })).json() as Array<{ id: string; path: string }>
+    t.same(after.filter(r => !before.some(b => b.id === r.id)).map(r => r.path), [], 'no new row in Recent requests (nor in the chart, fed by the same log)')
+    const wellKnown = (text: string): string[] => text.split('\n').filter(l => l.startsWith('mcp_proxy_requests_total') && l.includes('well-known')).sort()
+    t.same(wellKnown(await (await fetch(`${g.admin}/metrics`, { headers })).text()), wellKnown(metricsBefore), 'mcp_proxy_requests_total unchanged')
+    const accessLines = g.logText().slice(logBefore).split('\n').filter(l => l.includes('"msg":"request"') && l.includes('well-known'))
+    t.same(accessLines, [], 'no access-log line')
+    // A client sending the header with another value is still traffic.
+    const own = await fetch(`${g.mcp.replace(/\/mcp$/, '')}/.well-known/oauth-protected-resource/mcp`, { headers: { 'x-mcp-proxy-internal': 'guess' } })
+    t.equal(own.status, 200)
+    const latest = await (await fetch(`${g.admin}/api/requests`, { headers })).json() as Array<{ path: string }>
+    t.equal(latest[0]?.path, '/.well-known/oauth-protected-resource/mcp', 'a request with a guessed marker is listed like any other')
+  })
+
+  await t.test('ending a session asks first: dismissed, the session stays', async t => {
+    const dialog = new Promise<string>(resolve => page.once('dialog', d => { const m = d.message(); void d.dismiss().then(() => resolve(m)) }))
+    await page.click(`#sessions button[data-handle="${handle}"]`)
+    t.match(await dialog, new RegExp(`End session ${handle}… of alice\\?`))
+    t.equal(await page.locator(`#sessions button[data-handle="${handle}"]`).isEnabled(), true, 'nothing happened')
+    const tools = await client.listTools()
+    t.ok(tools.tools.length > 0, 'the client still uses its session')
+  })
+
   await t.test('ending the session from the page: the client gets 404', async t => {
+    page.once('dialog', d => { void d.accept() })
     await page.click(`#sessions button[data-handle="${handle}"]`)
     await page.locator(`#sessions tr[data-handle="${handle}"]`).waitFor({ state: 'detached' })
     const err = await client.listTools().then(() => undefined, (e: unknown) => e) as { code?: unknown } | undefined

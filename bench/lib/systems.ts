@@ -9,6 +9,7 @@ import { McpHttpSession, send } from './http-client.ts'
 import { StdioClient } from './stdio-client.ts'
 import { freePort, startService, type Service } from './procs.ts'
 import { startGatewayProcess, type AuthSettings } from './gateway.ts'
+import { peerBins } from './peers.ts'
 
 export type Role = 'gateway' | 'peer' | 'limit'
 
@@ -31,10 +32,12 @@ export interface System {
 export interface Paths {
   readonly root: string
   readonly everything: string
+  /** The peers, installed in bench/node_modules (bench/package.json). */
+  readonly peers: { readonly supergateway: string; readonly punkpeye: string }
 }
 
 export function paths (root: string): Paths {
-  return { root, everything: join(root, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js') }
+  return { root, everything: join(root, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js'), peers: peerBins(join(root, 'bench')) }
 }
 
 function httpSystem (name: string, role: Role, shape: string, url: string, service: Service, opts: { headers?: () => Record<string, string>; sessionless?: boolean } = {}): System {
@@ -64,7 +67,7 @@ export async function gatewaySharedSystem (p: Paths, auth: AuthSettings, token: 
 
 export async function supergatewaySystem (p: Paths): Promise<System> {
   const port = await freePort()
-  const bin = join(p.root, 'node_modules/supergateway/dist/index.js')
+  const bin = p.peers.supergateway
   const svc = await startService('supergateway', process.execPath, [bin,
     '--stdio', `${process.execPath} ${p.everything} stdio`,
     '--outputTransport', 'streamableHttp', '--stateful', '--port', String(port), '--logLevel', 'none'], { port })
@@ -73,7 +76,7 @@ export async function supergatewaySystem (p: Paths): Promise<System> {
 
 export async function punkpeyeSystem (p: Paths): Promise<System> {
   const port = await freePort()
-  const bin = join(p.root, 'node_modules/mcp-proxy/dist/bin/mcp-proxy.mjs')
+  const bin = p.peers.punkpeye
   const svc = await startService('punkpeye mcp-proxy', process.execPath, [bin,
     '--host', '127.0.0.1', '--port', String(port), '--server', 'stream', '--', process.execPath, p.everything, 'stdio'], { port })
   return httpSystem('punkpeye mcp-proxy', 'peer', 'one shared stdio child', `http://127.0.0.1:${port}/mcp`, svc)

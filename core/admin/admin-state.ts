@@ -10,7 +10,7 @@ import type { LoadedConfig } from '../config.ts'
 import type { Metrics } from '../metrics.ts'
 import type { Plugin, PluginDescription } from '../plugin.ts'
 import type { RouteTable } from '../routes.ts'
-import { outcomeOf, type AccessRecord } from '../server.ts'
+import { INTERNAL_HEADER, outcomeOf, type AccessRecord } from '../server.ts'
 import { denialText } from '../context.ts'
 import type { AdminState, TryInput } from './admin.ts'
 import type { PooledSummary, SessionSummary, TargetSummary } from '../mcp/index.ts'
@@ -107,6 +107,8 @@ export interface AdminStateOptions {
   readonly log: Logger
   /** Origin of the MCP listener reachable from this process, e.g. `http://127.0.0.1:8080`. */
   readonly mcpOrigin: string
+  /** Sent as INTERNAL_HEADER on the reads of the /.well-known documents: the UI's polling is not traffic. */
+  readonly internalToken?: string
   readonly version: string
   /** Whether each target can start, and what that means for readiness (`mcp.readiness.targets`). */
   readonly targetReadiness?: TargetReadiness
@@ -205,7 +207,9 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
       const documents: Record<string, unknown> = {}
       for (const path of routes.paths().filter(p => p.startsWith('/.well-known/') && !p.endsWith('client-registration'))) {
         try {
-          const r = await fetch(`${opts.mcpOrigin}${path}`, { signal: AbortSignal.timeout(5000), headers: { accept: 'application/json' } })
+          const headers: Record<string, string> = { accept: 'application/json' }
+          if (opts.internalToken !== undefined) headers[INTERNAL_HEADER] = opts.internalToken
+          const r = await fetch(`${opts.mcpOrigin}${path}`, { signal: AbortSignal.timeout(5000), headers })
           documents[path] = r.ok ? await r.json() : { status: r.status, body: await r.text().then(t => t.slice(0, 2000)) }
         } catch (err) { documents[path] = { error: (err as Error).message } }
       }

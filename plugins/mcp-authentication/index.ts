@@ -235,7 +235,7 @@ export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<Mcp
 
       const unauthorized = (ctx: RequestContext, f: AuthFailure): ProxyError => {
         failures.inc({ reason: f.reason })
-        ctx.denial = { reason: `invalid_token: ${f.message}` }
+        ctx.denial = { reason: `invalid_token: ${f.message}${f.detail === undefined ? '' : ` (${f.detail})`}` }
         return new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, f.message, {
           oauthError: 'invalid_token',
           headers: { 'www-authenticate': challenge(`error="invalid_token", error_description="${quote(f.message)}"`) },

@@ -22,11 +22,23 @@ export type TokenFailureReason = typeof TOKEN_FAILURE_REASONS[number]
 export class AuthFailure extends Error {
   /** Metric label, e.g. `expired`. */
   readonly reason: TokenFailureReason
-  constructor (reason: TokenFailureReason, description: string) {
+  /**
+   * For the operator's log line only, never the response: what was received
+   * against what was expected (the token's `iss` and the configured issuer).
+   */
+  readonly detail: string | undefined
+  constructor (reason: TokenFailureReason, description: string, detail?: string) {
     super(description)
     this.name = 'AuthFailure'
     this.reason = reason
+    this.detail = detail
   }
+}
+
+/** A claim value for a log line: quoted, bounded (it comes from the token, so from anyone). */
+function quoted (value: unknown): string {
+  const s = typeof value === 'string' ? value : JSON.stringify(value) ?? String(value)
+  return JSON.stringify(s.length > 120 ? s.slice(0, 120) + '…' : s)
 }
 
 /** How an access token is told from an ID token; `none` checks nothing. */
@@ -62,13 +74,15 @@ function decodeHeader (segment: string): Record<string, unknown> {
   return header as Record<string, unknown>
 }
 
-function mapJoseError (err: unknown): Error {
+function mapJoseError (err: unknown, issuer: string): Error {
   if (err instanceof KeysUnavailableError || err instanceof AuthFailure) return err
   if (err instanceof NoMatchingKeyError) return new AuthFailure('unknown_key', 'token signing key not found')
   if (err instanceof joseErrors.JWTExpired) return new AuthFailure('expired', 'token expired')
   if (err instanceof joseErrors.JWTClaimValidationFailed) {
     switch (err.claim) {
-      case 'iss': return new AuthFailure('issuer', 'token issuer not accepted')
+      // The signature was good: the token's iss is what the IdP really issues, and
+      // a mismatch is most often a trailing slash or a path in the configured issuer.
+      case 'iss': return new AuthFailure('issuer', 'token issuer not accepted', `token iss ${quoted(err.payload.iss)}, expected ${quoted(issuer)}`)
       case 'aud': return new AuthFailure('audience', 'token audience not accepted')
       case 'nbf': return new AuthFailure('not_yet_valid', 'token not yet valid')
       case 'exp': return new AuthFailure('no_expiry', 'token has no valid expiry')
@@ -156,7 +170,7 @@ export function createVerifier (opts: VerifierOptions): (token: string) => Promi
         currentDate: new Date(now * 1000),
       }))
     } catch (err) {
-      throw mapJoseError(err)
+      throw mapJoseError(err, opts.issuer)
     }
     // Before anything else walks the claims (jose's checks above read top-level fields only).
     freezeClaims(payload as Record<string, unknown>, opts.maxClaimDepth)

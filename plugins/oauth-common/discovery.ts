@@ -78,6 +78,8 @@ export interface DiscoveryCacheOptions {
   now?: () => number
   /** Called at each fetch attempt (the plugin counts them in its metrics). */
   onFetch?: () => void
+  /** Called with each good document stored (the bridge checks its issuer). */
+  onDocument?: (doc: DiscoveryDocument) => void
 }
 
 export interface DiscoveryState {
@@ -105,6 +107,7 @@ export class DiscoveryCache {
   #closed = false
   #fetches = 0
   readonly #onFetch: (() => void) | undefined
+  readonly #onDocument: ((doc: DiscoveryDocument) => void) | undefined
 
   constructor (opts: DiscoveryCacheOptions) {
     this.url = opts.url
@@ -115,6 +118,7 @@ export class DiscoveryCache {
     this.#log = opts.log
     this.#now = opts.now ?? Date.now
     this.#onFetch = opts.onFetch
+    this.#onDocument = opts.onDocument
   }
 
   /** First fetch plus the background refresh timer. Never throws. */
@@ -180,6 +184,7 @@ export class DiscoveryCache {
       this.#fetchedAt = this.#now()
       if (this.#lastError !== undefined) this.#log.info({ url: this.url }, 'identity provider discovery document fetched again')
       this.#lastError = undefined
+      this.#onDocument?.(this.#doc)
       return true
     } catch (err) {
       const e = err as Error

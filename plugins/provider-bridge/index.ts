@@ -69,6 +69,18 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
   }
   const baseUrl = env.baseUrl.replace(/\/+$/, '')
   const tenant = idp.cloud
+  // Tokens carry the issuer the IdP names in its discovery document; when the
+  // configured one differs (a trailing slash, most often, for oss_idp), every
+  // token would get 401 "token issuer not accepted": say so at start-up. A
+  // cloud_idp v1 issuer (sts.windows.net) legitimately differs from its v2 document.
+  let warnedIssuer: string | undefined
+  const checkIssuer = (doc: { issuer?: unknown }): void => {
+    const found = String(doc.issuer)
+    if (found === idp.issuer || found === warnedIssuer || (idp.cloud !== undefined && !/\/v2\.0\/?$/.test(idp.issuer))) return
+    warnedIssuer = found
+    env.log.warn({ path: 'mcp.policies.mcpAuthentication.issuer', configured: idp.issuer, discovered: found, discovery: idp.discoveryUrl },
+      `the identity provider's discovery document names issuer ${JSON.stringify(found)}, not the configured ${JSON.stringify(idp.issuer)}: tokens it issues will get 401 "token issuer not accepted" until mcp.policies.mcpAuthentication.issuer is set to ${JSON.stringify(found)}`)
+  }
   const fetchCounter = env.metrics.counter('mcp_proxy_discovery_fetches_total', 'Fetches of the identity provider\'s OIDC discovery document')
   fetchCounter.init()
   const fetches = fetchCounter.labels()
@@ -78,6 +90,7 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
     timeoutMs: idp.discovery.timeoutMs,
     log: env.log,
     onFetch: () => fetches.inc(),
+    onDocument: doc => checkIssuer(doc),
   })
   env.metrics.gauge('mcp_proxy_discovery_up', '1 when the last discovery fetch succeeded, 0 when it failed').collect = () => {
     const s = discovery.state

@@ -132,7 +132,9 @@ function renderTargets (targets) {
 
 // ---- sessions ----------------------------------------------------------------
 
-async function endSession (handle, button) {
+async function endSession (handle, subject, button) {
+  // Ending a session cannot be undone: the client's next request gets 404 and it must initialize again.
+  if (!window.confirm(`End session ${handle}… of ${subject}? Its upstream processes stop and the client must start a new session.`)) return
   button.disabled = true
   try {
     await api(`/api/sessions/${encodeURIComponent(handle)}`, { method: 'DELETE' })
@@ -147,7 +149,7 @@ function renderSessions (sessions) {
   $('#session-count').textContent = `(${sessions.length})`
   const rows = sessions.map(s => {
     const button = el('button', { type: 'button', class: 'danger end-session', 'data-handle': s.handle, title: 'End this session' }, 'End')
-    button.addEventListener('click', () => { void endSession(s.handle, button) })
+    button.addEventListener('click', () => { void endSession(s.handle, s.subject ?? '(anonymous)', button) })
     return el('tr', { 'data-handle': s.handle },
       el('td', { class: 'mono' }, `${s.id}…`),
       el('td', {}, s.subject ?? '(anonymous)'),
@@ -171,6 +173,7 @@ function renderRequests (list) {
     el('td', {}, r.method),
     el('td', { class: 'mono' }, r.path),
     el('td', { class: 'mono' }, r.mcpMethod || ''),
+    el('td', { class: 'mono tool' }, r.tool || ''),
     el('td', { class: 'num' }, r.status),
     el('td', { class: `decision ${r.decision}` }, r.decision),
     el('td', {}, r.reason || ''),
@@ -178,7 +181,7 @@ function renderRequests (list) {
     el('td', { class: 'mono' }, r.sessionId ? `${r.sessionId}…` : ''),
     el('td', { class: 'num' }, r.durationMs.toFixed(1)),
   ))
-  fillBody($('#requests'), rows, 10, 'no requests yet')
+  fillBody($('#requests'), rows, 11, 'no requests yet')
 }
 
 function renderChart (stats) {
