@@ -584,6 +584,11 @@ export default definePlugin<Record<string, never>>({
   optionsSchema: { type: 'object', additionalProperties: false, properties: {} },
   needs: ['idp', 'protectedResource', 'facade'],
   errors: [CodeStoreUnavailable],
+  summary (_options, provided) {
+    const keys = (provided.facade as FacadeOptions | undefined)?.keys ?? []
+    return `the gateway is the authorization server (consent, codes, tokens) in front of ${(provided.idp as FacadeIdp).issuer}; ` +
+      (keys.length > 0 ? `sealing keys: ${keys.map(k => k.kid).join(', ')}` : 'no sealing keys configured: derived from the secret the gateway\'s processes share, else ephemeral')
+  },
   create (_options, env) {
     const options = env.provided.facade as FacadeOptions | undefined
     if (options === undefined) {

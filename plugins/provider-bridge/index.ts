@@ -171,6 +171,12 @@ export default definePlugin<ProviderBridgeOptions>({
   optionsSchema: schema as Record<string, unknown>,
   needs: ['idp', 'protectedResource'],
   errors: [IdpUnavailable, OAuthRequestInvalid],
+  summary (options, provided) {
+    const idp = provided.idp as IdpIdentity
+    const schemes = options.allowedRedirectSchemes ?? []
+    return `authorization server metadata of ${idp.issuer} served${idp.family !== undefined ? ` and bridged for ${idp.family}` : ''}` +
+      (schemes.length > 0 ? `; private-use redirect schemes: ${schemes.join(', ')}` : '')
+  },
   create (options, env) {
     return createProviderBridge(env, options)
   },
