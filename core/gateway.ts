@@ -196,7 +196,8 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       ? await createRedisState({ url: redis.url, keyPrefix: redis.keyPrefix, log: log.child({ component: 'shared-state' }) })
       : worker?.shared ?? createMemoryState()
     cleanup.push(() => shared.close())
-    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics, shared } })
+    // The secret every process of this deployment shares: plugins derive keys from it (env.deriveKey).
+    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics, shared }, secret: clusterSecret })
     cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
     await checked
     const routes = new RouteTable(plugins)

@@ -145,8 +145,12 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
   const issuer = `${baseUrl}/mcp`
   const callbackUrl = baseUrl + options.callbackPath
   const secure = baseUrl.startsWith('https:')
-  const sealer = new Sealer(options.keys)
-  if (sealer.ephemeral) {
+  // Without keys: one key for every worker and replica, derived from the secret they share (a random key of
+  // each process's own would make a flow fail wherever its next step lands: "unknown client_id").
+  const sealer = new Sealer(options.keys, options.keys === undefined || options.keys.length === 0 ? env.deriveKey?.('seal') : undefined)
+  if (sealer.derived) {
+    log.info(`${FACADE_PATH}.keys is not set: sealing with a key derived from the secret the gateway's processes share (cluster.secret, else this run's); flows cross workers and replicas, and do not survive a change of that secret`)
+  } else if (sealer.ephemeral) {
     log.warn(`${FACADE_PATH}.keys is not set: sealing with an ephemeral key; flows, codes and refresh tokens do not survive a restart and do not cross replicas`)
   }
   const cimd = new CimdResolver(options.cimd)
