@@ -238,7 +238,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       readiness = () => {
         const r = state.ready()
         const sh = shared.ready()
-        return sh.ready ? r : { ready: false, reasons: [...r.reasons, `shared state: ${sh.reason ?? 'not ready'}`] }
+        return sh.ready ? r : { ready: false, reasons: [...r.reasons, `shared state: ${sh.reason ?? 'not ready'}`], codes: [...r.codes, 'shared_state_unavailable'] }
       }
     }
     log.info({ mcp: mcpUrl, ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined, targets: config.mcp.targets.map(t => t.name), plugins: plugins.map(p => p.name) },

@@ -48,8 +48,13 @@ export interface Plugin {
    * Must be synchronous and cheap: it runs once per listed item.
    */
   allowMcpOperation?(ctx: RequestContext, op: McpOperation): boolean
-  /** Whether the plugin is ready to serve (e.g. keys loaded); reported by `/readyz`. */
-  ready?(): boolean | { ready: boolean; reason?: string }
+  /**
+   * Whether the plugin is ready to serve (e.g. keys loaded); reported by `/readyz`.
+   * `reason` (details, may name hosts) goes to the admin listener only; the
+   * unauthenticated probe listener shows `code` instead (`[a-z0-9_]`, e.g.
+   * `idp_unreachable`; default `plugin_not_ready`).
+   */
+  ready?(): boolean | { ready: boolean; reason?: string; code?: string }
   /**
    * Read-only state for the admin UI/API (`GET /api/plugins`), asked only
    * when someone looks. Must never contain secrets.

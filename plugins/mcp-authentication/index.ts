@@ -351,7 +351,7 @@ export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<Mcp
           return verifyRequest(ctx, token)
         },
         ready () {
-          return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}` }
+          return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}`, code: 'idp_keys_unavailable' }
         },
         describe () {
           return {

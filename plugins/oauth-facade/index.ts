@@ -567,7 +567,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     ready () {
       return discovery.state.doc !== undefined
         ? { ready: true }
-        : { ready: false, reason: `identity provider discovery document not fetched (${discovery.state.lastError ?? 'pending'})` }
+        : { ready: false, reason: `identity provider discovery document not fetched (${discovery.state.lastError ?? 'pending'})`, code: 'idp_unreachable' }
     },
     describe () {
       return {

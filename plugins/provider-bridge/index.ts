@@ -144,7 +144,7 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
       const s = discovery.state
       return s.doc !== undefined
         ? { ready: true }
-        : { ready: false, reason: `identity provider discovery document not fetched (${s.lastError ?? 'pending'})` }
+        : { ready: false, reason: `identity provider discovery document not fetched (${s.lastError ?? 'pending'})`, code: 'idp_unreachable' }
     },
     describe () {
       const s = discovery.state
