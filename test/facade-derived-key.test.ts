@@ -16,6 +16,9 @@ import { Readable } from 'node:stream'
 import { configFile, freePort, spawnCli, waitForPort } from './helpers/cli.ts'
 import { Agent, CALLBACK, EVERYTHING, authorizeUrl, devIdpFor, facadeGateway, ossAuth, pkce, redeem, register } from './helpers/facade.ts'
 
+// Real CLI processes (and IdP logins): seconds each on a loaded machine, past the 120 s default.
+t.setTimeout(300_000)
+
 const FLOWS = 4
 
 /** fetch over a new TCP connection each time (so the primary hands it to the next worker), every Set-Cookie kept apart. */

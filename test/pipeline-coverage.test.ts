@@ -10,6 +10,9 @@ import t from 'tap'
 import { fileURLToPath } from 'node:url'
 import { canConnect, configFile, freePort, runCli, spawnCli, waitForPort } from './helpers/cli.ts'
 
+// Real CLI processes (and IdP logins): seconds each on a loaded machine, past the 120 s default.
+t.setTimeout(300_000)
+
 const EVERYTHING = fileURLToPath(new URL('../node_modules/@modelcontextprotocol/server-everything/dist/index.js', import.meta.url))
 const AUTH = [
   '    mcpAuthentication:',

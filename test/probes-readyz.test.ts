@@ -8,6 +8,9 @@
 import t from 'tap'
 import { configFile, eventually, freePort, spawnCli, waitForPort } from './helpers/cli.ts'
 
+// Real CLI processes (and IdP logins): seconds each on a loaded machine, past the 120 s default.
+t.setTimeout(300_000)
+
 const MISSING = '/nonexistent/secret-tools/bin/mcp-server-payroll'
 
 t.test('probe listener /readyz: reason codes only; the admin listener keeps the details', async t => {
