@@ -12,10 +12,9 @@ import cluster from 'node:cluster'
 import { parseArgs } from 'node:util'
 import { loadConfig, packagePath, type LoadedConfig } from '../core/config.ts'
 import { startGateway, VERSION, type RunningGateway } from '../core/gateway.ts'
-import { loadPlugins } from '../core/plugin-loader.ts'
+import { describePipeline, type PipelineStage } from '../core/plugin-loader.ts'
 import { ProxyError } from '../core/errors.ts'
 import { createLogger } from '../core/logger.ts'
-import { Metrics } from '../core/metrics.ts'
 import { builtins } from '../plugins/index.ts'
 import type { McpAuthenticationOptions } from '../plugins/mcp-authentication/index.ts'
 import { connectWorker, parseWorkersFlag, runPrimary, WORKER_ENV, workerCount, type WorkerChannel } from '../core/workers.ts'
@@ -43,6 +42,28 @@ Docs: README.md`
 function fail (code: number, message: string): never {
   process.stderr.write(`mcp-proxy: ${message}\n`)
   process.exit(code)
+}
+
+/**
+ * `--check`: the pipeline that will actually run (every start-up check
+ * passed, nothing created), in order, with what each stage enforces; the
+ * authentication line follows from that pipeline, never from a policy block
+ * alone.
+ */
+function checkSummary (file: string, loaded: LoadedConfig, stages: readonly PipelineStage[], workers: number, auto: boolean): string {
+  const cfg = loaded.config
+  const auth = stages.find(s => s.name === 'mcpAuthentication') === undefined
+    ? undefined
+    : cfg.mcp.policies.mcpAuthentication as McpAuthenticationOptions
+  return [
+    `config OK: ${file}`,
+    `  listen: ${cfg.mcp.host}:${cfg.mcp.port} (admin ${cfg.admin.enabled ? `${cfg.admin.host}:${cfg.admin.port}` : 'disabled'})`,
+    `  targets: ${cfg.mcp.targets.map(t => `${t.name} (${t.stdio !== undefined ? 'stdio' : 'http'})`).join(', ')}`,
+    `  pipeline: ${stages.map(p => p.name).join(' -> ') || '(none)'}${cfg.mcp.plugins !== undefined ? ' (mcp.plugins)' : ' (default, from mcp.policies)'}`,
+    ...stages.map((s, i) => `    ${i + 1}. ${s.name} (${s.optionsPath}): ${s.summary ?? 'third-party plugin, enforces what its module does'}`),
+    `  workers: ${workers === 1 ? '1 (one process)' : `${workers}${auto ? ' (auto: one per core)' : ''}, behind one primary`}`,
+    `  authentication: ${auth === undefined ? 'off (no mcpAuthentication stage in the pipeline)' : `${auth.mode}, issuer ${auth.issuer}${auth.provider !== undefined ? `, provider ${Object.keys(auth.provider)[0]}` : ''}`}`,
+  ].join('\n')
 }
 
 function readArgs () {
@@ -78,6 +99,14 @@ async function main (): Promise<void> {
     fail(EXIT.CONFIG, ProxyError.is(err) ? err.message : String(err))
   }
   const cfg = loaded.config
+  // The whole pipeline checked before any port is bound or worker forked: a
+  // configured block no stage acts on fails here (exit 1), never half-started.
+  let stages: PipelineStage[]
+  try {
+    stages = await describePipeline({ config: cfg, baseDir: loaded.baseDir, registry: builtins })
+  } catch (err) {
+    fail(EXIT.CONFIG, ProxyError.is(err) ? err.message : String(err))
+  }
   let workersSetting = cfg.workers
   if (v.workers !== undefined) {
     const parsed = parseWorkersFlag(v.workers)
@@ -87,23 +116,8 @@ async function main (): Promise<void> {
   const workers = workerCount(workersSetting)
 
   if (v.check === true) {
-    try {
-      const silent = createLogger({ level: 'silent' })
-      const names = await loadPlugins({ config: cfg, baseDir: loaded.baseDir, registry: builtins, env: { log: silent, config: cfg as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
-      const auth = cfg.mcp.policies.mcpAuthentication as McpAuthenticationOptions | undefined
-      const lines = [
-        `config OK: ${v.file}`,
-        `  listen: ${cfg.mcp.host}:${cfg.mcp.port} (admin ${cfg.admin.enabled ? `${cfg.admin.host}:${cfg.admin.port}` : 'disabled'})`,
-        `  targets: ${cfg.mcp.targets.map(t => `${t.name} (${t.stdio !== undefined ? 'stdio' : 'http'})`).join(', ')}`,
-        `  pipeline: ${names.map(p => p.name).join(' -> ') || '(none)'}`,
-        `  workers: ${workers === 1 ? '1 (one process)' : `${workers}${workersSetting === 'auto' ? ' (auto: one per core)' : ''}, behind one primary`}`,
-        `  authentication: ${auth === undefined ? 'off' : `${auth.mode}, issuer ${auth.issuer}${auth.provider !== undefined ? `, provider ${Object.keys(auth.provider)[0]}` : ''}`}`,
-      ]
-      process.stdout.write(lines.join('\n') + '\n')
-      return
-    } catch (err) {
-      fail(EXIT.CONFIG, ProxyError.is(err) ? err.message : String(err))
-    }
+    process.stdout.write(checkSummary(v.file, loaded, stages, workers, workersSetting === 'auto') + '\n')
+    return
   }
 
   if (workers > 1 && cluster.isPrimary) {

@@ -207,7 +207,8 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       ? await createRedisState({ url: redis.url, keyPrefix: redis.keyPrefix, log: log.child({ component: 'shared-state' }) })
       : worker?.shared ?? createMemoryState()
     cleanup.push(() => shared.close())
-    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics, shared } })
+    // The secret every process of this deployment shares: plugins derive keys from it (env.deriveKey).
+    plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: opts.registry, env: { log, config: config as never, baseUrl, metrics, shared }, secret: clusterSecret })
     cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
     await checked
     const routes = new RouteTable(plugins)
@@ -248,7 +249,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
       readiness = () => {
         const r = state.ready()
         const sh = shared.ready()
-        return sh.ready ? r : { ready: false, reasons: [...r.reasons, `shared state: ${sh.reason ?? 'not ready'}`] }
+        return sh.ready ? r : { ready: false, reasons: [...r.reasons, `shared state: ${sh.reason ?? 'not ready'}`], codes: [...r.codes, 'shared_state_unavailable'] }
       }
     }
     log.info({ mcp: mcpUrl, ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined, targets: config.mcp.targets.map(t => t.name), plugins: plugins.map(p => p.name) },

@@ -15,6 +15,7 @@ import { PLUGIN_API_VERSION, EMPTY_REGISTRY } from './plugin.ts'
 import type { GatewayConfig, PluginEntryConfig } from './config.ts'
 import { deepFreeze, validatePluginOptions } from './config.ts'
 import { ProxyError, ERROR_CODES, ERROR_CODE_RE } from './errors.ts'
+import { sealKey } from './seal.ts'
 
 /** The default pipeline when `mcp.plugins` is not given, from the registry. */
 export function defaultEntries (config: GatewayConfig, registry: PluginRegistry = EMPTY_REGISTRY): PluginEntryConfig[] {
@@ -81,14 +82,19 @@ async function importModule (spec: string, baseDir: string, at: string): Promise
 export interface LoadPluginsOptions {
   config: GatewayConfig
   baseDir: string
-  env: Omit<PluginEnv, 'configPath' | 'log' | 'provided'> & { log: PluginEnv['log'] }
+  env: Omit<PluginEnv, 'configPath' | 'log' | 'provided' | 'deriveKey'> & { log: PluginEnv['log'] }
   /** The built-ins `- builtin: <name>` and the default pipeline refer to. */
   registry?: PluginRegistry
   /** Resolve and validate everything, run `check()`, but create nothing (`--check`). */
   dryRun?: boolean
+  /**
+   * The secret this deployment's processes share (`cluster.secret`, or the
+   * per-run secret of `workers`): each plugin's `env.deriveKey` derives from it.
+   */
+  secret?: string
 }
 
-interface Resolved { readonly mod: PluginModule; readonly at: string; readonly path: string; readonly options: unknown }
+interface Resolved { readonly mod: PluginModule; readonly at: string; readonly path: string; readonly options: unknown; readonly inline: boolean }
 
 /** The module and validated options of one pipeline entry. */
 async function resolveEntry (entry: PluginEntryConfig, at: string, config: GatewayConfig, baseDir: string, registry: PluginRegistry): Promise<Resolved> {
@@ -108,7 +114,7 @@ async function resolveEntry (entry: PluginEntryConfig, at: string, config: Gatew
   // Unlisted (the default pipeline) and without a policy block: no options to point at but the policies.
   const path = fromPolicy ? `mcp.policies.${mod.policy!}` : entry.options !== undefined || at !== 'mcp.policies' ? `${at}.options` : at
   const options = deepFreeze(validatePluginOptions(mod, fromPolicy ? policies[mod.policy!] : entry.options, path))
-  return { mod, at, path, options }
+  return { mod, at, path, options, inline: entry.options !== undefined }
 }
 
 /** Error codes: well-formed, and none declared twice (by core or another plugin). */
@@ -126,17 +132,50 @@ function checkErrorCodes (resolved: readonly Resolved[]): void {
   }
 }
 
+/**
+ * Every configured block is acted on by a stage that will run. With an
+ * explicit `mcp.plugins` list, a `mcp.policies` block whose plugin is not
+ * listed (or is listed with inline options, which win) would be ignored
+ * without a word: with `plugins: [cors]` a `mcpAuthentication` block meant
+ * no authentication at all. The same for a part of a plugin's options that
+ * another plugin serves (`actedOnBy`). Each is a config error naming both.
+ */
+function checkCoverage (resolved: readonly Resolved[], config: GatewayConfig, registry: PluginRegistry): void {
+  if (config.mcp.plugins === undefined) return
+  const problems: string[] = []
+  const names = new Set(resolved.map(r => r.mod.name))
+  const kind = (name: string): string => Object.hasOwn(registry.modules, name) ? `builtin ${name}` : `plugin ${name}`
+  for (const key of Object.keys(config.mcp.policies ?? {})) {
+    const claims = resolved.filter(r => r.mod.policy === key)
+    const owner = Object.values(registry.modules).find(m => m.policy === key)?.name ?? claims[0]?.mod.name ?? key
+    if (claims.length === 0) {
+      problems.push(`mcp.policies.${key}: configured, but the pipeline mcp.plugins does not include ${kind(owner)}`)
+    } else if (claims.every(r => r.inline)) {
+      problems.push(`mcp.policies.${key}: configured, but ${claims.map(r => r.at).join(' and ')} gives ${kind(owner)} its options inline, which win; keep one of the two`)
+    }
+  }
+  for (const r of resolved) {
+    for (const part of r.mod.actedOnBy?.(r.options) ?? []) {
+      if (!names.has(part.plugin)) problems.push(`${r.path}.${part.path}: configured, but the pipeline mcp.plugins does not include ${kind(part.plugin)}`)
+    }
+  }
+  if (problems.length > 0) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid configuration:\n' + problems.map(l => '  ' + l).join('\n'), { data: { problems } })
+  }
+}
+
 /** Which module (among the listed and the registry) provides `name`, for error messages. */
 function providerHint (name: string, registry: PluginRegistry): string {
   const mods = Object.values(registry.modules).filter(m => m.provides?.includes(name)).map(m => m.name)
   return mods.length > 0 ? mods.join(' or ') : 'no known plugin'
 }
 
-/** Loads and creates every plugin, in pipeline order. Closes the ones created if a later one fails. */
-export async function loadPlugins ({ config, baseDir, env, registry = EMPTY_REGISTRY, dryRun = false }: LoadPluginsOptions): Promise<Plugin[]> {
+interface Prepared { readonly resolved: readonly Resolved[]; readonly provided: ReadonlyArray<Readonly<Record<string, unknown>>> }
+
+/** Modules, options, error codes, `needs`, `check()`, coverage: everything that can fail without side effects. */
+async function prepare (config: GatewayConfig, baseDir: string, registry: PluginRegistry): Promise<Prepared> {
   const listed = config.mcp.plugins !== undefined
   const entries = config.mcp.plugins ?? defaultEntries(config, registry)
-  // Everything that can fail without side effects fails first: modules, options, checks, dependencies.
   const resolved: Resolved[] = []
   for (let i = 0; i < entries.length; i++) {
     resolved.push(await resolveEntry(entries[i]!, listed ? `mcp.plugins[${i}]` : 'mcp.policies', config, baseDir, registry))
@@ -170,6 +209,35 @@ export async function loadPlugins ({ config, baseDir, env, registry = EMPTY_REGI
       if (!available.has(name)) available.set(name, deepFreeze(out[name]))
     }
   }
+  checkCoverage(resolved, config, registry)
+  return { resolved, provided }
+}
+
+/** One stage of the pipeline as it will run, for `mcp-proxy --check`. */
+export interface PipelineStage {
+  readonly name: string
+  /** Where it is configured: `mcp.plugins[1]`, or `mcp.policies` for the default pipeline. */
+  readonly at: string
+  /** Where its options come from. */
+  readonly optionsPath: string
+  /** What it enforces (`PluginModule.summary`), when the module says. */
+  readonly summary?: string
+}
+
+/** The pipeline that will run, in order, after every start-up check (nothing is created). */
+export async function describePipeline ({ config, baseDir, registry = EMPTY_REGISTRY }: Pick<LoadPluginsOptions, 'config' | 'baseDir' | 'registry'>): Promise<PipelineStage[]> {
+  const { resolved, provided } = await prepare(config, baseDir, registry)
+  return resolved.map((r, i) => ({ name: r.mod.name, at: r.at, optionsPath: r.path, summary: r.mod.summary?.(r.options, provided[i]!) }))
+}
+
+/** `env.deriveKey` for one plugin: its name and the purpose in the HKDF info, so keys never cross plugins or the core's own. */
+function keyDeriver (secret: string | undefined, plugin: string): PluginEnv['deriveKey'] {
+  return purpose => secret === undefined ? undefined : new Uint8Array(sealKey(secret, `plugin key v1\0${plugin}\0${purpose}`))
+}
+
+/** Loads and creates every plugin, in pipeline order. Closes the ones created if a later one fails. */
+export async function loadPlugins ({ config, baseDir, env, registry = EMPTY_REGISTRY, dryRun = false, secret }: LoadPluginsOptions): Promise<Plugin[]> {
+  const { resolved, provided } = await prepare(config, baseDir, registry)
   if (dryRun) return resolved.map(r => ({ name: r.mod.name }))
 
   const plugins: Plugin[] = []
@@ -178,7 +246,7 @@ export async function loadPlugins ({ config, baseDir, env, registry = EMPTY_REGI
       const { mod, at, path, options } = resolved[i]!
       let plugin: Plugin
       try {
-        plugin = await mod.create(options, { ...env, configPath: path, log: env.log.child({ plugin: mod.name }), provided: provided[i]! })
+        plugin = await mod.create(options, { ...env, configPath: path, log: env.log.child({ plugin: mod.name }), provided: provided[i]!, deriveKey: keyDeriver(secret, mod.name) })
       } catch (err) {
         if (ProxyError.is(err)) throw err
         throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${at}: plugin ${mod.name} failed to start: ${(err as Error).message}`, { cause: err })

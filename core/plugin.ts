@@ -48,8 +48,13 @@ export interface Plugin {
    * Must be synchronous and cheap: it runs once per listed item.
    */
   allowMcpOperation?(ctx: RequestContext, op: McpOperation): boolean
-  /** Whether the plugin is ready to serve (e.g. keys loaded); reported by `/readyz`. */
-  ready?(): boolean | { ready: boolean; reason?: string }
+  /**
+   * Whether the plugin is ready to serve (e.g. keys loaded); reported by `/readyz`.
+   * `reason` (details, may name hosts) goes to the admin listener only; the
+   * unauthenticated probe listener shows `code` instead (`[a-z0-9_]`, e.g.
+   * `idp_unreachable`; default `plugin_not_ready`).
+   */
+  ready?(): boolean | { ready: boolean; reason?: string; code?: string }
   /**
    * Read-only state for the admin UI/API (`GET /api/plugins`), asked only
    * when someone looks. Must never contain secrets.
@@ -106,6 +111,17 @@ export interface PluginEnv {
    * `cluster.redis`, else this process's memory. Absent in older hosts.
    */
   readonly shared?: import('./shared-state.ts').SharedState
+  /**
+   * A 256-bit key for `purpose`, the same in every process of this
+   * deployment: HKDF-SHA256 (RFC 5869) of the secret the gateway's processes
+   * share (`cluster.secret` across replicas, else the secret the primary
+   * draws for this run and hands its workers), with an info string naming
+   * this plugin and `purpose`, so no two plugins, and no plugin and the core,
+   * ever get the same key. Undefined when the process serves alone (no shared
+   * secret): a random key of the plugin's own is then as good. Absent in
+   * older hosts.
+   */
+  readonly deriveKey?: (purpose: string) => Uint8Array | undefined
 }
 
 /** What a plugin module (built-in or third-party) exports. */
@@ -153,6 +169,19 @@ export interface PluginModule<O = unknown> {
    * `provides`, by name.
    */
   check?(options: O, configPath: string): void | Readonly<Record<string, unknown>>
+  /**
+   * Parts of these options that another plugin acts on (mcpAuthentication's
+   * `facade` block is served by oauthFacade): `path` relative to this
+   * plugin's options, `plugin` the module name. An explicit `mcp.plugins`
+   * list without that plugin is a config error naming both: a configured
+   * block is never silently ignored.
+   */
+  actedOnBy?(options: O): readonly { readonly path: string; readonly plugin: string }[]
+  /**
+   * One line for `mcp-proxy --check`: what this stage enforces, from its
+   * options and what earlier plugins provide. No secrets.
+   */
+  summary?(options: O, provided: Readonly<Record<string, unknown>>): string
   create(options: O, env: PluginEnv): Plugin | Promise<Plugin>
 }
 

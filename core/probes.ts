@@ -15,7 +15,16 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto'
 import type { Logger } from 'pino'
 import type { Metrics } from './metrics.ts'
 
-export interface ProbeReadiness { ready: boolean; reasons: string[] }
+/**
+ * `reasons` are details for the admin listener (they may name commands, hosts,
+ * targets); `codes` the same causes as short codes, all the probe listener shows.
+ */
+export interface ProbeReadiness { ready: boolean; reasons: string[]; codes?: string[] }
+
+/** A cause of not being ready, as the probe listener may show it: `[a-z0-9_]`, else a generic code. */
+export function reasonCode (code: string | undefined, fallback: string): string {
+  return code !== undefined && /^[a-z][a-z0-9_]{0,47}$/.test(code) ? code : fallback
+}
 
 export interface ProbeOptions {
   log: Logger
@@ -72,11 +81,14 @@ export function createProbeServer (opts: ProbeOptions): ProbeServer {
     }
     if (method !== 'GET' && method !== 'HEAD') return json(res, 405, { error: 'method_not_allowed', error_description: 'use GET' }, { allow: 'GET, HEAD' })
     if (path === '/healthz') return json(res, 200, { status: 'ok' })
+    // Unauthenticated, on the pod network: ready or not and reason codes, never the details
+    // (stdio command paths, target names, the IdP's address); those are on the admin listener.
     if (path === '/readyz') {
-      if (shuttingDown) return json(res, 503, { status: 'not ready', reasons: ['the gateway is shutting down'] })
+      if (shuttingDown) return json(res, 503, { status: 'not ready', reasons: ['shutting_down'] })
       const r = await opts.ready()
-      if (r === undefined) return json(res, 503, { status: 'not ready', reasons: ['the gateway is starting'] }, { 'retry-after': '1' })
-      return json(res, r.ready ? 200 : 503, { status: r.ready ? 'ready' : 'not ready', reasons: r.reasons })
+      if (r === undefined) return json(res, 503, { status: 'not ready', reasons: ['starting'] }, { 'retry-after': '1' })
+      const codes = r.ready ? [] : [...new Set(r.codes ?? ['not_ready'])]
+      return json(res, r.ready ? 200 : 503, { status: r.ready ? 'ready' : 'not ready', reasons: codes })
     }
     if (!scrapeAllowed(req)) {
       log.warn({ address: req.socket.remoteAddress }, 'probe listener: /metrics without a valid metrics token')

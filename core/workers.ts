@@ -254,12 +254,17 @@ export async function runPrimary (o: PrimaryOptions): Promise<void> {
   async function readiness (): Promise<ProbeReadiness | undefined> {
     const answers = await Promise.all(slots.map(async s => ({ s, r: s.up ? await ask(s, 'ready') as ProbeReadiness | undefined : undefined })))
     const reasons: string[] = []
+    const codes: string[] = []
     for (const { s, r } of answers) {
-      if (s.worker === undefined) reasons.push(`worker ${s.n}: not running`)
-      else if (r === undefined) reasons.push(`worker ${s.n}: starting`)
-      else if (!r.ready) reasons.push(...r.reasons.map(x => `worker ${s.n}: ${x}`))
+      if (s.worker === undefined) { reasons.push(`worker ${s.n}: not running`); codes.push('worker_not_running') } else if (r === undefined) {
+        reasons.push(`worker ${s.n}: starting`)
+        codes.push('worker_starting')
+      } else if (!r.ready) {
+        reasons.push(...r.reasons.map(x => `worker ${s.n}: ${x}`))
+        codes.push(...(r.codes ?? ['not_ready']))
+      }
     }
-    return { ready: reasons.length === 0, reasons }
+    return { ready: reasons.length === 0, reasons, codes }
   }
 
   async function renderAll (): Promise<string> {

@@ -106,7 +106,7 @@ t.test('probes answer without a token on a listener of their own; /metrics has i
     after = await fetch(`${probe}/readyz`)
   }
   t.equal(after.status, 503, 'readiness fails after SIGTERM')
-  t.same(await after.json(), { status: 'not ready', reasons: ['the gateway is shutting down'] })
+  t.same(await after.json(), { status: 'not ready', reasons: ['shutting_down'] })
   const served = await initialize(port)
   t.equal(served.status, 200, '/mcp is still served while readiness fails')
   t.ok(served.headers.get('mcp-session-id'))

@@ -16,6 +16,7 @@ import type { AdminState, TryInput } from './admin.ts'
 import type { PooledSummary, SessionSummary, TargetSummary } from '../mcp/index.ts'
 import { liveChildCount, type TargetState } from '../targets/index.ts'
 import { redactConfig, secretValues, createScrubber } from './redact.ts'
+import { reasonCode } from '../probes.ts'
 import { runTry } from './admin-try.ts'
 import type { TargetReadiness, TargetHealth } from '../target-readiness.ts'
 
@@ -137,17 +138,21 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
   // Plugins register their own metrics through env.metrics (key set, discovery, ...).
   metrics.gauge('mcp_proxy_build_info', 'Gateway version').collect = () => [[{ version: opts.version }, 1]]
 
-  function ready (): { ready: boolean; reasons: string[]; targets: TargetHealth[] } {
+  /** `reasons` and `targets` in detail (admin listener); `codes` the same causes for the probe listener. */
+  function ready (): { ready: boolean; reasons: string[]; codes: string[]; targets: TargetHealth[] } {
     const reasons: string[] = [...(opts.targetReadiness?.reasons() ?? [])]
+    const codes: string[] = reasons.length > 0 ? ['target_unavailable'] : []
     for (const p of plugins) {
       let r: ReturnType<NonNullable<Plugin['ready']>> | undefined
       try { r = p.ready?.() } catch (err) { r = { ready: false, reason: (err as Error).message } }
       if (r === undefined || r === true) continue
-      if (r === false) reasons.push(`${p.name}: not ready`)
-      else if (!r.ready) reasons.push(`${p.name}: ${r.reason ?? 'not ready'}`)
+      if (r === false) { reasons.push(`${p.name}: not ready`); codes.push('plugin_not_ready') } else if (!r.ready) {
+        reasons.push(`${p.name}: ${r.reason ?? 'not ready'}`)
+        codes.push(reasonCode(r.code, 'plugin_not_ready'))
+      }
     }
     const targets = opts.targetReadiness?.targets() ?? loaded.config.mcp.targets.map(t => ({ name: t.name, ok: true }))
-    return { ready: reasons.length === 0, reasons: scrub(reasons) as string[], targets: scrub(targets) as TargetHealth[] }
+    return { ready: reasons.length === 0, reasons: scrub(reasons) as string[], codes, targets: scrub(targets) as TargetHealth[] }
   }
   metrics.gauge('mcp_proxy_ready', '1 when every plugin reports ready (see /readyz)').collect = () => [[undefined, ready().ready ? 1 : 0]]
 

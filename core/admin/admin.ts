@@ -34,7 +34,8 @@ export interface AdminState {
   /** The OAuth documents the gateway serves, the key-set and discovery state. */
   oauth(): Promise<unknown>
   /** `targets`: whether each target can start (reported whether or not it counts for readiness). */
-  ready(): { ready: boolean; reasons: string[]; targets?: unknown[] }
+  /** `codes`: the same causes as `reasons`, as short codes for the probe listener (core/probes.ts). */
+  ready(): { ready: boolean; reasons: string[]; codes: string[]; targets?: unknown[] }
   /** Runs initialize -> tools/list -> tools/call against the gateway's own /mcp. */
   tryIt?(input: TryInput): Promise<unknown>
   /** Removes secret values from anything the API returns (defence in depth). */

@@ -10,6 +10,11 @@
 //       - builtin: mcpAuthentication
 //       - module: ./plugins/rate-limit.js
 //         options: { requestsPerMinute: 120, burst: 20 }
+//
+// An explicit list names every stage the config asks for: with a
+// `mcp.policies.authorization` block, list `builtin: authorization` too (and,
+// with a `provider`, `providerBridge` and `registration`); a block no listed
+// stage acts on stops start-up with exit 1 naming both.
 
 /** @type {import('../../core/plugin.ts').PluginModule<{requestsPerMinute: number, burst: number, maxSubjects: number}>} */
 const rateLimit = {

@@ -57,6 +57,10 @@ export default definePlugin<AuthorizationOptions>({
   engine: '^1',
   optionsSchema: optionsSchema as Record<string, unknown>,
   policy: 'authorization',
+  summary (options) {
+    const n = (options.rules ?? []).length
+    return n === 0 ? 'no rules: allows every request' : `${n} rule${n === 1 ? '' : 's'} over the token claims and MCP operations, every one must hold`
+  },
   check (options: AuthorizationOptions, configPath: string): void {
     compileRules(options.rules ?? [], `${configPath}.rules`)
   },

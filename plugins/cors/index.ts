@@ -51,6 +51,10 @@ export default definePlugin<CorsOptions>({
   engine: '^1',
   optionsSchema: optionsSchema as Record<string, unknown>,
   policy: 'cors',
+  summary (options) {
+    const origins = options.allowOrigins ?? []
+    return `Origin checked: browser requests from origins other than the gateway's own${origins.length > 0 ? ` and ${origins.join(', ')}` : ''} refused (403)`
+  },
   create (options, env) {
     const origins = options.allowOrigins ?? []
     const allowAll = origins.includes('*')

@@ -167,6 +167,21 @@ export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<Mcp
     policy: 'mcpAuthentication',
     provides: ['idp', 'protectedResource', 'facade'],
     errors: [KeysUnavailable],
+    // `provider` is bridged by providerBridge and registration, `facade` served by oauthFacade (instead of both).
+    actedOnBy (options) {
+      if (options.facade !== undefined) return [{ path: 'facade', plugin: 'oauthFacade' }]
+      if (options.provider !== undefined) return [{ path: 'provider', plugin: 'providerBridge' }, { path: 'provider', plugin: 'registration' }]
+      return []
+    },
+    summary (options) {
+      const what = options.mode === 'strict' ? 'a valid bearer token required on every request'
+        : options.mode === 'optional' ? 'a missing token passes, an invalid one is refused'
+          : 'never refuses; verified claims passed on when present'
+      return `${options.mode}: ${what}; issuer ${options.issuer}` +
+        (options.audiences !== undefined ? `, audiences ${options.audiences.join(', ')}` : '') +
+        (options.provider !== undefined ? `, provider ${Object.keys(options.provider)[0]}` : '') +
+        (options.facade !== undefined ? ', tokens issued by the OAuth facade' : '')
+    },
     baseUrlOf (options) {
       return options.resourceMetadata.resource.replace(/\/mcp$/, '')
     },
@@ -336,7 +351,7 @@ export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<Mcp
           return verifyRequest(ctx, token)
         },
         ready () {
-          return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}` }
+          return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}`, code: 'idp_keys_unavailable' }
         },
         describe () {
           return {

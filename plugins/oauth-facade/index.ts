@@ -145,8 +145,12 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
   const issuer = `${baseUrl}/mcp`
   const callbackUrl = baseUrl + options.callbackPath
   const secure = baseUrl.startsWith('https:')
-  const sealer = new Sealer(options.keys)
-  if (sealer.ephemeral) {
+  // Without keys: one key for every worker and replica, derived from the secret they share (a random key of
+  // each process's own would make a flow fail wherever its next step lands: "unknown client_id").
+  const sealer = new Sealer(options.keys, options.keys === undefined || options.keys.length === 0 ? env.deriveKey?.('seal') : undefined)
+  if (sealer.derived) {
+    log.info(`${FACADE_PATH}.keys is not set: sealing with a key derived from the secret the gateway's processes share (cluster.secret, else this run's); flows cross workers and replicas, and do not survive a change of that secret`)
+  } else if (sealer.ephemeral) {
     log.warn(`${FACADE_PATH}.keys is not set: sealing with an ephemeral key; flows, codes and refresh tokens do not survive a restart and do not cross replicas`)
   }
   const cimd = new CimdResolver(options.cimd)
@@ -548,7 +552,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
     ready () {
       return discovery.state.doc !== undefined
         ? { ready: true }
-        : { ready: false, reason: `identity provider discovery document not fetched (${discovery.state.lastError ?? 'pending'})` }
+        : { ready: false, reason: `identity provider discovery document not fetched (${discovery.state.lastError ?? 'pending'})`, code: 'idp_unreachable' }
     },
     describe () {
       return {
@@ -569,6 +573,11 @@ export default definePlugin<Record<string, never>>({
   optionsSchema: { type: 'object', additionalProperties: false, properties: {} },
   needs: ['idp', 'protectedResource', 'facade'],
   errors: [CodeStoreUnavailable],
+  summary (_options, provided) {
+    const keys = (provided.facade as FacadeOptions | undefined)?.keys ?? []
+    return `the gateway is the authorization server (consent, codes, tokens) in front of ${(provided.idp as FacadeIdp).issuer}; ` +
+      (keys.length > 0 ? `sealing keys: ${keys.map(k => k.kid).join(', ')}` : 'no sealing keys configured: derived from the secret the gateway\'s processes share, else ephemeral')
+  },
   create (_options, env) {
     const options = env.provided.facade as FacadeOptions | undefined
     if (options === undefined) {

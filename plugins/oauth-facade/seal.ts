@@ -23,12 +23,16 @@ const dec = new TextDecoder()
 export class Sealer {
   readonly #keys: readonly Key[]
   readonly #byKid: ReadonlyMap<string, Key>
+  /** No `keys` configured. */
   readonly ephemeral: boolean
+  /** Without `keys`: sealing with `derived`, the key every worker and replica derives alike (env.deriveKey), not one of this process's own. */
+  readonly derived: boolean
 
-  constructor (keys: readonly SealKey[] | undefined) {
+  constructor (keys: readonly SealKey[] | undefined, derived?: Uint8Array) {
     this.ephemeral = keys === undefined || keys.length === 0
+    this.derived = this.ephemeral && derived !== undefined
     const list = this.ephemeral
-      ? [{ kid: 'ephemeral', key: new Uint8Array(randomBytes(32)) }]
+      ? [derived !== undefined ? { kid: 'derived', key: derived } : { kid: 'ephemeral', key: new Uint8Array(randomBytes(32)) }]
       : keys!.map(k => ({ kid: k.kid, key: new Uint8Array(createHash('sha256').update(k.secret, 'utf8').digest()) }))
     this.#keys = list
     this.#byKid = new Map(list.map(k => [k.kid, k]))

@@ -157,7 +157,7 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
       const s = discovery.state
       return s.doc !== undefined
         ? { ready: true }
-        : { ready: false, reason: `identity provider discovery document not fetched (${s.lastError ?? 'pending'})` }
+        : { ready: false, reason: `identity provider discovery document not fetched (${s.lastError ?? 'pending'})`, code: 'idp_unreachable' }
     },
     describe () {
       const s = discovery.state
@@ -184,6 +184,12 @@ export default definePlugin<ProviderBridgeOptions>({
   optionsSchema: schema as Record<string, unknown>,
   needs: ['idp', 'protectedResource'],
   errors: [IdpUnavailable, OAuthRequestInvalid],
+  summary (options, provided) {
+    const idp = provided.idp as IdpIdentity
+    const schemes = options.allowedRedirectSchemes ?? []
+    return `authorization server metadata of ${idp.issuer} served${idp.family !== undefined ? ` and bridged for ${idp.family}` : ''}` +
+      (schemes.length > 0 ? `; private-use redirect schemes: ${schemes.join(', ')}` : '')
+  },
   create (options, env) {
     return createProviderBridge(env, options)
   },

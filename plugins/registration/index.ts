@@ -132,6 +132,10 @@ export default definePlugin<RegistrationOptionsInput>({
   optionsSchema: schema as Record<string, unknown>,
   needs: ['idp'],
   errors: [InvalidClientMetadata, RateLimited],
+  summary (_options, provided) {
+    const clientId = (provided.idp as IdpIdentity).clientId
+    return clientId !== undefined ? `client registration answered with the pre-registered client ${clientId}` : 'client registration: no clientId configured, nothing served'
+  },
   create (options, env) {
     return createRegistration(env, options)
   },
