@@ -106,6 +106,11 @@ export interface PluginEnv {
    * `cluster.redis`, else this process's memory. Absent in older hosts.
    */
   readonly shared?: import('./shared-state.ts').SharedState
+  /**
+   * The clock (epoch ms) for a plugin's own timing decisions (cooldowns, back-off); absent:
+   * Date.now. Tests pass their own to move time instead of sleeping.
+   */
+  readonly now?: () => number
 }
 
 /** What a plugin module (built-in or third-party) exports. */
