@@ -3,6 +3,7 @@
  * validation (content type, JSON object, redirect URIs, grants, size), and
  * acceptance of the answer by the official SDK's schema.
  */
+import { readFileSync } from 'node:fs'
 import t, { type Test } from 'tap'
 import { createServer, request } from 'node:http'
 import type { AddressInfo } from 'node:net'
@@ -133,8 +134,21 @@ t.test('invalid registration requests', async t => {
   t.equal(pre.headers.get('access-control-allow-origin'), '*')
 })
 
-t.test('the OAuth facade\'s registration rate limit is this plugin\'s default', async t => {
-  t.same(REGISTRATION_RATE_LIMIT, DEFAULT_OPTIONS.rateLimit)
+/** The README table "Client registration limits" (Key | Default | Beyond it), parsed: the defaults as documented. */
+function readmeRegistrationDefaults (): Record<string, number> {
+  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8')
+  const table = readme.slice(readme.indexOf('Client registration limits'))
+  const out: Record<string, number> = {}
+  for (const m of table.slice(0, table.indexOf('\n\n', table.indexOf('| Key |'))).matchAll(/^\s*\| `([\w.]+)` \| (\d+) \|/gm)) out[m[1]!] = Number(m[2])
+  return out
+}
+
+t.test('the registration defaults are the README\'s, and the OAuth facade\'s registration rate limit is the same', async t => {
+  const doc = readmeRegistrationDefaults()
+  t.same(Object.keys(doc).sort(), ['maxBodyBytes', 'maxRedirectUriLength', 'maxRedirectUris', 'rateLimit.maxAddresses', 'rateLimit.requests', 'rateLimit.windowSeconds'], 'the table parsed')
+  const documented = { requests: doc['rateLimit.requests'], windowSeconds: doc['rateLimit.windowSeconds'], maxAddresses: doc['rateLimit.maxAddresses'] }
+  t.same(DEFAULT_OPTIONS, { maxBodyBytes: doc.maxBodyBytes, maxRedirectUris: doc.maxRedirectUris, maxRedirectUriLength: doc.maxRedirectUriLength, rateLimit: documented }, 'the plugin\'s defaults')
+  t.same(REGISTRATION_RATE_LIMIT, documented, 'the facade\'s (README: "registrations share the registration plugin\'s rate limit defaults")')
 })
 
 t.test('buildRegistrationResponse never answers without the configured id', async t => {
