@@ -86,7 +86,7 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
   }
   const clientId = idp.clientId
   const opts = withDefaults(options)
-  const limiter = new RateLimiter(opts.rateLimit)
+  const limiter = new RateLimiter(opts.rateLimit, env.now)
   // With cluster.redis (or workers) every replica and worker draws from one bucket per address; else this process's table.
   const shared = env.shared !== undefined && env.shared.kind !== 'memory' && opts.rateLimit.requests > 0 ? env.shared : undefined
   /** Addresses refused since last served, for one log line per streak (bounded like the local table). */
