@@ -122,6 +122,11 @@ export interface PluginEnv {
    * older hosts.
    */
   readonly deriveKey?: (purpose: string) => Uint8Array | undefined
+  /**
+   * The clock (epoch ms) for a plugin's own timing decisions (cooldowns, back-off); absent:
+   * Date.now. Tests pass their own to move time instead of sleeping.
+   */
+  readonly now?: () => number
 }
 
 /** What a plugin module (built-in or third-party) exports. */

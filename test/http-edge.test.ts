@@ -14,7 +14,7 @@ import { spawn } from 'node:child_process'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import type { DevIdp } from '../bin/dev-idp.ts'
-import { everythingTarget, rawInitialize, EVERYTHING } from './helpers/gateway-harness.ts'
+import { everythingTarget, rawInitialize, until, EVERYTHING } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
 import { devIdp, ossOptions } from './helpers/idp.ts'
 import { CLI, ROOT, freePort } from './helpers/cli.ts'
@@ -48,16 +48,16 @@ function parseResponse (text: string): RawResponse | undefined {
 }
 
 /** `p`, or a rejection naming what did not happen once GUARD_MS passed. */
-function withinGuard<T> (p: Promise<T>, what: () => string): Promise<T> {
+function withinGuard<T> (p: Promise<T>, what: () => string, guardMs = GUARD_MS): Promise<T> {
   let timer: NodeJS.Timeout | undefined
   const timeout = new Promise<never>((_resolve, reject) => {
-    timer = setTimeout(() => reject(new Error(what())), GUARD_MS)
+    timer = setTimeout(() => reject(new Error(what())), guardMs)
   })
   return Promise.race([p, timeout]).finally(() => clearTimeout(timer))
 }
 
-/** A raw TCP client to 127.0.0.1:`port`, its socket destroyed in teardown. */
-function rawClient (t: Test, port: number): RawClient {
+/** A raw TCP client to 127.0.0.1:`port`, its socket destroyed in teardown; `guardMs`: the hang guard. */
+function rawClient (t: Test, port: number, guardMs = GUARD_MS): RawClient {
   const socket = connect(port, '127.0.0.1')
   t.teardown(() => { socket.destroy() })
   let received = ''
@@ -65,7 +65,7 @@ function rawClient (t: Test, port: number): RawClient {
   socket.on('data', d => { received += d.toString('latin1'); onData?.() })
   // A reset after the server closed (we kept writing) is an end like any other.
   socket.on('error', () => {})
-  const guard = <T>(what: string, p: Promise<T>): Promise<T> => withinGuard(p, () => `${what} did not happen within the guard; received: ${JSON.stringify(received.slice(0, 300))}`)
+  const guard = <T>(what: string, p: Promise<T>): Promise<T> => withinGuard(p, () => `${what} did not happen within the guard; received: ${JSON.stringify(received.slice(0, 300))}`, guardMs)
   const closed = guard('server closing the connection', new Promise<string>(resolve => socket.once('close', () => resolve(received))))
   const response = guard('a response', new Promise<RawResponse>((resolve, reject) => {
     onData = () => { const r = parseResponse(received); if (r !== undefined) resolve(r) }
@@ -253,8 +253,10 @@ t.test('item 21 (real CLI): a slowloris is cut at headersTimeoutMs, not at Node\
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-edge-'))
   const file = join(dir, 'config.yaml')
   const port = await freePort()
-  await writeFile(file, `mcp:\n  port: ${port}\n  host: 127.0.0.1\n  limits:\n    headersTimeoutMs: 1000\n  targets:\n    - name: everything\n      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] }\nadmin: { enabled: false }\nlogging: { level: warn }\n`)
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI, '-f', file], { cwd: ROOT, stdio: ['ignore', 'ignore', 'ignore'] })
+  await writeFile(file, `mcp:\n  port: ${port}\n  host: 127.0.0.1\n  limits:\n    headersTimeoutMs: 1000\n  targets:\n    - name: everything\n      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] }\nadmin: { enabled: false }\nlogging: { level: info }\n`)
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI, '-f', file], { cwd: ROOT, stdio: ['ignore', 'pipe', 'ignore'] })
+  let log = ''
+  child.stdout!.setEncoding('utf8').on('data', (d: string) => { log += d })
   t.teardown(() => { child.kill('SIGKILL') })
   // Talk as soon as the port accepts.
   let socket: Socket | undefined
@@ -267,15 +269,25 @@ t.test('item 21 (real CLI): a slowloris is cut at headersTimeoutMs, not at Node\
   }
   t.ok(socket !== undefined, 'the CLI listens')
   socket!.destroy()
-  const c = rawClient(t, port)
+  // The hang guard is past Node's own 30 s check: what tells the two apart is counted below, not timed.
+  const c = rawClient(t, port, 60_000)
   c.socket.write('POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n')
-  // One header line now and then: the head never ends.
+  // One header line every 200 ms of the client's own pacing: the head never ends.
   let n = 0
   const timer = setInterval(() => { if (c.socket.writable) c.socket.write(`X-Slow-${n++}: 1\r\n`) }, 200)
   t.teardown(() => clearInterval(timer))
   const res = await c.response
+  const linesIn = n
+  clearInterval(timer)
   t.equal(res.status, 408)
   t.equal(res.headers.connection, 'close')
-  t.match(JSON.parse(res.body), { error: 'invalid_request', error_description: /timeout|time/i })
+  t.same(JSON.parse(res.body), { error: 'invalid_request', error_description: 'request not received in time' }, 'the head-timeout answer')
   await c.closed
+  // The reason, as the gateway records it: Node's request timeout on a head that never ended.
+  t.ok(await until(() => /"msg":"client error"/.test(log)), 'the client error is logged')
+  const line = JSON.parse(log.split('\n').find(l => l.includes('"msg":"client error"'))!) as Record<string, unknown>
+  t.match(line, { code: 'ERR_HTTP_REQUEST_TIMEOUT', status: 408 }, 'logged with its reason code and status')
+  // 1 s headersTimeoutMs checked every 250 ms lets about 6 lines in; Node's default 30 s check
+  // would let about 150 in. Counted in the client's own pace, which load slows too.
+  t.ok(linesIn < 60, `cut at headersTimeoutMs, not at Node's 30 s check: ${linesIn} header lines got in`)
 })

@@ -155,37 +155,63 @@ t.test('while the key set cannot be fetched: unknown kids are "unavailable", fet
     if (fail) { res.writeHead(503).end(); return }
     res.end(JSON.stringify({ keys }))
   })
-  const ks = keySet(srv.url, { cooldownMs: 100, maxBackoffMs: 400 })
+  // The key set's own clock, moved by the test: no sleeping, no wall-clock bounds.
+  let now = 1_000_000
+  const fetchedAt: number[] = []
+  const ks = keySet(srv.url, { cooldownMs: 100, maxBackoffMs: 400, now: () => now, onFetch: () => { fetchedAt.push(now) } })
   t.teardown(() => ks.close())
   await ks.start()
   fail = true
-  await new Promise(resolve => setTimeout(resolve, 120))
+  now += 120
   const before = srv.hits()
   const burst = await Promise.allSettled(Array.from({ length: 50 }, () => ks.getKey({ alg: 'RS256', kid: randomUUID() })))
   t.ok(burst.every(r => r.status === 'rejected' && r.reason instanceof KeysUnavailableError), 'an unknown kid the set cannot be refreshed for is "unavailable", not "no such key"')
   t.equal(srv.hits(), before + 1, 'the burst shares one fetch')
-  t.ok((burst[0] as PromiseRejectedResult).reason.retryAfterSeconds >= 1, 'with a Retry-After')
+  t.equal((burst[0] as PromiseRejectedResult).reason.retryAfterSeconds, 1, 'with a Retry-After: the next fetch is 100 ms away, rounded up to 1 s')
   t.ok(await ks.getKey({ alg: 'RS256', kid: 'k1' }), 'known kids keep working from the last good keys')
 
-  // Keep asking for unknown kids for a while: the interval doubles (100, 200, 400, 400 ms...).
-  const started = Date.now()
-  const hitsAtStart = srv.hits()
-  while (Date.now() - started < 1500) {
+  // Unknown kids asked every 10 ms of the key set's clock for 1.5 s: the interval between fetches
+  // doubles from the cooldown (100, 200) up to maxBackoffMs (400), where it stays.
+  const firstFailure = now
+  for (let step = 1; step <= 150; step++) {
+    now = firstFailure + step * 10
     await ks.getKey({ alg: 'RS256', kid: randomUUID() }).catch(() => {})
-    await new Promise(resolve => setTimeout(resolve, 10))
   }
-  const during = srv.hits() - hitsAtStart
-  // At the cooldown pace it would be about 15; backing off to 400 ms bounds it near 5.
-  t.ok(during >= 1 && during <= 7, `fetches back off while the IdP fails: ${during} in 1.5 s`)
+  const since = fetchedAt.filter(at => at >= firstFailure).map(at => at - firstFailure)
+  t.same(since, [0, 100, 300, 700, 1100, 1500], 'fetches at the back-off pace: +100, +200, then +400 each')
+  t.ok(ks.state().lastError !== undefined && /HTTP 503/.test(ks.state().lastError!), 'the error is kept for readiness')
 
   const k2 = await publicJwk('k2')
   keys = [k1, k2]
   fail = false
-  let found = false
-  for (let i = 0; i < 40 && !found; i++) {
-    found = await ks.getKey({ alg: 'RS256', kid: 'k2' }).then(() => true, () => false)
-    if (!found) await new Promise(resolve => setTimeout(resolve, 50))
-  }
-  t.ok(found, 'the rotated key is found once the IdP is back')
+  await t.rejects(ks.getKey({ alg: 'RS256', kid: 'k2' }), KeysUnavailableError, 'before the next slot the set is not asked again, even with the IdP back')
+  now += 400
+  t.ok(await ks.getKey({ alg: 'RS256', kid: 'k2' }), 'the rotated key is found at the next slot once the IdP is back')
+  now += 100
   await t.rejects(ks.getKey({ alg: 'RS256', kid: randomUUID() }), NoMatchingKeyError, 'with the set fetched again, a bogus kid is "no such key" again')
+  t.equal(ks.state().lastError, undefined)
+})
+
+t.test('a rotation under a flood of bogus kids: no fetch within the cooldown, one when it allows (issue 13 item 20)', async t => {
+  const k1 = await publicJwk('k1')
+  let keys = [k1]
+  const srv = await keyServer(t, (_req, res) => { res.end(JSON.stringify({ keys })) })
+  let now = 5_000_000
+  // The next slot more than the fetch timeout away: a request does not wait for it (it would within the timeout).
+  const ks = keySet(srv.url, { cooldownMs: 3000, timeoutMs: 1000, now: () => now })
+  t.teardown(() => ks.close())
+  await ks.start()
+  const bogus = (): Promise<unknown> => ks.getKey({ alg: 'RS256', kid: randomUUID() }).catch((e: unknown) => e)
+  t.type(await bogus(), NoMatchingKeyError, 'a first bogus kid: one fetch, then "no such key"')
+  const afterFirst = srv.hits()
+  keys = [k1, await publicJwk('k2')]
+  now += 1500
+  const flood = await Promise.all(Array.from({ length: 200 }, bogus))
+  t.ok(flood.every(e => e instanceof NoMatchingKeyError), 'bogus kids within the cooldown: "no such key"')
+  t.type(await ks.getKey({ alg: 'RS256', kid: 'k2' }).catch((e: unknown) => e), NoMatchingKeyError, 'the rotated key too, until the cooldown allows a fetch')
+  t.equal(srv.hits(), afterFirst, 'no fetch within the cooldown, however many requests')
+  now += 1500
+  const [rotated] = await Promise.all([ks.getKey({ alg: 'RS256', kid: 'k2' }), ...Array.from({ length: 50 }, bogus)])
+  t.ok(rotated, 'the rotated key is accepted once the cooldown allows a fetch')
+  t.equal(srv.hits(), afterFirst + 1, 'exactly one fetch for the rotation and the flood at once')
 })

@@ -11,7 +11,7 @@ import t, { type Test } from 'tap'
 import { createServer, type IncomingHttpHeaders } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import type { TargetConfig } from '../core/config.ts'
-import { everythingTarget } from './helpers/gateway-harness.ts'
+import { everythingTarget, until } from './helpers/gateway-harness.ts'
 import { META, MODERN, call, fixtureHttp, fixtureStdio } from './helpers/conformance-fixture.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
 
@@ -324,17 +324,19 @@ t.test('subscriptions/listen over a native and a translated target at once', asy
 })
 
 t.test('a shared native stdio child: a log notification goes to the one request in flight that asked for logs (a server logs only for those, MCP 2026-07-28 logging)', async t => {
-  const { url } = await fullGateway(t, { targets: [fixtureStdio()] })
+  const { url, logText } = await fullGateway(t, { targets: [fixtureStdio()] })
   // The child is started (and probed) first, so that both calls below share it.
   await call(url, 'tools/list', {})
-  const slow = call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 1 } })
-  await new Promise(resolve => setTimeout(resolve, 200))
+  // In flight until released; the fixture's stderr marker (logged by the gateway) says it runs.
+  const held = call(url, 'tools/call', { name: 'test_hold', arguments: { label: 'other' } })
+  t.ok(await until(() => logText().includes('fixture: held other')), 'the other call is in flight upstream')
   const logged = await call(url, 'tools/call', { name: 'test_logging_tool', arguments: {}, _meta: { 'io.modelcontextprotocol/logLevel': 'info' } })
   const logs = logged.frames.filter(f => f.method === 'notifications/message')
   t.same(logs.map(f => f.params?.data), ['test_logging_tool ran'], 'the log reached its request while another (without logLevel) was in flight', { frames: logged.frames })
-  const other = await slow
+  t.equal((await call(url, 'tools/call', { name: 'test_release', arguments: {} })).json.result?.content?.[0]?.text, 'released 1', 'the other call was still in flight')
+  const other = await held
   t.equal(other.frames.filter(f => f.method === 'notifications/message').length, 0, 'and not the other request')
-  t.equal(other.json.result?.content?.[0]?.text, 'computed ', 'the other call answered')
+  t.equal(other.json.result?.content?.[0]?.text, 'released other', 'the other call answered')
 })
 
 t.test('subscriptions/listen: a native upstream that refuses it is left out of the acknowledgement and logged with its error', async t => {

@@ -2,9 +2,9 @@
  * core/mcp/modern-pool.ts: pooled, initialized upstreams per (target,
  * subject), with in-memory upstreams (test/helpers/memory-upstream.ts).
  */
+import { readFileSync } from 'node:fs'
 import t, { type Test } from 'tap'
-import { UpstreamPool, UPSTREAM_CAPABILITIES } from '../core/mcp/modern-pool.ts'
-import { GATEWAY_INFO } from '../core/mcp/router.ts'
+import { UpstreamPool } from '../core/mcp/modern-pool.ts'
 import { memoryFactory } from './helpers/memory-upstream.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'
@@ -22,7 +22,10 @@ t.test('an upstream is initialized once by the gateway, as its session-era clien
   t.ok(e.up)
   t.match(e.initResult, { serverInfo: { name: 'memory-a' } })
   t.same(f.server.received.slice(0, 2).map(m => m.method), ['initialize', 'notifications/initialized'])
-  t.same(f.server.received[0]!.params, { protocolVersion: '2025-11-25', capabilities: UPSTREAM_CAPABILITIES, clientInfo: GATEWAY_INFO })
+  // Written out: the latest session revision; what the gateway can relay for its 2026-07-28 callers (sampling,
+  // form elicitation, as InputRequiredResult rounds); the gateway's name and the package version.
+  const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
+  t.same(f.server.received[0]!.params, { protocolVersion: '2025-11-25', capabilities: { sampling: {}, elicitation: { form: {} } }, clientInfo: { name: 'mcp-proxy', version: pkg.version } })
   p.release(e)
 })
 

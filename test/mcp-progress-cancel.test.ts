@@ -16,6 +16,7 @@ import { spawn } from 'node:child_process'
 import { join } from 'node:path'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
+import { ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
 import type { TargetConfig } from '../core/config.ts'
 import { ROOT, startGateway, until, type GatewayHarness } from './helpers/gateway-harness.ts'
 
@@ -43,13 +44,18 @@ const paths: Record<string, (t: Test) => Promise<TargetConfig>> = {
   'an HTTP target': async (t) => ({ name: 'late', mcp: { url: await httpFixture(t), headers: {} } }),
 }
 
-async function connect (t: Test, gw: GatewayHarness): Promise<{ client: Client; errors: Error[] }> {
+interface Connected { client: Client; errors: Error[]; barriers: () => number }
+
+async function connect (t: Test, gw: GatewayHarness): Promise<Connected> {
   const client = new Client({ name: 'progress-cancel', version: '1.0.0' })
   const errors: Error[] = []
+  let barriers = 0
   client.onerror = (err) => { errors.push(err) }
+  // The fixture's barrier (see late-server.mjs): written right after its late progress.
+  client.setNotificationHandler(ToolListChangedNotificationSchema, () => { barriers++ })
   await client.connect(new StreamableHTTPClientTransport(new URL(gw.url)))
   t.teardown(() => client.close())
-  return { client, errors }
+  return { client, errors, barriers: () => barriers }
 }
 
 function textOf (result: unknown): string {
@@ -59,12 +65,12 @@ function textOf (result: unknown): string {
 const unknownToken = (errors: Error[]): Error[] => errors.filter(e => /unknown token/i.test(e.message))
 
 /**
- * A progress the gateway passed on goes out on the GET stream, a connection of its own: a
- * round trip after the sync point gives it time to arrive at the client before the check.
+ * Waits for the fixture's barrier: it follows the late progress on the same ordered path (the
+ * upstream's channel, the session's GET stream), so once the client has it, the late progress
+ * either reached the client before it or was dropped by the gateway.
  */
-async function settled (client: Client, errors: Error[]): Promise<void> {
-  await client.ping()
-  await until(() => unknownToken(errors).length > 0, 4, 25)
+async function settled (t: Test, c: Connected): Promise<void> {
+  t.ok(await until(() => c.barriers() > 0, 400, 25), 'the fixture\'s barrier after the late progress reached the client')
 }
 
 for (const [path, target] of Object.entries(paths)) {
@@ -72,21 +78,23 @@ for (const [path, target] of Object.entries(paths)) {
   if (path !== 'an HTTP target') {
     t.test(`${path}: progress after the answer is dropped`, async t => {
       const gw = await startGateway(t, { targets: [await target(t)] })
-      const { client, errors } = await connect(t, gw)
+      const c = await connect(t, gw)
+      const { client, errors } = c
       const seen: number[] = []
       const r = await client.callTool({ name: 'late-progress', arguments: {} }, undefined, { onprogress: p => { seen.push(p.progress) } })
       t.equal(textOf(r), 'done')
       t.same(seen, [1], 'the progress before the answer reached the caller')
       // The fixture writes the late progress before it answers this.
       t.equal(textOf(await client.callTool({ name: 'cancellations', arguments: {} })), '[]')
-      await settled(client, errors)
+      await settled(t, c)
       t.same(unknownToken(errors), [], 'the client was sent no progress for a request it no longer has')
     })
   }
 
   t.test(`${path}: a cancellation reaches the server with the client's reason; progress after it is dropped`, async t => {
     const gw = await startGateway(t, { targets: [await target(t)] })
-    const { client, errors } = await connect(t, gw)
+    const c = await connect(t, gw)
+    const { client, errors } = c
     const ac = new AbortController()
     const seen: number[] = []
     const call = client.callTool({ name: 'until-cancelled', arguments: {} }, undefined, {
@@ -103,7 +111,7 @@ for (const [path, target] of Object.entries(paths)) {
     t.equal(received.length, 1)
     t.same(received[0]!.reason, 'user pressed stop', 'the client\'s reason, not the gateway\'s')
     t.type(received[0]!.requestId, 'number', 'under the id the server knows the request by')
-    await settled(client, errors)
+    await settled(t, c)
     t.same(unknownToken(errors), [], 'the client was sent no progress for the request it cancelled')
   })
 }

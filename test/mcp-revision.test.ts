@@ -2,6 +2,7 @@
  * core/mcp/revision.ts: the revisions served and the per-request era decision.
  */
 import t from 'tap'
+import { readFileSync } from 'node:fs'
 import type { RequestContext } from '../core/context.ts'
 import { SESSION_REVISIONS, LATEST_SESSION_REVISION, MODERN_REVISION, isSessionRevision, negotiateRevision, allowsBatch, eraOf } from '../core/mcp/revision.ts'
 
@@ -10,10 +11,19 @@ function ctx (headers: Record<string, string>): RequestContext {
 }
 const meta = (v: string): Record<string, unknown> => ({ _meta: { 'io.modelcontextprotocol/protocolVersion': v } })
 
+/** docs/protocol.md: the session-based revisions its opening sentence names, and server/discover's supportedVersions. */
+const PROTOCOL_DOC = readFileSync(new URL('../docs/protocol.md', import.meta.url), 'utf8')
+const DOC_SESSION: string[] = (/session-based revisions ([^(]*)\(/.exec(PROTOCOL_DOC)?.[1] ?? '').match(/\d{4}-\d{2}-\d{2}/g) ?? [] as string[]
+const DOC_SUPPORTED = JSON.parse(/`supportedVersions` = `(\[[^\]]*\])`/.exec(PROTOCOL_DOC)?.[1] ?? '[]') as string[]
+
 t.test('revisions and negotiation', async t => {
-  t.same(SESSION_REVISIONS, ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'])
-  t.equal(LATEST_SESSION_REVISION, '2025-11-25')
+  t.same(DOC_SESSION, ['2024-11-05', '2025-03-26', '2025-06-18', '2025-11-25'], 'the doc names the four session revisions (the parse works)')
+  t.same([...SESSION_REVISIONS].sort(), [...DOC_SESSION].sort(), 'the session revisions are those docs/protocol.md names')
+  t.equal(SESSION_REVISIONS[0], [...DOC_SESSION].sort().at(-1), 'newest first')
+  t.equal(LATEST_SESSION_REVISION, [...DOC_SESSION].sort().at(-1), 'the latest is the newest the doc names')
+  t.same(DOC_SUPPORTED.filter(v => !DOC_SESSION.includes(v)), [MODERN_REVISION], 'the one other revision server/discover lists is the stateless one')
   t.equal(MODERN_REVISION, '2026-07-28')
+  for (const v of DOC_SESSION) t.ok(isSessionRevision(v), `${v} is a session revision`)
   t.ok(isSessionRevision('2024-11-05'))
   t.notOk(isSessionRevision('2026-07-28'))
   t.notOk(isSessionRevision(20241105))

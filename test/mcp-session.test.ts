@@ -15,6 +15,7 @@ import { streamLimits } from '../core/mcp/sse.ts'
 import { Metrics } from '../core/metrics.ts'
 import { memoryFactory } from './helpers/memory-upstream.ts'
 import { memoryLogger } from './helpers/logger.ts'
+import { eventually } from './helpers/cli.ts'
 
 async function open (t: Test, targets: string[], env: Partial<SessionEnv> = {}) {
   const factories = targets.map(name => memoryFactory(name))
@@ -91,7 +92,7 @@ t.test('calls past their deadline are cancelled upstream and answered -32001', a
   const s = await open(t, ['a'], { requestTimeoutMs: 1 })
   const pending = s.rpc(1, 'tools/call', { name: 'hang' })
   // The endpoint's timer calls expireCalls; here the test does, once the call is out.
-  while (!s.factories[0]!.server.received.some(m => m.method === 'tools/call')) await new Promise(resolve => setTimeout(resolve, 5))
+  t.ok(await eventually(() => s.factories[0]!.server.received.some(m => m.method === 'tools/call'), ok => ok, 400, 5), 'the call reached the upstream')
   s.session.expireCalls(Date.now() + 1000)
   t.same(await pending, [{ jsonrpc: '2.0', id: 1, error: { code: -32001, message: 'Request timed out' } }])
   await new Promise(resolve => setImmediate(resolve))
@@ -132,7 +133,7 @@ t.test('a server-to-client request gets a session id; the client\'s answer goes 
 t.test('one target: an upstream that crashes ends the session', async t => {
   const s = await open(t, ['a'])
   const pending = s.rpc(1, 'tools/call', { name: 'hang' })
-  while (!s.factories[0]!.server.received.some(m => m.method === 'tools/call')) await new Promise(resolve => setTimeout(resolve, 5))
+  t.ok(await eventually(() => s.factories[0]!.server.received.some(m => m.method === 'tools/call'), ok => ok, 400, 5), 'the call reached the upstream')
   s.factories[0]!.server.created[0]!.crash()
   t.same(await pending, [{ jsonrpc: '2.0', id: 1, error: { code: -32000, message: 'upstream a closed' } }])
   t.same(s.ended, ['upstream a closed'])
@@ -144,7 +145,7 @@ t.test('a client\'s cancellation goes upstream under the upstream id with the cl
   const first = s.rpc(1, 'tools/call', { name: 'hang' })
   const second = s.rpc(2, 'tools/call', { name: 'hang' })
   const up = s.factories[0]!.server.received
-  while (up.filter(m => m.method === 'tools/call').length < 2) await new Promise(resolve => setTimeout(resolve, 5))
+  t.ok(await eventually(() => up.filter(m => m.method === 'tools/call').length === 2, ok => ok, 400, 5), 'both calls reached the upstream')
   const [upFirst, upSecond] = up.filter(m => m.method === 'tools/call')
   t.equal((await s.post({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 1, reason: 'changed my mind' } })).status, 202)
   t.equal((await s.post({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: 2 } })).status, 202)

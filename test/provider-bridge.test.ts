@@ -130,19 +130,32 @@ t.test('metadata document rules', async t => {
   t.equal(cloud.token_endpoint, `${BASE_URL}/oauth2/token`)
 })
 
+/**
+ * The truth table of README "Identity providers" (`POST /oauth2/token`): "client_secret is added only for
+ * authorization_code and refresh_token grants whose client_id is clientId and that bring no client credentials
+ * of their own" (and only when a secret is configured). Written out, not recomputed: every case of the
+ * matrix below not listed here must not get the secret.
+ */
+const SECRET_ADDED = new Set([
+  'authorization_code / app / own=false / secret=true',
+  'refresh_token / app / own=false / secret=true',
+])
+
 t.test('secret injection rule (unit matrix)', async t => {
   const grants = ['authorization_code', 'refresh_token', 'client_credentials', 'password', 'urn:ietf:params:oauth:grant-type:device_code', undefined]
+  let cases = 0
   for (const grantType of grants) {
     for (const clientId of ['app', 'other', undefined]) {
       for (const ownCredentials of [false, true]) {
         for (const secret of [SECRET, undefined]) {
-          const expected = secret !== undefined && (grantType === 'authorization_code' || grantType === 'refresh_token') && clientId === 'app' && !ownCredentials
-          t.equal(shouldInjectSecret({ grantType, clientId, configuredClientId: 'app', secret, ownCredentials }), expected,
-            `${grantType} / ${clientId} / own=${ownCredentials} / secret=${secret !== undefined}`)
+          const name = `${grantType} / ${clientId} / own=${ownCredentials} / secret=${secret !== undefined}`
+          t.equal(shouldInjectSecret({ grantType, clientId, configuredClientId: 'app', secret, ownCredentials }), SECRET_ADDED.has(name), name)
+          cases++
         }
       }
     }
   }
+  t.equal(cases, 72, 'the whole matrix ran, the two README cases among it')
 })
 
 t.test('resource removal and repeated parameters', async t => {
@@ -656,7 +669,8 @@ t.test('cloud_idp against the Entra emulator', async t => {
           }
           t.equal(emu.requests.length, before + 1, `${name}: forwarded`)
           const sent = lastTokenRequest()
-          const expectInjected = cid === 'configured' && credName === 'none'
+          // README: added only for the two grants, the configured client_id, no credentials of the client's own.
+          const expectInjected = ['authorization_code / configured / none', 'refresh_token / configured / none'].includes(name)
           if (expectInjected) t.equal(sent.get('client_secret'), SECRET, `${name}: secret added`)
           else if (credName === 'client_secret') t.equal(sent.get('client_secret'), 'client-own-secret', `${name}: own secret untouched`)
           else t.notOk(sent.has('client_secret'), `${name}: no secret added`)

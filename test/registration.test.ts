@@ -3,6 +3,7 @@
  * validation (content type, JSON object, redirect URIs, grants, size), and
  * acceptance of the answer by the official SDK's schema.
  */
+import { readFileSync } from 'node:fs'
 import t, { type Test } from 'tap'
 import { createServer, request } from 'node:http'
 import type { AddressInfo } from 'node:net'
@@ -29,9 +30,9 @@ async function idpStub (t: Test): Promise<string> {
   return `http://127.0.0.1:${(server.address() as AddressInfo).port}/app/`
 }
 
-async function ossServer (t: Test, maxBodyBytes?: number, registration?: Record<string, unknown>, trustedProxies?: string[]): Promise<BridgeServer> {
+async function ossServer (t: Test, maxBodyBytes?: number, registration?: Record<string, unknown>, trustedProxies?: string[], now?: () => number): Promise<BridgeServer> {
   const issuer = await idpStub(t)
-  const s = await startBridgeServer({ issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } }, { maxBodyBytes, registration, trustedProxies })
+  const s = await startBridgeServer({ issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } }, { maxBodyBytes, registration, trustedProxies, now })
   t.teardown(() => s.close())
   return s
 }
@@ -133,8 +134,21 @@ t.test('invalid registration requests', async t => {
   t.equal(pre.headers.get('access-control-allow-origin'), '*')
 })
 
-t.test('the OAuth facade\'s registration rate limit is this plugin\'s default', async t => {
-  t.same(REGISTRATION_RATE_LIMIT, DEFAULT_OPTIONS.rateLimit)
+/** The README table "Client registration limits" (Key | Default | Beyond it), parsed: the defaults as documented. */
+function readmeRegistrationDefaults (): Record<string, number> {
+  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8')
+  const table = readme.slice(readme.indexOf('Client registration limits'))
+  const out: Record<string, number> = {}
+  for (const m of table.slice(0, table.indexOf('\n\n', table.indexOf('| Key |'))).matchAll(/^\s*\| `([\w.]+)` \| (\d+) \|/gm)) out[m[1]!] = Number(m[2])
+  return out
+}
+
+t.test('the registration defaults are the README\'s, and the OAuth facade\'s registration rate limit is the same', async t => {
+  const doc = readmeRegistrationDefaults()
+  t.same(Object.keys(doc).sort(), ['maxBodyBytes', 'maxRedirectUriLength', 'maxRedirectUris', 'rateLimit.maxAddresses', 'rateLimit.requests', 'rateLimit.windowSeconds'], 'the table parsed')
+  const documented = { requests: doc['rateLimit.requests'], windowSeconds: doc['rateLimit.windowSeconds'], maxAddresses: doc['rateLimit.maxAddresses'] }
+  t.same(DEFAULT_OPTIONS, { maxBodyBytes: doc.maxBodyBytes, maxRedirectUris: doc.maxRedirectUris, maxRedirectUriLength: doc.maxRedirectUriLength, rateLimit: documented }, 'the plugin\'s defaults')
+  t.same(REGISTRATION_RATE_LIMIT, documented, 'the facade\'s (README: "registrations share the registration plugin\'s rate limit defaults")')
 })
 
 t.test('buildRegistrationResponse never answers without the configured id', async t => {
@@ -283,13 +297,16 @@ t.test('registration limits: the configured rate, refilled evenly', async t => {
   const after = Number(r.headers.get('retry-after'))
   t.ok(after >= 1 && after <= 1200, `Retry-After is the time to the next registration (${after} s of at most 1200)`)
 
-  const quick = await ossServer(t, 65536, { rateLimit: { requests: 1, windowSeconds: 1 } })
+  // The limiter's clock (PluginEnv.now) is the test's: a client honouring Retry-After is time moved, not slept.
+  let now = 1_000_000
+  const quick = await ossServer(t, 65536, { rateLimit: { requests: 1, windowSeconds: 1 } }, undefined, () => now)
   t.equal((await register(quick, validBody())).status, 201)
   const limited = await register(quick, validBody())
   t.equal(limited.status, 429)
   t.equal(limited.headers.get('retry-after'), '1')
-  // A client waits at least Retry-After (timers may fire a hair early against the monotonic clock).
-  await new Promise(resolve => setTimeout(resolve, 1000 * Number(limited.headers.get('retry-after')) + 50))
+  now += 999
+  t.equal((await register(quick, validBody())).status, 429, 'still limited just before Retry-After has passed')
+  now += 1
   t.equal((await register(quick, validBody())).status, 201, 'served again once Retry-After has passed')
 
   const off = await ossServer(t, 65536, { rateLimit: { requests: 0 } })

@@ -108,6 +108,17 @@ t.test('redis store: Redis gone is a 503 at once and a log line, then it recover
   t.equal((err as ProxyError).headers?.['retry-after'], '1')
   await t.rejects(a.takeOnce('c'), { code: 'MCPP_ERR_SHARED_STATE' })
   t.match(logText(), /shared state: Redis unreachable/)
+  t.equal(logText().match(/shared state: Redis unreachable/g)?.length, 2, 'one line per store (both write to this log) per outage, not one per reconnect attempt')
+
+  // Redis comes back on the same address (empty: no persistence): the store reconnects by itself.
+  await redis.restart()
+  t.equal(await eventually(() => a.ready().ready, ok => ok, 200, 50), true, 'ready again once Redis is back (reconnect back-off is at most 3 s)')
+  t.same(a.ready(), { ready: true }, 'no reason left over from the outage')
+  t.equal(await a.join('dave', 'z', 1, 60_000), true, 'commands work again')
+  t.equal(await a.join('dave', 'w', 1, 60_000), false, 'and count against the cap again')
+  t.equal(await a.putOnce('c', 'v', 60_000), true)
+  t.equal(await a.takeOnce('c'), 'v')
+  t.match(logText(), /shared state: Redis reachable again/, 'the recovery is logged')
 })
 
 async function idpStub (t: Test): Promise<string> {

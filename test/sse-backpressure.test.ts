@@ -4,29 +4,27 @@
  * closed (logged, counted): GET streams, POST answers of both eras, listen
  * streams. A
  * session without a stream keeps a backlog bounded in bytes. Other sessions
- * go on; the gateway's memory stays near its baseline while an upstream
- * pushes far more than the bounds, and after the client leaves. Whole gateway in process (its RSS is this process's),
- * faulty-server's `chatter` tool as the upstream, default limits.
+ * go on. What the gateway holds unsent is read from its own accounting
+ * (the `mcp_proxy_sse_buffered_bytes` gauge, sampled throughout each flood,
+ * and the bytes the slow-stream log line reports at the close), not from
+ * this process's RSS: it stays within the bound (README: maxStreamBufferBytes,
+ * 8 MiB by default) while an upstream pushes far more, and is 0 once the
+ * client left. Whole gateway in process, faulty-server's `chatter` tool as
+ * the upstream, default limits.
  */
 import t from 'tap'
+import type * as Tap from 'tap'
 import { request, type IncomingMessage, type ClientRequest } from 'node:http'
-import { setFlagsFromString } from 'node:v8'
-import { runInNewContext } from 'node:vm'
 import { fullGateway } from './helpers/full-gateway.ts'
 import { faultyTarget, rawInitialize, sseMessages, until, INIT_HEADERS } from './helpers/gateway-harness.ts'
 
 const VERSION = '2025-06-18'
 const MiB = 1024 * 1024
 
-// What the gateway keeps, not the garbage it has not collected yet: RSS after full collections.
-setFlagsFromString('--expose-gc')
-const gc = runInNewContext('gc') as () => void
-
-function rssMiB (): number {
-  gc()
-  gc()
-  return process.memoryUsage().rss / MiB
-}
+/** README "Limits": mcp.limits.maxStreamBufferBytes defaults to 8 MiB. */
+const STREAM_BOUND = 8 * MiB
+/** A stream that kept up may take one event past the bound (a chatter notification: 256 KiB and its framing). */
+const ONE_EVENT = 257 * 1024
 
 async function call (url: string, sid: string, msg: Record<string, unknown>): Promise<Array<Record<string, unknown>>> {
   const res = await fetch(url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': VERSION }, body: JSON.stringify({ jsonrpc: '2.0', ...msg }) })
@@ -55,12 +53,22 @@ async function session (url: string): Promise<string> {
 t.test('a stream that is never read, a chatty upstream, and a session without a stream', async t => {
   const g = await fullGateway(t, { targets: [faultyTarget()] })
   const slowClosed = (): number => g.gw.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', '').get()
+  /** The gateway's own gauge: bytes written to open SSE streams and not yet sent. */
+  const buffered = (): number => g.gw.metrics.gauge('mcp_proxy_sse_buffered_bytes', '').collect!()[0]![1]
+  let peak = 0
+  /** Samples the gauge while waiting for `cond` (bounded): the most the gateway held unsent meanwhile. */
+  const watching = (cond: () => boolean, tries = 400): Promise<boolean> => until(() => { peak = Math.max(peak, buffered()); return cond() }, tries)
+  /** What each closed slow stream held when it was closed, as the gateway logged it. */
+  const heldAtClose = (): number[] => [...g.logText().matchAll(/"bufferedBytes":(\d+),"limit":(\d+),"msg":"closed a slow SSE stream/g)].map(m => Number(m[1]))
+  const bounded = (t: Tap.Test, streams: number, what: string): void => {
+    t.ok(peak <= streams * (STREAM_BOUND + ONE_EVENT), `${what}: the gateway held at most ${(peak / MiB).toFixed(1)} MiB unsent (bound ${streams} x 8 MiB)`)
+    t.ok(heldAtClose().length > 0 && heldAtClose().every(b => b <= STREAM_BOUND + ONE_EVENT), `each slow stream held at most the bound when closed: ${heldAtClose().map(b => (b / MiB).toFixed(1)).join(', ')} MiB`)
+  }
   const a = await session(g.url)
   const b = await session(g.url)
-  // Warm up both sessions' paths before the baseline.
+  // Warm up both sessions' paths.
   t.match(await tool(g.url, a, 1, 'echo', { message: 'warm' }), [{ result: { content: [{ text: 'warm' }] } }])
   t.match(await tool(g.url, b, 1, 'chatter', { count: 8, bytes: 65536 }), [{}, {}, {}, {}, {}, {}, {}, {}, { id: 1, result: {} }])
-  const baseline = rssMiB()
 
   await t.test('a GET stream never read: closed once its buffer is full, other sessions unaffected', async t => {
     const get = await openGet(g.url, a)
@@ -71,12 +79,12 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     const other = tool(g.url, b, 2, 'echo', { message: 'still here' })
     t.match(await other, [{ id: 2, result: { content: [{ text: 'still here' }] } }], 'another session is served during the flood')
     t.match(await flood, [{ id: 2, result: { content: [{ text: 'chatting' }] } }])
-    t.ok(await until(() => g.logText().includes('chatter done get'), 400), 'the upstream sent everything')
-    const grew = rssMiB() - baseline
-    t.ok(await until(() => g.gw.endpoint.sessions().find(s => a.startsWith(s.id))?.getStream === false, 80), 'the stuck GET stream was closed')
+    t.ok(await watching(() => g.logText().includes('chatter done get')), 'the upstream sent everything')
+    t.ok(await watching(() => g.gw.endpoint.sessions().find(s => a.startsWith(s.id))?.getStream === false, 80), 'the stuck GET stream was closed')
     t.ok(slowClosed() >= 1, 'counted in mcp_proxy_sse_slow_streams_closed_total')
     t.match(g.logText(), /closed a slow SSE stream/, 'and logged')
-    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while 64 MiB were pushed to a client that is still connected`)
+    bounded(t, 1, '64 MiB pushed to a client that is still connected')
+    t.equal(buffered(), 0, 'nothing held unsent once the stream was closed, though its client is still connected')
     t.match(await tool(g.url, b, 3, 'echo', { message: 'after too' }), [{ id: 3, result: { content: [{ text: 'after too' }] } }])
     get.req.destroy()
   })
@@ -87,13 +95,14 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     const req = request(g.url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-session-id': b, 'mcp-protocol-version': VERSION } }, res => res.pause())
     req.on('error', () => {})
     req.end(JSON.stringify({ jsonrpc: '2.0', id: 4, method: 'tools/call', params: { name: 'chatter', arguments: { count: 256, bytes: 256 * 1024, tag: 'post' } } }))
-    t.ok(await until(() => slowClosed() > closed, 400), 'the POST stream was closed as slow')
-    t.ok(await until(() => g.logText().includes('chatter done post'), 400), 'the upstream sent everything')
+    peak = 0
+    t.ok(await watching(() => slowClosed() > closed), 'the POST stream was closed as slow')
+    t.ok(await watching(() => g.logText().includes('chatter done post')), 'the upstream sent everything')
     // The rest of the notifications may share this answer's stream (no GET stream): look for the answer.
     t.match((await tool(g.url, b, 5, 'echo', { message: 'b lives' })).find(m => m.id === 5), { result: { content: [{ text: 'b lives' }] } })
-    const grew = rssMiB() - baseline
-    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while up to 64 MiB were pushed`)
+    bounded(t, 1, 'up to 64 MiB pushed')
     req.destroy()
+    t.ok(await until(() => buffered() === 0), 'nothing held unsent once the client left')
   })
 
   await t.test('a 2026-07-28 answer never read: closed the same way', async t => {
@@ -103,12 +112,13 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     const req = request(g.url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'chatter' } }, res => res.pause())
     req.on('error', () => {})
     req.end(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'chatter', arguments: { count: 384, bytes: 256 * 1024, tag: 'modern' }, _meta: meta } }))
-    t.ok(await until(() => slowClosed() > closed, 400), 'the answer stream was closed as slow')
-    t.ok(await until(() => g.logText().includes('chatter done modern'), 400), 'the upstream sent everything')
+    peak = 0
+    t.ok(await watching(() => slowClosed() > closed), 'the answer stream was closed as slow')
+    t.ok(await watching(() => g.logText().includes('chatter done modern')), 'the upstream sent everything')
     t.match((await tool(g.url, b, 6, 'echo', { message: 'b still' })).find(m => m.id === 6), { result: { content: [{ text: 'b still' }] } })
-    const grew = rssMiB() - baseline
-    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while up to 96 MiB were pushed`)
+    bounded(t, 1, 'up to 96 MiB pushed')
     req.destroy()
+    t.ok(await until(() => buffered() === 0), 'nothing held unsent once the client left')
   })
 
   await t.test('a 2026-07-28 listen stream never read: closed the same way', async t => {
@@ -129,17 +139,18 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     head.pause()
     const hang = modern('tools/call', { name: 'hang', arguments: {} }, 'hang')
     t.ok(await until(() => pooled().length === 2 && pooled().every(p => p.leases >= 1) && pooled().some(p => p.inFlight === 1)), 'two pooled upstreams, both leased')
+    peak = 0
     const flood = await fetch(g.url, {
       method: 'POST',
       headers: { ...INIT_HEADERS, 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': 'chatter' },
       body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'chatter', arguments: { count: 384, bytes: 256 * 1024, method: 'notifications/tools/list_changed', tag: 'listen' }, _meta: meta } }),
     })
     t.match(await flood.json(), { id: 2, result: { content: [{ text: 'sent 384' }] } })
-    t.ok(await until(() => slowClosed() > closed, 400), 'the listen stream was closed as slow')
-    const grew = rssMiB() - baseline
-    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while 96 MiB of change notifications were pushed`)
+    t.ok(await watching(() => slowClosed() > closed), 'the listen stream was closed as slow')
+    bounded(t, 1, '96 MiB of change notifications pushed')
     listen.destroy()
     hang.destroy()
+    t.ok(await until(() => buffered() === 0), 'nothing held unsent once the client left')
   })
 
   await t.test('a session without a stream keeps a backlog bounded in bytes, newest last', async t => {
@@ -147,7 +158,6 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     // Answered first: the 64 MiB that follow find no open stream.
     t.match(await tool(g.url, c, 1, 'chatter', { count: 256, bytes: 256 * 1024, after: true, tag: 'backlog' }), [{ id: 1, result: {} }])
     t.ok(await until(() => g.logText().includes('chatter done backlog'), 400), 'the upstream sent everything')
-    const grew = rssMiB() - baseline
     // The backlog goes to the next GET stream; a short marker follows it.
     const get = await openGet(g.url, c)
     let text = ''
@@ -161,11 +171,9 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
     t.ok(text.length < 2 * MiB, `the backlog held ${(text.length / MiB).toFixed(2)} MiB of the 64 MiB sent`)
     t.ok(g.gw.metrics.counter('mcp_proxy_sse_backlog_dropped_total', '').get() >= 200, 'the dropped ones are counted')
     t.match(g.logText(), /session backlog full/, 'and logged')
-    t.ok(grew < 32, `RSS grew by ${grew.toFixed(1)} MiB while 64 MiB waited for a stream`)
   })
 
-  await t.test('memory returned after the clients left', async t => {
-    const left = rssMiB() - baseline
-    t.ok(left < 32, `RSS ${left.toFixed(1)} MiB above the baseline`)
+  await t.test('nothing held after the clients left', async t => {
+    t.ok(await until(() => buffered() === 0), `no SSE bytes held unsent (${buffered()})`)
   })
 })

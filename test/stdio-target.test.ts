@@ -3,6 +3,7 @@
  * path, test/fixtures/faulty-server.mjs for every fault (ENOENT, crash, flood,
  * garbage, env allow-list, SIGTERM-ignoring child, grandchildren).
  */
+import { readFileSync } from 'node:fs'
 import t, { type Test } from 'tap'
 import type { Logger } from '../core/logger.ts'
 import { Writable } from 'node:stream'
@@ -236,7 +237,19 @@ t.test('the child environment is an allow-list plus the target env', async t => 
   t.equal(env.TARGET_VAR, 'from-target', 'target env visible')
   t.equal(env.HOME, '/target/home', 'target env overrides the allow-list')
   t.equal(env.PATH, process.env.PATH, 'PATH inherited')
-  const allowed = new Set([...CHILD_ENV_ALLOW_LIST, 'TARGET_VAR'])
+  // The allow-list written out (README "Targets": PATH, HOME, USER, LOGNAME, SHELL, TERM, LANG, LC_*, TMPDIR,
+  // TZ, …; the rest are the temp, XDG, npm cache and CA variables and their Windows counterparts), not read
+  // back from core/targets/stdio.ts.
+  const allowed = new Set([
+    'PATH', 'HOME', 'USER', 'LOGNAME', 'SHELL', 'TERM', 'LANG', 'LC_ALL', 'LC_CTYPE', 'TZ', 'TMPDIR', 'TEMP', 'TMP',
+    'XDG_CACHE_HOME', 'XDG_CONFIG_HOME', 'XDG_DATA_HOME', 'npm_config_cache', 'NODE_EXTRA_CA_CERTS',
+    'SYSTEMROOT', 'SYSTEMDRIVE', 'WINDIR', 'COMSPEC', 'PATHEXT', 'APPDATA', 'LOCALAPPDATA', 'USERPROFILE', 'HOMEDRIVE', 'HOMEPATH',
+    'USERNAME', 'PROGRAMFILES', 'PROCESSOR_ARCHITECTURE', 'TARGET_VAR',
+  ])
+  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8')
+  const named = [...(/environment is an allow-list \(([^)]*)\)/.exec(readme)?.[1] ?? '').matchAll(/`([A-Z_*]+)`/g)].map(m => m[1]!)
+  t.ok(named.length >= 8 && named.every(n => n.endsWith('*') ? [...allowed].some(a => a.startsWith(n.slice(0, -1))) : allowed.has(n)), `every variable the README names is in the list: ${named.join(' ')}`)
+  t.same(CHILD_ENV_ALLOW_LIST.filter(n => !allowed.has(n)), [], 'the implementation allows nothing the list above does not')
   // tap's process-info hook patches child_process.spawn in test runs only and
   // adds its own variables (and a NODE_OPTIONS loading itself); ignore exactly those.
   const injectedByTap = (k: string): boolean => k.startsWith('_TAPJS_PROCESSINFO_') ||

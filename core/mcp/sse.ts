@@ -35,6 +35,8 @@ export interface StreamLimits {
   readonly slowClosed: Counter
   /** `mcp_proxy_sse_backlog_dropped_total` */
   readonly backlogDropped: Counter
+  /** The open streams, for `mcp_proxy_sse_buffered_bytes` (summed when /metrics is scraped, nothing per write). */
+  readonly open: Set<SseStream>
 }
 
 export function frame (msg: unknown): string {
@@ -102,7 +104,9 @@ export class SseStream {
   constructor (res: ServerResponse, limits: StreamLimits) {
     this.res = res
     this.#limits = limits
+    limits.open.add(this)
     res.once('close', () => {
+      limits.open.delete(this)
       this.#closed = true
       res.off('drain', this.#caughtUp)
       const hs = this.#closeHandlers
@@ -241,6 +245,13 @@ export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogB
   const backlogDropped = opts.metrics.counter('mcp_proxy_sse_backlog_dropped_total', 'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes')
   slowClosed.init()
   backlogDropped.init()
+  const open = new Set<SseStream>()
+  // What the gateway itself holds unsent for SSE clients right now: the quantity maxStreamBufferBytes bounds per stream.
+  opts.metrics.gauge('mcp_proxy_sse_buffered_bytes', 'Bytes written to open SSE streams and not yet sent to their clients').collect = () => {
+    let bytes = 0
+    for (const s of open) bytes += s.res.writableLength
+    return [[undefined, bytes]]
+  }
   return {
     maxBufferedBytes: opts.maxStreamBufferBytes ?? DEFAULT_STREAM_BUFFER_BYTES,
     maxBacklogBytes: opts.maxBacklogBytes ?? DEFAULT_BACKLOG_BYTES,
@@ -249,5 +260,6 @@ export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogB
     log: opts.log,
     slowClosed,
     backlogDropped,
+    open,
   }
 }

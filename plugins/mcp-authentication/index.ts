@@ -218,6 +218,7 @@ export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<Mcp
         maxBackoffMs: (ks.maxBackoffSeconds ?? 60) * 1000,
         timeoutMs: ks.timeoutMs ?? 5000,
         maxBytes: ks.maxBytes ?? 524288,
+        ...(env.now !== undefined ? { now: env.now } : {}),
         onFetch (result, error) {
           fetches.inc({ result })
           if (result === 'error' && error !== lastLoggedError) env.log.warn({ error }, 'identity provider key set fetch failed')

@@ -29,6 +29,8 @@ export interface KeySetOptions {
   readonly maxBytes: number
   /** Called after every fetch attempt. */
   readonly onFetch?: (result: 'ok' | 'error', error?: string) => void
+  /** The clock (epoch ms) for cooldowns, back-off and state times; tests pass their own. Default Date.now. */
+  readonly now?: () => number
 }
 
 /** Thrown when no key set was ever loaded, or an unknown kid meets a key set that cannot be refreshed. */
@@ -100,6 +102,7 @@ function describeError (err: unknown): string {
 
 export class RemoteKeySet {
   readonly #opts: KeySetOptions
+  readonly #now: () => number
   #url: string | undefined
   #jwks: JWK[] = []
   readonly #imported = new Map<string, Promise<CryptoKey | Uint8Array>>()
@@ -119,6 +122,7 @@ export class RemoteKeySet {
 
   constructor (opts: KeySetOptions) {
     this.#opts = opts
+    this.#now = opts.now ?? Date.now
     this.#url = opts.source.kind === 'url' ? opts.source.url : undefined
   }
 
@@ -205,7 +209,7 @@ export class RemoteKeySet {
   }
 
   #unavailable (): KeysUnavailableError {
-    return new KeysUnavailableError(`key set unavailable: ${this.#lastError ?? 'not fetched yet'}`, (this.#dueAt() - Date.now()) / 1000)
+    return new KeysUnavailableError(`key set unavailable: ${this.#lastError ?? 'not fetched yet'}`, (this.#dueAt() - this.#now()) / 1000)
   }
 
   /**
@@ -217,18 +221,18 @@ export class RemoteKeySet {
    */
   async #refetchOnDemand (): Promise<void> {
     if (this.#inflight === undefined) {
-      const wait = this.#dueAt() - Date.now()
+      const wait = this.#dueAt() - this.#now()
       if (wait > 0) {
         if (this.#failures > 0) throw this.#unavailable()
         if (wait > this.#opts.timeoutMs) return
         this.#slot ??= new Promise<void>(resolve => setTimeout(resolve, wait)).then(() => {
           this.#slot = undefined
-          if (this.#inflight === undefined) this.#lastOnDemand = Date.now()
+          if (this.#inflight === undefined) this.#lastOnDemand = this.#now()
           return this.refresh()
         })
         await this.#slot
       } else {
-        this.#lastOnDemand = Date.now()
+        this.#lastOnDemand = this.#now()
         await this.refresh()
       }
     } else {
@@ -246,7 +250,7 @@ export class RemoteKeySet {
   }
 
   async #fetch (): Promise<void> {
-    this.#lastAttempt = Date.now()
+    this.#lastAttempt = this.#now()
     this.#fetches++
     try {
       if (this.#url === undefined && this.#opts.source.kind === 'discovery') {
@@ -266,7 +270,7 @@ export class RemoteKeySet {
       this.#jwks = keys
       this.#imported.clear()
       this.#loaded = true
-      this.#lastSuccess = Date.now()
+      this.#lastSuccess = this.#now()
       this.#lastError = undefined
       this.#failures = 0
       this.#opts.onFetch?.('ok')

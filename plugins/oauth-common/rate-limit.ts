@@ -130,9 +130,9 @@ export class AddressLimiter {
   /** Addresses refused since last served, for one log line per streak (bounded like the local table). */
   readonly #refusing = new Set<string>()
 
-  constructor (opts: RateLimitOptions, shared: SharedBuckets | undefined, prefix = 'registration') {
+  constructor (opts: RateLimitOptions, shared: SharedBuckets | undefined, prefix = 'registration', now?: () => number) {
     this.#opts = opts
-    this.#local = new RateLimiter(opts)
+    this.#local = new RateLimiter(opts, now)
     this.#shared = shared !== undefined && shared.kind !== 'memory' && opts.requests > 0 ? shared : undefined
     this.#prefix = prefix
   }

@@ -87,7 +87,7 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
   const clientId = idp.clientId
   const opts = withDefaults(options)
   // With cluster.redis (or workers) every replica and worker draws from one bucket per address; else this process's table.
-  const limiter = new AddressLimiter(opts.rateLimit, env.shared)
+  const limiter = new AddressLimiter(opts.rateLimit, env.shared, 'registration', env.now)
 
   async function registerClient (ctx: RequestContext): Promise<Reply> {
     if (ctx.method === 'OPTIONS') {

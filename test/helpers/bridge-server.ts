@@ -52,13 +52,15 @@ export interface BridgeServerOptions {
   trustedProxies?: string[]
   /** Shared state handed to the plugins (core/shared-state.ts), e.g. one Redis for two "replicas". */
   shared?: PluginEnv['shared']
+  /** The plugins' clock (PluginEnv.now): a test moves time instead of sleeping. */
+  now?: () => number
 }
 
 export async function startBridgeServer (auth: Record<string, unknown> | undefined, opts: BridgeServerOptions = {}): Promise<BridgeServer> {
   const mem = memoryLogger('debug')
   const made = await makeEnv(auth, mem.log)
   const config = made.config
-  const env: PluginEnv = opts.shared === undefined ? made.env : { ...made.env, shared: opts.shared }
+  const env: PluginEnv = { ...made.env, ...(opts.shared !== undefined ? { shared: opts.shared } : {}), ...(opts.now !== undefined ? { now: opts.now } : {}) }
   const plugins = [await bridgeModule.create({}, env), await registrationModule.create(opts.registration ?? {}, env)]
   const server = new GatewayServer({
     pipeline: new Pipeline(plugins),

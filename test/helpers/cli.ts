@@ -86,12 +86,21 @@ export function isAlive (pid: number): boolean {
   try { process.kill(pid, 0); return true } catch { return false }
 }
 
-/** Polls `check` up to `tries` times, `everyMs` apart; resolves with its last value. */
+/**
+ * Polls `check` up to `tries` times, `everyMs` apart, until `ok` holds; resolves with that value.
+ * Throws when it never holds, naming what it waited for (the source of `check` and `ok`) and the
+ * last value seen: a bounded wait that fails loudly, never a silent pass.
+ */
 export async function eventually<T> (check: () => T | Promise<T>, ok: (v: T) => boolean, tries = 100, everyMs = 50): Promise<T> {
   let v = await check()
   for (let i = 0; i < tries && !ok(v); i++) {
     await new Promise(resolve => setTimeout(resolve, everyMs))
     v = await check()
+  }
+  if (!ok(v)) {
+    let last: string
+    try { last = JSON.stringify(v) ?? String(v) } catch { last = String(v) }
+    throw new Error(`eventually: waited ${tries} x ${everyMs} ms for (${ok.toString()}) on (${check.toString().slice(0, 300)}); last value: ${last.slice(0, 300)}`)
   }
   return v
 }

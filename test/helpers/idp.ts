@@ -75,7 +75,8 @@ export async function firstKeyFetch (auth: Plugin): Promise<void> {
  * `corsModule`: load CORS as a third-party plugin from this path (`mcp.plugins:
  * [{ module, options }]` through the plugin loader) instead of the built-in.
  */
-export async function authGateway (t: Test, authOptions: McpAuthenticationOptions, corsOptions?: CorsOptions, corsModule?: string): Promise<AuthGateway> {
+/** `extra.now`: the clock handed to the plugins (PluginEnv.now), so a test moves the key set's time instead of sleeping. */
+export async function authGateway (t: Test, authOptions: McpAuthenticationOptions, corsOptions?: CorsOptions, corsModule?: string, extra: { now?: () => number } = {}): Promise<AuthGateway> {
   const { log, text } = memoryLogger('debug')
   const metrics = new Metrics()
   let seen: ReturnType<AuthGateway['lastSeen']>
@@ -90,7 +91,7 @@ export async function authGateway (t: Test, authOptions: McpAuthenticationOption
     },
     async close () {},
   }
-  const env = (configPath: string): PluginEnv => ({ log, config: {}, baseUrl: BASE, configPath, metrics, provided: {} })
+  const env = (configPath: string): PluginEnv => ({ log, config: {}, baseUrl: BASE, configPath, metrics, provided: {}, ...(extra.now !== undefined ? { now: extra.now } : {}) })
   const plugins: Plugin[] = []
   t.teardown(async () => { for (const p of plugins) await p.close?.() })
   if (corsOptions !== undefined && corsModule !== undefined) {
