@@ -171,7 +171,7 @@ t.test('two replicas sharing redis (cluster.redis): refresh reuse and the regist
   const publicBase = `http://127.0.0.1:${port}`
   const idp = await devIdpFor(t, () => [`${publicBase}/oauth/callback`], { rotateRefreshTokens: false })
   const bPort = await freePort()
-  const cluster = (advertiseUrl: string) => ({ secret: 'x'.repeat(32), advertiseUrl, redis: { url: redis.url } })
+  const cluster = (advertiseUrl: string) => ({ secret: 'facade-hardening-cluster-0123456789abcdef', advertiseUrl, redis: { url: redis.url } })
   const mcp = { trustedProxies: ['127.0.0.1'] }
   const a = await facadeGateway(t, ossAuth(idp), { port, cluster: cluster(publicBase), mcp })
   const b = await facadeGateway(t, ossAuth(idp), { port: bPort, publicBase, cluster: cluster(`http://127.0.0.1:${bPort}`), mcp })
