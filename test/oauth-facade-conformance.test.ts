@@ -1,6 +1,6 @@
 /**
  * The official conformance suite's authorization-server checks against the
- * facade (`conformance authorization --url {base_url}/mcp`, pinned; the
+ * facade (`conformance authorization --url {base_url}/mcp`, the copy in node_modules pinned exactly; the
  * `authorization` command exists from the 0.2 line): the metadata endpoint
  * scenario, and the authorization-code grant, whose login the suite leaves to
  * a browser: the test follows the printed URL (IdP login, consent) to the
@@ -14,27 +14,10 @@ import { join } from 'node:path'
 import { freePort } from './helpers/cli.ts'
 import { ROOT } from './helpers/gateway-harness.ts'
 import { ossSetup, Agent, FACADE_KEY } from './helpers/facade.ts'
-
-const SUITE = '@modelcontextprotocol/conformance@0.2.0-alpha.12'
-const NODE = 'node@22'
+import { resolveSuite } from './helpers/conformance-suite.ts'
 
 function env (): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, NO_COLOR: '1', npm_config_update_notifier: 'false' }
-}
-
-async function resolveSuite (): Promise<{ node: string; bin: string }> {
-  const child = spawn('npx', ['-y', '-p', NODE, '-p', SUITE, '--', 'sh', '-c', 'command -v node && command -v conformance'], { cwd: ROOT, env: env(), stdio: ['ignore', 'pipe', 'pipe'] })
-  let out = ''
-  child.stdout.setEncoding('utf8').on('data', (d: string) => { out += d })
-  child.stderr.setEncoding('utf8').on('data', (d: string) => { out += d })
-  const timer = setTimeout(() => child.kill('SIGKILL'), 180_000)
-  await new Promise(resolve => child.once('close', resolve))
-  clearTimeout(timer)
-  const lines = out.split('\n').map(l => l.trim()).filter(l => l.startsWith('/'))
-  const node = lines.find(l => /\/node$/.test(l))
-  const bin = lines.find(l => /\/conformance$/.test(l))
-  if (node === undefined || bin === undefined) throw new Error(`could not install ${SUITE}:\n${out.slice(-2000)}`)
-  return { node, bin }
 }
 
 t.test('conformance authorization: metadata endpoint and authorization code grant pass against the facade', async t => {
