@@ -268,7 +268,7 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
   if (typeof made === 'string') {
     t.comment(`network namespaces unavailable (${made}): the three replicas run on 127.0.0.1`)
     if (process.platform === 'linux' && process.getuid?.() === 0) t.fail(`network namespaces could not be made as root: ${made}`)
-    else t.skip(`replicas in network namespaces of their own: ${made}`)
+    else t.skip(`replicas in network namespaces of their own: ${made}`, () => {})
   } else t.comment(`three replicas in network namespaces of their own at ${[0, 1, 2].map(i => net.replicaIp(i)).join(', ')}, bridged to ${net.hostIp}`)
   const redis = await startRedis(t, net.kind === 'namespaces' ? net.hostIp : undefined)
   const redisUrl = net.kind === 'namespaces' ? `redis://${net.hostIp}:${redis.port}` : redis.url
