@@ -27,7 +27,7 @@ import { UnauthorizedError as Unauthorized1, type OAuthClientProvider as Provide
 import { Client as Client2, StreamableHTTPClientTransport as Transport2, UnauthorizedError as Unauthorized2, type OAuthClientProvider as Provider2 } from '@modelcontextprotocol/client'
 import { startDevIdp } from '../bin/dev-idp.ts'
 import { CLI, ROOT, freePort } from './helpers/cli.ts'
-import { FAULTY } from './helpers/gateway-harness.ts'
+import { EVERYTHING } from './helpers/gateway-harness.ts'
 import { startRedis } from './helpers/redis.ts'
 import { HeadlessProvider } from './helpers/oauth-client.ts'
 
@@ -146,7 +146,8 @@ async function startReplica (t: Test, dir: string, i: number, publicUrl: string,
     `  host: ${host}`,
     `  port: ${port}`,
     '  targets:',
-    `    - { name: faulty, stdio: { cmd: "${process.execPath}", args: ["${FAULTY}"] } }`,
+    // The real server-everything (issue 22 item 15): a happy path on a real MCP server, not the fault fixture.
+    `    - { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`,
     `  session: { maxSessionsPerSubject: ${CAP} }`,
     '  policies:',
     '    mcpAuthentication:',
@@ -354,12 +355,12 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
       ...legacy.map(async ({ client, sub }) => {
         const { tools } = await client.listTools()
         t.ok(tools.some(x => x.name === 'echo'), `${tag}: ${sub} lists tools`)
-        for (let i = 0; i < 3; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `${sub}-${i}` } })), `${sub}-${i}`)
+        for (let i = 0; i < 3; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `${sub}-${i}` } })), `Echo: ${sub}-${i}`)
       }),
       ...modern.map(async (client, n) => {
         const { tools } = await client.listTools()
         t.ok(tools.some(x => x.name === 'echo'), `${tag}: sdk2 client ${n} lists tools`)
-        t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `m${n}` } })), `m${n}`)
+        t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `m${n}` } })), `Echo: m${n}`)
       }),
     ])
   }
@@ -383,7 +384,7 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
   const failed = new Set<string>()
   await Promise.all(legacy.map(async (l, i) => {
     try {
-      t.equal(textOf(await l.client.callTool({ name: 'echo', arguments: { message: `after-${l.sub}` } })), `after-${l.sub}`)
+      t.equal(textOf(await l.client.callTool({ name: 'echo', arguments: { message: `after-${l.sub}` } })), `Echo: after-${l.sub}`)
     } catch (err) {
       failed.add(l.sub)
       t.equal((err as { code?: number }).code, 404, `${l.sub}: its session is gone (404)`)
@@ -396,7 +397,7 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
       t.teardown(() => client.close().catch(() => {}))
       await client.connect(transport)
       legacy[i] = { ...l, client, transport }
-      t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `again-${l.sub}` } })), `again-${l.sub}`, `${l.sub} re-initialized`)
+      t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `again-${l.sub}` } })), `Echo: again-${l.sub}`, `${l.sub} re-initialized`)
     }
   }))
   t.same([...failed].sort(), [...lost].sort(), 'exactly the clients whose sessions the killed replica held saw 404')
