@@ -25,27 +25,21 @@
  * every path and set; server-everything (as issue 3 asked; it lacks most of the
  * tools the suite calls by name) for 2025-11-25 over stdio.
  *
- * The suite (a devDependency, pinned exactly in package.json and the lockfile)
- * runs on Node 22: the exact version .ci/run installs (MCPP_NODE22,
- * test/helpers/node-versions.ts), nothing downloaded at test time.
+ * The suite is the copy in node_modules, pinned exactly in package.json; it needs Node 22
+ * (test/helpers/conformance-suite.ts says which binary runs it). Scenario re-runs (a loaded host
+ * can miss one of the suite's short timeouts) are counted, capped and printed: see `Reruns`.
  */
 import t, { type Test } from 'tap'
 import { spawn, type ChildProcess } from 'node:child_process'
-import { readFileSync } from 'node:fs'
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
-import { dirname, join } from 'node:path'
-import { parse as parseYaml } from 'yaml'
+import { join } from 'node:path'
 import type { TargetConfig } from '../core/config.ts'
 import { EVERYTHING, ROOT, everythingTarget } from './helpers/gateway-harness.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
 import { freePort } from './helpers/cli.ts'
-import { nodeBinary, packageBin } from './helpers/node-versions.ts'
+import { Reruns, resolveSuite, type Suite } from './helpers/conformance-suite.ts'
 
-const PACKAGE = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
-const SUITE = '@modelcontextprotocol/conformance'
-// Exact, so the requirement sets below are the ones this version froze.
-const SUITE_VERSION = PACKAGE.devDependencies[SUITE]!
 const REVISIONS = ['2025-11-25', '2026-07-28'] as const
 type Revision = typeof REVISIONS[number]
 type Path = 'direct' | 'http' | 'stdio' | 'rule'
@@ -63,7 +57,7 @@ const KNOWN_GAPS: Partial<Record<Revision, Record<string, { paths: Path[]; why: 
 interface Check { id: string; status: string; errorMessage?: string }
 type Results = Map<string, Check[]>
 
-// Whole-file budget (Node 22 and the suite are installed beforehand: no download); the runs go in
+// Whole-file budget: the runs go in
 // parallel, three at a time: about 30-50 s each on an idle 2-core machine, up to 150 s on one
 // loaded twentyfold (a stdio session starts a child). Generous, so a slow machine fails only on a real hang.
 t.setTimeout(600_000)
@@ -132,23 +126,6 @@ async function startGateway (t: Test, targets: TargetConfig[], policies: Record<
       if ((err as NodeJS.ErrnoException).code !== 'EADDRINUSE' || attempt >= 2) throw err
     }
   }
-}
-
-interface Suite { node: string; bin: string; requirements: (revision: Revision) => Set<string> }
-
-/** Node 22 (MCPP_NODE22) and the suite's bin from node_modules, checked once. */
-async function resolveSuite (): Promise<Suite> {
-  const node = nodeBinary(22)
-  const bin = packageBin(ROOT, SUITE, 'conformance')
-  const { code, output } = await exec(node, [bin, '--version'], 60_000)
-  if (code !== 0 || !output.includes(SUITE_VERSION)) throw new Error(`${SUITE} ${SUITE_VERSION} does not run with ${node}:\n${output.slice(-2000)}`)
-  // <package>/dist/index.js; the frozen requirement sets are <package>/requirements/<revision>.yaml.
-  const pkg = dirname(dirname(bin))
-  const requirements = (revision: Revision): Set<string> => {
-    const doc = parseYaml(readFileSync(join(pkg, 'requirements', `${revision}.yaml`), 'utf8')) as { server: string[] }
-    return new Set(doc.server)
-  }
-  return { node, bin, requirements }
 }
 
 function exec (cmd: string, args: string[], timeoutMs: number): Promise<{ code: number | null; output: string }> {
@@ -222,6 +199,8 @@ const fixtureStdio: TargetConfig = { name: 'conformance', stdio: { cmd: process.
 
 t.test('conformance, both requirement sets: what passes directly passes through the gateway on every path', async t => {
   const suite = await resolveSuite()
+  t.comment(`conformance suite ${suite.version} (node_modules), run by ${suite.node}`)
+  const reruns = new Reruns(line => t.comment(line))
   // One fixture process per path, so that concurrent runs never share a server's state.
   const [direct, httpUpstream, ruleUpstream] = await Promise.all([0, 1, 2].map(() => startDirect(t, [FIXTURE, 'http'])))
   const urls: Record<Path, string> = {
@@ -266,8 +245,9 @@ t.test('conformance, both requirement sets: what passes directly passes through 
     for (const s of ['server-initialize', 'tools-list', 'tools-call-simple-text']) {
       t.ok(passed(direct.results.get(s)), `server-everything: ${s} passes directly (the baseline is meaningful)`, { checks: direct.results.get(s), output: direct.output.slice(-2000) })
     }
-    for (let round = 0; round < 2; round++) {
+    for (let round = 0; round < Reruns.PER_SCENARIO; round++) {
       for (const s of regressions(direct.results, through.results).filter(s => KNOWN_GAPS['2025-11-25']?.[s] === undefined)) {
+        if (!reruns.take('server-everything stdio', s)) continue
         const { results: r } = await runSuite(suite, everything.stdio, [...everythingArgs, '--scenario', s])
         for (const [k, v] of r) through.results.set(k, v)
       }
@@ -288,16 +268,17 @@ t.test('conformance, both requirement sets: what passes directly passes through 
     t.ok(base.results.size > 0, `${revision}: the suite ran against the fixture directly`, { output: base.output.slice(-2000) })
     // The suite's own request timeouts are short; on a loaded host a scenario can miss one. Each
     // failure is run again (up to twice), so that only a real failure fails the build.
-    const again = async (url: string, results: Results, scenarios: string[]): Promise<void> => {
-      for (let round = 0; round < 2 && scenarios.length > 0; round++) {
+    const again = async (path: Path, results: Results, scenarios: string[]): Promise<void> => {
+      for (let round = 0; round < Reruns.PER_SCENARIO && scenarios.length > 0; round++) {
         for (const s of scenarios) {
-          const { results: r } = await runSuite(suite, url, ['--requirements', revision, '--scenario', s])
+          if (!reruns.take(`${revision} ${path}`, s)) continue
+          const { results: r } = await runSuite(suite, urls[path], ['--requirements', revision, '--scenario', s])
           for (const [k, v] of r) results.set(k, v)
         }
         scenarios = scenarios.filter(s => !passed(results.get(s)) || lost(base.results.get(s), results.get(s)))
       }
     }
-    await again(urls.direct, base.results, [...scored].filter(s => !passed(base.results.get(s))))
+    await again('direct', base.results, [...scored].filter(s => !passed(base.results.get(s))))
     for (const s of scored) t.ok(passed(base.results.get(s)), `${revision}: ${s} (scored) passes directly, so the parity rule covers it`, { checks: base.results.get(s) })
 
     // A scenario that regressed is run once more through the gateway, so that a timing hiccup of the
@@ -308,7 +289,7 @@ t.test('conformance, both requirement sets: what passes directly passes through 
       const regressed = regressions(base.results, through).filter(s => !(gaps[s]?.paths.includes(path) ?? false))
       if (regressed.length > 0) {
         t.comment(`${revision} ${path}: re-running ${regressed.join(', ')} (failed only through the gateway)`)
-        await again(urls[path], through, regressed)
+        await again(path, through, regressed)
       }
     }
 
@@ -337,4 +318,6 @@ t.test('conformance, both requirement sets: what passes directly passes through 
       }
     }
   }
+  // A host so loaded that many scenarios need a second try is a failure of its own, not a green run.
+  t.ok(reruns.withinCap, `conformance re-runs: ${reruns.total}, at most ${Reruns.TOTAL} in all and ${Reruns.PER_SCENARIO} per scenario`)
 })

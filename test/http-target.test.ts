@@ -24,6 +24,7 @@ import { RouteTable } from '../core/routes.ts'
 import { Metrics } from '../core/metrics.ts'
 import type { Plugin } from '../core/plugin.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'
+import { realAuth, type RealAuth } from './helpers/real-auth.ts'
 
 const log = pino({ level: 'silent' }) as unknown as Logger
 
@@ -249,19 +250,12 @@ t.test('createUpstreamFactory builds HTTP upstreams', async t => {
   await up.close()
 })
 
-/** A gateway whose only plugin sets ctx.auth from `x-test-subject` (stands in for authentication). */
-async function startGateway (t: Test, upstreamUrl: string): Promise<{ url: string; passthrough: ReturnType<typeof createHttpPassthrough> }> {
-  const subjectPlugin: Plugin = {
-    name: 'test-subject',
-    onRequest (ctx) {
-      const s = ctx.req.headers['x-test-subject']
-      if (typeof s === 'string') ctx.auth = { subject: s, claims: {} }
-    },
-  }
+/** A gateway in front of one remote target; `auth`: behind real authentication (mcpAuthentication, dev IdP tokens). */
+async function startGateway (t: Test, upstreamUrl: string, auth?: RealAuth): Promise<{ url: string; passthrough: ReturnType<typeof createHttpPassthrough> }> {
   const metrics = new Metrics()
   const passthrough = createHttpPassthrough({ name: 'remote', mcp: { url: upstreamUrl, headers: { 'x-upstream-key': 'gw-key' } } }, { log, metrics })
   const gw = new GatewayServer({
-    pipeline: new Pipeline([subjectPlugin]),
+    pipeline: new Pipeline(auth === undefined ? [] : [auth.plugin]),
     routes: new RouteTable([]),
     mcp: passthrough,
     log,
@@ -275,9 +269,11 @@ async function startGateway (t: Test, upstreamUrl: string): Promise<{ url: strin
 
 t.test('passthrough: the SDK client through the gateway to a remote server', async t => {
   const u = await startUpstream(t)
-  const gw = await startGateway(t, u.url)
+  const auth = await realAuth(t, ['alice', 'mallory'])
+  const gw = await startGateway(t, u.url, auth)
+  const alice = await auth.as('alice')
   const transport = new StreamableHTTPClientTransport(new URL(gw.url), {
-    requestInit: { headers: { authorization: 'Bearer client-token-must-not-leak', cookie: 'c=1', 'x-test-subject': 'alice' } },
+    requestInit: { headers: { ...alice, cookie: 'c=1' } },
   })
   const mcp = new Client({ name: 'sdk-client', version: '1.0.0' })
   await mcp.connect(transport)
@@ -305,6 +301,8 @@ t.test('passthrough: the SDK client through the gateway to a remote server', asy
 
   t.ok(u.seen.length > 0)
   t.ok(u.seen.every(s => s.headers.authorization === undefined), 'no Authorization header reached the upstream')
+  const signature = (await auth.token('alice')).split('.')[2]!
+  t.notOk(u.seen.some(s => JSON.stringify(s.headers).includes(signature)), 'the client\'s token is in no upstream header')
   t.ok(u.seen.every(s => s.headers.cookie === undefined), 'no Cookie header reached the upstream')
   t.ok(u.seen.every(s => s.headers['x-upstream-key'] === 'gw-key'), 'target static header added')
   t.ok(u.seen.slice(1).every(s => s.headers['mcp-session-id'] === upstreamId), 'upstream sees its own session id')
@@ -313,14 +311,14 @@ t.test('passthrough: the SDK client through the gateway to a remote server', asy
   // Another subject presenting alice's id gets 404; alice is untouched.
   const stolen = await fetch(gw.url, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': gatewayId, 'mcp-protocol-version': '2025-06-18', 'x-test-subject': 'mallory' },
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': gatewayId, 'mcp-protocol-version': '2025-06-18', ...await auth.as('mallory') },
     body: JSON.stringify({ jsonrpc: '2.0', id: 5, method: 'tools/list' }),
   })
   t.equal(stolen.status, 404)
   t.match(await stolen.json(), { jsonrpc: '2.0', error: { code: -32001 } })
   const unknown = await fetch(gw.url, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': upstreamId, 'x-test-subject': 'alice' },
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': upstreamId, ...alice },
     body: JSON.stringify({ jsonrpc: '2.0', id: 6, method: 'tools/list' }),
   })
   t.equal(unknown.status, 404, 'the upstream id itself is not a valid gateway id')
@@ -332,7 +330,7 @@ t.test('passthrough: the SDK client through the gateway to a remote server', asy
   t.same(gw.passthrough.sessions(), [])
   const after = await fetch(gw.url, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': gatewayId, 'x-test-subject': 'alice' },
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': gatewayId, ...alice },
     body: JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/list' }),
   })
   t.equal(after.status, 404)

@@ -6,30 +6,23 @@
  * trigger-elicitation-request, trigger-sampling-request and get-roots-list
  * only for clients that declared elicitation, sampling and roots. Per-session
  * children get the client's initialize; children shared per subject
- * (stdio.share) are pooled per capability set. Real children, SDK clients.
+ * (stdio.share) are pooled per capability set. Real children, SDK clients,
+ * real tokens (the dev IdP; mcpAuthentication), all of one subject.
  */
 import t, { type Test } from 'tap'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js'
-import type { Plugin } from '../core/plugin.ts'
 import type { TargetConfig } from '../core/config.ts'
 import { startGateway, everythingTarget, type GatewayHarness } from './helpers/gateway-harness.ts'
-
-/** Sets the caller's subject from a test header (stands in for the authentication plugin). */
-const subjectPlugin: Plugin = {
-  name: 'test-subject',
-  onRequest (ctx) {
-    const s = ctx.req.headers['x-test-subject']
-    if (typeof s === 'string') ctx.auth = { subject: s, claims: {} }
-  },
-}
+import { realAuth, type RealAuth } from './helpers/real-auth.ts'
 
 const GATED = ['get-roots-list', 'trigger-elicitation-request', 'trigger-sampling-request']
 
-async function connect (t: Test, gw: GatewayHarness, capabilities: Record<string, unknown>): Promise<Client> {
+/** An SDK client of alice's (a real token from the dev IdP) declaring `capabilities`. */
+async function connect (t: Test, gw: GatewayHarness, auth: RealAuth, capabilities: Record<string, unknown>): Promise<Client> {
   const client = new Client({ name: 'caps', version: '1.0.0' }, { capabilities })
-  await client.connect(new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: { 'x-test-subject': 'alice' } } }))
+  await client.connect(new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: await auth.as('alice') } }))
   t.teardown(() => client.close())
   return client
 }
@@ -46,11 +39,12 @@ const paths: Record<string, TargetConfig> = {
 
 for (const [path, target] of Object.entries(paths)) {
   t.test(`${path}: gated tools follow each client's own declared capabilities`, async t => {
-    const gw = await startGateway(t, { targets: [target], plugins: [subjectPlugin] })
-    const plain = await connect(t, gw, {})
-    const eliciting = await connect(t, gw, { elicitation: {} })
+    const auth = await realAuth(t, ['alice'])
+    const gw = await startGateway(t, { targets: [target], plugins: [auth.plugin] })
+    const plain = await connect(t, gw, auth, {})
+    const eliciting = await connect(t, gw, auth, { elicitation: {} })
     eliciting.setRequestHandler(ElicitRequestSchema, async () => ({ action: 'decline' }))
-    const plainAgain = await connect(t, gw, {})
+    const plainAgain = await connect(t, gw, auth, {})
 
     t.same(await gated(plain), [], 'a client that declared nothing sees no gated tool')
     t.same(await gated(eliciting), ['trigger-elicitation-request'], 'a client that declared elicitation sees the elicitation tool, and no other gated one')

@@ -1,26 +1,19 @@
 /**
  * core/mcp/endpoint.ts: the streamable-HTTP rules of /mcp, the session
  * registry (caps, subject binding, drain, admin view) and the era dispatch,
- * over in-memory upstreams (test/helpers/memory-upstream.ts). The
+ * over in-memory upstreams (test/helpers/memory-upstream.ts); subjects are
+ * told apart by real tokens (dev IdP, mcpAuthentication). The
  * end-to-end files with real servers are test/mcp-transport.test.ts and
  * test/mcp-modern.test.ts.
  */
 import t, { type Test } from 'tap'
-import type { Plugin } from '../core/plugin.ts'
 import { startGateway, rawInitialize, sseMessages, INIT_HEADERS } from './helpers/gateway-harness.ts'
 import { memoryFactory } from './helpers/memory-upstream.ts'
+import { realAuth, type RealAuth } from './helpers/real-auth.ts'
 
-/** Sets the caller's subject from a test header (stands in for the authentication plugin). */
-const subjectPlugin: Plugin = {
-  name: 'test-subject',
-  onRequest (ctx) {
-    const s = ctx.req.headers['x-test-subject']
-    if (typeof s === 'string') ctx.auth = { subject: s, claims: {} }
-  },
-}
-
-async function gateway (t: Test, session: Record<string, number> = {}) {
-  return startGateway(t, { targets: [], factories: [memoryFactory('a')], plugins: [subjectPlugin], session })
+/** `auth`: the real mcpAuthentication plugin (dev IdP tokens) where a test tells subjects apart; else anonymous. */
+async function gateway (t: Test, session: Record<string, number> = {}, auth?: RealAuth) {
+  return startGateway(t, { targets: [], factories: [memoryFactory('a')], plugins: auth === undefined ? [] : [auth.plugin], session })
 }
 
 async function send (url: string, body: unknown, headers: Record<string, string> = {}, method = 'POST'): Promise<{ status: number; json: Record<string, unknown> | undefined; res: Response; text: string }> {
@@ -48,31 +41,33 @@ t.test('transport rules: Accept, Content-Type, methods', async t => {
 })
 
 t.test('sessions: initialize mints an id; requests need it; another subject\'s id is not found', async t => {
-  const gw = await gateway(t)
-  const init = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'alice' })
+  const auth = await realAuth(t, ['alice', 'bob'])
+  const gw = await gateway(t, {}, auth)
+  const [alice, bob] = [await auth.as('alice'), await auth.as('bob')]
+  const init = await rawInitialize(gw.url, '2025-06-18', alice)
   t.equal(init.status, 200)
   t.match(sseMessages(init.body)[0], { id: 1, result: { protocolVersion: '2025-06-18', serverInfo: { name: 'memory-a' } } })
   const sid = init.sessionId!
   t.match(sid, /^[A-Za-z0-9_-]{32}$/, '24 random bytes, base64url')
-  const missing = await send(gw.url, list, { 'x-test-subject': 'alice' })
+  const missing = await send(gw.url, list, alice)
   t.equal(missing.status, 400)
   t.match(missing.json, { error: { message: 'Bad Request: Mcp-Session-Id header is required' } })
-  const ok = await send(gw.url, list, { 'x-test-subject': 'alice', 'mcp-session-id': sid })
+  const ok = await send(gw.url, list, { ...alice, 'mcp-session-id': sid })
   t.equal(ok.status, 200)
   t.match(sseMessages(ok.text)[0], { id: 2, result: { tools: [{ name: 'echo' }, { name: 'hang' }] } })
-  const bob = await send(gw.url, list, { 'x-test-subject': 'bob', 'mcp-session-id': sid })
-  t.equal(bob.status, 404, 'bob cannot use alice\'s session')
-  t.match(bob.json, { error: { code: -32001, message: 'Session not found' } })
-  const version = await send(gw.url, list, { 'x-test-subject': 'alice', 'mcp-session-id': sid, 'mcp-protocol-version': '1999-01-01' })
+  const stolen = await send(gw.url, list, { ...bob, 'mcp-session-id': sid })
+  t.equal(stolen.status, 404, 'bob cannot use alice\'s session')
+  t.match(stolen.json, { error: { code: -32001, message: 'Session not found' } })
+  const version = await send(gw.url, list, { ...alice, 'mcp-session-id': sid, 'mcp-protocol-version': '1999-01-01' })
   t.equal(version.status, 400)
-  const reinit = await send(gw.url, { jsonrpc: '2.0', id: 3, method: 'initialize', params: {} }, { 'x-test-subject': 'alice', 'mcp-session-id': sid })
+  const reinit = await send(gw.url, { jsonrpc: '2.0', id: 3, method: 'initialize', params: {} }, { ...alice, 'mcp-session-id': sid })
   t.equal(reinit.status, 400, 'initialize must not carry a session id')
-  const notification = await send(gw.url, { jsonrpc: '2.0', method: 'notifications/initialized' }, { 'x-test-subject': 'alice', 'mcp-session-id': sid })
+  const notification = await send(gw.url, { jsonrpc: '2.0', method: 'notifications/initialized' }, { ...alice, 'mcp-session-id': sid })
   t.equal(notification.status, 202)
   t.same(gw.endpoint.sessions().map(s => ({ id: s.id, subject: s.subject, targets: s.targets })), [{ id: sid.slice(0, 8), subject: 'alice', targets: ['a'] }], 'the admin sees 8 characters of the id')
-  const del = await send(gw.url, undefined, { 'x-test-subject': 'alice', 'mcp-session-id': sid }, 'DELETE')
+  const del = await send(gw.url, undefined, { ...alice, 'mcp-session-id': sid }, 'DELETE')
   t.equal(del.status, 200)
-  t.equal((await send(gw.url, list, { 'x-test-subject': 'alice', 'mcp-session-id': sid })).status, 404, 'gone after DELETE')
+  t.equal((await send(gw.url, list, { ...alice, 'mcp-session-id': sid })).status, 404, 'gone after DELETE')
 })
 
 t.test('batches: only in 2025-03-26, never with initialize', async t => {
@@ -102,17 +97,19 @@ t.test('one GET stream per session', async t => {
 })
 
 t.test('caps: per subject 429, in total and while draining 503, with Retry-After', async t => {
-  const gw = await gateway(t, { maxSessionsPerSubject: 1, maxSessions: 2 })
-  t.equal((await rawInitialize(gw.url, undefined, { 'x-test-subject': 'alice' })).status, 200)
-  const again = await rawInitialize(gw.url, undefined, { 'x-test-subject': 'alice' })
+  const auth = await realAuth(t, ['alice', 'bob', 'carol'])
+  const gw = await gateway(t, { maxSessionsPerSubject: 1, maxSessions: 2 }, auth)
+  const [alice, bob, carol] = [await auth.as('alice'), await auth.as('bob'), await auth.as('carol')]
+  t.equal((await rawInitialize(gw.url, undefined, alice)).status, 200)
+  const again = await rawInitialize(gw.url, undefined, alice)
   t.equal(again.status, 429)
   t.equal(again.response.headers.get('retry-after'), '10')
-  t.equal((await rawInitialize(gw.url, undefined, { 'x-test-subject': 'bob' })).status, 200)
-  t.equal((await rawInitialize(gw.url, undefined, { 'x-test-subject': 'carol' })).status, 503, 'session limit reached')
-  const [alice] = gw.endpoint.sessions().filter(s => s.subject === 'alice')
-  t.ok(gw.endpoint.endSession(alice!.id), 'the admin ends a session by its 8-character prefix')
+  t.equal((await rawInitialize(gw.url, undefined, bob)).status, 200)
+  t.equal((await rawInitialize(gw.url, undefined, carol)).status, 503, 'session limit reached')
+  const [aliceSession] = gw.endpoint.sessions().filter(s => s.subject === 'alice')
+  t.ok(gw.endpoint.endSession(aliceSession!.id), 'the admin ends a session by its 8-character prefix')
   gw.endpoint.drain()
-  const draining = await rawInitialize(gw.url, undefined, { 'x-test-subject': 'carol' })
+  const draining = await rawInitialize(gw.url, undefined, carol)
   t.equal(draining.status, 503)
   t.match(draining.body, /shutting down/)
 })

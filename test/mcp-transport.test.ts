@@ -15,6 +15,7 @@ import {
   startGateway, everythingTarget, memoryTarget, faultyTarget, processGone, until, sseMessages, rawInitialize, INIT_HEADERS,
 } from './helpers/gateway-harness.ts'
 import { outcome } from './helpers/outcome.ts'
+import { realAuth } from './helpers/real-auth.ts'
 
 type Msg = Record<string, any> // eslint-disable-line @typescript-eslint/no-explicit-any
 
@@ -49,14 +50,6 @@ const denyPlugin: Plugin = {
   },
 }
 
-/** Sets the caller's subject from a test header (stands in for the authentication plugin). */
-const subjectPlugin: Plugin = {
-  name: 'test-subject',
-  onRequest (ctx) {
-    const s = ctx.req.headers['x-test-subject']
-    if (typeof s === 'string') ctx.auth = { subject: s, claims: {} }
-  },
-}
 
 t.test('SDK client through the gateway to server-everything (one target)', async t => {
   const gw = await startGateway(t, { targets: [everythingTarget()], plugins: [denyPlugin] })
@@ -236,28 +229,30 @@ t.test('DELETE answers before the child has exited; close() still waits for it',
   t.ok(processGone(pid!), 'the child is gone when close() resolves')
 })
 
-t.test('session caps and subject binding', async t => {
-  const gw = await startGateway(t, { targets: [faultyTarget()], plugins: [subjectPlugin], session: { maxSessions: 2, maxSessionsPerSubject: 1 } })
-  const a = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'alice' })
+t.test('session caps and subject binding (subjects from real dev-IdP tokens)', async t => {
+  const auth = await realAuth(t, ['alice', 'bob', 'carol'])
+  const gw = await startGateway(t, { targets: [faultyTarget()], plugins: [auth.plugin], session: { maxSessions: 2, maxSessionsPerSubject: 1 } })
+  const [alice, bob, carol] = [await auth.as('alice'), await auth.as('bob'), await auth.as('carol')]
+  const a = await rawInitialize(gw.url, '2025-06-18', alice)
   t.equal(a.status, 200)
-  const a2 = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'alice' })
+  const a2 = await rawInitialize(gw.url, '2025-06-18', alice)
   t.equal(a2.status, 429, 'per-subject cap -> 429')
   t.ok(Number(a2.response.headers.get('retry-after')) > 0, 'with Retry-After')
-  const b = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'bob' })
+  const b = await rawInitialize(gw.url, '2025-06-18', bob)
   t.equal(b.status, 200)
-  const c = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'carol' })
+  const c = await rawInitialize(gw.url, '2025-06-18', carol)
   t.equal(c.status, 503, 'global cap -> 503')
   t.ok(Number(c.response.headers.get('retry-after')) > 0, 'with Retry-After')
 
-  let r = await rawPost(gw.url, a.sessionId, ping(1), { 'x-test-subject': 'bob' })
+  let r = await rawPost(gw.url, a.sessionId, ping(1), bob)
   t.equal(r.status, 404, "another subject presenting alice's session id -> 404")
-  r = await rawPost(gw.url, a.sessionId, ping(2), { 'x-test-subject': 'alice' })
+  r = await rawPost(gw.url, a.sessionId, ping(2), alice)
   t.equal(r.status, 200, "alice's session keeps working")
   t.equal(gw.endpoint.sessions().find(s => a.sessionId!.startsWith(s.id))?.subject, 'alice')
 
-  const del = await fetch(gw.url, { method: 'DELETE', headers: { 'mcp-session-id': b.sessionId!, 'x-test-subject': 'bob' } })
+  const del = await fetch(gw.url, { method: 'DELETE', headers: { 'mcp-session-id': b.sessionId!, ...bob } })
   t.equal(del.status, 200)
-  const again = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'carol' })
+  const again = await rawInitialize(gw.url, '2025-06-18', carol)
   t.equal(again.status, 200, 'caps free up when sessions end')
 })
 

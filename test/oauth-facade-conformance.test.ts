@@ -1,6 +1,6 @@
 /**
  * The official conformance suite's authorization-server checks against the
- * facade (`conformance authorization --url {base_url}/mcp`, pinned; the
+ * facade (`conformance authorization --url {base_url}/mcp`, the copy in node_modules pinned exactly; the
  * `authorization` command exists from the 0.2 line): the metadata endpoint
  * scenario, and the authorization-code grant, whose login the suite leaves to
  * a browser: the test follows the printed URL (IdP login, consent) to the
@@ -14,22 +14,14 @@ import { join } from 'node:path'
 import { freePort } from './helpers/cli.ts'
 import { ROOT } from './helpers/gateway-harness.ts'
 import { ossSetup, Agent, FACADE_KEY } from './helpers/facade.ts'
-import { nodeBinary, packageBin } from './helpers/node-versions.ts'
-
-// The suite is a devDependency pinned exactly; it runs on the Node 22 that
-// .ci/run installs (MCPP_NODE22, test/helpers/node-versions.ts): no download at test time.
-const SUITE = '@modelcontextprotocol/conformance'
+import { resolveSuite } from './helpers/conformance-suite.ts'
 
 function env (): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, NO_COLOR: '1', npm_config_update_notifier: 'false' }
 }
 
-function resolveSuite (): { node: string; bin: string } {
-  return { node: nodeBinary(22), bin: packageBin(ROOT, SUITE, 'conformance') }
-}
-
 t.test('conformance authorization: metadata endpoint and authorization code grant pass against the facade', async t => {
-  const suite = resolveSuite()
+  const suite = await resolveSuite()
   const { g } = await ossSetup(t, {
     keys: [FACADE_KEY],
     clients: [{ clientId: 'conformance-client', clientName: 'MCP conformance suite', redirectUris: ['http://127.0.0.1/callback'] }],

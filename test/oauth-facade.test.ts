@@ -19,7 +19,7 @@ import { freePort } from './helpers/cli.ts'
 import { Sealer } from '../plugins/oauth-facade/seal.ts'
 import { addressAllowed, cacheSeconds, cimdUrlProblem } from '../plugins/oauth-facade/cimd.ts'
 import { redirectMatches, domainTrusted } from '../plugins/oauth-facade/index.ts'
-import { facadeGateway, ossSetup, FacadeProvider, Agent, cimdServer, FACADE_KEY, CALLBACK, redeem, pkce, authorizeUrl } from './helpers/facade.ts'
+import { facadeGateway, ossSetup, FacadeProvider, Agent, cimdServer, FACADE_KEY, CALLBACK, redeem, pkce, authorizeUrl, devIdpFor, ossAuth, register, FACADE_COOKIE, cookieProblems } from './helpers/facade.ts'
 
 const SECRET = 'entra-app-secret-value'
 
@@ -273,3 +273,29 @@ t.test('private-use redirect schemes (RFC 8252 §7.1): refused by default; when 
   t.equal(tokens.status, 200, 'and is redeemed')
   t.type(tokens.body.access_token, 'string')
 })
+
+// Issue 22 item 15: the agent keeps every cookie attribute, so the attributes a browser acts on are
+// asserted: HttpOnly and SameSite always, Secure exactly when the public URL is https (here a
+// TLS-terminating proxy in front: mcp.baseUrl https, the listener http on loopback).
+for (const scheme of ['http', 'https'] as const) {
+  t.test(`facade cookies, ${scheme} public URL: HttpOnly, SameSite${scheme === 'https' ? ' and Secure' : ', not Secure'}`, async t => {
+    const port = await freePort()
+    const publicBase = scheme === 'https' ? 'https://gateway.example.test' : `http://127.0.0.1:${port}`
+    const idp = await devIdpFor(t, () => [`${publicBase}/oauth/callback`])
+    const g = await facadeGateway(t, ossAuth(idp), { port, ...(scheme === 'https' ? { baseUrl: publicBase } : {}) })
+    const clientId = await register(g.base)
+    const agent = new Agent()
+    agent.route = u => u.replace(publicBase, g.base)
+    const cb = await agent.follow(authorizeUrl(publicBase, clientId, pkce().challenge), CALLBACK)
+    t.match(cb.searchParams.get('code'), /\S/, 'the flow reached the client with a code')
+    const facade = agent.setCookies.filter(c => FACADE_COOKIE.test(c.name))
+    t.same([...new Set(facade.map(c => c.name.replace(/^__Host-/, '')))].sort(), ['mcp_facade_consent', 'mcp_facade_csrf'], 'the consent CSRF and remembered-consent cookies were set')
+    for (const c of facade) {
+      const attrs = [...c.attributes].map(([k, v]) => v === '' ? k : `${k}=${v}`).join('; ')
+      t.same(cookieProblems(c), [], `${c.name} set on ${new URL(c.url).pathname}: ${attrs}`)
+      t.ok(c.attributes.has('httponly'), `${c.name}: HttpOnly`)
+      t.match(c.attributes.get('samesite'), /^(Lax|Strict)$/i, `${c.name}: SameSite`)
+      t.equal(c.attributes.has('secure'), scheme === 'https', `${c.name}: Secure ${scheme === 'https' ? 'on https' : 'absent on http'}`)
+    }
+  })
+}

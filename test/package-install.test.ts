@@ -53,7 +53,10 @@ const etc = join(work, 'etc')
 const bin = join(work, 'bin')
 t.teardown(() => rm(work, { recursive: true, force: true }))
 
-const npmEnv = { ...process.env, NPM_CONFIG_PREFER_OFFLINE: 'true', NPM_CONFIG_UPDATE_NOTIFIER: 'false' }
+// Offline (issue 22 item 17: hermetic CI): the project's own `npm ci` (.ci/run's first step) has put
+// every locked package in npm's cache, so the install reads the cache only: a package missing there
+// fails the install instead of silently coming from the registry.
+const npmEnv = { ...process.env, NPM_CONFIG_OFFLINE: 'true', NPM_CONFIG_UPDATE_NOTIFIER: 'false' }
 
 interface Sandboxed { child: ChildProcess; done: Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> }
 

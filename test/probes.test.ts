@@ -9,7 +9,7 @@ import { writeFile, mkdtemp } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { CLI, ROOT, freePort } from './helpers/cli.ts'
-import { FAULTY } from './helpers/gateway-harness.ts'
+import { EVERYTHING } from './helpers/gateway-harness.ts'
 
 const ADMIN_TOKEN = 'admin-token-0123456789abcdef'
 const METRICS_TOKEN = 'metrics-token-0123456789abcdef'
@@ -42,10 +42,12 @@ t.test('probes answer without a token on a listener of their own; /metrics has i
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-probes-'))
   const file = join(dir, 'config.yaml')
   await writeFile(file, [
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', '    - name: faulty',
-    `      stdio: { cmd: "${process.execPath}", args: ["${FAULTY}"] }`,
+    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', '    - name: everything',
+    // The real server-everything as the target (issue 22 item 15): the initialize served during the drain is a real one.
+    `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
     `admin: { host: 127.0.0.1, port: ${adminPort}, token: ${ADMIN_TOKEN} }`,
-    // A long delay: the test must see /readyz fail and /mcp still served inside it; the guard below ends the run otherwise.
+    // A long delay: the test must see /readyz fail and /mcp still served inside it; the guard below ends the run otherwise
+    // (60 s: server-everything starts far slower than a hand-written fixture on a loaded host).
     `probes: { host: 127.0.0.1, port: ${probePort}, metricsToken: ${METRICS_TOKEN}, shutdownDelayMs: 1500 }`,
     'logging: { level: info }', '',
   ].join('\n'))
@@ -54,7 +56,7 @@ t.test('probes answer without a token on a listener of their own; /metrics has i
   child.stdout.on('data', d => { out += d })
   child.stderr.on('data', d => { out += d })
   const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
-  const guard = setTimeout(() => child.kill('SIGKILL'), 30_000)
+  const guard = setTimeout(() => child.kill('SIGKILL'), 60_000)
   t.teardown(() => { clearTimeout(guard); child.kill('SIGKILL') })
 
   await untilAccepts(probePort, child)

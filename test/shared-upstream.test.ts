@@ -2,25 +2,20 @@
  * `share: subject` stdio targets (core/mcp/shared-upstream.ts): the sessions
  * of one subject lease one pooled server-everything child, other subjects
  * get their own; ids, progress, subscriptions, server-to-client requests and
- * crashes stay with the right session. Real SDK clients, real children.
+ * crashes stay with the right session. Real SDK clients, real children,
+ * subjects from real tokens (dev IdP, mcpAuthentication).
  */
 import t, { type Test } from 'tap'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { CreateMessageRequestSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
-import type { Plugin } from '../core/plugin.ts'
 import type { TargetConfig } from '../core/config.ts'
 import { validateConfig } from '../core/config.ts'
 import { startGateway, everythingTarget, faultyTarget, processGone, until, rawInitialize, type GatewayHarness } from './helpers/gateway-harness.ts'
+import { realAuth, type RealAuth } from './helpers/real-auth.ts'
 
-/** Sets the caller's subject from a test header (stands in for the authentication plugin). */
-const subjectPlugin: Plugin = {
-  name: 'test-subject',
-  onRequest (ctx) {
-    const s = ctx.req.headers['x-test-subject']
-    if (typeof s === 'string') ctx.auth = { subject: s, claims: {} }
-  },
-}
+/** Every subject a test here connects as: each a service account of the dev IdP with a real token. */
+const SUBJECTS = ['alice', 'bob', 'carol', 'dave', 'erin', 'frank', 'gina']
 
 function shared (target: TargetConfig, processesPerSubject = 1): TargetConfig {
   return { ...target, stdio: { ...target.stdio!, share: 'subject', processesPerSubject } }
@@ -30,9 +25,9 @@ function textOf (result: unknown): string {
   return ((result as { content: Array<{ type: string; text?: string }> }).content).map(c => c.text ?? '').join('\n')
 }
 
-async function connect (t: Test, gw: GatewayHarness, subject: string, opts: { sampling?: boolean } = {}): Promise<{ client: Client; transport: StreamableHTTPClientTransport }> {
+async function connect (t: Test, gw: GatewayHarness, auth: RealAuth, subject: string, opts: { sampling?: boolean } = {}): Promise<{ client: Client; transport: StreamableHTTPClientTransport }> {
   const client = new Client({ name: `shared-${subject}`, version: '1.0.0' }, { capabilities: opts.sampling === true ? { sampling: {} } : {} })
-  const transport = new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: { 'x-test-subject': subject } } })
+  const transport = new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: await auth.as(subject) } })
   await client.connect(transport)
   t.teardown(() => client.close())
   return { client, transport }
@@ -53,10 +48,11 @@ t.test('config: share is session or subject, processesPerSubject bounded', async
 })
 
 t.test('sessions of one subject share a child; other subjects do not', async t => {
-  const gw = await startGateway(t, { targets: [shared(everythingTarget())], plugins: [subjectPlugin] })
-  const a1 = await connect(t, gw, 'alice')
-  const a2 = await connect(t, gw, 'alice')
-  const b1 = await connect(t, gw, 'bob')
+  const auth = await realAuth(t, SUBJECTS)
+  const gw = await startGateway(t, { targets: [shared(everythingTarget())], plugins: [auth.plugin] })
+  const a1 = await connect(t, gw, auth, 'alice')
+  const a2 = await connect(t, gw, auth, 'alice')
+  const b1 = await connect(t, gw, auth, 'bob')
   const pa1 = pidOf(gw, a1.transport)
   const pa2 = pidOf(gw, a2.transport)
   const pb1 = pidOf(gw, b1.transport)
@@ -98,10 +94,11 @@ t.test('sessions of one subject share a child; other subjects do not', async t =
 })
 
 t.test('processesPerSubject spreads sessions over several children', async t => {
-  const gw = await startGateway(t, { targets: [shared(faultyTarget(), 2)], plugins: [subjectPlugin] })
+  const auth = await realAuth(t, SUBJECTS)
+  const gw = await startGateway(t, { targets: [shared(faultyTarget(), 2)], plugins: [auth.plugin] })
   const ids: string[] = []
   for (let i = 0; i < 4; i++) {
-    const r = await rawInitialize(gw.url, '2025-06-18', { 'x-test-subject': 'carol' })
+    const r = await rawInitialize(gw.url, '2025-06-18', await auth.as('carol'))
     t.equal(r.status, 200)
     ids.push(r.sessionId!)
   }
@@ -111,13 +108,14 @@ t.test('processesPerSubject spreads sessions over several children', async t => 
 })
 
 t.test('initialize keeps the client revision; subscriptions and notifications stay per session', async t => {
-  const gw = await startGateway(t, { targets: [shared(everythingTarget())], plugins: [subjectPlugin] })
-  const old = await rawInitialize(gw.url, '2025-03-26', { 'x-test-subject': 'dave' })
+  const auth = await realAuth(t, SUBJECTS)
+  const gw = await startGateway(t, { targets: [shared(everythingTarget())], plugins: [auth.plugin] })
+  const old = await rawInitialize(gw.url, '2025-03-26', await auth.as('dave'))
   t.equal(old.status, 200)
   t.match(old.body, /"protocolVersion":"2025-03-26"/, 'a 2025-03-26 session stays 2025-03-26 on a child initialized at the latest revision')
 
-  const s1 = await connect(t, gw, 'dave')
-  const s2 = await connect(t, gw, 'dave')
+  const s1 = await connect(t, gw, auth, 'dave')
+  const s2 = await connect(t, gw, auth, 'dave')
   t.equal(pidOf(gw, s1.transport), pidOf(gw, s2.transport), 'one child')
   const updates1: string[] = []
   const updates2: string[] = []
@@ -136,11 +134,12 @@ t.test('initialize keeps the client revision; subscriptions and notifications st
 })
 
 t.test('server-to-client requests reach a session only if its client declared the capability', async t => {
-  const gw = await startGateway(t, { targets: [shared(everythingTarget())], plugins: [subjectPlugin] })
-  const withSampling = await connect(t, gw, 'erin', { sampling: true })
+  const auth = await realAuth(t, SUBJECTS)
+  const gw = await startGateway(t, { targets: [shared(everythingTarget())], plugins: [auth.plugin] })
+  const withSampling = await connect(t, gw, auth, 'erin', { sampling: true })
   withSampling.client.setRequestHandler(CreateMessageRequestSchema, async () => ({ model: 'm', role: 'assistant', content: { type: 'text', text: 'sampled by erin' } }))
-  const without = await connect(t, gw, 'erin')
-  const again = await connect(t, gw, 'erin', { sampling: true })
+  const without = await connect(t, gw, auth, 'erin')
+  const again = await connect(t, gw, auth, 'erin', { sampling: true })
   // Children are pooled per declared capability set: the child never learns sampling on behalf of a client that did not declare it.
   t.not(pidOf(gw, withSampling.transport), pidOf(gw, without.transport), 'a child per capability set')
   t.equal(pidOf(gw, withSampling.transport), pidOf(gw, again.transport), 'the same set shares its child')
@@ -152,9 +151,10 @@ t.test('server-to-client requests reach a session only if its client declared th
 })
 
 t.test('a crash of the shared child ends every session on it; the next initialize starts a new one', async t => {
-  const gw = await startGateway(t, { targets: [shared(faultyTarget())], plugins: [subjectPlugin] })
-  const a = await connect(t, gw, 'frank')
-  const b = await connect(t, gw, 'frank')
+  const auth = await realAuth(t, SUBJECTS)
+  const gw = await startGateway(t, { targets: [shared(faultyTarget())], plugins: [auth.plugin] })
+  const a = await connect(t, gw, auth, 'frank')
+  const b = await connect(t, gw, auth, 'frank')
   const pid = pidOf(gw, a.transport)!
   const crash = a.client.callTool({ name: 'crash', arguments: {} }).then(() => 'answered', (e: Error) => e.message)
   t.match(await crash, /closed|Connection/i, 'the crashing call fails')
@@ -162,7 +162,7 @@ t.test('a crash of the shared child ends every session on it; the next initializ
   t.ok(processGone(pid), 'child gone')
   const err = await b.client.callTool({ name: 'echo', arguments: { message: 'x' } }).then(() => 'answered', (e: Error) => e.message)
   t.match(err, /404|Session not found/, "the other session's next request gets 404")
-  const c = await connect(t, gw, 'frank')
+  const c = await connect(t, gw, auth, 'frank')
   t.equal(textOf(await c.client.callTool({ name: 'echo', arguments: { message: 'again' } })), 'again')
   t.not(pidOf(gw, c.transport), pid, 'a new child')
 })
@@ -184,9 +184,10 @@ t.test('the whole gateway (config file path: loader, upstream tracker, endpoint)
 })
 
 t.test('a timed-out call on a shared child is cancelled there; the other session is unaffected', async t => {
-  const gw = await startGateway(t, { targets: [shared(faultyTarget())], plugins: [subjectPlugin], session: { requestTimeoutSeconds: 1 } })
-  const a = await connect(t, gw, 'gina')
-  const b = await connect(t, gw, 'gina')
+  const auth = await realAuth(t, SUBJECTS)
+  const gw = await startGateway(t, { targets: [shared(faultyTarget())], plugins: [auth.plugin], session: { requestTimeoutSeconds: 1 } })
+  const a = await connect(t, gw, auth, 'gina')
+  const b = await connect(t, gw, auth, 'gina')
   const hung = await a.client.callTool({ name: 'hang', arguments: {} }, undefined, { timeout: 30_000 }).then(() => 'answered', (e: Error) => e.message)
   t.match(hung, /timed out/i, 'the gateway answered the hung call with a timeout error')
   t.equal(gw.endpoint.pooled()[0]!.inFlight, 0, 'the call on the child was cancelled, not left in flight')

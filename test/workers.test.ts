@@ -16,7 +16,7 @@ import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { Client as Client2, StreamableHTTPClientTransport as Transport2 } from '@modelcontextprotocol/client'
 import { configFile, eventually, freePort, freshFetch, isAlive, parentOf, runCli, spawnCli, waitForPort, workersOf } from './helpers/cli.ts'
-import { FAULTY } from './helpers/gateway-harness.ts'
+import { EVERYTHING, FAULTY } from './helpers/gateway-harness.ts'
 
 const CAP = 4
 const MODERN = '2026-07-28'
@@ -50,7 +50,8 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
     '  host: 127.0.0.1',
     `  port: ${port}`,
     '  targets:',
-    `    - { name: faulty, stdio: { cmd: "${process.execPath}", args: ["${FAULTY}"] } }`,
+    // The real server-everything (issue 22 item 15): a happy path on a real MCP server, not the fault fixture.
+    `    - { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`,
     `  session: { maxSessionsPerSubject: ${CAP} }`,
     `admin: { port: ${admin} }`,
     `probes: { host: 127.0.0.1, port: ${probes}, shutdownDelayMs: 1500 }`,
@@ -99,7 +100,7 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
   const round = (tag: string, clients: typeof legacy): Promise<unknown> => Promise.all(clients.map(async ({ client }, n) => {
     const { tools } = await client.listTools()
     t.ok(tools.some(x => x.name === 'echo'), `${tag}: client ${n} lists tools`)
-    for (let i = 0; i < 3; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `${tag}-${n}-${i}` } })), `${tag}-${n}-${i}`)
+    for (let i = 0; i < 3; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `${tag}-${n}-${i}` } })), `Echo: ${tag}-${n}-${i}`)
   }))
   await round('spread', legacy)
   t.match(cli.output(), /"worker":1,[^\n]*forwarded to the session owner/, 'worker 1 relayed requests to worker 2\'s sessions')
@@ -113,7 +114,7 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
   const modern = new Client2({ name: 'sdk2', version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } } })
   t.teardown(() => modern.close().catch(() => {}))
   await modern.connect(new Transport2(new URL(url), { fetch: freshFetch }))
-  for (let i = 0; i < 10; i++) t.equal(textOf(await modern.callTool({ name: 'echo', arguments: { message: `m${i}` } })), `m${i}`)
+  for (let i = 0; i < 10; i++) t.equal(textOf(await modern.callTool({ name: 'echo', arguments: { message: `m${i}` } })), `Echo: m${i}`)
   const modernAfter = await perWorker(probes, 'mcp_proxy_requests_total', 'method="tools/call"')
   const modernServed = ['1', '2'].map(w => (modernAfter[w] ?? 0) - (modernBefore[w] ?? 0))
   t.ok(modernServed.every(n => n > 0), `2026-07-28 calls served by both workers (${modernServed.join(', ')})`)
@@ -152,7 +153,7 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
     const again = new Client1({ name: 'sdk1-again', version: '1.0.0' })
     t.teardown(() => again.close().catch(() => {}))
     await again.connect(new Transport1(new URL(url), { fetch: freshFetch }))
-    t.equal(textOf(await again.callTool({ name: 'echo', arguments: { message: 'again' } })), 'again', 'its client initializes again (the dead worker\'s cap slots are free)')
+    t.equal(textOf(await again.callTool({ name: 'echo', arguments: { message: 'again' } })), 'Echo: again', 'its client initializes again (the dead worker\'s cap slots are free)')
   }
 
   // SIGTERM: /readyz fails at once, the MCP port keeps serving through shutdownDelayMs, then all exit.
@@ -163,7 +164,7 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
   cli.child.kill('SIGTERM')
   const draining = await eventually(async () => (await fetch(`http://127.0.0.1:${probes}/readyz`)).status, s => s === 503, 50, 20)
   t.equal(draining, 503, 'readiness fails first')
-  t.equal(textOf(await modern.callTool({ name: 'echo', arguments: { message: 'during the delay' } })), 'during the delay', 'the MCP port still serves during the delay')
+  t.equal(textOf(await modern.callTool({ name: 'echo', arguments: { message: 'during the delay' } })), 'Echo: during the delay', 'the MCP port still serves during the delay')
   const exit = await Promise.race([cli.exited, new Promise(resolve => setTimeout(resolve, 30_000, 'timeout'))])
   t.same(exit, { code: 0, signal: null }, 'the primary exits 0 after the workers drained')
   // Bounded wait: an exited process stays visible until its parent (or init) reaps it.

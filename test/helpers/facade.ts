@@ -34,13 +34,15 @@ export interface FacadeGateway { gw: RunningGateway; base: string; url: URL; log
  * `auth(base)` gives mcpAuthentication's options (facade included). `publicBase`
  * lets a second replica share the first one's public URL (as behind a load balancer).
  */
-export async function facadeGateway (t: Test, auth: (base: string) => Record<string, unknown>, opts: { port?: number; publicBase?: string; cluster?: Record<string, unknown>; mcp?: Record<string, unknown> } = {}): Promise<FacadeGateway> {
+export async function facadeGateway (t: Test, auth: (base: string) => Record<string, unknown>, opts: { port?: number; publicBase?: string; baseUrl?: string; cluster?: Record<string, unknown>; mcp?: Record<string, unknown> } = {}): Promise<FacadeGateway> {
   const port = opts.port ?? await freePort()
-  const base = opts.publicBase ?? `http://127.0.0.1:${port}`
+  // `baseUrl`: mcp.baseUrl, the public URL behind a TLS-terminating proxy (the listener stays http on loopback).
+  const base = opts.baseUrl ?? opts.publicBase ?? `http://127.0.0.1:${port}`
   const config = deepFreeze(await validateConfig({
     mcp: {
       host: '127.0.0.1',
       port,
+      ...(opts.baseUrl !== undefined ? { baseUrl: opts.baseUrl } : {}),
       targets: [{ name: 'everything', stdio: { cmd: process.execPath, args: [EVERYTHING, 'stdio'] } }],
       policies: { mcpAuthentication: { mode: 'strict', ...auth(base) } },
       ...opts.mcp,
@@ -65,13 +67,51 @@ export function consentFormOf (html: string, pageUrl: string): ConsentForm | und
   return { action: new URL(action.replace(/&amp;/g, '&'), pageUrl).href, tx, csrf, html }
 }
 
+/** One Set-Cookie line as a browser reads it (RFC 6265 §5.2): attribute names lower-cased, values as sent. */
+export interface SetCookie { url: string; name: string; value: string; attributes: Map<string, string> }
+
+export function parseSetCookie (url: string, line: string): SetCookie {
+  const [pair, ...rest] = line.split(';')
+  const i = pair!.indexOf('=')
+  const attributes = new Map<string, string>()
+  for (const part of rest) {
+    const j = part.indexOf('=')
+    const key = (j < 0 ? part : part.slice(0, j)).trim().toLowerCase()
+    if (key !== '') attributes.set(key, j < 0 ? '' : part.slice(j + 1).trim())
+  }
+  return { url, name: pair!.slice(0, i).trim(), value: pair!.slice(i + 1).trim(), attributes }
+}
+
+/** The facade's own cookies (consent CSRF, remembered consent), whatever prefix (`__Host-` on https) they carry. */
+export const FACADE_COOKIE = /mcp_facade_(csrf|consent)$/
+
+/**
+ * What a facade cookie lacks for a browser (issue 22 item 15): HttpOnly and SameSite always;
+ * Secure exactly when the page was https (a Secure cookie set over http is dropped by browsers);
+ * a `__Host-` name with Secure, Path=/ and no Domain (RFC 6265bis §4.1.3.2).
+ */
+export function cookieProblems (c: SetCookie): string[] {
+  const https = new URL(c.url).protocol === 'https:'
+  const problems: string[] = []
+  if (!c.attributes.has('httponly')) problems.push('HttpOnly missing')
+  if (!/^(lax|strict)$/i.test(c.attributes.get('samesite') ?? '')) problems.push('SameSite=Lax or Strict missing')
+  if (https && !c.attributes.has('secure')) problems.push('Secure missing on https')
+  if (!https && c.attributes.has('secure')) problems.push('Secure on http (a browser drops it)')
+  if (c.name.startsWith('__Host-') && (!c.attributes.has('secure') || c.attributes.get('path') !== '/' || c.attributes.has('domain'))) problems.push('__Host- without Secure, Path=/ or with Domain')
+  return problems
+}
+
 /**
  * A browser stand-in: follows redirects by hand, keeps cookies per origin,
  * and answers a consent page with `decision`. Stops at `stopAt` (the
- * client's redirect URI) and returns that URL.
+ * client's redirect URI) and returns that URL. Every Set-Cookie is kept
+ * with its attributes (`setCookies`); a facade cookie a browser would
+ * mishandle (cookieProblems, judged on the URL as the browser saw it,
+ * before `route`) fails the fetch that received it.
  */
 export class Agent {
   readonly jar = new Map<string, Map<string, string>>()
+  readonly setCookies: SetCookie[] = []
   decision: 'approve' | 'deny' = 'approve'
   consentPages = 0
   lastConsent: ConsentForm | undefined
@@ -84,16 +124,17 @@ export class Agent {
     return c === undefined || c.size === 0 ? undefined : [...c].map(([k, v]) => `${k}=${v}`).join('; ')
   }
 
-  keep (url: string, res: Response): void {
-    const origin = new URL(url).origin
+  /** `url`: where the browser thinks it is (judges Secure); `target`: where the request went (keys the jar). */
+  keep (url: string, res: Response, target = url): void {
+    const origin = new URL(target).origin
     for (const line of res.headers.getSetCookie()) {
-      const [pair] = line.split(';')
-      const i = pair!.indexOf('=')
-      const name = pair!.slice(0, i).trim()
-      const value = pair!.slice(i + 1).trim()
+      const c = parseSetCookie(url, line)
+      this.setCookies.push(c)
+      const problems = FACADE_COOKIE.test(c.name) ? cookieProblems(c) : []
+      if (problems.length > 0) throw new Error(`cookie ${c.name} from ${new URL(url).pathname}: ${problems.join(', ')} (${line})`)
       const jar = this.jar.get(origin) ?? new Map<string, string>()
-      if (/max-age=0/i.test(line) || value === '') jar.delete(name)
-      else jar.set(name, value)
+      if (c.attributes.get('max-age') === '0' || c.value === '') jar.delete(c.name)
+      else jar.set(c.name, c.value)
       this.jar.set(origin, jar)
     }
   }
@@ -102,7 +143,7 @@ export class Agent {
     const target = this.route(url)
     const cookie = this.cookieHeader(target)
     const res = await fetch(target, { ...init, redirect: 'manual', headers: { ...(init.headers as Record<string, string> ?? {}), ...(cookie !== undefined ? { cookie } : {}) } })
-    this.keep(target, res)
+    this.keep(url, res, target)
     return res
   }
 
