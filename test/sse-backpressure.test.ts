@@ -10,13 +10,15 @@
  * this process's RSS: it stays within the bound (README: maxStreamBufferBytes,
  * 8 MiB by default) while an upstream pushes far more, and is 0 once the
  * client left. Whole gateway in process, faulty-server's `chatter` tool as
- * the upstream, default limits.
+ * the upstream, default limits; and once with a real SDK server (the
+ * conformance fixture's `test_flood`) as the upstream.
  */
 import t from 'tap'
 import type * as Tap from 'tap'
 import { request, type IncomingMessage, type ClientRequest } from 'node:http'
 import { fullGateway } from './helpers/full-gateway.ts'
 import { faultyTarget, rawInitialize, sseMessages, until, INIT_HEADERS } from './helpers/gateway-harness.ts'
+import { fixtureStdio } from './helpers/conformance-fixture.ts'
 
 const VERSION = '2025-06-18'
 const MiB = 1024 * 1024
@@ -176,4 +178,28 @@ t.test('a stream that is never read, a chatty upstream, and a session without a 
   await t.test('nothing held after the clients left', async t => {
     t.ok(await until(() => buffered() === 0), `no SSE bytes held unsent (${buffered()})`)
   })
+})
+
+t.test('a real SDK server floods a POST answer nobody reads: closed at the bound, the session goes on', async t => {
+  // The conformance fixture (the official SDK's McpServer over stdio) instead of faulty-server: the same
+  // bound holds for what a real server writes (its test_flood tool logs on the call's own stream).
+  const g = await fullGateway(t, { targets: [fixtureStdio()] })
+  const slowClosed = (): number => g.gw.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', '').get()
+  const buffered = (): number => g.gw.metrics.gauge('mcp_proxy_sse_buffered_bytes', '').collect!()[0]![1]
+  let peak = 0
+  const watching = (cond: () => boolean, tries = 400): Promise<boolean> => until(() => { peak = Math.max(peak, buffered()); return cond() }, tries)
+  const sid = await session(g.url)
+  t.match(await tool(g.url, sid, 1, 'test_simple_text'), [{ id: 1, result: { content: [{ text: 'This is a simple text response for testing.' }] } }])
+  const req = request(g.url, { method: 'POST', headers: { ...INIT_HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': VERSION } }, res => res.pause())
+  req.on('error', () => {})
+  // 48 MiB of log notifications on a stream nobody reads.
+  req.end(JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'test_flood', arguments: { count: 192, bytes: 256 * 1024, tag: 'real' } } }))
+  t.ok(await watching(() => slowClosed() >= 1), 'the stream was closed as slow')
+  t.ok(await watching(() => g.logText().includes('fixture: flood done real')), 'the server sent everything')
+  t.ok(peak <= STREAM_BOUND + ONE_EVENT, `the gateway held at most ${(peak / MiB).toFixed(1)} MiB unsent (bound 8 MiB)`)
+  const held = [...g.logText().matchAll(/"bufferedBytes":(\d+),"limit":(\d+),"msg":"closed a slow SSE stream/g)].map(m => Number(m[1]))
+  t.ok(held.length === 1 && held[0]! <= STREAM_BOUND + ONE_EVENT, `held at most the bound when closed: ${held.map(b => (b / MiB).toFixed(1)).join(', ')} MiB`)
+  t.match((await tool(g.url, sid, 3, 'test_simple_text')).find(m => m.id === 3), { result: { content: [{ text: 'This is a simple text response for testing.' }] } }, 'the session is served after')
+  req.destroy()
+  t.ok(await until(() => buffered() === 0), 'nothing held unsent once the client left')
 })
