@@ -6,37 +6,12 @@
  * relayed nowhere. Hung Redis: security-notes-redis.test.ts.
  */
 import t from 'tap'
-import type { Test } from 'tap'
-import type { ChildProcess } from 'node:child_process'
 import { spawnCli, waitForPort, freePort, configFile } from './helpers/cli.ts'
 import { fullGateway, type FullGateway } from './helpers/full-gateway.ts'
 import { everythingTarget } from './helpers/gateway-harness.ts'
 import { call } from './helpers/conformance-fixture.ts'
+import { SECRET, everything, stop, post, initialize } from './helpers/hung-peer.ts'
 import { EVERYTHING } from './helpers/facade.ts'
-
-const SECRET = 'cluster-secret-for-tests-0123456789abcdef'
-const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
-const INIT = JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } })
-const everything = { name: 'everything', stdio: { cmd: process.execPath, args: [EVERYTHING, 'stdio'] } }
-
-/** Stops `child` now; teardown continues and kills it whatever the test did. */
-function stop (t: Test, child: ChildProcess): void {
-  child.kill('SIGSTOP')
-  t.teardown(() => { child.kill('SIGCONT') })
-}
-
-async function post (url: string, body: string, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; text: string }> {
-  const res = await fetch(url, { method: 'POST', headers: { ...HEADERS, ...headers }, body })
-  return { status: res.status, headers: res.headers, text: await res.text() }
-}
-
-async function initialize (url: string): Promise<string> {
-  const res = await post(url, INIT)
-  if (res.status !== 200) throw new Error(`initialize: ${res.status} ${res.text}`)
-  const sid = res.headers.get('mcp-session-id')!
-  await post(url, JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }), { 'mcp-session-id': sid })
-  return sid
-}
 
 t.test('cluster.forwardTimeoutMs: an owner that hangs (SIGSTOP) costs the client a 404, not a hung request', async t => {
   const ownerPort = await freePort()
