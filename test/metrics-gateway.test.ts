@@ -13,9 +13,9 @@ import { join } from 'node:path'
 import { adminGateway, parsePrometheus, sampleSum, type Family } from './helpers/admin.ts'
 import { rawInitialize, ROOT, INIT_HEADERS, sseMessages } from './helpers/gateway-harness.ts'
 
-/** Metric names in the first column of the README's "Metrics (`GET /metrics`)" table. */
+/** Metric names in the first column of the "Metrics (`GET /metrics`)" table (docs/admin-and-observability.md, linked from the README). */
 async function readmeMetricNames (): Promise<Set<string>> {
-  const text = await readFile(join(ROOT, 'README.md'), 'utf8')
+  const text = await readFile(join(ROOT, 'docs', 'admin-and-observability.md'), 'utf8')
   const start = text.indexOf('### Metrics (`GET /metrics`)')
   const table = text.slice(start, text.indexOf('\n## ', start))
   const names = new Set<string>()
