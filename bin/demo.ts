@@ -41,7 +41,7 @@ async function main (): Promise<void> {
   Dev OpenID issuer ${idp.issuer}   (127.0.0.1 only; logs every authorize request in as "alice")
   Config            examples/demo/${facade ? 'facade.yaml (OAuth facade: the IdP knows only http://localhost:3000/oauth/callback)' : 'config.yaml'}
 
-  Get a token by hand (a client-credentials request with a service account, as in README "Setting up the identity provider"):
+  Get a token by hand (a client-credentials request with a service account, as in docs/identity-providers.md "Setting up the identity provider"):
 
     TOKEN=$(curl -s -X POST ${idp.tokenEndpoint} \\
       -d grant_type=client_credentials -d client_id=mcp-gateway-dev \\

@@ -60,7 +60,7 @@ t.test('every property has a description, and a default unless it is required or
   t.same(missing, [])
 })
 
-t.test('every example and every README YAML block starts with the modeline; the examples are valid configs', async t => {
+t.test('every example and every README and docs/*.md YAML block starts with the modeline; the examples are valid configs', async t => {
   const files = (await readdir(packagePath('examples'))).filter(f => f.endsWith('.yaml')).map(f => `examples/${f}`).concat('examples/demo/config.yaml', 'examples/demo/facade.yaml')
   for (const rel of files) {
     const text = await readFile(packagePath(rel), 'utf8')
@@ -69,7 +69,8 @@ t.test('every example and every README YAML block starts with the modeline; the 
     const env = new Proxy({}, { get: (_t, k) => typeof k === 'string' && /ISSUER/.test(k) ? 'https://idp.example/app/' : 'x' })
     await t.resolves(validateConfig(parseConfigText(text, env as NodeJS.ProcessEnv).data, builtins), rel)
   }
-  const readme = await readFile(packagePath('README.md'), 'utf8')
+  const docs = (await readdir(packagePath('docs'))).filter(f => f.endsWith('.md')).map(f => `docs/${f}`)
+  const readme = (await Promise.all(['README.md', ...docs].map(f => readFile(packagePath(f), 'utf8')))).join('\n')
   const blocks = [...readme.matchAll(/```yaml\n([\s\S]*?)```/g)].map(m => m[1]!).filter(b => /^mcp:/m.test(b))
   t.ok(blocks.length > 0)
   for (const b of blocks) t.match(b, /^# yaml-language-server: \$schema=/, b.slice(0, 80))

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { readdir } from 'node:fs/promises'
+import { readFile, readdir } from 'node:fs/promises'
 import { fileURLToPath } from 'node:url'
 import { join } from 'node:path'
 import { loadConfig } from '../core/config.ts'
@@ -24,4 +24,36 @@ t.test('every bundled example config is valid and its pipeline checks out', asyn
       t.same(plugins.map(p => p.name).slice(-2), ['providerBridge', 'registration'], `${file}: bridge plugins in the pipeline`)
     }
   }
+})
+
+/** What a shipped example (examples/*.yaml, in the package) may not rely on: a clone's layout or a download at run time. */
+function portabilityProblems (text: string, stdio: ReadonlyArray<{ cmd: string; args?: readonly string[]; cwd?: string }>): string[] {
+  const problems: string[] = []
+  if (/\bnpx\b/.test(text)) problems.push('mentions npx (a download at run time)')
+  if (text.includes('node_modules/')) problems.push('names a node_modules/ path (exists only in a clone)')
+  for (const s of stdio) {
+    if (s.args?.some(a => a === '-y' || a === '--yes') === true) problems.push(`${s.cmd}: -y (a download at run time)`)
+    if (s.cwd !== undefined && (s.cwd === '..' || s.cwd.startsWith('../'))) problems.push(`${s.cmd}: cwd ${s.cwd} leaves the examples folder`)
+    if (s.cmd.includes('/') && !s.cmd.startsWith('/')) problems.push(`${s.cmd}: a relative command path`)
+  }
+  return problems
+}
+
+t.test('the shipped examples work wherever the package is installed: no npx, no -y, no node_modules/ path; loopback only with a reason', async t => {
+  const files = (await readdir(dir)).filter(f => f.endsWith('.yaml'))
+  t.ok(files.length >= 4)
+  for (const f of files) {
+    const text = await readFile(join(dir, f), 'utf8')
+    const { config } = await loadConfig(join(dir, f), env, builtins)
+    const stdio = config.mcp.targets.flatMap(x => x.stdio === undefined ? [] : [x.stdio])
+    t.same(portabilityProblems(text, stdio), [], f)
+    if (config.mcp.host !== '0.0.0.0') {
+      // Loopback is unreachable from outside a container: only an example without authentication binds it, and says why.
+      t.equal(config.mcp.policies.mcpAuthentication, undefined, `${f}: binds ${config.mcp.host} only without authentication`)
+      t.match(text, /^#.*loopback/m, `${f}: its comment says why it binds loopback`)
+    }
+  }
+  // The check itself catches what the examples used to do.
+  t.same(portabilityProblems('cmd: npx', [{ cmd: 'npx', args: ['-y', 'x'] }]).length, 2)
+  t.same(portabilityProblems('args: [node_modules/x/dist/index.js]', [{ cmd: 'node', args: ['node_modules/x/dist/index.js'], cwd: '..' }]).length, 2)
 })

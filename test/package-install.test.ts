@@ -197,7 +197,10 @@ t.test('--check passes on every shipped example', async t => {
   t.ok(examples.length >= 4, examples.join(', '))
   for (const f of examples) {
     const file = join(app, 'examples', f)
-    const referenced = [...(await readFile(file, 'utf8')).matchAll(/\$\{([A-Za-z_][A-Za-z0-9_]*)\}/g)].map(m => m[1]!)
+    const text = await readFile(file, 'utf8')
+    // Installed, the package has no clone around it: nothing may point into one or download at run time.
+    t.notMatch(text, /\bnpx\b|node_modules\/|["\s[,]-y\b|--yes\b/, `${f}: no npx, no -y download, no node_modules/ path`)
+    const referenced = [...text.matchAll(/\$\{([A-Za-z_][A-Za-z0-9_]*)\}/g)].map(m => m[1]!)
     t.same(referenced.filter(name => EXAMPLE_ENV[name] === undefined), [], `${f}: every variable it references has a test value`)
     const r = await sandboxedRun([process.execPath, cli, '-f', file, '--check'], EXAMPLE_ENV)
     t.equal(r.code, 0, `${f}: ${r.out}`)
