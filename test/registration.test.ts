@@ -134,9 +134,9 @@ t.test('invalid registration requests', async t => {
   t.equal(pre.headers.get('access-control-allow-origin'), '*')
 })
 
-/** The README table "Client registration limits" (Key | Default | Beyond it), parsed: the defaults as documented. */
+/** The table "Client registration limits" (Key | Default | Beyond it) of docs/security.md, parsed: the defaults as documented. */
 function readmeRegistrationDefaults (): Record<string, number> {
-  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8')
+  const readme = readFileSync(new URL('../docs/security.md', import.meta.url), 'utf8')
   const table = readme.slice(readme.indexOf('Client registration limits'))
   const out: Record<string, number> = {}
   for (const m of table.slice(0, table.indexOf('\n\n', table.indexOf('| Key |'))).matchAll(/^\s*\| `([\w.]+)` \| (\d+) \|/gm)) out[m[1]!] = Number(m[2])

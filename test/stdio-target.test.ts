@@ -246,9 +246,9 @@ t.test('the child environment is an allow-list plus the target env', async t => 
     'SYSTEMROOT', 'SYSTEMDRIVE', 'WINDIR', 'COMSPEC', 'PATHEXT', 'APPDATA', 'LOCALAPPDATA', 'USERPROFILE', 'HOMEDRIVE', 'HOMEPATH',
     'USERNAME', 'PROGRAMFILES', 'PROCESSOR_ARCHITECTURE', 'TARGET_VAR',
   ])
-  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8')
+  const readme = readFileSync(new URL('../docs/targets.md', import.meta.url), 'utf8')
   const named = [...(/environment is an allow-list \(([^)]*)\)/.exec(readme)?.[1] ?? '').matchAll(/`([A-Z_*]+)`/g)].map(m => m[1]!)
-  t.ok(named.length >= 8 && named.every(n => n.endsWith('*') ? [...allowed].some(a => a.startsWith(n.slice(0, -1))) : allowed.has(n)), `every variable the README names is in the list: ${named.join(' ')}`)
+  t.ok(named.length >= 8 && named.every(n => n.endsWith('*') ? [...allowed].some(a => a.startsWith(n.slice(0, -1))) : allowed.has(n)), `every variable docs/targets.md names is in the list: ${named.join(' ')}`)
   t.same(CHILD_ENV_ALLOW_LIST.filter(n => !allowed.has(n)), [], 'the implementation allows nothing the list above does not')
   // tap's process-info hook patches child_process.spawn in test runs only and
   // adds its own variables (and a NODE_OPTIONS loading itself); ignore exactly those.
