@@ -67,7 +67,7 @@ const bad: Array<[string, unknown, RegExp]> = [
   ['provider with two keys', withAuth({ ...goodAuth, provider: { oss_idp: {}, cloud_idp: {} } }), /^mcp\.policies\.mcpAuthentication\.provider: must have exactly one of oss_idp, cloud_idp$/],
   ['unknown provider key', withAuth({ ...goodAuth, provider: { keycloak: {} } }), /^mcp\.policies\.mcpAuthentication\.provider\.keycloak: unknown key$/],
   ['unknown top-level key', { ...minimal, extra: 1 }, /^extra: unknown key$/],
-  ['typo in a nested key', withAuth({ ...goodAuth, audience: ['x'] }), /^mcp\.policies\.mcpAuthentication\.audience: unknown key$/],
+  ['typo in a nested key', withAuth({ ...goodAuth, audience: ['x'] }), /^mcp\.policies\.mcpAuthentication\.audience: unknown key \(did you mean "audiences"\?\)$/],
   ['malformed issuer URL', withAuth({ ...goodAuth, issuer: 'not a url' }), /^mcp\.policies\.mcpAuthentication\.issuer: must /],
   ['resource not ending in /mcp', withAuth({ ...goodAuth, resourceMetadata: { resource: 'https://gw.example.com/api' } }), /^mcp\.policies\.mcpAuthentication\.resourceMetadata\.resource: must be an http\(s\) URL ending in \/mcp$/],
   ['empty targets', { mcp: { port: 1, targets: [] } }, /^mcp\.targets: must NOT have fewer than 1 items$/],
