@@ -61,8 +61,11 @@ function checkingIntervalOf (limits: ServerLimits): number {
 /** A parser-level answer: the status line, then (per connection) X-Request-ID, then the rest of the head and the body. */
 interface RawAnswer { readonly status: number; readonly statusLine: string; readonly rest: string }
 
-function rawAnswer (status: number, description: string): RawAnswer {
-  const body = JSON.stringify({ error: 'invalid_request', error_description: description })
+function rawAnswer (status: number, description: string, mcp = false): RawAnswer {
+  // On /mcp the body is a JSON-RPC error, as every other refusal there (no request, so no id).
+  const body = JSON.stringify(mcp
+    ? { jsonrpc: '2.0', id: null, error: { code: RPC.INVALID_REQUEST, message: description } }
+    : { error: 'invalid_request', error_description: description })
   return {
     status,
     statusLine: `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n`,
@@ -336,6 +339,7 @@ export class GatewayServer {
   readonly #routeMeters = new Map<string, RouteMeters>()
   /** `maxHeaders` as a length of `rawHeaders` (name, value, name, value...). */
   readonly #maxRawHeaders: number
+  #mcpHeadersTooLarge: RawAnswer | undefined
   readonly #bodyTimeoutMs: number
   readonly #bodyTimeoutNs: bigint
   /**
@@ -400,8 +404,8 @@ export class GatewayServer {
    * 431 for an oversized head, 408 when the head (or, with requestTimeoutMs,
    * the whole request) came too slowly, 400 for anything else; then close.
    */
-  #clientError (err: Error & { code?: string }, socket: Socket): void {
-    const answer = err.code === 'HPE_HEADER_OVERFLOW' ? HEADERS_TOO_LARGE : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? REQUEST_TIMEOUT : BAD_REQUEST
+  #clientError (err: Error & { code?: string; rawPacket?: Buffer }, socket: Socket): void {
+    const answer = err.code === 'HPE_HEADER_OVERFLOW' ? this.#headerOverflow(err.rawPacket) : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? REQUEST_TIMEOUT : BAD_REQUEST
     // As Node's own handler does: never write into a response already under way.
     const current = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage
     if (!socket.writable || current?.headersSent === true) {
@@ -414,6 +418,19 @@ export class GatewayServer {
     this.log.info({ reqId, code: err.code, status: answer.status, remote: socket.remoteAddress }, 'client error')
     socket.write(answer.statusLine + 'x-request-id: ' + reqId + '\r\n' + answer.rest, 'latin1')
     socket.destroySoon()
+  }
+
+  /**
+   * The 431 for a head the parser refused. Node 24's parser refuses more fields
+   * than maxHeadersCount itself (Node 20 and 22 drop the excess silently, and
+   * `handle` counts them): the answer names both bounds, and is a JSON-RPC
+   * error when the packet shows a request line for /mcp.
+   */
+  #headerOverflow (packet: Buffer | undefined): RawAnswer {
+    const line = packet?.subarray(0, 64).toString('latin1') ?? ''
+    if (!/^[A-Z]+ \/mcp[ ?]/.test(line)) return HEADERS_TOO_LARGE
+    this.#mcpHeadersTooLarge ??= rawAnswer(431, `request header fields too large: more than ${this.#maxRawHeaders / 2} header fields, or a head over 16 KiB`, true)
+    return this.#mcpHeadersTooLarge
   }
 
   /** Ends the requests whose body did not arrive within `bodyTimeoutMs` of their head. */

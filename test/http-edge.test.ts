@@ -212,8 +212,15 @@ t.test('item 8: parser errors: oversized headers 431, malformed 400, each with a
   const r431 = await big.response
   t.equal(r431.status, 431)
   t.equal(r431.headers.connection, 'close')
-  t.match(JSON.parse(r431.body), { error: 'invalid_request', error_description: /header/i })
+  // On /mcp a JSON-RPC error, as every refusal there (no request was parsed, so id null).
+  t.match(JSON.parse(r431.body), { jsonrpc: '2.0', id: null, error: { code: -32600, message: /header fields too large/ } })
   await big.closed
+  const elsewhere = rawClient(t, port)
+  elsewhere.socket.write(`GET /.well-known/oauth-protected-resource/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ${'b'.repeat(20000)}\r\n\r\n`)
+  const other431 = await elsewhere.response
+  t.equal(other431.status, 431)
+  t.match(JSON.parse(other431.body), { error: 'invalid_request', error_description: /header/i }, 'elsewhere an OAuth-style error body')
+  await elsewhere.closed
 
   const bad = rawClient(t, port)
   bad.socket.write('NOT HTTP AT ALL\r\n\r\n')
