@@ -252,8 +252,10 @@ t.test('the child environment is an allow-list plus the target env', async t => 
   t.same(CHILD_ENV_ALLOW_LIST.filter(n => !allowed.has(n)), [], 'the implementation allows nothing the list above does not')
   // tap's process-info hook patches child_process.spawn in test runs only and
   // adds its own variables (and a NODE_OPTIONS loading itself); ignore exactly those.
+  // Node itself passes NODE_V8_COVERAGE on to every child while it is set (CI measures coverage with it).
   const injectedByTap = (k: string): boolean => k.startsWith('_TAPJS_PROCESSINFO_') ||
-    (k === 'NODE_OPTIONS' && env[k]!.includes('@tapjs/processinfo'))
+    (k === 'NODE_OPTIONS' && env[k]!.includes('@tapjs/processinfo')) ||
+    (k === 'NODE_V8_COVERAGE' && env[k] === process.env.NODE_V8_COVERAGE)
   const extra = Object.keys(env).filter(k => !allowed.has(k) && !injectedByTap(k))
   t.same(extra, [], 'nothing beyond the allow-list and the target env')
 })
