@@ -55,11 +55,13 @@ async function main (): Promise<void> {
   Without a token you get 401 with WWW-Authenticate pointing at
   http://localhost:3000/.well-known/oauth-protected-resource/mcp
 
-  MCP Inspector 2.x: choose "Streamable HTTP", URL ${mcp}, and connect:
-  it discovers the metadata, registers, and logs in through the dev provider without
-  a password prompt:
+  MCP Inspector 2.x (Node 22.19+): it discovers the metadata, registers, and logs in
+  through the dev provider without a password prompt:
 
     npx -y @modelcontextprotocol/inspector@2
+
+  then, in Inspector 2.12: Add Servers -> Add manually, transport streamable-http,
+  URL ${mcp}, save, and switch the server's toggle on.
 ${facade ? `
   In facade mode the gateway then shows its consent page before the Inspector gets a code.` : ''}
 
