@@ -17,7 +17,7 @@ import { ProxyError } from '../core/errors.ts'
 import { createLogger } from '../core/logger.ts'
 import { builtins } from '../plugins/index.ts'
 import type { McpAuthenticationOptions } from '../plugins/mcp-authentication/index.ts'
-import { connectWorker, parseWorkersFlag, runPrimary, WORKER_ENV, workerCount, type WorkerChannel } from '../core/workers.ts'
+import { connectWorker, parseWorkersFlag, runPrimary, WORKER_ENV, workerCount, type WorkerChannel } from '../core/cluster/workers.ts'
 
 export const EXIT = { OK: 0, CONFIG: 1, USAGE: 2, STARTUP: 3 } as const
 

@@ -15,8 +15,8 @@ import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv'
 import addFormatsModule from 'ajv-formats'
 import { ProxyError } from './errors.ts'
 import { EMPTY_REGISTRY, type PluginModule, type PluginRegistry } from './plugin.ts'
-import { parseCidr } from './client-address.ts'
-import type { TracingConfig } from './tracing.ts'
+import { parseCidr } from './cluster/client-address.ts'
+import type { TracingConfig } from './observability/tracing.ts'
 import { unknownKeyMessage } from './did-you-mean.ts'
 
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv

@@ -13,5 +13,5 @@ export { readCapped, BodyTooLargeError } from './read-capped.ts'
 // Nested options validated the way the loader validates a plugin's (formats, defaults, config paths in errors).
 export { createAjv, formatAjvErrors } from './config.ts'
 // A live binding: undefined while tracing is off, so a plugin's span costs one check then.
-export { tracer } from './tracing.ts'
-export type { Tracer, EndSpan } from './tracing.ts'
+export { tracer } from './observability/tracing.ts'
+export type { Tracer, EndSpan } from './observability/tracing.ts'

@@ -15,7 +15,7 @@ import { PLUGIN_API_VERSION, EMPTY_REGISTRY } from './plugin.ts'
 import type { GatewayConfig, PluginEntryConfig } from './config.ts'
 import { deepFreeze, validatePluginOptions } from './config.ts'
 import { ProxyError, ERROR_CODES, ERROR_CODE_RE } from './errors.ts'
-import { sealKey } from './seal.ts'
+import { sealKey } from './cluster/seal.ts'
 
 /** The default pipeline when `mcp.plugins` is not given, from the registry. */
 export function defaultEntries (config: GatewayConfig, registry: PluginRegistry = EMPTY_REGISTRY): PluginEntryConfig[] {

@@ -100,7 +100,7 @@ export interface PluginEnv {
   /** Path in the config where this plugin's options live, for error messages. */
   readonly configPath: string
   /** Registry of gateway metrics (counters/histograms), see core/metrics.ts. */
-  readonly metrics: import('./metrics.ts').Metrics
+  readonly metrics: import('./observability/metrics.ts').Metrics
   /**
    * What earlier-listed plugins provide (`PluginModule.provides`), by name.
    * Every name in this module's `needs` is present; others may be missing.
@@ -110,7 +110,7 @@ export interface PluginEnv {
    * State shared by every replica (rate limits, single-use codes): Redis with
    * `cluster.redis`, else this process's memory. Absent in older hosts.
    */
-  readonly shared?: import('./shared-state.ts').SharedState
+  readonly shared?: import('./cluster/shared-state.ts').SharedState
   /**
    * A 256-bit key for `purpose`, the same in every process of this
    * deployment: HKDF-SHA256 (RFC 5869) of the secret the gateway's processes

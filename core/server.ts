@@ -14,11 +14,11 @@ import type { RouteTable } from './routes.ts'
 import type { RouteDef } from './plugin.ts'
 import { ProxyError, RPC } from './errors.ts'
 import { writeError, bodyPending, errorBody } from './error-writer.ts'
-import { parseMcpBody } from './mcp/jsonrpc.ts'
-import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './metrics.ts'
-import { methodLabel } from './metric-labels.ts'
-import { ClientAddresses, type ClientRelay } from './client-address.ts'
-import { tracer } from './tracing.ts'
+import { parseMcpBody } from './jsonrpc.ts'
+import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './observability/metrics.ts'
+import { methodLabel } from './observability/metric-labels.ts'
+import { ClientAddresses, type ClientRelay } from './cluster/client-address.ts'
+import { tracer } from './observability/tracing.ts'
 
 /** The terminal handler for /mcp (see core/mcp/). */
 export interface McpEndpoint {

@@ -3,7 +3,7 @@
  * config errors for a bad mcp.trustedProxies entry.
  */
 import t from 'tap'
-import { ClientAddresses, parseCidr } from '../core/client-address.ts'
+import { ClientAddresses, parseCidr } from '../core/cluster/client-address.ts'
 import { validateConfig } from '../core/config.ts'
 
 t.test('without trusted proxies the header is never read', async t => {

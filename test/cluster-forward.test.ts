@@ -15,8 +15,8 @@ import { freePort } from './helpers/cli.ts'
 import { foundIn } from './helpers/hidden.ts'
 import { request as httpRequest } from 'node:http'
 import { pino } from 'pino'
-import { createClusterForward } from '../core/mcp/cluster-forward.ts'
-import { createClientRelay } from '../core/client-address.ts'
+import { createClusterForward } from '../core/cluster/forward.ts'
+import { createClientRelay } from '../core/cluster/client-address.ts'
 
 const SECRET = 'cluster-secret-for-tests-0123456789abcdef'
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }

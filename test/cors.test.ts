@@ -112,7 +112,7 @@ async function corsCases (t: Test, corsModule: string | undefined): Promise<void
     const { GatewayServer } = await import('../core/server.ts')
     const { Pipeline } = await import('../core/pipeline.ts')
     const { RouteTable } = await import('../core/routes.ts')
-    const { Metrics } = await import('../core/metrics.ts')
+    const { Metrics } = await import('../core/observability/metrics.ts')
     const { memoryLogger } = await import('./helpers/logger.ts')
     const { builtins } = await import('../plugins/index.ts')
     const config = await validateConfig({ mcp: { port: 0, baseUrl: 'https://gw.example.test', targets: [{ name: 'a', stdio: { cmd: 'node' } }] } }, builtins)

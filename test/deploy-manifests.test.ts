@@ -28,7 +28,7 @@ import { validate as validateHpa } from 'kubernetes-models/_schemas/IoK8sApiAuto
 import { loadConfig } from '../core/config.ts'
 import { builtins } from '../plugins/index.ts'
 import { loadPlugins } from '../core/plugin-loader.ts'
-import { Metrics } from '../core/metrics.ts'
+import { Metrics } from '../core/observability/metrics.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import { ROOT } from './helpers/cli.ts'
 

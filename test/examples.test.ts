@@ -4,7 +4,7 @@ import { fileURLToPath } from 'node:url'
 import { join } from 'node:path'
 import { loadConfig } from '../core/config.ts'
 import { loadPlugins } from '../core/plugin-loader.ts'
-import { Metrics } from '../core/metrics.ts'
+import { Metrics } from '../core/observability/metrics.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import { builtins } from '../plugins/index.ts'
 

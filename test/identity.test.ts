@@ -7,7 +7,7 @@ import t from 'tap'
 import { identityOf } from '../plugins/mcp-authentication/identity.ts'
 import { validateConfig } from '../core/config.ts'
 import { loadPlugins } from '../core/plugin-loader.ts'
-import { Metrics } from '../core/metrics.ts'
+import { Metrics } from '../core/observability/metrics.ts'
 import { builtins } from '../plugins/index.ts'
 import { memoryLogger } from './helpers/logger.ts'
 

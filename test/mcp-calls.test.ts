@@ -3,9 +3,9 @@
  * metrics it measures (call-metrics.ts).
  */
 import t from 'tap'
-import { UpstreamCalls } from '../core/mcp/calls.ts'
-import { createCallMeters } from '../core/mcp/call-metrics.ts'
-import { Metrics } from '../core/metrics.ts'
+import { UpstreamCalls } from '../core/mcp/upstreams/calls.ts'
+import { createCallMeters } from '../core/mcp/upstreams/call-metrics.ts'
+import { Metrics } from '../core/observability/metrics.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'
 
 const req = (method: string, params?: Record<string, unknown>): JsonRpcMessage => ({ jsonrpc: '2.0', method, params })

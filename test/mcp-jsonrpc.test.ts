@@ -2,7 +2,7 @@
  * core/mcp/jsonrpc.ts: the one parser of POST /mcp bodies (both eras).
  */
 import t from 'tap'
-import { isJsonRpcMessage, parseMcpBody } from '../core/mcp/jsonrpc.ts'
+import { isJsonRpcMessage, parseMcpBody } from '../core/jsonrpc.ts'
 import { ProxyError } from '../core/errors.ts'
 
 const buf = (v: unknown): Buffer => Buffer.from(typeof v === 'string' ? v : JSON.stringify(v))

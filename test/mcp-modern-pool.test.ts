@@ -4,7 +4,7 @@
  */
 import { readFileSync } from 'node:fs'
 import t, { type Test } from 'tap'
-import { UpstreamPool } from '../core/mcp/modern-pool.ts'
+import { UpstreamPool } from '../core/mcp/upstreams/pool.ts'
 import { memoryFactory } from './helpers/memory-upstream.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'

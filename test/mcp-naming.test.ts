@@ -2,7 +2,7 @@
  * core/mcp/naming.ts: how several targets share one namespace.
  */
 import t from 'tap'
-import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities, renameListItem, URI_SCHEME } from '../core/mcp/naming.ts'
+import { prefixName, splitName, markUri, unmarkUri, mergeCapabilities, renameListItem, URI_SCHEME } from '../core/mcp/routing/naming.ts'
 
 t.test('tool and prompt names: <target>_<name>, split at the first _', async t => {
   t.equal(prefixName('everything', 'get_sum'), 'everything_get_sum')

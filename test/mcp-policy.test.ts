@@ -4,7 +4,7 @@
 import t from 'tap'
 import type { RequestContext } from '../core/context.ts'
 import type { Plugin, McpOperation } from '../core/plugin.ts'
-import { allowOperation, filterListItems, deniedStandIn } from '../core/mcp/policy.ts'
+import { allowOperation, filterListItems, deniedStandIn } from '../core/mcp/routing/policy.ts'
 
 const ctx = {} as RequestContext
 

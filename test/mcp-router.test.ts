@@ -3,7 +3,7 @@
  * completion refs to targets, refusals by policy, merged lists.
  */
 import t from 'tap'
-import { Router, LIST_KEYS, NAMED, GATEWAY_INFO, isListMethod, isNamedMethod } from '../core/mcp/router.ts'
+import { Router, LIST_KEYS, NAMED, GATEWAY_INFO, isListMethod, isNamedMethod } from '../core/mcp/routing/router.ts'
 import type { RequestContext } from '../core/context.ts'
 import type { Plugin, McpOperation } from '../core/plugin.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'

@@ -8,7 +8,7 @@
 import t from 'tap'
 import { randomBytes } from 'node:crypto'
 import { adminGateway, parsePrometheus } from './helpers/admin.ts'
-import { AdvertisedNames } from '../core/metric-labels.ts'
+import { AdvertisedNames } from '../core/observability/metric-labels.ts'
 import { rawInitialize } from './helpers/gateway-harness.ts'
 
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }

@@ -4,7 +4,7 @@
  * format.
  */
 import t from 'tap'
-import { Metrics } from '../core/metrics.ts'
+import { Metrics } from '../core/observability/metrics.ts'
 
 t.test('series keys: sorted names whatever the order given, values escaped only when needed', async t => {
   const m = new Metrics()

@@ -8,7 +8,7 @@
 import t, { type Test } from 'tap'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { createMemoryState, createRedisState, type SharedState } from '../core/shared-state.ts'
+import { createMemoryState, createRedisState, type SharedState } from '../core/cluster/shared-state.ts'
 import { ProxyError } from '../core/errors.ts'
 import { startBridgeServer, type BridgeServer } from './helpers/bridge-server.ts'
 import { memoryLogger } from './helpers/logger.ts'

@@ -8,7 +8,7 @@
 import t, { type Test } from 'tap'
 import { createServer, request, type IncomingMessage, type ServerResponse } from 'node:http'
 import { once } from 'node:events'
-import { Metrics } from '../core/metrics.ts'
+import { Metrics } from '../core/observability/metrics.ts'
 import { Backlog, SseStream, SSE_HEADERS, streamLimits, type StreamLimits } from '../core/mcp/sse.ts'
 import { memoryLogger } from './helpers/logger.ts'
 import { sseMessages, until } from './helpers/gateway-harness.ts'

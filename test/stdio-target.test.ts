@@ -13,7 +13,7 @@ import { pino } from 'pino'
 import { StdioUpstream, killAllChildren, liveChildCount, childEnv, CHILD_ENV_ALLOW_LIST } from '../core/targets/stdio.ts'
 import { createUpstreamFactory } from '../core/targets/index.ts'
 import { ProxyError } from '../core/errors.ts'
-import { Metrics } from '../core/metrics.ts'
+import { Metrics } from '../core/observability/metrics.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'
 import { processGone } from './helpers/gateway-harness.ts'
 

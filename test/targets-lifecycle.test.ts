@@ -4,7 +4,7 @@
  */
 import t from 'tap'
 import { observeTargets } from '../core/targets/lifecycle.ts'
-import { Metrics } from '../core/metrics.ts'
+import { Metrics } from '../core/observability/metrics.ts'
 import type { UpstreamInfo } from '../core/targets/types.ts'
 
 t.test('starts, live list on demand, a failure counted once, a clean close no failure', async t => {

@@ -1,6 +1,6 @@
 /** The bounded record of a session's tasks (core/mcp/task-ledger.ts). */
 import t from 'tap'
-import { TaskLedger, isTerminal } from '../core/mcp/task-ledger.ts'
+import { TaskLedger, isTerminal } from '../core/mcp/upstreams/task-ledger.ts'
 
 t.test('unfinished tasks and reserved calls count against the limit; an ended task frees its slot', async t => {
   const ledger = new TaskLedger<string>(2)

@@ -9,7 +9,7 @@ import t from 'tap'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { StdioUpstream } from '../core/targets/stdio.ts'
-import { UpstreamCalls } from '../core/mcp/calls.ts'
+import { UpstreamCalls } from '../core/mcp/upstreams/calls.ts'
 import { fullGateway } from './helpers/full-gateway.ts'
 import { everythingTarget } from './helpers/gateway-harness.ts'
 

@@ -7,7 +7,7 @@
  */
 import type { Logger } from 'pino'
 import type { LoadedConfig } from '../config.ts'
-import type { Metrics } from '../metrics.ts'
+import type { Metrics } from '../observability/metrics.ts'
 import type { Plugin, PluginDescription } from '../plugin.ts'
 import type { RouteTable } from '../routes.ts'
 import { INTERNAL_HEADER, outcomeOf, type AccessRecord } from '../server.ts'
@@ -16,9 +16,9 @@ import type { AdminState, TryInput } from './admin.ts'
 import type { PooledSummary, SessionSummary, TargetSummary } from '../mcp/index.ts'
 import { liveChildCount, type TargetState } from '../targets/index.ts'
 import { redactConfig, secretValues, createScrubber } from './redact.ts'
-import { reasonCode } from '../probes.ts'
+import { reasonCode } from './probes.ts'
 import { runTry } from './admin-try.ts'
-import type { TargetReadiness, TargetHealth } from '../target-readiness.ts'
+import type { TargetReadiness, TargetHealth } from '../targets/readiness.ts'
 
 // ---- recent requests and traffic stats --------------------------------------
 

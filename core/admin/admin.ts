@@ -10,7 +10,7 @@
 import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http'
 import { timingSafeEqual, createHmac, randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
-import type { Metrics } from '../metrics.ts'
+import type { Metrics } from '../observability/metrics.ts'
 import { loadUiAssets, loginPage, type UiAssets } from './ui.ts'
 import { validateTryInput, type TryInput } from './admin-try.ts'
 

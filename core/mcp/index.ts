@@ -4,4 +4,4 @@
  */
 export { createMcpEndpoint } from './endpoint.ts'
 export type { McpEndpointOptions, GatewayMcpEndpoint, SessionSummary, TargetSummary } from './endpoint.ts'
-export type { PooledSummary } from './modern-pool.ts'
+export type { PooledSummary } from './upstreams/pool.ts'

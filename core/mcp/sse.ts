@@ -10,7 +10,7 @@
  */
 import type { ServerResponse } from 'node:http'
 import type { Logger } from 'pino'
-import type { Counter } from '../metrics.ts'
+import type { Counter } from '../observability/metrics.ts'
 
 export const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache, no-transform', 'x-accel-buffering': 'no' } as const
 
@@ -240,7 +240,7 @@ export class Backlog {
 }
 
 /** The limits of one endpoint, with their metrics registered. */
-export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; maxResumableStreams?: number; pollAfterMs?: number; log: Logger; metrics: import('../metrics.ts').Metrics }): StreamLimits {
+export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; maxResumableStreams?: number; pollAfterMs?: number; log: Logger; metrics: import('../observability/metrics.ts').Metrics }): StreamLimits {
   const slowClosed = opts.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', 'SSE streams closed because the client did not read and the buffer reached mcp.limits.maxStreamBufferBytes')
   const backlogDropped = opts.metrics.counter('mcp_proxy_sse_backlog_dropped_total', 'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes')
   slowClosed.init()

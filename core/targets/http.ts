@@ -16,10 +16,10 @@ import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https'
 import type { Logger } from 'pino'
 import { ProxyError, RPC } from '../errors.ts'
-import type { Metrics, Counter } from '../metrics.ts'
+import type { Metrics, Counter } from '../observability/metrics.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream } from './types.ts'
 import type { UpstreamObserver } from './lifecycle.ts'
-import { tracer } from '../tracing.ts'
+import { tracer } from '../observability/tracing.ts'
 
 export interface SseEvent { event: string; data: string; id?: string }
 

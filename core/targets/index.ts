@@ -5,7 +5,7 @@
  */
 import type { Logger } from 'pino'
 import type { TargetConfig } from '../config.ts'
-import type { Metrics } from '../metrics.ts'
+import type { Metrics } from '../observability/metrics.ts'
 import { ProxyError } from '../errors.ts'
 import { StdioUpstream, STDIO_EXIT_REASONS } from './stdio.ts'
 import { HttpUpstream } from './http.ts'

@@ -5,7 +5,7 @@
  * nothing of this sits on the data path; pids and live lists are read from
  * the live upstreams when someone asks (describe(), a metrics scrape).
  */
-import type { Metrics, Counter } from '../metrics.ts'
+import type { Metrics, Counter } from '../observability/metrics.ts'
 import type { UpstreamInfo } from './types.ts'
 import { liveChildCount } from './stdio.ts'
 

@@ -15,7 +15,7 @@ import { resolve } from 'node:path'
 import type { Logger } from 'pino'
 import type { StdioTargetConfig } from '../config.ts'
 import { ProxyError } from '../errors.ts'
-import type { Metrics, Counter } from '../metrics.ts'
+import type { Metrics, Counter } from '../observability/metrics.ts'
 import type { JsonRpcMessage, Upstream } from './types.ts'
 import type { UpstreamObserver } from './lifecycle.ts'
 

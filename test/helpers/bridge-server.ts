@@ -8,7 +8,7 @@ import { validateConfig, deepFreeze, type GatewayConfig } from '../../core/confi
 import { GatewayServer } from '../../core/server.ts'
 import { Pipeline } from '../../core/pipeline.ts'
 import { RouteTable } from '../../core/routes.ts'
-import { Metrics } from '../../core/metrics.ts'
+import { Metrics } from '../../core/observability/metrics.ts'
 import type { Plugin, PluginEnv } from '../../core/plugin.ts'
 import bridgeModule from '../../plugins/provider-bridge/index.ts'
 import registrationModule from '../../plugins/registration/index.ts'

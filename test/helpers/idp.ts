@@ -8,7 +8,7 @@ import { startDevIdp, type DevIdp, type DevIdpOptions } from '../../bin/dev-idp.
 import { GatewayServer, sendReply, type McpEndpoint } from '../../core/server.ts'
 import { Pipeline } from '../../core/pipeline.ts'
 import { RouteTable } from '../../core/routes.ts'
-import { Metrics } from '../../core/metrics.ts'
+import { Metrics } from '../../core/observability/metrics.ts'
 import { createAjv, validateConfig } from '../../core/config.ts'
 import { loadPlugins } from '../../core/plugin-loader.ts'
 import type { Plugin, PluginEnv } from '../../core/plugin.ts'

@@ -9,7 +9,7 @@
  */
 import type { Test } from 'tap'
 import type { Plugin } from '../../core/plugin.ts'
-import { Metrics } from '../../core/metrics.ts'
+import { Metrics } from '../../core/observability/metrics.ts'
 import mcpAuthentication from '../../plugins/mcp-authentication/index.ts'
 import { devIdp, firstKeyFetch, ossOptions, validated, BASE } from './idp.ts'
 import { memoryLogger } from './logger.ts'

@@ -8,19 +8,19 @@
  * the HTTP side.
  */
 import type { Logger } from 'pino'
-import type { RequestContext } from '../context.ts'
-import type { Plugin } from '../plugin.ts'
-import type { JsonRpcId, JsonRpcMessage, Upstream } from '../targets/types.ts'
+import type { RequestContext } from '../../context.ts'
+import type { Plugin } from '../../plugin.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream } from '../../targets/types.ts'
 import type { SessionUpstreamFactory } from './shared-upstream.ts'
-import { ProxyError, RPC } from '../errors.ts'
-import { Backlog, Replay, SseStream, SSE_HEADERS, frame, frameWithId, primingFrame, type StreamLimits } from './sse.ts'
-import { isSessionRevision, type SessionRevision } from './revision.ts'
-import { mergeCapabilities } from './naming.ts'
-import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, rpcError } from './router.ts'
-import { UpstreamCalls } from './calls.ts'
-import { TaskLedger, isTerminal } from './task-ledger.ts'
-import type { TargetCallMeter } from './call-metrics.ts'
-import { tracer } from '../tracing.ts'
+import { ProxyError, RPC } from '../../errors.ts'
+import { Backlog, Replay, SseStream, SSE_HEADERS, frame, frameWithId, primingFrame, type StreamLimits } from '../sse.ts'
+import { isSessionRevision, type SessionRevision } from '../revision.ts'
+import { mergeCapabilities } from '../routing/naming.ts'
+import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, rpcError } from '../routing/router.ts'
+import { UpstreamCalls } from '../upstreams/calls.ts'
+import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
+import type { TargetCallMeter } from '../upstreams/call-metrics.ts'
+import { tracer } from '../../observability/tracing.ts'
 
 /** What a session needs from its endpoint. */
 export interface SessionEnv {

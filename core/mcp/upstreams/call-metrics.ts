@@ -5,9 +5,9 @@
  * and `mcp_proxy_tool_call_duration_seconds` by tool. Metric handles are bound
  * once per label set, so a call costs a map lookup and a clock read.
  */
-import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from '../metrics.ts'
-import type { JsonRpcMessage } from '../targets/types.ts'
-import { methodLabel, AdvertisedNames } from '../metric-labels.ts'
+import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from '../../observability/metrics.ts'
+import type { JsonRpcMessage } from '../../targets/types.ts'
+import { methodLabel, AdvertisedNames } from '../../observability/metric-labels.ts'
 
 /** `outcome` of mcp_proxy_tool_calls_total: `tool_error` is a result with isError (MCP server/tools, "Error Handling"). */
 const TOOL_OUTCOMES = ['ok', 'tool_error', 'error', 'closed'] as const

@@ -15,7 +15,7 @@
 import { createHash } from 'node:crypto'
 import type { Logger } from 'pino'
 import { createClient } from '@redis/client'
-import { ProxyError } from './errors.ts'
+import { ProxyError } from '../errors.ts'
 
 export interface SharedState {
   /** `primary`: a worker's view of its primary's memory store (`workers`, core/workers.ts). */

@@ -4,8 +4,8 @@
  * `parseMcpBody`; the router and the era handlers only ever see messages
  * that passed `isJsonRpcMessage`.
  */
-import type { McpMessageInfo } from '../context.ts'
-import { ProxyError, RPC } from '../errors.ts'
+import type { McpMessageInfo } from './context.ts'
+import { ProxyError, RPC } from './errors.ts'
 
 /**
  * Whether `m` has the shape of one JSON-RPC 2.0 message (JSON-RPC 2.0 §4,

@@ -17,12 +17,12 @@ import { Readable } from 'node:stream'
 import { parse as parseUrl } from 'node:url'
 import httpProxy from 'http-proxy'
 import type { Logger } from 'pino'
-import type { RequestContext } from '../context.ts'
-import type { TargetConfig } from '../config.ts'
-import { ProxyError, RPC } from '../errors.ts'
-import type { Metrics, Counter } from '../metrics.ts'
-import { tracer } from '../tracing.ts'
-import { subjectKeyOf } from './subject-key.ts'
+import type { RequestContext } from '../../context.ts'
+import type { TargetConfig } from '../../config.ts'
+import { ProxyError, RPC } from '../../errors.ts'
+import type { Metrics, Counter } from '../../observability/metrics.ts'
+import { tracer } from '../../observability/tracing.ts'
+import { subjectKeyOf } from '../routing/subject-key.ts'
 
 export interface PassthroughSession {
   /** First 8 characters of the gateway session id (never the whole id). */

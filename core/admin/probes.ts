@@ -13,7 +13,7 @@
 import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http'
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto'
 import type { Logger } from 'pino'
-import type { Metrics } from './metrics.ts'
+import type { Metrics } from '../observability/metrics.ts'
 
 /**
  * `reasons` are details for the admin listener (they may name commands, hosts,

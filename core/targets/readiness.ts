@@ -14,8 +14,8 @@
  * healthy targets, so the gateway still serves).
  */
 import type { Logger } from 'pino'
-import type { TargetConfig } from './config.ts'
-import { commandProblem } from './targets/command-check.ts'
+import type { TargetConfig } from '../config.ts'
+import { commandProblem } from './command-check.ts'
 
 export type TargetReadinessMode = 'all' | 'any' | 'none'
 

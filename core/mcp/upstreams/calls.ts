@@ -9,7 +9,7 @@
  * target's metrics (call-metrics.ts), so measuring adds nothing to the
  * upstream's own message path.
  */
-import type { JsonRpcMessage } from '../targets/types.ts'
+import type { JsonRpcMessage } from '../../targets/types.ts'
 import type { CallOutcome, CallTiming, TargetCallMeter } from './call-metrics.ts'
 
 export class UpstreamCalls<C extends { readonly id: number }> {

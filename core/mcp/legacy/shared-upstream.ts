@@ -33,11 +33,11 @@
  * that did not declare it. Roots are never declared to a shared child (it
  * asks for them outside any one client's request, which no lease can answer).
  */
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
-import { ProxyError, RPC } from '../errors.ts'
-import { TASK_METHODS } from './router.ts'
-import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from './modern-pool.ts'
-import { TaskLedger, isTerminal } from './task-ledger.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../../targets/types.ts'
+import { ProxyError, RPC } from '../../errors.ts'
+import { TASK_METHODS } from '../routing/router.ts'
+import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstreams/pool.ts'
+import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
 
 /** Whose upstream a session creates: the session's token subject. */
 export interface UpstreamOwner {

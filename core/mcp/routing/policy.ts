@@ -4,9 +4,9 @@
  * may see in list results and may call. Rules see the upstream (unprefixed)
  * name and the target separately.
  */
-import type { RequestContext } from '../context.ts'
-import type { Plugin, McpOperation } from '../plugin.ts'
-import type { JsonRpcMessage } from '../targets/types.ts'
+import type { RequestContext } from '../../context.ts'
+import type { Plugin, McpOperation } from '../../plugin.ts'
+import type { JsonRpcMessage } from '../../targets/types.ts'
 import { randomBytes } from 'node:crypto'
 import { normalizeResourceUri } from './resource-uri.ts'
 

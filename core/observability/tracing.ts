@@ -10,8 +10,8 @@
  * that starts it owns it until its close.
  */
 import type { Logger } from 'pino'
-import type { RequestContext } from './context.ts'
-import type { JsonRpcMessage } from './targets/types.ts'
+import type { RequestContext } from '../context.ts'
+import type { JsonRpcMessage } from '../targets/types.ts'
 
 /** `tracing:` of the config (schemas/config.schema.json has the defaults). */
 export interface TracingConfig {

@@ -12,10 +12,10 @@
  * timeout; a cap per (target, subject) and a global cap bound the processes.
  */
 import type { Logger } from 'pino'
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../targets/types.ts'
-import { ProxyError, RPC } from '../errors.ts'
-import { LATEST_SESSION_REVISION, MODERN_REVISION } from './revision.ts'
-import { GATEWAY_INFO } from './router.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../../targets/types.ts'
+import { ProxyError, RPC } from '../../errors.ts'
+import { LATEST_SESSION_REVISION, MODERN_REVISION } from '../revision.ts'
+import { GATEWAY_INFO } from '../routing/router.ts'
 import { UpstreamCalls } from './calls.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
 

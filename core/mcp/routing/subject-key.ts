@@ -7,7 +7,7 @@
  * all anonymous callers have the proxy's address and share one key again,
  * unless the proxy is one of `mcp.trustedProxies` (then X-Forwarded-For names them).
  */
-import type { RequestContext } from '../context.ts'
+import type { RequestContext } from '../../context.ts'
 
 export function subjectKeyOf (ctx: RequestContext): string {
   const subject = ctx.auth?.subject

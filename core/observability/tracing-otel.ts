@@ -11,9 +11,9 @@ import { W3CTraceContextPropagator } from '@opentelemetry/core'
 import { resourceFromAttributes } from '@opentelemetry/resources'
 import { BasicTracerProvider, BatchSpanProcessor, ParentBasedSampler, TraceIdRatioBasedSampler } from '@opentelemetry/sdk-trace-base'
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
-import { denialText, type RequestContext } from './context.ts'
-import { ProxyError } from './errors.ts'
-import type { JsonRpcMessage } from './targets/types.ts'
+import { denialText, type RequestContext } from '../context.ts'
+import { ProxyError } from '../errors.ts'
+import type { JsonRpcMessage } from '../targets/types.ts'
 import type { Tracer, TracingConfig } from './tracing.ts'
 
 const w3c = new W3CTraceContextPropagator()

@@ -20,13 +20,13 @@
  * header) is never forwarded again.
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
-import { seal, sealKey, unseal } from '../seal.ts'
+import { seal, sealKey, unseal } from './seal.ts'
 import { Agent, request as httpRequest, type IncomingMessage, type OutgoingHttpHeaders } from 'node:http'
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https'
 import type { Logger } from 'pino'
 import type { RequestContext } from '../context.ts'
 import { ProxyError, RPC } from '../errors.ts'
-import { RELAYED_CLIENT_HEADER, type ClientRelay } from '../client-address.ts'
+import { RELAYED_CLIENT_HEADER, type ClientRelay } from './client-address.ts'
 
 export interface ClusterForwardOptions {
   /** `cluster.secret`, the same on every replica. */

@@ -8,11 +8,11 @@
  * answer the client; both hand that in as a function.
  */
 import type { Logger } from 'pino'
-import type { RequestContext } from '../context.ts'
-import type { Plugin } from '../plugin.ts'
-import type { JsonRpcMessage } from '../targets/types.ts'
-import { VERSION } from '../version.ts'
-import { RPC } from '../errors.ts'
+import type { RequestContext } from '../../context.ts'
+import type { Plugin } from '../../plugin.ts'
+import type { JsonRpcMessage } from '../../targets/types.ts'
+import { VERSION } from '../../version.ts'
+import { RPC } from '../../errors.ts'
 import { splitName, markUri, unmarkUri, prefixName, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
 import { normalizeResourceUri } from './resource-uri.ts'
