@@ -4,7 +4,7 @@
 import t from 'tap'
 import { readFileSync } from 'node:fs'
 import type { RequestContext } from '../core/context.ts'
-import { SESSION_REVISIONS, LATEST_SESSION_REVISION, MODERN_REVISION, isSessionRevision, negotiateRevision, allowsBatch, eraOf } from '../core/mcp/revision.ts'
+import { SESSION_REVISIONS, LATEST_SESSION_REVISION, MODERN_REVISION, isSessionRevision, negotiateRevision, allowsBatch, eraOf } from '../core/mcp/protocol.ts'
 
 function ctx (headers: Record<string, string>): RequestContext {
   return { req: { headers } } as unknown as RequestContext

@@ -10,6 +10,7 @@
  * forbids token passthrough; the target's static headers are added), and the
  * response goes through `ctx.writeHead` so plugins' `onResponse` hooks run.
  */
+import { SESSION_NOT_FOUND_RPC } from '../protocol.ts'
 import { randomBytes } from 'node:crypto'
 import { Agent as HttpAgent, type IncomingMessage, type ServerResponse, type OutgoingHttpHeaders, type IncomingHttpHeaders } from 'node:http'
 import { Agent as HttpsAgent } from 'node:https'
@@ -294,7 +295,7 @@ export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthrou
       }
       // Another subject (or another address, without a token) presenting an id is told the same as for an unknown id.
       if (m === undefined || m.key !== key) {
-        return Promise.reject(new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: -32001 } /* as the MCP SDK servers answer */))
+        return Promise.reject(new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: SESSION_NOT_FOUND_RPC }))
       }
       m.lastSeenAt = Date.now()
       gatewayId = presented

@@ -14,7 +14,7 @@ import type { JsonRpcId, JsonRpcMessage, Upstream } from '../../targets/types.ts
 import type { SessionUpstreamFactory } from './shared-upstream.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import { Backlog, Replay, SseStream, SSE_HEADERS, frame, frameWithId, primingFrame, type StreamLimits } from '../sse.ts'
-import { isSessionRevision, type SessionRevision } from '../revision.ts'
+import { isSessionRevision, type SessionRevision } from '../protocol.ts'
 import { mergeCapabilities } from '../routing/naming.ts'
 import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, rpcError } from '../routing/router.ts'
 import { UpstreamCalls } from '../upstreams/calls.ts'

@@ -19,7 +19,7 @@ import type { Plugin } from '../../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage, UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import { SseStream, SSE_HEADERS, type StreamLimits } from '../sse.ts'
-import { MODERN_REVISION, SESSION_REVISIONS } from '../revision.ts'
+import { META, META_PREFIX, MODERN_REVISION, MODERN_RPC, SESSION_REVISIONS, TASKS_EXTENSION } from '../protocol.ts'
 import { mergeCapabilities } from '../routing/naming.ts'
 import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, invalidList, type ListMethod, type NamedMethod } from '../routing/router.ts'
 import { randomBytes } from 'node:crypto'
@@ -30,23 +30,6 @@ import { ParamHeaderCache, paramHeaderMismatch, type ParamHeader } from './param
 import { isTerminal } from '../upstreams/task-ledger.ts'
 import { createTaskSeal, type TaskSeal } from '../upstreams/task-seal.ts'
 import { createMemoryState, type SharedState } from '../../cluster/shared-state.ts'
-
-/** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`). */
-export const META = {
-  protocolVersion: 'io.modelcontextprotocol/protocolVersion',
-  clientInfo: 'io.modelcontextprotocol/clientInfo',
-  clientCapabilities: 'io.modelcontextprotocol/clientCapabilities',
-  logLevel: 'io.modelcontextprotocol/logLevel',
-  serverInfo: 'io.modelcontextprotocol/serverInfo',
-  subscriptionId: 'io.modelcontextprotocol/subscriptionId',
-} as const
-
-/** Error codes the revision defines (MCP 2026-07-28 basic: Error Codes). */
-export const MODERN_RPC = {
-  HEADER_MISMATCH: -32020,
-  MISSING_REQUIRED_CLIENT_CAPABILITY: -32021,
-  UNSUPPORTED_PROTOCOL_VERSION: -32022,
-} as const
 
 /** Every revision /mcp serves, newest first (what `supported` lists). */
 export const SUPPORTED_VERSIONS: readonly string[] = [MODERN_REVISION, ...SESSION_REVISIONS]
@@ -59,8 +42,6 @@ const CACHEABLE = new Set(['server/discover', 'tools/list', 'prompts/list', 'res
 const NAME_SOURCE: Record<string, 'name' | 'uri' | 'taskId'> = {
   'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri', 'tasks/get': 'taskId', 'tasks/update': 'taskId', 'tasks/cancel': 'taskId',
 }
-/** The tasks extension (SEP-2663): negotiated per request under `clientCapabilities.extensions`. */
-const TASKS_EXTENSION = 'io.modelcontextprotocol/tasks'
 const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency']
 const KEEPALIVE_MS = 15_000
 /** How long a parked upstream call waits for the client's retry with `inputResponses`. */
@@ -223,7 +204,7 @@ function upstreamParams (params: Record<string, unknown> | undefined): Record<st
   const meta = out._meta as Record<string, unknown> | undefined
   if (meta !== undefined) {
     const rest: Record<string, unknown> = {}
-    for (const k of Object.keys(meta)) if (!k.startsWith('io.modelcontextprotocol/')) rest[k] = meta[k]
+    for (const k of Object.keys(meta)) if (!k.startsWith(META_PREFIX)) rest[k] = meta[k]
     if (Object.keys(rest).length === 0) delete out._meta
     else out._meta = rest
   }

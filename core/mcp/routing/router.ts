@@ -7,6 +7,7 @@
  * reach an upstream (a session's own link, or a pooled one) and how they
  * answer the client; both hand that in as a function.
  */
+import { RELATED_TASK } from '../protocol.ts'
 import type { Logger } from 'pino'
 import type { RequestContext } from '../../context.ts'
 import type { Plugin } from '../../plugin.ts'
@@ -28,7 +29,7 @@ export type ListKey = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
 /** Task methods addressed to one task by `params.taskId` (MCP 2025-11-25 basic/utilities/tasks). */
 export const TASK_METHODS: ReadonlySet<string> = new Set(['tasks/get', 'tasks/result', 'tasks/cancel'])
 /** `_meta` key that ties a message to a task (MCP 2025-11-25 tasks, "Related Task Metadata"). */
-export const RELATED_TASK = 'io.modelcontextprotocol/related-task'
+export { RELATED_TASK }
 
 /** List methods and the result field that holds their items (MCP server features). */
 export const LIST_KEYS = {

@@ -14,7 +14,7 @@
 import type { Logger } from 'pino'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
-import { LATEST_SESSION_REVISION, MODERN_REVISION } from '../revision.ts'
+import { LATEST_SESSION_REVISION, META, MODERN_REVISION } from '../protocol.ts'
 import { GATEWAY_INFO } from '../routing/router.ts'
 import { UpstreamCalls } from './calls.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
@@ -59,7 +59,7 @@ export interface CallHooks {
 export type PoolMode = 'session' | 'modern'
 
 /** The `_meta` key of the revision's subscription ids (MCP 2026-07-28 Subscriptions). */
-const SUBSCRIPTION_ID = 'io.modelcontextprotocol/subscriptionId'
+const SUBSCRIPTION_ID = META.subscriptionId
 
 /** Thrown (as the cause of the 502) when a `modern` upstream's `server/discover` shows it does not speak 2026-07-28. */
 export class NotModernError extends Error {}
@@ -184,7 +184,7 @@ export class PooledUpstream {
   /** The upstream's name and version: `initialize`'s serverInfo, or `server/discover`'s `_meta` serverInfo. */
   get serverInfo (): unknown {
     if (this.mode === 'session') return this.initResult?.serverInfo
-    return (this.initResult?._meta as Record<string, unknown> | undefined)?.['io.modelcontextprotocol/serverInfo']
+    return (this.initResult?._meta as Record<string, unknown> | undefined)?.[META.serverInfo]
   }
 
   /**
@@ -195,7 +195,7 @@ export class PooledUpstream {
    */
   async #discover (): Promise<void> {
     const res = await this.call({
-      jsonrpc: '2.0', method: 'server/discover', params: { _meta: { 'io.modelcontextprotocol/protocolVersion': MODERN_REVISION, 'io.modelcontextprotocol/clientInfo': GATEWAY_INFO, 'io.modelcontextprotocol/clientCapabilities': {} } },
+      jsonrpc: '2.0', method: 'server/discover', params: { _meta: { [META.protocolVersion]: MODERN_REVISION, [META.clientInfo]: GATEWAY_INFO, [META.clientCapabilities]: {} } },
     }, { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS), headers: { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': 'server/discover' } }).done
     const versions = (res.result as { supportedVersions?: unknown } | undefined)?.supportedVersions
     if (Array.isArray(versions) && versions.includes(MODERN_REVISION)) {

@@ -1,9 +1,12 @@
 /**
- * MCP protocol revisions and the one place that decides, per request, which
+ * The MCP vocabulary of the gateway: the revisions it serves, every
+ * `io.modelcontextprotocol/*` key, the revision's error codes, and the one
+ * place that decides, per request, which
  * era serves it: the session era (initialize + Mcp-Session-Id, revisions
  * 2024-11-05 .. 2025-11-25) or the modern stateless era (2026-07-28: no
  * initialize, protocol version in every request's `_meta` and in the
- * `MCP-Protocol-Version` header). Everything else in core/mcp/ asks this file.
+ * `MCP-Protocol-Version` header). Everything else in core/mcp/ asks this file; protocol literals live
+ * nowhere else (test/dependency-rules.test.ts).
  */
 import type { RequestContext } from '../context.ts'
 
@@ -16,8 +19,31 @@ export const MODERN_REVISION = '2026-07-28'
 /** Revision assumed when a session-era request carries no MCP-Protocol-Version (MCP 2025-06-18, transports). */
 export const DEFAULT_HEADER_REVISION: SessionRevision = '2025-03-26'
 
+/** `_meta` keys of the revision (MCP 2026-07-28 basic: `_meta`), and the prefix they share. */
+export const META = {
+  protocolVersion: 'io.modelcontextprotocol/protocolVersion',
+  clientInfo: 'io.modelcontextprotocol/clientInfo',
+  clientCapabilities: 'io.modelcontextprotocol/clientCapabilities',
+  logLevel: 'io.modelcontextprotocol/logLevel',
+  serverInfo: 'io.modelcontextprotocol/serverInfo',
+  subscriptionId: 'io.modelcontextprotocol/subscriptionId',
+} as const
+export const META_PREFIX = 'io.modelcontextprotocol/'
+/** `_meta` key tying a message to a task (MCP 2025-11-25 tasks: related-task). */
+export const RELATED_TASK = 'io.modelcontextprotocol/related-task'
+/** The tasks extension (SEP-2663): negotiated per request under `clientCapabilities.extensions`. */
+export const TASKS_EXTENSION = 'io.modelcontextprotocol/tasks'
+
+/** Error codes the 2026-07-28 revision defines (MCP 2026-07-28 basic: Error Codes). */
+export const MODERN_RPC = {
+  HEADER_MISMATCH: -32020,
+  MISSING_REQUIRED_CLIENT_CAPABILITY: -32021,
+  UNSUPPORTED_PROTOCOL_VERSION: -32022,
+} as const
+/** What MCP SDK servers answer for an unknown session (and so do we, on every path). */
+export const SESSION_NOT_FOUND_RPC = -32001
+
 const SESSION_SET: ReadonlySet<string> = new Set(SESSION_REVISIONS)
-const META_VERSION_KEY = 'io.modelcontextprotocol/protocolVersion'
 
 export function isSessionRevision (v: unknown): v is SessionRevision {
   return typeof v === 'string' && SESSION_SET.has(v)
@@ -54,7 +80,7 @@ export function eraOf (ctx: RequestContext, body?: unknown): Era {
   if (body !== undefined && !Array.isArray(body) && body !== null && typeof body === 'object') {
     const m = body as { method?: unknown; params?: { _meta?: Record<string, unknown> } }
     if (m.method === 'initialize') return 'session'
-    const v = m.params?._meta?.[META_VERSION_KEY]
+    const v = m.params?._meta?.[META.protocolVersion]
     if (v === MODERN_REVISION) return 'modern'
     if (typeof v === 'string' && sid === undefined) return 'modern'
     if (m.method === 'server/discover' && header === undefined && sid === undefined) return 'modern'
