@@ -17,7 +17,11 @@ import { ProxyError } from '../core/errors.ts'
 import { createLogger } from '../core/logger.ts'
 import { builtins } from '../plugins/index.ts'
 import type { McpAuthenticationOptions } from '../plugins/mcp-authentication/index.ts'
-import { connectWorker, parseWorkersFlag, runPrimary, WORKER_ENV, workerCount, type WorkerChannel } from '../core/cluster/workers.ts'
+import { runPrimary } from '../core/cluster/primary.ts'
+import { connectWorker, type WorkerChannel } from '../core/cluster/worker.ts'
+import { WORKER_ENV } from '../core/cluster/messages.ts'
+import { parseWorkersFlag, workerCount } from '../core/cluster/worker-count.ts'
+import { watchChildGroups } from '../core/targets/stdio.ts'
 
 export const EXIT = { OK: 0, CONFIG: 1, USAGE: 2, STARTUP: 3 } as const
 
@@ -129,11 +133,12 @@ async function main (): Promise<void> {
     }
     return
   }
-  // A worker of a primary (core/workers.ts): its secret and shared state come over the IPC channel.
+  // A worker of a primary (core/cluster/primary.ts): its secret and shared state come over the IPC channel,
+  // and the process groups of its stdio children go back to the primary (which kills them if this worker dies).
   let channel: WorkerChannel | undefined
   if (cluster.isWorker && process.env[WORKER_ENV] !== undefined) {
     try {
-      channel = await connectWorker(createLogger(cfg.logging))
+      channel = await connectWorker({ log: createLogger(cfg.logging), watchChildGroups })
     } catch (err) {
       fail(EXIT.STARTUP, (err as Error).message)
     }

@@ -244,7 +244,7 @@ t.test('restarts are bounded (workerRestartsPerMinute), and a primary killed wit
 })
 
 t.test('mergeMetrics: every worker\'s series labelled, each family\'s HELP and TYPE once, the primary\'s own unlabelled', async t => {
-  const { mergeMetrics } = await import('../core/cluster/workers.ts')
+  const { mergeMetrics } = await import('../core/cluster/metrics-merge.ts')
   const worker = [
     '# HELP mcp_proxy_sessions Open MCP sessions', '# TYPE mcp_proxy_sessions gauge', 'mcp_proxy_sessions 2',
     '# HELP d Duration', '# TYPE d histogram', 'd_bucket{route="mcp",le="0.1"} 1', 'd_sum{route="mcp"} 0.05', 'd_count{route="mcp"} 1', '',

@@ -13,7 +13,7 @@
  * verified, rules applied, session bound to its subject) as for a request it
  * had received itself. The relay trusts nothing and decides nothing. Callers
  * without a token are keyed by their address: the relay passes the address it
- * resolved in an authenticated header (core/client-address.ts), so the owner
+ * resolved in an authenticated header (client-address.ts), so the owner
  * finds an anonymous caller's session wherever the request landed. An owner that cannot be reached is gone with its sessions: the
  * client gets 404, which tells it to initialize again (MCP Streamable HTTP,
  * Session Management). A forwarded request (one carrying that authenticated

@@ -18,7 +18,7 @@ import { createClient } from '@redis/client'
 import { ProxyError } from '../errors.ts'
 
 export interface SharedState {
-  /** `primary`: a worker's view of its primary's memory store (`workers`, core/workers.ts). */
+  /** `primary`: a worker's view of its primary's memory store (`workers`, primary-store.ts). */
   readonly kind: 'memory' | 'redis' | 'primary'
   /**
    * Takes one token from the bucket `key` (`capacity` deep, refilled evenly
