@@ -53,36 +53,41 @@ const FUNCTION_BASELINE = [
 ]
 const FILE_BASELINE = ['core/mcp/legacy/session.ts', 'core/mcp/modern/handler.ts', 'core/server.ts']
 
-function parse (file: string, text: string): ts.SourceFile {
+function parse(file: string, text: string): ts.SourceFile {
   const kind = /\.[cm]?js$/.test(file) ? ts.ScriptKind.JS : ts.ScriptKind.TS
   return ts.createSourceFile(file, text, ts.ScriptTarget.Latest, true, kind)
 }
 
-function lineOf (sf: ts.SourceFile, pos: number): number {
+function lineOf(sf: ts.SourceFile, pos: number): number {
   return sf.getLineAndCharacterOfPosition(pos).line + 1
 }
 
 /** True inside `export const RPC = { NAME: ... }` of core/errors.ts, for the frozen names. */
-function inEngineRpcTable (file: string, node: ts.Node): boolean {
+function inEngineRpcTable(file: string, node: ts.Node): boolean {
   if (file !== ENGINE_RPC.file) return false
   for (let n: ts.Node | undefined = node; n !== undefined; n = n.parent) {
     if (!ts.isPropertyAssignment(n)) continue
     const table = n.parent.parent
-    return ts.isObjectLiteralExpression(n.parent) && (ts.isVariableDeclaration(table) || ts.isAsExpression(table)) &&
-      tableName(table) === ENGINE_RPC.table && ts.isIdentifier(n.name) && ENGINE_RPC.names.includes(n.name.text) &&
+    return (
+      ts.isObjectLiteralExpression(n.parent) &&
+      (ts.isVariableDeclaration(table) || ts.isAsExpression(table)) &&
+      tableName(table) === ENGINE_RPC.table &&
+      ts.isIdentifier(n.name) &&
+      ENGINE_RPC.names.includes(n.name.text) &&
       n.initializer === node.parent
+    )
   }
   return false
 }
 
-function tableName (n: ts.Node): string | undefined {
+function tableName(n: ts.Node): string | undefined {
   let d: ts.Node = n
   while (!ts.isVariableDeclaration(d) && d.parent !== undefined) d = d.parent
   return ts.isVariableDeclaration(d) && ts.isIdentifier(d.name) ? d.name.text : undefined
 }
 
 /** `file:line: literal` for every protocol literal written in code (comments aside). */
-function protocolLiterals (file: string, text: string): string[] {
+function protocolLiterals(file: string, text: string): string[] {
   if (file === VOCABULARY) return []
   const sf = parse(file, text)
   const found: string[] = []
@@ -103,9 +108,9 @@ function protocolLiterals (file: string, text: string): string[] {
 }
 
 /** Every function's length, first line (modifiers included, its doc comment not) to its closing brace. */
-function functionLengths (file: string, text: string): Array<{ line: number, lines: number }> {
+function functionLengths(file: string, text: string): Array<{ line: number; lines: number }> {
   const sf = parse(file, text)
-  const out: Array<{ line: number, lines: number }> = []
+  const out: Array<{ line: number; lines: number }> = []
   const visit = (node: ts.Node): void => {
     if (ts.isFunctionLike(node) && 'body' in node && node.body !== undefined) {
       const line = lineOf(sf, node.getStart(sf))
@@ -117,11 +122,11 @@ function functionLengths (file: string, text: string): Array<{ line: number, lin
   return out
 }
 
-function fileLines (text: string): number {
+function fileLines(text: string): number {
   return text.split('\n').length - (text.endsWith('\n') ? 1 : 0)
 }
 
-async function shippedFiles (): Promise<Map<string, string>> {
+async function shippedFiles(): Promise<Map<string, string>> {
   const files = new Map<string, string>()
   for (const top of SHIPPED) {
     for (const entry of await readdir(join(ROOT, top), { recursive: true, withFileTypes: true })) {
@@ -141,7 +146,7 @@ t.test('protocol literals: written in code only in core/mcp/protocol.ts', async 
   const found = [...files].flatMap(([file, text]) => protocolLiterals(file, text))
   t.same(found, [], 'no `io.modelcontextprotocol/` string nor -320xx code outside core/mcp/protocol.ts')
   // The vocabulary file does hold them (the walk does see literals there).
-  t.ok(protocolLiterals('core/mcp/elsewhere.ts', files.get(VOCABULARY)!).length >= 8, 'the same walk finds the vocabulary file\'s own literals')
+  t.ok(protocolLiterals('core/mcp/elsewhere.ts', files.get(VOCABULARY)!).length >= 8, "the same walk finds the vocabulary file's own literals")
 })
 
 t.test('protocol literals: the walk finds literals in code and not in comments', async t => {
@@ -158,16 +163,19 @@ t.test('protocol literals: the walk finds literals in code and not in comments',
     'function f (c = -32000) { return c }',
     'const fine = [-32700, -32600, -32602, -31999, -32100, 32001, "io.modelcontext"]',
   ].join('\n')
-  t.same(protocolLiterals('core/mcp/modern/handler.ts', source).map(f => f.replace(/^[^:]+:/, '')), [
-    "3: 'io.modelcontextprotocol/logLevel'",
-    '4: `io.modelcontextprotocol/${',
-    '5: /^io\\.modelcontextprotocol\\//',
-    '6: "io.modelcontextprotocol/tasks"',
-    '7: -32021',
-    '8: -0x7D01',
-    '9: -32_099',
-    '10: -32000',
-  ])
+  t.same(
+    protocolLiterals('core/mcp/modern/handler.ts', source).map(f => f.replace(/^[^:]+:/, '')),
+    [
+      "3: 'io.modelcontextprotocol/logLevel'",
+      '4: `io.modelcontextprotocol/${',
+      '5: /^io\\.modelcontextprotocol\\//',
+      '6: "io.modelcontextprotocol/tasks"',
+      '7: -32021',
+      '8: -0x7D01',
+      '9: -32_099',
+      '10: -32000',
+    ]
+  )
   t.same(protocolLiterals(VOCABULARY, source), [], 'the vocabulary file may write them')
   const errors = [
     'export const RPC = {',
@@ -179,24 +187,27 @@ t.test('protocol literals: the walk finds literals in code and not in comments',
     'export const OTHER = { SERVER_ERROR: -32000 }',
     'const loose = -32001',
   ].join('\n')
-  t.same(protocolLiterals('core/errors.ts', errors).map(f => f.replace(/^[^:]+:/, '')), ['5: -32042', '7: -32000', '8: -32001'],
-    'in core/errors.ts only the RPC table\'s frozen names may hold a -320xx code')
+  t.same(
+    protocolLiterals('core/errors.ts', errors).map(f => f.replace(/^[^:]+:/, '')),
+    ['5: -32042', '7: -32000', '8: -32001'],
+    "in core/errors.ts only the RPC table's frozen names may hold a -320xx code"
+  )
   t.same(protocolLiterals('core/other.ts', errors).length, 5, 'the RPC table is allowed in core/errors.ts only')
 })
 
 /** biome.jsonc, comments and trailing commas allowed (TypeScript reads JSONC). */
-async function biomeConfig (): Promise<{ overrides?: Array<{ includes?: string[], linter?: { rules?: Record<string, Record<string, unknown>> } }> }> {
+async function biomeConfig(): Promise<{ overrides?: Array<{ includes?: string[]; linter?: { rules?: Record<string, Record<string, unknown>> } }> }> {
   const { config, error } = ts.parseConfigFileTextToJson('biome.jsonc', await readFile(join(ROOT, 'biome.jsonc'), 'utf8'))
   if (error !== undefined) throw new Error(ts.flattenDiagnosticMessageText(error.messageText, '\n'))
   return config
 }
 
 /** The files of the override(s) that turn `group/rule` off. */
-function exempted (config: Awaited<ReturnType<typeof biomeConfig>>, group: string, rule: string): string[] {
+function exempted(config: Awaited<ReturnType<typeof biomeConfig>>, group: string, rule: string): string[] {
   return (config.overrides ?? []).filter(o => o.linter?.rules?.[group]?.[rule] === 'off').flatMap(o => o.includes ?? [])
 }
 
-function overLimits (all: Map<string, string>): { functions: Map<string, string>, files: Map<string, number> } {
+function overLimits(all: Map<string, string>): { functions: Map<string, string>; files: Map<string, number> } {
   const functions = new Map<string, string>()
   const long = new Map<string, number>()
   for (const [file, text] of all) {
@@ -208,8 +219,8 @@ function overLimits (all: Map<string, string>): { functions: Map<string, string>
   return { functions, files: long }
 }
 
-t.test('size: the measure counts a function from its first line to its closing brace, and a file\'s lines', async t => {
-  const body = (n: number) => Array.from({ length: n }, (_, i) => i % 10 === 3 ? '' : i % 10 === 6 ? '  // a comment' : `  call(${i})`)
+t.test("size: the measure counts a function from its first line to its closing brace, and a file's lines", async t => {
+  const body = (n: number) => Array.from({ length: n }, (_, i) => (i % 10 === 3 ? '' : i % 10 === 6 ? '  // a comment' : `  call(${i})`))
   const fn = (head: string, inner: number, tail = '}') => [head, ...body(inner), tail].join('\n')
   const lengths = (src: string) => functionLengths('x.ts', src).map(f => f.lines)
   t.same(lengths(fn('export async function f (a: number): Promise<void> {', 118)), [120], 'blank and comment lines count')
@@ -223,8 +234,9 @@ t.test('size: the measure counts a function from its first line to its closing b
 
 t.test('size: Biome holds the limits on core/, plugins/ and bin/ at error', async t => {
   const config = await biomeConfig()
-  const limits = (config.overrides ?? []).find(o => o.linter?.rules?.complexity?.noExcessiveLinesPerFunction !== 'off' &&
-    o.linter?.rules?.complexity?.noExcessiveLinesPerFunction !== undefined)
+  const limits = (config.overrides ?? []).find(
+    o => o.linter?.rules?.complexity?.noExcessiveLinesPerFunction !== 'off' && o.linter?.rules?.complexity?.noExcessiveLinesPerFunction !== undefined
+  )
   t.same(limits?.includes, ['core/**', 'plugins/**', 'bin/**'])
   // Biome counts the lines between the braces (less the lines that start with `}`): 118 of them is a
   // function of 120 lines at most by this test's count, which is the one that decides.
@@ -245,7 +257,10 @@ t.test('size: the override lists of biome.jsonc only shrink, and hold exactly th
     const limit = kind === 'function' ? `a function over ${MAX_FUNCTION_LINES} lines` : `over ${MAX_FILE_LINES} lines`
     for (const file of listed) {
       t.ok(baseline.includes(file), `${file} may not join the ${kind}-length list: split it instead (the list only shrinks)`)
-      t.ok(violating[kind].has(file), `${file} is no longer ${limit}: take it off biome.jsonc's ${kind}-length list and off ${kind === 'function' ? 'FUNCTION' : 'FILE'}_BASELINE here`)
+      t.ok(
+        violating[kind].has(file),
+        `${file} is no longer ${limit}: take it off biome.jsonc's ${kind}-length list and off ${kind === 'function' ? 'FUNCTION' : 'FILE'}_BASELINE here`
+      )
     }
     for (const [file, what] of violating[kind]) {
       t.ok(listed.includes(file), `${file} is ${limit} (${what}) and not in biome.jsonc's ${kind}-length list`)
