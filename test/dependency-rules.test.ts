@@ -78,7 +78,9 @@ const TREE: Record<string, string[]> = {
     "import type { Endpoint } from '../mcp/endpoint.ts' // cluster-knows-no-mcp",
   ],
   'core/cluster/forward.ts': ["import '../errors.ts'", "import '../admin/probes.ts' // admin-off-the-data-path"],
-  'core/cluster/shared-state.ts': [],
+  'core/cluster/shared-state.ts': ["import type { Readiness } from '../admin/probes.ts' // admin-off-the-data-path"],
+  // A worker answers the primary's readiness questions: process management, not the request path.
+  'core/cluster/worker.ts': ["import type { Readiness } from '../admin/probes.ts'", "import './shared-state.ts'"],
   'core/cluster/client-address.ts': [],
   'core/observability/metrics.ts': ["import '../admin/probes.ts' // admin-off-the-data-path"],
   'core/observability/tracing.ts': [
