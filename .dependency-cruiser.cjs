@@ -1,7 +1,9 @@
 /**
- * Import rules of mcp-proxy (README "Architecture"), checked in CI by
- * `npm run deps`. bin/ is the composition root and may import anything;
- * test/ and bench/ are not checked here.
+ * Import rules of mcp-proxy (docs/architecture.md, with the diagram of the
+ * parts), checked in CI by `npm run deps`; test/dependency-rules.test.ts pins
+ * what each rule flags and lets through. bin/ is the composition root and may
+ * import anything; test/ and bench/ are not checked here. Every rule is an
+ * error: a broken rule fails CI.
  * @type {import('dependency-cruiser').IConfiguration}
  */
 module.exports = {
@@ -42,11 +44,42 @@ module.exports = {
       to: { path: '^plugins/', pathNot: '^plugins/oauth-common/', dependencyTypesNot: ['type-only'] },
     },
     {
-      name: 'admin-off-the-data-path',
-      comment: 'The admin listener and UI look at the gateway; the request path (server, pipeline, /mcp, targets) never calls into them.',
+      name: 'eras-apart',
+      comment: 'The two MCP eras (core/mcp/legacy/: sessions, 2024-11-05..2025-11-25; core/mcp/modern/: stateless 2026-07-28) never import each other: what both need lives in the shared core/mcp/ folders (routing/, upstreams/, protocol.ts), so one era can change or go without touching the other.',
       severity: 'error',
-      from: { path: ['^core/(mcp|targets)/', '^core/(server|pipeline)\\.ts$'] },
-      to: { path: '^core/admin' },
+      from: { path: '^core/mcp/(legacy|modern)/' },
+      to: { path: '^core/mcp/(legacy|modern)/', pathNot: '^core/mcp/$1/' },
+    },
+    {
+      name: 'engine-knows-no-mcp',
+      comment: 'The engine (core/*.ts: server, context, pipeline, routes, plugin contract, errors, config, ...) is a plain HTTP gateway: MCP is one terminal handler handed to it. Only the composition files (core/gateway.ts, core/index.ts) import core/mcp/.',
+      severity: 'error',
+      from: { path: '^core/[^/]+$', pathNot: '^core/(gateway|index)\\.ts$' },
+      to: { path: '^core/mcp/' },
+    },
+    {
+      name: 'cluster-knows-no-mcp',
+      comment: 'core/cluster/ (primary and workers, shared state, sealing, relay, client address) moves processes and requests, whatever protocol they carry: it imports neither core/mcp/ (MCP reaches the cluster through core/mcp/cluster.ts, never the reverse) nor core/targets/ (what it needs from a transport is handed to it by the composition root).',
+      severity: 'error',
+      from: { path: '^core/cluster/' },
+      to: { path: ['^core/mcp/', '^core/targets/'] },
+    },
+    {
+      name: 'observability-is-a-side-system',
+      comment: 'core/observability/ (metrics, labels, process metrics, tracing, the access log) is called by every part and knows none of them: it imports neither core/targets/ nor core/mcp/ (the shapes it records are its own or the engine\'s).',
+      severity: 'error',
+      from: { path: '^core/observability/' },
+      to: { path: ['^core/targets/', '^core/mcp/'] },
+    },
+    {
+      name: 'admin-off-the-data-path',
+      comment: 'The admin listener, UI and probes look at the gateway; nothing on the request path (engine, /mcp, targets, observability, and the cluster files a request goes through: relay, client address, shared state, sealing) calls into them. Only the composition roots (core/gateway.ts, core/index.ts, bin/) wire them in, and the cluster\'s process management (primary and workers: the primary serves the probes of all workers and asks them for readiness).',
+      severity: 'error',
+      from: {
+        path: '^core/',
+        pathNot: ['^core/admin/', '^core/(gateway|index)\\.ts$', '^core/cluster/(?!(forward|client-address|shared-state|seal)\\.ts$)'],
+      },
+      to: { path: '^core/admin/' },
     },
     {
       name: 'no-tests-in-the-product',
@@ -64,16 +97,17 @@ module.exports = {
     },
     {
       name: 'not-to-unresolvable',
+      comment: 'An import that resolves to nothing fails at start-up, and the rules above cannot see where it points.',
       severity: 'error',
       from: {},
       to: { couldNotResolve: true },
     },
     {
       name: 'no-circular',
-      comment: 'An import cycle makes start-up order depend on which module is imported first.',
-      severity: 'warn',
+      comment: 'An import cycle makes start-up order depend on which module is imported first, and ties two modules into one that can be neither read nor changed alone. Type-only edges count too: a type cycle is the same knot in the design, and the next value import turns it into a runtime one.',
+      severity: 'error',
       from: { path: '^(core|plugins|bin)/' },
-      to: { circular: true, viaOnly: { dependencyTypesNot: ['type-only'] } },
+      to: { circular: true },
     },
   ],
   options: {
