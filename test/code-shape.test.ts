@@ -40,8 +40,6 @@ const MAX_FILE_LINES = 600
 const FUNCTION_BASELINE = [
   'bin/dev-idp.ts',
   'core/admin/admin.ts',
-  'core/cluster/workers.ts',
-  'core/gateway.ts',
   'core/mcp/endpoint.ts',
   'core/mcp/legacy/passthrough.ts',
   'core/mcp/modern/handler.ts',
