@@ -1,6 +1,6 @@
 /**
  * A development-only OpenID provider built on `oidc-provider`, shaped like
- * the `oss_idp` variant (Authentik, README "Identity providers"): issuer with a trailing slash under
+ * the `oss_idp` variant (Authentik, docs/identity-providers.md "Identity providers"): issuer with a trailing slash under
  * `/application/o/<slug>/`, keys at `{issuer}jwks/`, discovery reporting
  * `registration_endpoint: null`, JWT access tokens whose `aud` is the client
  * id, a `groups` claim when `profile` is requested, a public PKCE client and
@@ -28,7 +28,7 @@ export interface DevIdpUser {
   readonly name?: string
 }
 
-/** A service account for the by-hand `client_credentials` request (README "Setting up the identity provider"). */
+/** A service account for the by-hand `client_credentials` request (docs/identity-providers.md "Setting up the identity provider"). */
 export interface DevIdpServiceAccount {
   readonly password: string
   readonly groups?: readonly string[]
@@ -104,7 +104,7 @@ export interface DevIdp {
   rotateKeys(opts?: RotateOptions): Promise<string>
   /** When false the JWKS route answers 503 (key-set drills). */
   setJwksAvailable(available: boolean): void
-  /** Requests a token the way the README's by-hand example does (client_credentials + service-account credentials). */
+  /** Requests a token the way docs/identity-providers.md "Setting up the identity provider" does by hand (client_credentials + service-account credentials). */
   clientCredentialsToken(username: string, password: string, scope?: string): Promise<string>
   close(): Promise<void>
 }
@@ -313,7 +313,7 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
     return new SignJWT(payload).setProtectedHeader(header).sign(mo.key ?? signer.privateKey)
   }
 
-  // The README's by-hand request: grant_type=client_credentials with client_id, scope, username and password.
+  // The by-hand request of docs/identity-providers.md "Setting up the identity provider": grant_type=client_credentials with client_id, scope, username and password.
   provider.registerGrantType('client_credentials', async function serviceAccountGrant (ctx: OidcCtx) {
     const params = ctx.oidc.params ?? {}
     const username = params.username

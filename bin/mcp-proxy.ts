@@ -129,7 +129,7 @@ async function main (): Promise<void> {
     }
     return
   }
-  // A worker of a primary (core/workers.ts): its secret and shared state come over the IPC channel.
+  // A worker of a primary (core/cluster/workers.ts): its secret and shared state come over the IPC channel.
   let channel: WorkerChannel | undefined
   if (cluster.isWorker && process.env[WORKER_ENV] !== undefined) {
     try {

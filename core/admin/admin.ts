@@ -34,7 +34,7 @@ export interface AdminState {
   /** The OAuth documents the gateway serves, the key-set and discovery state. */
   oauth(): Promise<unknown>
   /** `targets`: whether each target can start (reported whether or not it counts for readiness). */
-  /** `codes`: the same causes as `reasons`, as short codes for the probe listener (core/probes.ts). */
+  /** `codes`: the same causes as `reasons`, as short codes for the probe listener (core/admin/probes.ts). */
   ready(): { ready: boolean; reasons: string[]; codes: string[]; targets?: unknown[] }
   /** Runs initialize -> tools/list -> tools/call against the gateway's own /mcp. */
   tryIt?(input: TryInput): Promise<unknown>

@@ -1,5 +1,5 @@
 /**
- * The OpenTelemetry side of core/tracing.ts, loaded only when tracing is
+ * The OpenTelemetry side of tracing.ts, loaded only when tracing is
  * enabled: a tracer provider with a batching OTLP/HTTP (JSON) exporter, W3C
  * Trace Context in and out, and span attributes after OpenTelemetry's MCP
  * semantic conventions (gen-ai/mcp.md: `{mcp.method.name} {target}` span
@@ -13,8 +13,8 @@ import { BasicTracerProvider, BatchSpanProcessor, ParentBasedSampler, TraceIdRat
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http'
 import { denialText, type RequestContext } from '../context.ts'
 import { ProxyError } from '../errors.ts'
-import type { JsonRpcMessage } from '../targets/types.ts'
-import type { Tracer, TracingConfig } from './tracing.ts'
+import type { JsonRpcMessage } from '../jsonrpc.ts'
+import type { Tracer, TracingConfig } from './tracer.ts'
 
 const w3c = new W3CTraceContextPropagator()
 

@@ -5,17 +5,10 @@
  * prefixes or authentication.
  */
 
-export type JsonRpcId = string | number
+import type { JsonRpcId, JsonRpcMessage } from '../jsonrpc.ts'
 
-/** Any JSON-RPC 2.0 message (request, notification, response). */
-export interface JsonRpcMessage {
-  jsonrpc: '2.0'
-  id?: JsonRpcId | null
-  method?: string
-  params?: Record<string, unknown>
-  result?: unknown
-  error?: { code: number; message: string; data?: unknown }
-}
+// The message types are the engine's (core/jsonrpc.ts); re-exported here because every upstream speaks them.
+export type { JsonRpcId, JsonRpcMessage }
 
 export interface UpstreamInfo {
   /** Target name from the config. */
@@ -65,6 +58,18 @@ export interface Upstream extends UpstreamInfo {
    * whole process group. HTTP: DELETE the upstream session. Idempotent.
    */
   close(): Promise<void>
+}
+
+/** What a transport reports of its own lifecycle (core/targets/lifecycle.ts keeps it per target). */
+export interface UpstreamObserver {
+  /** start() was called. */
+  started(upstream: UpstreamInfo): void
+  /**
+   * The upstream failed to start or ended; `error` is undefined for a clean
+   * close(). A failure may be reported twice (start rejects, then the close
+   * follows): it is counted once.
+   */
+  ended(upstream: UpstreamInfo, error: Error | undefined): void
 }
 
 /**

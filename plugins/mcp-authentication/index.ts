@@ -37,7 +37,7 @@ export const KeysUnavailable = createError('MCPP_ERR_KEYS_UNAVAILABLE', 503, 'Th
   oauthError: 'temporarily_unavailable', expose: true,
 })
 
-/** The MCP protocol version the protected resource metadata advertises (README "Authentication", protected resource metadata). */
+/** The MCP protocol version the protected resource metadata advertises (docs/identity-providers.md "Authentication", protected resource metadata). */
 export const PRM_PROTOCOL_VERSION = '2025-06-18'
 export const PRM_PATH = '/.well-known/oauth-protected-resource/mcp'
 export const PRM_ROOT_PATH = '/.well-known/oauth-protected-resource'

@@ -3,7 +3,7 @@
  * authorization server, and to the identity provider one client with one
  * redirect URI, the gateway's callback (switched on by
  * `mcp.policies.mcpAuthentication.facade`; without it the default bridge and
- * registration run instead, README "Identity providers").
+ * registration run instead, docs/identity-providers.md "Identity providers").
  *
  * One flow: client -> GET /oauth/authorize (client resolved: pre-registered,
  * sealed DCR client id, or client ID metadata document; redirect_uri must be
@@ -319,7 +319,7 @@ export async function createFacade (options: FacadeOptions, env: PluginEnv): Pro
 
   async function idpToken (ctx: RequestContext, form: Record<string, string>): Promise<{ status: number; body: Record<string, unknown> }> {
     const body = new URLSearchParams({ ...form, client_id: idp.clientId })
-    // As the bridge does (README "Identity providers"): the operator's secret is added server-side, never shown to clients.
+    // As the bridge does (docs/identity-providers.md "Identity providers"): the operator's secret is added server-side, never shown to clients.
     if (idp.clientSecret !== undefined) body.set('client_secret', idp.clientSecret)
     let res: BoundedResponse
     try {

@@ -1,6 +1,6 @@
 /**
  * providerBridge: makes an identity provider that lacks parts of the MCP
- * authorization flow usable by MCP clients (README "Identity providers";
+ * authorization flow usable by MCP clients (docs/identity-providers.md "Identity providers";
  * RFC 8414 metadata, MCP authorization).
  *
  * - Serves RFC 8414 metadata derived from the IdP's cached OIDC discovery
@@ -101,7 +101,7 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
     return at === undefined ? [] : [[undefined, at / 1000]]
   }
   env.log.info({ provider: kind, discovery: discovery.url }, 'provider bridge: fetching the identity provider\'s discovery document')
-  // In the background: an unreachable IdP must not hold up start-up (README
+  // In the background: an unreachable IdP must not hold up start-up (docs/configuration.md
   // "Running"); a request that needs the document waits for this fetch.
   void discovery.start()
 
