@@ -1,8 +1,10 @@
 /**
- * The contract between the MCP session layer (core/mcp/) and the upstream
- * connectors (stdio children, remote streamable-HTTP servers). An Upstream
- * carries whole JSON-RPC messages both ways; it knows nothing of sessions,
- * prefixes or authentication.
+ * The contract between the MCP layer (core/mcp/: legacy sessions, pools,
+ * 2026-07-28 requests) and the upstream connectors (stdio children, remote
+ * streamable-HTTP servers), and what a connector reports of its lifecycle
+ * (UpstreamObserver, kept per target by lifecycle.ts). An Upstream carries
+ * whole JSON-RPC messages both ways; it knows nothing of sessions, prefixes
+ * or authentication.
  */
 
 import type { JsonRpcId, JsonRpcMessage } from '../jsonrpc.ts'
@@ -32,7 +34,7 @@ export interface Upstream extends UpstreamInfo {
    * on its stream) arrive through `onMessage` like stdio ones.
    */
   send(message: JsonRpcMessage): void
-  /** Called for every message from the upstream. Set by the session layer before start(). */
+  /** Called for every message from the upstream. Set by the MCP layer before start(). */
   onMessage: (message: JsonRpcMessage) => void
   /**
    * Called once when the upstream ends for any reason (exit, crash, flood,
