@@ -1,6 +1,6 @@
 /**
  * A development-only OpenID provider built on `oidc-provider`, shaped like
- * the `oss_idp` variant (Authentik, README "Identity providers"): issuer with a trailing slash under
+ * the `oss_idp` variant (Authentik, docs/identity-providers.md "Identity providers"): issuer with a trailing slash under
  * `/application/o/<slug>/`, keys at `{issuer}jwks/`, discovery reporting
  * `registration_endpoint: null`, JWT access tokens whose `aud` is the client
  * id, a `groups` claim when `profile` is requested, a public PKCE client and
@@ -12,11 +12,11 @@
  * straight to its redirect_uri with a code. It binds to 127.0.0.1 only.
  * Used by tests and by the demo; never deploy it.
  */
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { randomUUID } from 'node:crypto'
 import { generateKeyPair, exportJWK, SignJWT, type CryptoKey, type JWK, type JWTPayload, type JWTHeaderParameters } from 'jose'
-import { Provider, errors as oidcErrors, interactionPolicy, type OidcCtx } from 'oidc-provider'
+import { Provider, errors as oidcErrors, interactionPolicy, type GrantInstance, type OidcCtx } from 'oidc-provider'
 
 /** An interactive user (authorization-code flow). */
 export interface DevIdpUser {
@@ -28,7 +28,7 @@ export interface DevIdpUser {
   readonly name?: string
 }
 
-/** A service account for the by-hand `client_credentials` request (README "Setting up the identity provider"). */
+/** A service account for the by-hand `client_credentials` request (docs/identity-providers.md "Setting up the identity provider"). */
 export interface DevIdpServiceAccount {
   readonly password: string
   readonly groups?: readonly string[]
@@ -104,7 +104,7 @@ export interface DevIdp {
   rotateKeys(opts?: RotateOptions): Promise<string>
   /** When false the JWKS route answers 503 (key-set drills). */
   setJwksAvailable(available: boolean): void
-  /** Requests a token the way the README's by-hand example does (client_credentials + service-account credentials). */
+  /** Requests a token the way docs/identity-providers.md "Setting up the identity provider" does by hand (client_credentials + service-account credentials). */
   clientCredentialsToken(username: string, password: string, scope?: string): Promise<string>
   close(): Promise<void>
 }
@@ -165,6 +165,24 @@ function memoryAdapterFactory (): (name: string) => unknown {
   }
 }
 
+/** What the running provider keeps: its addresses and accounts, and the key set tests rotate and break. */
+interface DevIdpState {
+  readonly issuer: string
+  /** `/application/o/<slug>/`: the issuer's path, the only one served. */
+  readonly prefix: string
+  readonly clientId: string
+  /** Access token lifetime in seconds. */
+  readonly ttl: number
+  readonly users: Readonly<Record<string, DevIdpUser>>
+  readonly serviceAccounts: Readonly<Record<string, DevIdpServiceAccount>>
+  readonly defaultUser: string | undefined
+  /** Served in the JWKS; `signer` signs minted and client-credentials tokens. */
+  keys: SigningKey[]
+  signer: SigningKey
+  jwksAvailable: boolean
+  jwksRequests: number
+}
+
 /** Starts the development OpenID provider on 127.0.0.1. */
 export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
   const host = opts.host ?? '127.0.0.1'
@@ -173,12 +191,7 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
   }
   const slug = opts.slug ?? 'mcp'
   if (!/^[a-z0-9-]+$/.test(slug)) throw new Error('dev-idp: slug must match [a-z0-9-]+')
-  const clientId = opts.clientId ?? 'mcp-gateway-dev'
   const users = opts.users ?? DEFAULT_USERS
-  const serviceAccounts = opts.serviceAccounts ?? DEFAULT_SERVICE_ACCOUNTS
-  const defaultUser = opts.defaultUser ?? Object.keys(users)[0]
-  const ttl = opts.accessTokenTtlSeconds ?? 600
-  const allowLoopback = opts.allowLoopbackRedirects ?? true
   const prefix = `/application/o/${slug}/`
 
   // The port is known only after listen(), and the issuer contains it: listen first, build the provider after.
@@ -193,21 +206,44 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
   })
   const port = (server.address() as AddressInfo).port
   const origin = `http://127.0.0.1:${port}`
-  const issuer = origin + prefix
 
   const first = await newSigningKey()
-  let keys: SigningKey[] = [first]
-  let signer = first
-  let jwksAvailable = true
-  let jwksRequests = 0
+  const s: DevIdpState = {
+    issuer: origin + prefix,
+    prefix,
+    clientId: opts.clientId ?? 'mcp-gateway-dev',
+    ttl: opts.accessTokenTtlSeconds ?? 600,
+    users,
+    serviceAccounts: opts.serviceAccounts ?? DEFAULT_SERVICE_ACCOUNTS,
+    defaultUser: opts.defaultUser ?? Object.keys(users)[0],
+    keys: [first],
+    signer: first,
+    jwksAvailable: true,
+    jwksRequests: 0,
+  }
+  const provider = buildProvider(s, first, opts)
+  if (opts.allowLoopbackRedirects ?? true) {
+    const proto = provider.Client.prototype
+    const original = proto.redirectUriAllowed
+    proto.redirectUriAllowed = function redirectUriAllowed (value: string): boolean {
+      return original.call(this, value) || isLoopbackRedirect(value)
+    }
+  }
+  provider.registerGrantType('client_credentials', serviceAccountGrant(s), ['scope', 'username', 'password', 'resource'])
+  provider.use(authentikDiscovery(s.issuer))
+  provider.use(noIssInAuthorizationResponse)
+  handler = devIdpHandler(s, provider.callback())
+  return devIdpHandle(s, port, origin, server)
+}
 
+/** The oidc-provider instance, configured to look like Authentik and to log users in without a UI. */
+function buildProvider (s: DevIdpState, first: SigningKey, opts: DevIdpOptions): Provider {
+  const { issuer, clientId, ttl, users, serviceAccounts } = s
   const groupsOf = (sub: string): readonly string[] => users[sub]?.groups ?? serviceAccounts[sub]?.groups ?? []
-
   const policy = interactionPolicy.base()
   // No prompt ever needs a UI: the account and grant are set up on the authorize request (see autoLogin).
   for (const prompt of policy) prompt.checks.length = 0
-
-  const provider = new Provider(issuer, {
+  return new Provider(issuer, {
     adapter: memoryAdapterFactory(),
     clients: [{
       client_id: clientId,
@@ -223,7 +259,7 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
     cookies: { keys: [randomUUID()] },
     pkce: { required: () => true },
     routes: { jwks: '/jwks/' },
-    interactions: { policy, url: (_ctx: unknown, interaction: { uid: string }) => `${prefix}interaction/${interaction.uid}` },
+    interactions: { policy, url: (_ctx: unknown, interaction: { uid: string }) => `${s.prefix}interaction/${interaction.uid}` },
     findAccount: async (_ctx: unknown, sub: string) => {
       if (users[sub] === undefined && serviceAccounts[sub] === undefined) return undefined
       return {
@@ -231,24 +267,14 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
         claims: async () => ({ sub, name: users[sub]?.name, email: users[sub]?.email, groups: [...groupsOf(sub)] }),
       }
     },
-    loadExistingGrant: async (ctx: OidcCtx) => {
-      // Consent is implied: grant every requested scope, for the OIDC part and for the resource (if any).
-      const accountId = ctx.oidc.session?.accountId
-      if (accountId === undefined || ctx.oidc.client === undefined) return undefined
-      const grant = new provider.Grant({ accountId, clientId: ctx.oidc.client.clientId })
-      const scope = [...ctx.oidc.requestParamScopes].filter(s => SCOPES.includes(s)).join(' ')
-      grant.addOIDCScope(scope)
-      for (const resource of Object.keys(ctx.oidc.resourceServers ?? {})) grant.addResourceScope(resource, scope)
-      await grant.save()
-      return grant
-    },
+    loadExistingGrant: impliedGrant,
     extraParams: {
       // Runs on every authorize request after the session is loaded and before the account is: the automatic login.
       async dev_auto_login (ctx: OidcCtx) {
         const session = ctx.oidc.session
         if (ctx.oidc.route !== 'authorization' || session === undefined || session.accountId !== undefined) return
         const hint = ctx.oidc.params?.login_hint
-        const accountId = typeof hint === 'string' && users[hint] !== undefined ? hint : defaultUser
+        const accountId = typeof hint === 'string' && users[hint] !== undefined ? hint : s.defaultUser
         if (accountId !== undefined) session.loginAccount({ accountId })
       },
     },
@@ -293,76 +319,88 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
       ctx.body = out
     },
   })
+}
 
-  if (allowLoopback) {
-    const proto = provider.Client.prototype
-    const original = proto.redirectUriAllowed
-    proto.redirectUriAllowed = function redirectUriAllowed (value: string): boolean {
-      return original.call(this, value) || isLoopbackRedirect(value)
-    }
-  }
+/** Consent is implied: grant every requested scope, for the OIDC part and for the resource (if any). */
+async function impliedGrant (ctx: OidcCtx): Promise<GrantInstance | undefined> {
+  const accountId = ctx.oidc.session?.accountId
+  if (accountId === undefined || ctx.oidc.client === undefined) return undefined
+  const grant = new ctx.oidc.provider.Grant({ accountId, clientId: ctx.oidc.client.clientId })
+  const scope = [...ctx.oidc.requestParamScopes].filter(s => SCOPES.includes(s)).join(' ')
+  grant.addOIDCScope(scope)
+  for (const resource of Object.keys(ctx.oidc.resourceServers ?? {})) grant.addResourceScope(resource, scope)
+  await grant.save()
+  return grant
+}
 
-  const mintToken = async (claims: JWTPayload, mo: MintOptions = {}): Promise<string> => {
-    const now = Math.floor(Date.now() / 1000)
-    const payload: JWTPayload = mo.defaults === false
-      ? { ...claims }
-      // azp as in Authentik's access tokens, which the gateway tells from ID tokens by it.
-      : { iss: issuer, aud: clientId, azp: clientId, iat: now, exp: now + ttl, ...claims }
-    const kid = mo.kid === null ? undefined : (mo.kid ?? signer.kid)
-    const header = { alg: mo.alg ?? 'RS256', typ: 'JWT', ...(kid === undefined ? {} : { kid }), ...mo.header } as JWTHeaderParameters
-    return new SignJWT(payload).setProtectedHeader(header).sign(mo.key ?? signer.privateKey)
-  }
+/** Signs a JWT access token with the current (or a given) key. */
+async function mintToken (s: DevIdpState, claims: JWTPayload, mo: MintOptions = {}): Promise<string> {
+  const now = Math.floor(Date.now() / 1000)
+  const payload: JWTPayload = mo.defaults === false
+    ? { ...claims }
+    // azp as in Authentik's access tokens, which the gateway tells from ID tokens by it.
+    : { iss: s.issuer, aud: s.clientId, azp: s.clientId, iat: now, exp: now + s.ttl, ...claims }
+  const kid = mo.kid === null ? undefined : (mo.kid ?? s.signer.kid)
+  const header = { alg: mo.alg ?? 'RS256', typ: 'JWT', ...(kid === undefined ? {} : { kid }), ...mo.header } as JWTHeaderParameters
+  return new SignJWT(payload).setProtectedHeader(header).sign(mo.key ?? s.signer.privateKey)
+}
 
-  // The README's by-hand request: grant_type=client_credentials with client_id, scope, username and password.
-  provider.registerGrantType('client_credentials', async function serviceAccountGrant (ctx: OidcCtx) {
+/** The by-hand request of docs/identity-providers.md "Setting up the identity provider": grant_type=client_credentials with client_id, scope, username and password. */
+function serviceAccountGrant (s: DevIdpState): (ctx: OidcCtx) => Promise<void> {
+  return async function serviceAccountGrant (ctx: OidcCtx) {
     const params = ctx.oidc.params ?? {}
     const username = params.username
     const password = params.password
     if (typeof username !== 'string' || typeof password !== 'string') {
       throw new oidcErrors.InvalidGrant('username and password (service-account credentials) are required')
     }
-    const account = serviceAccounts[username]
+    const account = s.serviceAccounts[username]
     if (account === undefined || account.password !== password) {
       throw new oidcErrors.InvalidGrant('invalid service-account credentials')
     }
     const requested = typeof params.scope === 'string' ? params.scope.split(' ').filter(Boolean) : []
-    const unknown = requested.find(s => !SCOPES.includes(s))
+    const unknown = requested.find(sc => !SCOPES.includes(sc))
     if (unknown !== undefined) throw new oidcErrors.InvalidScope('requested scope is not allowed', unknown)
     const scope = requested.join(' ')
-    const claims: JWTPayload = { sub: username, client_id: clientId, azp: clientId, scope, jti: randomUUID() }
+    const claims: JWTPayload = { sub: username, client_id: s.clientId, azp: s.clientId, scope, jti: randomUUID() }
     if (requested.includes('profile')) claims.groups = [...account.groups ?? []]
-    ctx.body = { access_token: await mintToken(claims), token_type: 'Bearer', expires_in: ttl, scope }
-  }, ['scope', 'username', 'password', 'resource'])
+    ctx.body = { access_token: await mintToken(s, claims), token_type: 'Bearer', expires_in: s.ttl, scope }
+  }
+}
 
-  provider.use(async function authentikDiscovery (ctx, next) {
+function authentikDiscovery (issuer: string): (ctx: OidcCtx, next: () => Promise<void>) => Promise<void> {
+  return async function authentikDiscovery (ctx, next) {
     await next()
     if (ctx.path === '/.well-known/openid-configuration' && ctx.status === 200 && ctx.body !== null && typeof ctx.body === 'object') {
       // Authentik's open-source builds have no dynamic client registration and say so with null.
       ctx.body = { ...(ctx.body as Record<string, unknown>), registration_endpoint: null, jwks_uri: `${issuer}jwks/` }
     }
-  })
+  }
+}
 
-  provider.use(async function noIssInAuthorizationResponse (ctx, next) {
-    await next()
-    // Like Authentik, the redirect back to the client carries no RFC 9207 `iss`.
-    // The gateway serves this IdP's metadata under its own issuer
-    // ({base_url}/mcp), so an `iss` naming the IdP would make 2.x SDK clients
-    // refuse every callback.
-    const location = ctx.response.get('location')
-    if (ctx.status >= 300 && ctx.status < 400 && location !== '' && /[?&#]iss=/.test(location)) {
-      const u = new URL(location)
-      u.searchParams.delete('iss')
-      if (u.hash.includes('iss=')) {
-        const h = new URLSearchParams(u.hash.slice(1))
-        h.delete('iss')
-        u.hash = h.toString()
-      }
-      ctx.redirect(u.href)
+async function noIssInAuthorizationResponse (ctx: OidcCtx, next: () => Promise<void>): Promise<void> {
+  await next()
+  // Like Authentik, the redirect back to the client carries no RFC 9207 `iss`.
+  // The gateway serves this IdP's metadata under its own issuer
+  // ({base_url}/mcp), so an `iss` naming the IdP would make 2.x SDK clients
+  // refuse every callback.
+  const location = ctx.response.get('location')
+  if (ctx.status >= 300 && ctx.status < 400 && location !== '' && /[?&#]iss=/.test(location)) {
+    const u = new URL(location)
+    u.searchParams.delete('iss')
+    if (u.hash.includes('iss=')) {
+      const h = new URLSearchParams(u.hash.slice(1))
+      h.delete('iss')
+      u.hash = h.toString()
     }
-  })
+    ctx.redirect(u.href)
+  }
+}
 
-  const callback = provider.callback()
-  handler = function devIdpRequest (req, res) {
+/** Serves the issuer's path only: the JWKS (counted, and switchable off) here, the rest by oidc-provider. */
+function devIdpHandler (s: DevIdpState, callback: (req: IncomingMessage, res: ServerResponse) => void): (req: IncomingMessage, res: ServerResponse) => void {
+  const { prefix } = s
+  return function devIdpRequest (req, res) {
     const url = req.url ?? '/'
     if (!url.startsWith(prefix)) {
       res.writeHead(404, { 'content-type': 'application/json' }).end('{"error":"not_found"}')
@@ -370,12 +408,12 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
     }
     const rest = url.slice(prefix.length - 1)
     if ((rest === '/jwks/' || rest.startsWith('/jwks/?')) && (req.method === 'GET' || req.method === 'HEAD')) {
-      jwksRequests++
-      if (!jwksAvailable) {
+      s.jwksRequests++
+      if (!s.jwksAvailable) {
         res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":"temporarily_unavailable"}')
         return
       }
-      const body = JSON.stringify({ keys: keys.map(k => k.publicJwk) })
+      const body = JSON.stringify({ keys: s.keys.map(k => k.publicJwk) })
       res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' }).end(body)
       return
     }
@@ -383,7 +421,11 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
     req.url = rest
     callback(req, res)
   }
+}
 
+/** The handle tests and the demo hold. */
+function devIdpHandle (s: DevIdpState, port: number, origin: string, server: Server): DevIdp {
+  const { issuer, clientId } = s
   return {
     issuer,
     port,
@@ -393,17 +435,17 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
     discoveryUrl: `${issuer}.well-known/openid-configuration`,
     authorizationEndpoint: `${issuer}auth`,
     tokenEndpoint: `${issuer}token`,
-    get currentKid () { return signer.kid },
-    get jwksRequests () { return jwksRequests },
-    mintToken,
+    get currentKid () { return s.signer.kid },
+    get jwksRequests () { return s.jwksRequests },
+    mintToken (claims: JWTPayload, mo?: MintOptions) { return mintToken(s, claims, mo) },
     async rotateKeys (ro: RotateOptions = {}) {
       const next = await newSigningKey()
       // The provider's own key (authorization-code tokens) always stays, unless the caller drops old keys.
-      keys = ro.keepOld === false ? [next] : [...keys, next]
-      signer = next
+      s.keys = ro.keepOld === false ? [next] : [...s.keys, next]
+      s.signer = next
       return next.kid
     },
-    setJwksAvailable (available: boolean) { jwksAvailable = available },
+    setJwksAvailable (available: boolean) { s.jwksAvailable = available },
     async clientCredentialsToken (username: string, password: string, scope = 'openid profile') {
       const res = await fetch(`${issuer}token`, {
         method: 'POST',

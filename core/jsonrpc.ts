@@ -7,6 +7,22 @@
 import type { McpMessageInfo } from './context.ts'
 import { ProxyError, RPC } from './errors.ts'
 
+export type JsonRpcId = string | number
+
+/**
+ * Any JSON-RPC 2.0 message (request, notification, response): the unit the
+ * MCP layer, the target transports and the tracer all pass around, so it
+ * lives here, beside the framing, and none of them owns it.
+ */
+export interface JsonRpcMessage {
+  jsonrpc: '2.0'
+  id?: JsonRpcId | null
+  method?: string
+  params?: Record<string, unknown>
+  result?: unknown
+  error?: { code: number; message: string; data?: unknown }
+}
+
 /**
  * Whether `m` has the shape of one JSON-RPC 2.0 message (JSON-RPC 2.0 §4,
  * §5): a request or notification (`method`, object or array `params`, no

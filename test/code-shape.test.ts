@@ -38,16 +38,9 @@ const MAX_FILE_LINES = 600
  * and no other. A file leaves both places when it is fixed (the test says so).
  */
 const FUNCTION_BASELINE = [
-  'bin/dev-idp.ts',
-  'core/admin/admin.ts',
   'core/mcp/endpoint.ts',
   'core/mcp/legacy/passthrough.ts',
   'core/mcp/modern/handler.ts',
-  'core/observability/tracing-otel.ts',
-  'plugins/authorization/rules.ts',
-  'plugins/mcp-authentication/index.ts',
-  'plugins/oauth-facade/index.ts',
-  'plugins/provider-bridge/index.ts',
 ]
 const FILE_BASELINE = ['core/mcp/legacy/session.ts', 'core/mcp/modern/handler.ts', 'core/server.ts']
 

@@ -3,7 +3,7 @@
  * working directory exists and its command resolves the way spawn() (execvp)
  * resolves it — a name with a slash against the working directory, a bare
  * name through the child's PATH — to an executable file. For readiness
- * (README "Reference (summary)", `mcp.readiness.targets`): a target whose command does not exist fails every
+ * (docs/configuration.md "Reference (summary)", `mcp.readiness.targets`): a target whose command does not exist fails every
  * session. Asynchronous only: it runs at start-up and on a timer.
  */
 import { access, stat, constants } from 'node:fs/promises'

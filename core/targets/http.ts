@@ -1,168 +1,29 @@
 /**
  * HTTP upstream: a streamable-HTTP MCP client (MCP 2025-03-26+ transport) for
- * a remote server, one upstream session per gateway session.
+ * a remote server. One HttpUpstream holds at most one upstream session (the
+ * legacy era's, opened by the initialize exchange); 2026-07-28 requests go
+ * through `sendModern` as stateless POSTs beside it.
  *
- * Each message is POSTed; JSON answers and SSE streams are delivered message
- * by message through `onMessage` as they arrive (never buffering a whole
- * stream). The upstream's `Mcp-Session-Id` and negotiated protocol version
- * are captured from the initialize exchange and sent on every later request.
- * Only the target's static headers are sent: the client's Authorization
+ * Each message is POSTed over one keep-alive agent per process; JSON answers
+ * and SSE streams are delivered message by message through `onMessage` (or a
+ * 2026-07-28 request's `related`) as they arrive, never buffering a whole
+ * stream, and a stream cut before its answer is resumed with Last-Event-ID.
+ * The upstream's `Mcp-Session-Id` and negotiated protocol version are
+ * captured from the initialize exchange and sent on every later request,
+ * and a GET stream carries the server's own messages. Only the target's
+ * static headers (and a trace context) are sent: the client's Authorization
  * header never reaches this module (MCP forbids token passthrough).
  *
  * start() does no network I/O: the initialize POST is the reachability check,
  * and its failure reaches the client as a JSON-RPC error for that request.
  */
-import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from 'node:http'
-import { Agent as HttpsAgent, request as httpsRequest } from 'node:https'
 import type { Logger } from 'pino'
 import { ProxyError, RPC } from '../errors.ts'
 import type { Metrics, Counter } from '../observability/metrics.ts'
-import type { JsonRpcId, JsonRpcMessage, Upstream } from './types.ts'
-import type { UpstreamObserver } from './lifecycle.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamObserver } from './types.ts'
 import { tracer } from '../observability/tracing.ts'
-
-export interface SseEvent { event: string; data: string; id?: string }
-
-/** What the readers need of an answer: a fetch Response, or a POST's answer below. */
-interface Answer {
-  readonly status: number
-  readonly ok: boolean
-  readonly headers: { get(name: string): string | null }
-  readonly body: (AsyncIterable<Uint8Array> & { cancel(): Promise<void> }) | null
-}
-
-// One keep-alive pool per process for every HTTP target: POSTs are the hot path of
-// each call (both eras), and node:http costs a fraction of fetch's CPU per request
-// (no WHATWG Request/Response/Headers objects, no web streams, no AbortError per
-// cancelled body): measured in docs/performance.md, "Workers: 2 vs 1 process".
-const ignore = (): void => {}
-const agents = { http: new HttpAgent({ keepAlive: true }), https: new HttpsAgent({ keepAlive: true }) }
-
-/**
- * POSTs `body` with node:http(s). The answer's body is the IncomingMessage
- * itself (an async iterable of Buffers); `cancel` drops the rest: read to its
- * end when it is all here already (the connection goes back to the pool),
- * else destroyed.
- */
-function post (url: URL, headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Answer> {
-  const https = url.protocol === 'https:'
-  return new Promise((resolve, reject) => {
-    let answer: IncomingMessage | undefined
-    const req = (https ? httpsRequest : httpRequest)(url, {
-      method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) }, agent: https ? agents.https : agents.http,
-    }, (res: IncomingMessage) => {
-      // A reader sees the stream's errors through its iterator; one that is done with it (or an
-      // abort after the answer) must not turn a late 'error' into an uncaught exception.
-      res.on('error', ignore)
-      answer = res
-      // Leaving the loop early (the answer came) must not destroy the response, which would
-      // close the connection even when the body is complete: cancel() decides.
-      const stream = {
-        [Symbol.asyncIterator]: () => res.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array>,
-        async cancel () {
-          if (res.complete) res.resume()
-          else res.destroy()
-        },
-      }
-      const status = res.statusCode ?? 0
-      resolve({
-        status,
-        ok: status >= 200 && status < 300,
-        headers: { get: (name: string) => { const v = res.headers[name.toLowerCase()]; return v === undefined ? null : Array.isArray(v) ? v.join(', ') : v } },
-        body: stream,
-      })
-    })
-    // Not `signal` in the options: node would keep it bound to the request after the exchange,
-    // and a late abort would destroy the pooled socket another request may be using by then.
-    // A complete answer has nothing left to abort (its socket may be back in the pool already).
-    const abort = (): void => { if (answer?.complete !== true) req.destroy(signal.reason instanceof Error ? signal.reason : new Error('aborted')) }
-    if (signal.aborted) abort()
-    signal.addEventListener('abort', abort, { once: true })
-    req.once('close', () => signal.removeEventListener('abort', abort))
-    req.on('error', reject)
-    req.end(body)
-  })
-}
-
-/**
- * Incremental text/event-stream parser (WHATWG HTML §9.2). Feed decoded text
- * in any chunking; `onEvent` runs once per dispatched event. An event larger
- * than `maxEventBytes` throws.
- */
-export class SseParser {
-  readonly #onEvent: (e: SseEvent) => void
-  readonly #max: number
-  #buf = ''
-  #data: string[] = []
-  #dataLen = 0
-  #event = ''
-  /** Last event id seen (for Last-Event-ID on reconnect). */
-  lastEventId: string | undefined
-  /** Reconnection delay the server asked for, in ms. */
-  retry: number | undefined
-
-  constructor (onEvent: (e: SseEvent) => void, maxEventBytes = 16 * 1024 * 1024) {
-    this.#onEvent = onEvent
-    this.#max = maxEventBytes
-  }
-
-  feed (text: string): void {
-    this.#buf += text
-    let start = 0
-    for (;;) {
-      const cr = this.#buf.indexOf('\r', start)
-      const lf = this.#buf.indexOf('\n', start)
-      if (cr === -1 && lf === -1) break
-      let end: number
-      let next: number
-      if (cr !== -1 && (lf === -1 || cr < lf)) {
-        // A lone CR at the very end may be the first half of CRLF: wait.
-        if (cr === this.#buf.length - 1) break
-        end = cr
-        next = this.#buf[cr + 1] === '\n' ? cr + 2 : cr + 1
-      } else {
-        end = lf
-        next = lf + 1
-      }
-      this.#line(this.#buf.slice(start, end))
-      start = next
-    }
-    this.#buf = this.#buf.slice(start)
-    if (this.#buf.length + this.#dataLen > this.#max) throw new Error(`SSE event larger than ${this.#max} bytes`)
-  }
-
-  #line (line: string): void {
-    if (line === '') {
-      if (this.#data.length > 0) {
-        const ev: SseEvent = { event: this.#event || 'message', data: this.#data.join('\n') }
-        if (this.lastEventId !== undefined) ev.id = this.lastEventId
-        this.#data = []
-        this.#dataLen = 0
-        this.#event = ''
-        this.#onEvent(ev)
-      } else {
-        this.#event = ''
-      }
-      return
-    }
-    if (line.startsWith(':')) return
-    const colon = line.indexOf(':')
-    const field = colon === -1 ? line : line.slice(0, colon)
-    let value = colon === -1 ? '' : line.slice(colon + 1)
-    if (value.startsWith(' ')) value = value.slice(1)
-    switch (field) {
-      case 'data':
-        this.#data.push(value)
-        this.#dataLen += value.length + 1
-        if (this.#dataLen > this.#max) throw new Error(`SSE event larger than ${this.#max} bytes`)
-        break
-      case 'event': this.#event = value; break
-      case 'id': if (!value.includes('\0')) this.lastEventId = value; break
-      case 'retry': if (/^\d+$/.test(value)) this.retry = Number(value); break
-      default: break
-    }
-  }
-}
+import { post, type Answer } from './http-post.ts'
+import { SseParser } from './sse-parser.ts'
 
 export interface HttpUpstreamOptions {
   target: string

@@ -1,7 +1,9 @@
 /**
  * Builds the UpstreamFactory of one configured target: stdio children or a
- * remote streamable-HTTP server. The session layer (core/mcp/) calls
- * `create()` once per gateway session.
+ * remote streamable-HTTP server, with the target's `share`, pool size and
+ * `protocol` settings for the MCP layer to read. The MCP layer decides when
+ * to call `create()` (per legacy session, per pooled upstream of a subject);
+ * the transport metrics' series are declared here, at start-up, at 0.
  */
 import type { Logger } from 'pino'
 import type { TargetConfig } from '../config.ts'
@@ -9,8 +11,7 @@ import type { Metrics } from '../observability/metrics.ts'
 import { ProxyError } from '../errors.ts'
 import { StdioUpstream, STDIO_EXIT_REASONS } from './stdio.ts'
 import { HttpUpstream } from './http.ts'
-import type { Upstream, UpstreamFactory } from './types.ts'
-import type { UpstreamObserver } from './lifecycle.ts'
+import type { Upstream, UpstreamFactory, UpstreamObserver } from './types.ts'
 
 export interface UpstreamFactoryOptions {
   log: Logger
@@ -59,4 +60,5 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
 
 // What the gateway (shutdown) and the admin gauges need of the stdio transport.
 export { killAllChildren, liveChildCount } from './stdio.ts'
-export { observeTargets, type TargetLifecycle, type TargetState, type UpstreamObserver } from './lifecycle.ts'
+export { observeTargets, type TargetLifecycle, type TargetState } from './lifecycle.ts'
+export type { UpstreamObserver } from './types.ts'

@@ -6,20 +6,8 @@
  * the live upstreams when someone asks (describe(), a metrics scrape).
  */
 import type { Metrics, Counter } from '../observability/metrics.ts'
-import type { UpstreamInfo } from './types.ts'
+import type { UpstreamInfo, UpstreamObserver } from './types.ts'
 import { liveChildCount } from './stdio.ts'
-
-/** What a transport reports of its own lifecycle (core/targets/stdio.ts, http.ts). */
-export interface UpstreamObserver {
-  /** start() was called. */
-  started(upstream: UpstreamInfo): void
-  /**
-   * The upstream failed to start or ended; `error` is undefined for a clean
-   * close(). A failure may be reported twice (start rejects, then the close
-   * follows): it is counted once.
-   */
-  ended(upstream: UpstreamInfo, error: Error | undefined): void
-}
 
 export interface TargetState {
   readonly name: string

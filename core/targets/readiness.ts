@@ -1,5 +1,5 @@
 /**
- * Readiness of the targets (README "Reference (summary)", `mcp.readiness.targets`): whether each stdio target
+ * Readiness of the targets (docs/configuration.md "Reference (summary)", `mcp.readiness.targets`): whether each stdio target
  * could be spawned (core/targets/command-check.ts), checked at start-up and
  * again every `recheckMs` while one fails, so installing the command (or
  * mounting the directory) makes the gateway ready without a restart. HTTP

@@ -1,13 +1,17 @@
 /**
- * stdio upstream: one child process per gateway session, speaking
- * newline-delimited JSON-RPC on stdin/stdout (MCP stdio transport).
+ * stdio upstream: one child process speaking newline-delimited JSON-RPC on
+ * stdin/stdout (MCP stdio transport). Who the child serves (one legacy
+ * session, a subject's pool under `share: subject`, 2026-07-28 requests) is
+ * the MCP layer's business; this module only runs the process.
  *
  * Owns: spawning in its own process group (so `npx` grandchildren can be
  * killed with it), the child's environment allow-list, bounded framing of
  * stdout (a flood or a giant line ends that child, never the gateway),
- * stderr to the log, and the shutdown escalation stdin end -> SIGTERM ->
- * SIGKILL to the whole group. A module-level registry lets the gateway kill
- * every child on shutdown.
+ * rate-limited stderr to the log, the stdin backlog bound, and the shutdown
+ * escalation stdin end -> SIGTERM -> SIGKILL to the whole group. A
+ * module-level registry of live groups lets the gateway kill every child on
+ * shutdown (and on a bare process exit), and lets a cluster worker report
+ * its groups to the primary (`watchChildGroups`).
  */
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process'
 import { stat } from 'node:fs/promises'
@@ -16,8 +20,7 @@ import type { Logger } from 'pino'
 import type { StdioTargetConfig } from '../config.ts'
 import { ProxyError } from '../errors.ts'
 import type { Metrics, Counter } from '../observability/metrics.ts'
-import type { JsonRpcMessage, Upstream } from './types.ts'
-import type { UpstreamObserver } from './lifecycle.ts'
+import type { JsonRpcMessage, Upstream, UpstreamObserver } from './types.ts'
 
 /**
  * Variables of the gateway's own environment a child may inherit. Anything
@@ -78,7 +81,7 @@ let exitHookInstalled = false
 /** Told of each child process group as it starts and once it is gone (`workers`: the primary kills a dead worker's groups). */
 let groupWatcher: ((pid: number, alive: boolean) => void) | undefined
 
-/** Reports every child process group from now on (one watcher: the worker's channel to its primary, core/workers.ts). */
+/** Reports every child process group from now on (one watcher: the worker's channel to its primary, core/cluster/workers.ts). */
 export function watchChildGroups (watcher: (pid: number, alive: boolean) => void): void {
   groupWatcher = watcher
 }

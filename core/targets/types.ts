@@ -1,21 +1,16 @@
 /**
- * The contract between the MCP session layer (core/mcp/) and the upstream
- * connectors (stdio children, remote streamable-HTTP servers). An Upstream
- * carries whole JSON-RPC messages both ways; it knows nothing of sessions,
- * prefixes or authentication.
+ * The contract between the MCP layer (core/mcp/: legacy sessions, pools,
+ * 2026-07-28 requests) and the upstream connectors (stdio children, remote
+ * streamable-HTTP servers), and what a connector reports of its lifecycle
+ * (UpstreamObserver, kept per target by lifecycle.ts). An Upstream carries
+ * whole JSON-RPC messages both ways; it knows nothing of sessions, prefixes
+ * or authentication.
  */
 
-export type JsonRpcId = string | number
+import type { JsonRpcId, JsonRpcMessage } from '../jsonrpc.ts'
 
-/** Any JSON-RPC 2.0 message (request, notification, response). */
-export interface JsonRpcMessage {
-  jsonrpc: '2.0'
-  id?: JsonRpcId | null
-  method?: string
-  params?: Record<string, unknown>
-  result?: unknown
-  error?: { code: number; message: string; data?: unknown }
-}
+// The message types are the engine's (core/jsonrpc.ts); re-exported here because every upstream speaks them.
+export type { JsonRpcId, JsonRpcMessage }
 
 export interface UpstreamInfo {
   /** Target name from the config. */
@@ -39,7 +34,7 @@ export interface Upstream extends UpstreamInfo {
    * on its stream) arrive through `onMessage` like stdio ones.
    */
   send(message: JsonRpcMessage): void
-  /** Called for every message from the upstream. Set by the session layer before start(). */
+  /** Called for every message from the upstream. Set by the MCP layer before start(). */
   onMessage: (message: JsonRpcMessage) => void
   /**
    * Called once when the upstream ends for any reason (exit, crash, flood,
@@ -65,6 +60,18 @@ export interface Upstream extends UpstreamInfo {
    * whole process group. HTTP: DELETE the upstream session. Idempotent.
    */
   close(): Promise<void>
+}
+
+/** What a transport reports of its own lifecycle (core/targets/lifecycle.ts keeps it per target). */
+export interface UpstreamObserver {
+  /** start() was called. */
+  started(upstream: UpstreamInfo): void
+  /**
+   * The upstream failed to start or ended; `error` is undefined for a clean
+   * close(). A failure may be reported twice (start rejects, then the close
+   * follows): it is counted once.
+   */
+  ended(upstream: UpstreamInfo, error: Error | undefined): void
 }
 
 /**

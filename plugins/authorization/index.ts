@@ -1,6 +1,6 @@
 /**
  * Built-in `authorization` plugin: every rule of `mcp.policies.authorization.rules`
- * must hold (README "Authorization"). Rules that read only `jwt`/`request`
+ * must hold (docs/authorization.md). Rules that read only `jwt`/`request`
  * gate the whole `/mcp` endpoint in `onRequest` (403); rules that read `mcp.*`
  * are checked per MCP operation through `allowMcpOperation`, which the MCP
  * layer calls to filter list results and to refuse calls. The rule text is

@@ -216,27 +216,7 @@ function compileNode (node: jsep.Expression, depth: number, a: Analysis): Ev {
       const root = name as keyof Scope
       return (s) => s[root]
     }
-    case 'MemberExpression': {
-      const m = node as jsep.MemberExpression
-      const key = memberKey(m, a)
-      const root = rootOf(m)
-      if (root === undefined || !ROOTS.has(root)) {
-        if (root !== undefined && FORBIDDEN_NAMES.has(root)) throw new RuleError(`"${root}" is not allowed`, positionOf(a.text, root, true))
-        throw new RuleError(root === undefined
-          ? 'member access is only allowed on jwt, mcp and request'
-          : `unknown identifier "${root}" (allowed: jwt, mcp, request)`, root === undefined ? 0 : positionOf(a.text, root, true))
-      }
-      // `jwt.<claim>` directly: record the claim instead of marking the whole token as read.
-      let obj: Ev
-      if (m.object.type === 'Identifier' && (m.object as jsep.Identifier).name === 'jwt') {
-        a.roots.add('jwt')
-        a.claims.add(String(key))
-        obj = (s) => s.jwt
-      } else {
-        obj = compileNode(m.object, d, a)
-      }
-      return (s) => own(obj(s), key)
-    }
+    case 'MemberExpression': return compileMember(node as jsep.MemberExpression, d, a)
     case 'UnaryExpression': {
       const u = node as jsep.UnaryExpression
       if (u.operator === '-' && u.argument.type === 'Literal' && typeof (u.argument as jsep.Literal).value === 'number') {
@@ -248,35 +228,7 @@ function compileNode (node: jsep.Expression, depth: number, a: Analysis): Ev {
       // `!` of a non-boolean is undefined (not true), so a missing claim cannot flip a rule to true.
       return (s) => { const v = arg(s); return typeof v === 'boolean' ? !v : undefined }
     }
-    case 'BinaryExpression': {
-      const b = node as jsep.BinaryExpression
-      const op = b.operator
-      if (op === '&&' || op === '||') {
-        // Flatten chains of the same operator so `a || b || c ...` does not count as nesting.
-        const items: jsep.Expression[] = []
-        const collect = (n: jsep.Expression): void => {
-          if (n.type === 'BinaryExpression' && (n as jsep.BinaryExpression).operator === op) {
-            collect((n as jsep.BinaryExpression).left)
-            collect((n as jsep.BinaryExpression).right)
-          } else items.push(n)
-        }
-        collect(b)
-        const evs = items.map(n => compileNode(n, d, a))
-        if (op === '&&') {
-          return (s) => { for (const e of evs) if (e(s) !== true) return false; return true }
-        }
-        return (s) => { for (const e of evs) if (e(s) === true) return true; return false }
-      }
-      const l = compileNode(b.left, d, a)
-      const r = compileNode(b.right, d, a)
-      switch (op) {
-        case '==': case '===': return (s) => l(s) === r(s)
-        case '!=': case '!==': return (s) => l(s) !== r(s)
-        case '<': case '<=': case '>': case '>=': return (s) => compare(op, l(s), r(s))
-        case 'in': return (s) => inOp(l(s), r(s))
-        default: throw new RuleError(`operator "${op}" is not allowed`, positionOf(a.text, op, false))
-      }
-    }
+    case 'BinaryExpression': return compileBinary(node as jsep.BinaryExpression, d, a)
     case 'ConditionalExpression': {
       const c = node as jsep.ConditionalExpression
       const t = compileNode(c.test, d, a)
@@ -292,28 +244,7 @@ function compileNode (node: jsep.Expression, depth: number, a: Analysis): Ev {
       })
       return (s) => evs.map(e => e(s))
     }
-    case 'CallExpression': {
-      const c = node as jsep.CallExpression
-      const only = `only these functions may be called: ${HELPER_NAMES.join(', ')}`
-      if (c.callee.type !== 'Identifier') {
-        // Compile the callee first so forbidden names and unknown roots are reported as such.
-        compileNode(c.callee, d, a)
-        throw new RuleError(only, positionOf(a.text, '(', false))
-      }
-      const calleeName = (c.callee as jsep.Identifier).name
-      if (FORBIDDEN_NAMES.has(calleeName)) throw new RuleError(`"${calleeName}" is not allowed`, positionOf(a.text, calleeName, true))
-      if (!Object.hasOwn(HELPERS, calleeName)) throw new RuleError(only, positionOf(a.text, calleeName, true))
-      const name = (c.callee as jsep.Identifier).name
-      const helper = HELPERS[name]!
-      if (c.arguments.length !== helper.arity) {
-        throw new RuleError(`${name}() takes ${helper.arity} argument${helper.arity === 1 ? '' : 's'}`, positionOf(a.text, name, true))
-      }
-      const args = c.arguments.map(x => compileNode(x, d, a))
-      const fn = helper.fn
-      if (args.length === 1) { const [x] = args as [Ev]; return (s) => fn(x(s)) }
-      const [x, y] = args as [Ev, Ev]
-      return (s) => fn(x(s), y(s))
-    }
+    case 'CallExpression': return compileCall(node as jsep.CallExpression, d, a)
     case 'ThisExpression':
       throw new RuleError('"this" is not allowed', positionOf(a.text, 'this', true))
     case 'Compound':
@@ -321,6 +252,81 @@ function compileNode (node: jsep.Expression, depth: number, a: Analysis): Ev {
     default:
       throw new RuleError(`${node.type} is not allowed`, 0)
   }
+}
+
+/** `jwt.claim`, `mcp.x[0]`...: member access on the three roots only, with static keys. */
+function compileMember (m: jsep.MemberExpression, d: number, a: Analysis): Ev {
+  const key = memberKey(m, a)
+  const root = rootOf(m)
+  if (root === undefined || !ROOTS.has(root)) {
+    if (root !== undefined && FORBIDDEN_NAMES.has(root)) throw new RuleError(`"${root}" is not allowed`, positionOf(a.text, root, true))
+    throw new RuleError(root === undefined
+      ? 'member access is only allowed on jwt, mcp and request'
+      : `unknown identifier "${root}" (allowed: jwt, mcp, request)`, root === undefined ? 0 : positionOf(a.text, root, true))
+  }
+  // `jwt.<claim>` directly: record the claim instead of marking the whole token as read.
+  let obj: Ev
+  if (m.object.type === 'Identifier' && (m.object as jsep.Identifier).name === 'jwt') {
+    a.roots.add('jwt')
+    a.claims.add(String(key))
+    obj = (s) => s.jwt
+  } else {
+    obj = compileNode(m.object, d, a)
+  }
+  return (s) => own(obj(s), key)
+}
+
+/** Logical operators (short-circuit, flattened), comparisons and `in`. */
+function compileBinary (b: jsep.BinaryExpression, d: number, a: Analysis): Ev {
+  const op = b.operator
+  if (op === '&&' || op === '||') {
+    // Flatten chains of the same operator so `a || b || c ...` does not count as nesting.
+    const items: jsep.Expression[] = []
+    const collect = (n: jsep.Expression): void => {
+      if (n.type === 'BinaryExpression' && (n as jsep.BinaryExpression).operator === op) {
+        collect((n as jsep.BinaryExpression).left)
+        collect((n as jsep.BinaryExpression).right)
+      } else items.push(n)
+    }
+    collect(b)
+    const evs = items.map(n => compileNode(n, d, a))
+    if (op === '&&') {
+      return (s) => { for (const e of evs) if (e(s) !== true) return false; return true }
+    }
+    return (s) => { for (const e of evs) if (e(s) === true) return true; return false }
+  }
+  const l = compileNode(b.left, d, a)
+  const r = compileNode(b.right, d, a)
+  switch (op) {
+    case '==': case '===': return (s) => l(s) === r(s)
+    case '!=': case '!==': return (s) => l(s) !== r(s)
+    case '<': case '<=': case '>': case '>=': return (s) => compare(op, l(s), r(s))
+    case 'in': return (s) => inOp(l(s), r(s))
+    default: throw new RuleError(`operator "${op}" is not allowed`, positionOf(a.text, op, false))
+  }
+}
+
+/** A call of one of the helpers, with its arity checked. */
+function compileCall (c: jsep.CallExpression, d: number, a: Analysis): Ev {
+  const only = `only these functions may be called: ${HELPER_NAMES.join(', ')}`
+  if (c.callee.type !== 'Identifier') {
+    // Compile the callee first so forbidden names and unknown roots are reported as such.
+    compileNode(c.callee, d, a)
+    throw new RuleError(only, positionOf(a.text, '(', false))
+  }
+  const calleeName = (c.callee as jsep.Identifier).name
+  if (FORBIDDEN_NAMES.has(calleeName)) throw new RuleError(`"${calleeName}" is not allowed`, positionOf(a.text, calleeName, true))
+  if (!Object.hasOwn(HELPERS, calleeName)) throw new RuleError(only, positionOf(a.text, calleeName, true))
+  const name = (c.callee as jsep.Identifier).name
+  const helper = HELPERS[name]!
+  if (c.arguments.length !== helper.arity) {
+    throw new RuleError(`${name}() takes ${helper.arity} argument${helper.arity === 1 ? '' : 's'}`, positionOf(a.text, name, true))
+  }
+  const args = c.arguments.map(x => compileNode(x, d, a))
+  const fn = helper.fn
+  if (args.length === 1) { const [x] = args as [Ev]; return (s) => fn(x(s)) }
+  const [x, y] = args as [Ev, Ev]
+  return (s) => fn(x(s), y(s))
 }
 
 function hasGroupOverage (claims: Readonly<Record<string, unknown>> | undefined): boolean {

@@ -34,7 +34,7 @@ export interface IdpIdentity {
   readonly cloud: CloudTenant | undefined
   /** The OIDC discovery document the bridge serves metadata from. */
   readonly discoveryUrl: string
-  /** Where the signing keys live (README "Authentication", key sets). */
+  /** Where the signing keys live (docs/identity-providers.md "Authentication", key sets). */
   readonly keySet: KeySetSource
   readonly discovery: { readonly ttlSeconds: number; readonly timeoutMs: number }
 }
@@ -75,7 +75,7 @@ export function providerKind (input: Pick<IdentityInput, 'provider'> | undefined
   return undefined
 }
 
-/** `https://idp/x/` -> `https://idp/x` (the trailing slash is normalised before deriving paths: README "Authentication", key sets). */
+/** `https://idp/x/` -> `https://idp/x` (the trailing slash is normalised before deriving paths: docs/identity-providers.md "Authentication", key sets). */
 export function withoutTrailingSlash (url: string): string {
   return url.endsWith('/') ? url.slice(0, -1) : url
 }
@@ -118,7 +118,7 @@ export function discoveryUrlFor (kind: ProviderKind | undefined, issuer: string)
   return `${withoutTrailingSlash(issuer)}/.well-known/openid-configuration`
 }
 
-/** oss_idp key set: `{issuer}/jwks/` after trailing-slash normalisation (README "Authentication", key sets). */
+/** oss_idp key set: `{issuer}/jwks/` after trailing-slash normalisation (docs/identity-providers.md "Authentication", key sets). */
 export function ossJwksUri (issuer: string): string {
   return `${withoutTrailingSlash(issuer)}/jwks/`
 }
@@ -129,7 +129,7 @@ export function cloudKeySetUrl (issuer: string, configPath?: string): string {
   return `${t.origin}/${encodeURIComponent(t.tenant)}/discovery/v2.0/keys`
 }
 
-/** Derives the key set location from the configuration (README "Authentication", key sets). */
+/** Derives the key set location from the configuration (docs/identity-providers.md "Authentication", key sets). */
 export function deriveKeySetSource (input: IdentityInput, configPath = 'mcp.policies.mcpAuthentication'): KeySetSource {
   if (input.jwks !== undefined) return { kind: 'url', url: input.jwks }
   const kind = providerKind(input)

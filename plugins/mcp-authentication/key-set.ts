@@ -285,7 +285,7 @@ export class RemoteKeySet {
 /**
  * One shared key set per (source, limits), reference-counted, so plugins for
  * the same issuer share fetches. The first fetch runs in the background: an
- * unreachable IdP must not hold up start-up (README "Running"); a request
+ * unreachable IdP must not hold up start-up (docs/configuration.md "Running"); a request
  * that needs keys before it finishes waits for that fetch (getKey), and
  * readiness says "not fetched yet" meanwhile.
  */

@@ -1,7 +1,7 @@
 /**
  * The error codes the provider bridge raises, each bound to its status.
  * The token proxy answers IdpUnavailable's code with 502 or 504 as well
- * (unreachable, timed out), which the README's error table lists.
+ * (unreachable, timed out), which docs/errors.md lists.
  */
 import { createError } from '../../core/plugin-api.ts'
 

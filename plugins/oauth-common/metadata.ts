@@ -10,7 +10,7 @@ export const REGISTRATION_PATH = '/.well-known/oauth-authorization-server/client
 export const AUTHORIZE_PATH = '/oauth2/authorize'
 export const TOKEN_PATH = '/oauth2/token'
 
-/** Root form: issuer as the IdP reports it (README "Identity providers"). */
+/** Root form: issuer as the IdP reports it (docs/identity-providers.md "Identity providers"). */
 export const ROOT_METADATA_PATH = '/.well-known/oauth-authorization-server'
 /**
  * Where the SDK looks for the metadata of the authorization server
@@ -53,7 +53,7 @@ export function buildAuthorizationServerMetadata (input: MetadataInput): Record<
     out.token_endpoint = input.baseUrl + TOKEN_PATH
     out.code_challenge_methods_supported = ['S256']
     // The gateway's token endpoint serves public clients (PKCE) and forwards
-    // a client's own credentials; see README-bridge.
+    // a client's own credentials; see docs/identity-providers.md "Identity providers" (POST /oauth2/token).
     out.token_endpoint_auth_methods_supported = ['none', 'client_secret_post', 'client_secret_basic']
     out.grant_types_supported = ['authorization_code', 'refresh_token']
     if (!Array.isArray(out.response_types_supported) || !(out.response_types_supported as unknown[]).includes('code')) {

@@ -49,7 +49,7 @@ export function hasOwnClientCredentials (params: ReadonlyMap<string, string>, au
 }
 
 /**
- * README "Identity providers" (cloud_idp): the secret is added only for `authorization_code`
+ * docs/identity-providers.md "Identity providers" (cloud_idp): the secret is added only for `authorization_code`
  * and `refresh_token`, only for the configured client id, and only when the
  * request brings no client credentials of its own.
  */

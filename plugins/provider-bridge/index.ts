@@ -1,6 +1,6 @@
 /**
  * providerBridge: makes an identity provider that lacks parts of the MCP
- * authorization flow usable by MCP clients (README "Identity providers";
+ * authorization flow usable by MCP clients (docs/identity-providers.md "Identity providers";
  * RFC 8414 metadata, MCP authorization).
  *
  * - Serves RFC 8414 metadata derived from the IdP's cached OIDC discovery
@@ -69,41 +69,7 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
   }
   const baseUrl = env.baseUrl.replace(/\/+$/, '')
   const tenant = idp.cloud
-  // Tokens carry the issuer the IdP names in its discovery document; when the
-  // configured one differs (a trailing slash, most often, for oss_idp), every
-  // token would get 401 "token issuer not accepted": say so at start-up. A
-  // cloud_idp v1 issuer (sts.windows.net) legitimately differs from its v2 document.
-  let warnedIssuer: string | undefined
-  const checkIssuer = (doc: { issuer?: unknown }): void => {
-    const found = String(doc.issuer)
-    if (found === idp.issuer || found === warnedIssuer || (idp.cloud !== undefined && !/\/v2\.0\/?$/.test(idp.issuer))) return
-    warnedIssuer = found
-    env.log.warn({ path: 'mcp.policies.mcpAuthentication.issuer', configured: idp.issuer, discovered: found, discovery: idp.discoveryUrl },
-      `the identity provider's discovery document names issuer ${JSON.stringify(found)}, not the configured ${JSON.stringify(idp.issuer)}: tokens it issues will get 401 "token issuer not accepted" until mcp.policies.mcpAuthentication.issuer is set to ${JSON.stringify(found)}`)
-  }
-  const fetchCounter = env.metrics.counter('mcp_proxy_discovery_fetches_total', 'Fetches of the identity provider\'s OIDC discovery document')
-  fetchCounter.init()
-  const fetches = fetchCounter.labels()
-  const discovery = new DiscoveryCache({
-    url: idp.discoveryUrl,
-    ttlMs: idp.discovery.ttlSeconds * 1000,
-    timeoutMs: idp.discovery.timeoutMs,
-    log: env.log,
-    onFetch: () => fetches.inc(),
-    onDocument: doc => checkIssuer(doc),
-  })
-  env.metrics.gauge('mcp_proxy_discovery_up', '1 when the last discovery fetch succeeded, 0 when it failed').collect = () => {
-    const s = discovery.state
-    return [[undefined, s.doc !== undefined && s.lastError === undefined ? 1 : 0]]
-  }
-  env.metrics.gauge('mcp_proxy_discovery_last_success_timestamp_seconds', 'When the discovery document was last fetched successfully').collect = () => {
-    const at = discovery.state.fetchedAt
-    return at === undefined ? [] : [[undefined, at / 1000]]
-  }
-  env.log.info({ provider: kind, discovery: discovery.url }, 'provider bridge: fetching the identity provider\'s discovery document')
-  // In the background: an unreachable IdP must not hold up start-up (README
-  // "Running"); a request that needs the document waits for this fetch.
-  void discovery.start()
+  const discovery = bridgeDiscovery(env, idp)
 
   // An oss_idp's key set is always a URL (the configured jwks, else {issuer}/jwks/): the identity derived it.
   const jwksUri = kind === 'oss_idp' && idp.keySet.kind === 'url' ? idp.keySet.url : undefined
@@ -176,6 +142,50 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
     },
     async close () { discovery.close() },
   }
+}
+
+/**
+ * The IdP's discovery document, fetched in the background and cached, with
+ * its fetch counter and gauges, and a start-up warning when it names another
+ * issuer than the configured one.
+ */
+function bridgeDiscovery (env: PluginEnv, idp: IdpIdentity): DiscoveryCache {
+  // Tokens carry the issuer the IdP names in its discovery document; when the
+  // configured one differs (a trailing slash, most often, for oss_idp), every
+  // token would get 401 "token issuer not accepted": say so at start-up. A
+  // cloud_idp v1 issuer (sts.windows.net) legitimately differs from its v2 document.
+  let warnedIssuer: string | undefined
+  const checkIssuer = (doc: { issuer?: unknown }): void => {
+    const found = String(doc.issuer)
+    if (found === idp.issuer || found === warnedIssuer || (idp.cloud !== undefined && !/\/v2\.0\/?$/.test(idp.issuer))) return
+    warnedIssuer = found
+    env.log.warn({ path: 'mcp.policies.mcpAuthentication.issuer', configured: idp.issuer, discovered: found, discovery: idp.discoveryUrl },
+      `the identity provider's discovery document names issuer ${JSON.stringify(found)}, not the configured ${JSON.stringify(idp.issuer)}: tokens it issues will get 401 "token issuer not accepted" until mcp.policies.mcpAuthentication.issuer is set to ${JSON.stringify(found)}`)
+  }
+  const fetchCounter = env.metrics.counter('mcp_proxy_discovery_fetches_total', 'Fetches of the identity provider\'s OIDC discovery document')
+  fetchCounter.init()
+  const fetches = fetchCounter.labels()
+  const discovery = new DiscoveryCache({
+    url: idp.discoveryUrl,
+    ttlMs: idp.discovery.ttlSeconds * 1000,
+    timeoutMs: idp.discovery.timeoutMs,
+    log: env.log,
+    onFetch: () => fetches.inc(),
+    onDocument: doc => checkIssuer(doc),
+  })
+  env.metrics.gauge('mcp_proxy_discovery_up', '1 when the last discovery fetch succeeded, 0 when it failed').collect = () => {
+    const s = discovery.state
+    return [[undefined, s.doc !== undefined && s.lastError === undefined ? 1 : 0]]
+  }
+  env.metrics.gauge('mcp_proxy_discovery_last_success_timestamp_seconds', 'When the discovery document was last fetched successfully').collect = () => {
+    const at = discovery.state.fetchedAt
+    return at === undefined ? [] : [[undefined, at / 1000]]
+  }
+  env.log.info({ provider: idp.family, discovery: discovery.url }, 'provider bridge: fetching the identity provider\'s discovery document')
+  // In the background: an unreachable IdP must not hold up start-up (docs/configuration.md
+  // "Running"); a request that needs the document waits for this fetch.
+  void discovery.start()
+  return discovery
 }
 
 export default definePlugin<ProviderBridgeOptions>({

@@ -1,6 +1,6 @@
 /**
  * registration: answers RFC 7591 Dynamic Client Registration with the
- * pre-registered `clientId` (README "Identity providers"). No client is created
+ * pre-registered `clientId` (docs/identity-providers.md "Identity providers"). No client is created
  * at the identity provider; MCP clients stay public clients using PKCE
  * (`token_endpoint_auth_method: none`). Needs `idp` (provided by
  * mcpAuthentication, listed before it); without a provider family there are
