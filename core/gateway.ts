@@ -227,7 +227,7 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const sealed = cluster === undefined || only === undefined
       ? undefined
       : { seal: (subject: string | undefined, up: string) => cluster.sealUpstream(only.name, subject, up), open: (subject: string | undefined, id: string) => cluster.openUpstream(only.name, subject, id) }
-    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster?.newSessionId, sealed }) : undefined
+    const passthrough = only?.mcp !== undefined && !perOperation ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster?.newSessionId, sealed, idleTimeoutSeconds: config.mcp.session.idleTimeoutSeconds, maxSessions: config.mcp.session.maxSessions }) : undefined
     const endpoint = createMcpEndpoint({
       targets: factories, plugins, config: config.mcp, log, metrics, passthrough,
       // In the primary's store a dead worker's slots are freed at once; the lease is a second guard.

@@ -543,7 +543,7 @@ export class GatewayServer {
       }
       if (ctx.method === 'GET' && ctx.kind === 'mcp') {
         if (this.#closing) {
-          throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', {
+          throw new ProxyError('MCPP_ERR_SHUTTING_DOWN', 503, 'Service Unavailable: the gateway is shutting down', {
             headers: { 'retry-after': '1' }, expose: true, rpcCode: RPC.SERVER_ERROR,
           })
         }

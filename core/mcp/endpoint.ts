@@ -26,6 +26,7 @@ import { createCallMeters } from './upstreams/call-metrics.ts'
 import { createMemoryState, type SharedState } from '../cluster/shared-state.ts'
 import type { ClusterForward } from '../cluster/forward.ts'
 import { createTaskSeal } from './upstreams/task-seal.ts'
+import { sessionLimit, shuttingDown, subjectSessionLimit } from './refusals.ts'
 
 /** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
 const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
@@ -89,7 +90,6 @@ export interface GatewayMcpEndpoint extends McpEndpoint {
   pooled(): PooledSummary[]
 }
 
-const RETRY_AFTER_SECONDS = '10'
 /** 2026-07-28 methods whose call may be parked on an InputRequiredResult (a retry carries its `requestState`). */
 const PARKABLE = new Set(['tools/call', 'prompts/get', 'resources/read'])
 const KEEPALIVE_MS = 15_000
@@ -276,21 +276,16 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
   }
 
   async function initialize (ctx: RequestContext, msg: JsonRpcMessage): Promise<void> {
-    const retry = { 'retry-after': RETRY_AFTER_SECONDS }
-    if (draining || closed) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', { rpcCode: RPC.SERVER_ERROR, headers: retry, expose: true })
-    if (sessions.size >= config.session.maxSessions) {
-      throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: session limit reached', { rpcCode: RPC.SERVER_ERROR, headers: retry, expose: true })
-    }
+    if (draining || closed) throw shuttingDown()
+    if (sessions.size >= config.session.maxSessions) throw sessionLimit()
     const subjectKey = subjectKeyOf(ctx)
     const params = (msg.params ?? {}) as Record<string, unknown>
     const id = opts.cluster?.newSessionId() ?? randomBytes(24).toString('base64url')
-    if (!await caps.join(subjectKey, id, config.session.maxSessionsPerSubject, leaseMs)) {
-      throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 429, 'Too Many Requests: session limit for this subject reached', { rpcCode: RPC.SERVER_ERROR, headers: retry })
-    }
+    if (!await caps.join(subjectKey, id, config.session.maxSessionsPerSubject, leaseMs)) throw subjectSessionLimit()
     if (draining || closed || sessions.size >= config.session.maxSessions) {
       // Another initialize took the last slot (or shutdown began) while the cap was checked.
       void caps.leave(subjectKey, id).catch(() => {})
-      throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: session limit reached', { rpcCode: RPC.SERVER_ERROR, headers: retry, expose: true })
+      throw sessionLimit()
     }
     const session = new Session({
       id, subject: ctx.auth?.subject, subjectKey, version: negotiateRevision(params.protocolVersion), factories: sessionFactories, env,
