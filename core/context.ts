@@ -59,6 +59,8 @@ export interface RequestContext {
   auth?: AuthInfo
   /** Set by core the first time `readMcpMessage()` parses a POST /mcp body. */
   mcp?: McpMessageInfo
+  /** The MCP session this request belongs to (or opened), set by the MCP layer: the access log and traces name it. */
+  sessionId?: string
   /** The target that serves this request, set by the MCP router when one target does (access log). */
   target?: string
   /** Why the request was refused, for the access log and admin UI (never secrets). */
@@ -72,8 +74,9 @@ export interface RequestContext {
    */
   readBody(maxBytes?: number): Promise<Buffer>
   /**
-   * Reads and parses a POST /mcp body once; throws a ProxyError
-   * (-32700 / -32600) for invalid JSON or JSON-RPC.
+   * Reads a POST /mcp body once and has the /mcp endpoint parse it
+   * (`McpEndpoint.parse`); throws a ProxyError (-32700 / -32600) for invalid
+   * JSON or JSON-RPC.
    */
   readMcpMessage(): Promise<McpMessageInfo>
   /**

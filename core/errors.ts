@@ -1,7 +1,7 @@
 /**
  * One error type for everything the gateway answers with a non-2xx status.
  *
- * Every error carries a stable `code` (documented in the README, pinned by a
+ * Every error carries a stable `code` (documented in docs/errors.md, pinned by a
  * test), an HTTP status and whether its message may be shown to the caller.
  * `core/error-writer.ts` is the only place that turns one into a response.
  */
@@ -103,7 +103,7 @@ export interface ErrorFactory {
   (message?: string, options?: ProxyErrorOptions): ProxyError
   readonly code: string
   readonly statusCode: number
-  /** One line for the README's error table and the admin view. */
+  /** One line for the error table (docs/errors.md) and the admin view. */
   readonly description: string
 }
 

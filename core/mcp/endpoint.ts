@@ -27,6 +27,7 @@ import { createMemoryState, type SharedState } from '../cluster/shared-state.ts'
 import type { ClusterForward } from '../cluster/forward.ts'
 import { createTaskSeal } from './upstreams/task-seal.ts'
 import { sessionLimit, shuttingDown, subjectSessionLimit } from './refusals.ts'
+import { parseMcpBody } from './message.ts'
 
 /** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
 const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
@@ -234,7 +235,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     if (s === undefined || s.ended || s.subjectKey !== subjectKeyOf(ctx)) throw sessionNotFound()
     const v = header(ctx, 'mcp-protocol-version')
     if (v !== undefined && !isSessionRevision(v)) throw badRequest('MCPP_ERR_PROTOCOL_VERSION', `Bad Request: unsupported MCP-Protocol-Version: ${v}`)
-    ctx.state.set('sessionId', sid)
+    ctx.sessionId = sid
     return s
   }
 
@@ -292,7 +293,7 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
     })
     // Registered before the upstream handshake so concurrent initializes count against the caps.
     sessions.set(id, session)
-    ctx.state.set('sessionId', id)
+    ctx.sessionId = id
     const result = await session.start(params, ctx)
     if (session.ended) throw new ProxyError('MCPP_ERR_UPSTREAM', 502, 'upstream closed during initialize', { rpcCode: RPC.SERVER_ERROR, expose: true })
     ctx.log.debug({ session: id.slice(0, 8), protocolVersion: session.version }, 'session started')
@@ -384,6 +385,8 @@ export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint
         const owner = cluster.remoteOwner(ctx, sid)
         return owner === undefined ? undefined : cluster.forward(ctx, owner)
       },
+
+    parse: parseMcpBody,
 
     async handle (ctx: RequestContext): Promise<void> {
       checkSessionIdSyntax(ctx)

@@ -18,7 +18,8 @@ import { Readable } from 'node:stream'
 import { parse as parseUrl } from 'node:url'
 import httpProxy from 'http-proxy'
 import type { Logger } from 'pino'
-import type { RequestContext } from '../../context.ts'
+import type { McpMessageInfo, RequestContext } from '../../context.ts'
+import { parseMcpBody } from '../message.ts'
 import type { TargetConfig } from '../../config.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import type { Metrics, Counter } from '../../observability/metrics.ts'
@@ -31,6 +32,8 @@ export type { PassthroughSession, SealedSessions }
 export interface HttpPassthrough {
   /** The /mcp terminal handler (McpEndpoint.handle). */
   handle(ctx: RequestContext): Promise<void>
+  /** McpEndpoint.parse: the passthrough itself pipes bodies unread. */
+  parse(body: Buffer): McpMessageInfo
   /** Live sessions, for the admin UI (no full ids, no upstream ids). */
   sessions(): PassthroughSession[]
   /** The id is a session this process has served (a lookup, no decryption): no need to relay it to an owner. */
@@ -163,7 +166,7 @@ class Passthrough implements HttpPassthrough {
       // Another subject (or another address, without a token) presenting an id is told the same as for an unknown id.
       if (mapping === undefined) return Promise.reject(sessionNotFound())
       gatewayId = presented
-      ctx.state.set('sessionId', presented)
+      ctx.sessionId = presented
     } else if (ctx.method === 'POST') {
       // A request without a session id may open one: it holds a slot under maxSessions while it lasts.
       try {
@@ -276,7 +279,7 @@ class Passthrough implements HttpPassthrough {
       else out['mcp-session-id'] = ex.gatewayId
     } else if (typeof upstreamSid === 'string' && upstreamSid !== '') {
       const id = this.#table.open(ex.ctx, upstreamSid)
-      ex.ctx.state.set('sessionId', id)
+      ex.ctx.sessionId = id
       out['mcp-session-id'] = id
     }
     return out
@@ -293,6 +296,9 @@ class Passthrough implements HttpPassthrough {
     const res = await fetch(this.#url, { method: 'DELETE', headers: { ...this.#staticHeaders, 'mcp-session-id': upstreamId }, signal: AbortSignal.timeout(2000) })
     await res.body?.cancel()
   }
+
+  /** The endpoint's parser (McpEndpoint.parse), for a plugin or a trace that reads the body this pipes. */
+  parse (body: Buffer): McpMessageInfo { return parseMcpBody(body) }
 
   holds (id: string): boolean { return this.#table.has(id) }
 
