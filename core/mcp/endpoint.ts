@@ -28,6 +28,7 @@ import type { ClusterForward } from '../cluster/forward.ts'
 import { createTaskSeal } from './upstreams/task-seal.ts'
 import { sessionLimit, shuttingDown, subjectSessionLimit } from './refusals.ts'
 import { parseMcpBody } from './message.ts'
+import { checkSessionIdSyntax, header } from './headers.ts'
 
 /** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
 const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
@@ -105,35 +106,6 @@ function sessionNotFound (): ProxyError {
 
 function badRequest (code: 'MCPP_ERR_INVALID_REQUEST' | 'MCPP_ERR_SESSION_REQUIRED' | 'MCPP_ERR_PROTOCOL_VERSION', message: string): ProxyError {
   return new ProxyError(code, 400, message, { rpcCode: RPC.INVALID_REQUEST })
-}
-
-function header (ctx: RequestContext, name: string): string | undefined {
-  const v = ctx.req.headers[name]
-  return Array.isArray(v) ? v[0] : v
-}
-
-/** Visible ASCII, 0x21 to 0x7E: what MCP allows in a session id (Streamable HTTP, Session Management). */
-function isVisibleAscii (s: string): boolean {
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i)
-    if (c < 0x21 || c > 0x7e) return false
-  }
-  return true
-}
-
-/**
- * 400 for a malformed Mcp-Session-Id, before any lookup (or passthrough):
- * Node joins a repeated header with ", ", so two of them fail the same check.
- */
-function checkSessionIdSyntax (ctx: RequestContext): void {
-  const sid = ctx.req.headers['mcp-session-id']
-  if (typeof sid !== 'string' || isVisibleAscii(sid)) return
-  let count = 0
-  const raw = ctx.req.rawHeaders
-  for (let i = 0; i < raw.length; i += 2) if (raw[i]!.length === 14 && raw[i]!.toLowerCase() === 'mcp-session-id') count++
-  throw new ProxyError('MCPP_ERR_BAD_REQUEST', 400, count > 1
-    ? 'Bad Request: more than one Mcp-Session-Id header'
-    : 'Bad Request: Mcp-Session-Id must be visible ASCII characters (0x21-0x7E)', { rpcCode: RPC.INVALID_REQUEST })
 }
 
 export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint {
