@@ -2,7 +2,10 @@
  * The MCP listener: a plain node:http server where one request is one
  * pipeline pass. Builds the RequestContext, runs `onRequest` hooks, then the
  * matching plugin route or the /mcp terminal handler, and writes errors
- * through the one error writer.
+ * through the one error writer. It owns the edge's bounds (header count,
+ * body size and deadline, start-up hold, graceful close) and hands bodies on
+ * as bytes: the /mcp endpoint parses its own (`McpEndpoint.parse`), and what
+ * a finished request leaves behind is observability/access-log.ts's.
  */
 import { createServer, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
 import type { Socket } from 'node:net'
@@ -100,7 +103,6 @@ export interface GatewayServerOptions {
 
 /** Header marking the gateway's own requests to its MCP listener (see `internalToken`). */
 export const INTERNAL_HEADER = 'x-mcp-proxy-internal'
-
 
 /**
  * Request ids: a random per-process prefix and a counter, unique within the
@@ -272,8 +274,8 @@ export class GatewayServer {
   #drained: (() => void) | undefined
   /**
    * Requests that arrived before `attach`: held, then answered by the real
-   * pipeline, so no request meets a half-started gateway (docs/configuration.md, "Running").
-   * Undefined once attached, so the hot path pays one check.
+   * pipeline, so no request meets a half-started gateway (docs/configuration.md,
+   * "Running"). Undefined once attached, so the hot path pays one check.
    */
   #held: Set<HeldRequest> | undefined
   readonly #hold: StartupHold | undefined

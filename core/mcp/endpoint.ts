@@ -122,7 +122,7 @@ class Endpoint implements GatewayMcpEndpoint {
     this.#opts = opts
     const idleMs = config.session.idleTimeoutSeconds * 1000
     const streams = streamLimits({ ...config.limits, pollAfterMs: config.streams?.pollAfterMs, log, metrics: opts.metrics })
-    // Timed where each call is tracked in flight (calls.ts), for both eras.
+    // Timed where each call is tracked in flight (upstreams/calls.ts), for both eras.
     const meters = createCallMeters(opts.targets.map(f => f.target), opts.metrics, config.limits?.maxToolLabels)
     const requestTimeoutMs = config.session.requestTimeoutSeconds * 1000
     const maxTasks = config.limits?.maxTasksPerSession ?? DEFAULT_MAX_TASKS
@@ -206,7 +206,7 @@ class Endpoint implements GatewayMcpEndpoint {
 
   /**
    * A 2026-07-28 retry whose `requestState` names another process as the owner of its parked call
-   * (modern.ts mints it as a session owner id): relayed there, and true. Runs in the terminal handler,
+   * (modern/handler.ts mints it as a session owner id): relayed there, and true. Runs in the terminal handler,
    * after the pipeline: the caller is authenticated before its body is read (a body of up to
    * maxBodyBytes read ahead of the token check let unauthenticated callers pin memory).
    */
