@@ -523,7 +523,7 @@ export class GatewayServer {
       return
     }
     const route = ctx.kind === 'mcp' ? '/mcp' : ctx.route !== undefined ? ctx.path : 'other'
-    this.#access.record({ ctx, route, status, durationMs, hasLog: ctx.hasLog })
+    this.#access.record(ctx, route, status, durationMs, ctx.hasLog)
     if (this.#inFlight === 0) this.#drained?.()
   }
 

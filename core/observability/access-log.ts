@@ -47,18 +47,6 @@ interface RouteMeters {
   handles: number
 }
 
-/** A finished request as the access log reads it. */
-export interface FinishedRequest {
-  readonly ctx: RequestContext
-  /** The route label: `/mcp`, a plugin route's path, or `other`. */
-  readonly route: string
-  /** 0 when no head was sent. */
-  readonly status: number
-  readonly durationMs: number
-  /** Whether the request's own child logger exists (the line then goes through it). */
-  readonly hasLog: boolean
-}
-
 export class AccessLog {
   readonly #log: Logger
   readonly #onAccess: ((rec: AccessRecord) => void) | undefined
@@ -74,19 +62,24 @@ export class AccessLog {
     this.#duration = metrics.histogram('mcp_proxy_request_duration_seconds', 'Time to response end by route')
   }
 
-  record (f: FinishedRequest): void {
-    this.#count(f)
-    const ctx = f.ctx
+  /**
+   * One finished request. `route`: the route label (`/mcp`, a plugin route's
+   * path, or `other`); `status` 0 when no head was sent; `hasLog`: whether
+   * the request's own child logger exists (the line then goes through it).
+   * Positional, so a request costs no argument object.
+   */
+  record (ctx: RequestContext, route: string, status: number, durationMs: number, hasLog: boolean): void {
+    this.#count(ctx, route, status, durationMs)
     const sessionId = ctx.sessionId?.slice(0, 8)
-    if (this.#log.isLevelEnabled('info')) this.#line(f, sessionId)
+    if (this.#log.isLevelEnabled('info')) this.#line(ctx, status, durationMs, hasLog, sessionId)
     this.#onAccess?.({
-      id: ctx.id, method: ctx.method, path: ctx.path, status: f.status, durationMs: f.durationMs, mcpMethod: ctx.mcp?.method,
+      id: ctx.id, method: ctx.method, path: ctx.path, status, durationMs, mcpMethod: ctx.mcp?.method,
       sessionId, subject: ctx.auth?.subject, denial: ctx.denial, at: Date.now(),
       tool: ctx.mcp?.method === 'tools/call' && ctx.mcp.name !== undefined ? clip(ctx.mcp.name) : undefined,
     })
   }
 
-  #count ({ ctx, route, status, durationMs }: FinishedRequest): void {
+  #count (ctx: RequestContext, route: string, status: number, durationMs: number): void {
     // A label value from a bounded set: the client names the method (metric-labels.ts).
     const named = ctx.mcp?.method
     const mcpMethod = named === undefined ? '' : methodLabel(named)
@@ -115,7 +108,7 @@ export class AccessLog {
   }
 
   /** The access line. No child logger just for it: the request id goes in the object. */
-  #line ({ ctx, status, durationMs, hasLog }: FinishedRequest, sessionId: string | undefined): void {
+  #line (ctx: RequestContext, status: number, durationMs: number, hasLog: boolean, sessionId: string | undefined): void {
     const info = ctx.mcp
     const named = info?.name === undefined ? undefined : clip(info.name)
     const ua = ctx.req.headers['user-agent']

@@ -109,6 +109,17 @@ function createProxy (url: string, proxyTimeoutMs: number): { proxy: httpProxy; 
   return { proxy, agent }
 }
 
+/** An exchange with the promise its request's handler returns. */
+interface PendingExchange extends Exchange { readonly done: Promise<void> }
+
+/** What ending an exchange gives back: its request forgotten, its session no longer busy, its slot free. Always true. */
+function endExchange (exchanges: WeakMap<IncomingMessage, Exchange>, req: IncomingMessage, table: PassthroughSessions, mapping: Mapping | undefined, reserved: boolean): true {
+  exchanges.delete(req)
+  if (mapping !== undefined) mapping.inFlight--
+  else if (reserved) table.release()
+  return true
+}
+
 export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthroughOptions): HttpPassthrough {
   if (target.mcp === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `mcp.targets: target ${target.name} is not an HTTP target`)
   return new Passthrough(target.name, target.mcp, opts)
@@ -186,19 +197,14 @@ class Passthrough implements HttpPassthrough {
   }
 
   /** The exchange of one request; its promise settles when the exchange is over (and it is then forgotten). */
-  #exchange (ctx: RequestContext, gatewayId: string | undefined, mapping: Mapping | undefined): Exchange & { done: Promise<void> } {
+  #exchange (ctx: RequestContext, gatewayId: string | undefined, mapping: Mapping | undefined): PendingExchange {
     const req = ctx.req
     const table = this.#table
     const exchanges = this.#exchanges
+    // A request without a session id holds a maxSessions slot (`reserve` in handle) until it ends.
+    const reserved = gatewayId === undefined && ctx.method === 'POST'
     if (mapping !== undefined) mapping.inFlight++
     let settled = false
-    const end = (): void => {
-      if (settled) return
-      settled = true
-      exchanges.delete(req)
-      if (mapping !== undefined) mapping.inFlight--
-      else if (gatewayId === undefined && ctx.method === 'POST') table.release()
-    }
     let resolve!: () => void
     let reject!: (err: unknown) => void
     const done = new Promise<void>((res, rej) => { resolve = res; reject = rej })
@@ -207,18 +213,24 @@ class Passthrough implements HttpPassthrough {
       gatewayId,
       mapping,
       done,
-      resolve () { end(); resolve() },
-      reject (err) { end(); reject(err) },
+      resolve () {
+        if (!settled) settled = endExchange(exchanges, req, table, mapping, reserved)
+        resolve()
+      },
+      reject (err) {
+        if (!settled) settled = endExchange(exchanges, req, table, mapping, reserved)
+        reject(err)
+      },
     }
   }
 
-  #fail (ex: Exchange & { done: Promise<void> }, err: unknown): Promise<void> {
+  #fail (ex: PendingExchange, err: unknown): Promise<void> {
     ex.reject(err)
     return ex.done
   }
 
   /** Sends the request upstream; the promise settles when the exchange is over. */
-  #forward (ex: Exchange & { done: Promise<void> }, buffered: Buffer | undefined): Promise<void> {
+  #forward (ex: PendingExchange, buffered: Buffer | undefined): Promise<void> {
     const { ctx } = ex
     const req = ctx.req
     ctx.target = this.#name
