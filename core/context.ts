@@ -1,7 +1,8 @@
 /**
  * The per-request context every plugin hook and terminal handler receives.
- * Built once per request by `core/server.ts`; plugins add what they learn
- * (verified claims, MCP message) so later hooks never parse anything twice.
+ * Built once per request by `core/server.ts`; what is learnt on the way is
+ * added as typed fields (verified claims, the parsed MCP message, the MCP
+ * session and target) so later hooks never parse anything twice.
  */
 import type { IncomingMessage, ServerResponse, OutgoingHttpHeaders } from 'node:http'
 import type { Logger } from 'pino'
@@ -57,9 +58,11 @@ export interface RequestContext {
   readonly kind: 'mcp' | 'oauth' | 'other'
   /** Set by the authentication plugin after a token was verified. */
   auth?: AuthInfo
-  /** Set by core the first time `readMcpMessage()` parses a POST /mcp body. */
+  /** Set the first time `readMcpMessage()` has a POST /mcp body parsed. */
   mcp?: McpMessageInfo
-  /** The target that serves this request, set by the MCP router when one target does (access log). */
+  /** The MCP session this request belongs to (or opened), set by the MCP layer: the access log and traces name it. */
+  sessionId?: string
+  /** The target that serves this request, set by the MCP layer when one target does (access log). */
   target?: string
   /** Why the request was refused, for the access log and admin UI (never secrets). */
   denial?: Denial
@@ -72,8 +75,9 @@ export interface RequestContext {
    */
   readBody(maxBytes?: number): Promise<Buffer>
   /**
-   * Reads and parses a POST /mcp body once; throws a ProxyError
-   * (-32700 / -32600) for invalid JSON or JSON-RPC.
+   * Reads a POST /mcp body once and has the /mcp endpoint parse it
+   * (`McpEndpoint.parse`); throws a ProxyError (-32700 / -32600) for invalid
+   * JSON or JSON-RPC.
    */
   readMcpMessage(): Promise<McpMessageInfo>
   /**

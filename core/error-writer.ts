@@ -4,10 +4,10 @@
  * endpoints and for authentication errors everywhere; a generic 500 with the
  * cause logged for anything unexpected.
  */
-import type { IncomingMessage } from 'node:http'
 import type { RequestContext } from './context.ts'
 import { ProxyError, RPC } from './errors.ts'
 import { lingerClose } from './linger.ts'
+import { bodyPending } from './request-body.ts'
 
 function rpcIdOf (ctx: RequestContext): string | number | null {
   const body = ctx.mcp?.body as { id?: unknown } | undefined
@@ -37,13 +37,6 @@ export function errorBody (ctx: RequestContext, e: ProxyError): Record<string, u
     // `data` of an exposed error is the JSON-RPC error's `data` (JSON-RPC 2.0 §5.1).
     error: e.data === undefined || !e.expose ? { code, message } : { code, message, data: e.data },
   }
-}
-
-/** Whether `req` announced a body that has not fully arrived yet. */
-export function bodyPending (req: IncomingMessage): boolean {
-  if (req.complete) return false
-  const h = req.headers
-  return h['transfer-encoding'] !== undefined || (h['content-length'] !== undefined && h['content-length'] !== '0')
 }
 
 /** Writes an error response if nothing was sent yet; otherwise ends the stream. */

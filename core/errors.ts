@@ -1,7 +1,7 @@
 /**
  * One error type for everything the gateway answers with a non-2xx status.
  *
- * Every error carries a stable `code` (documented in the README, pinned by a
+ * Every error carries a stable `code` (documented in docs/errors.md, pinned by a
  * test), an HTTP status and whether its message may be shown to the caller.
  * `core/error-writer.ts` is the only place that turns one into a response.
  */
@@ -33,7 +33,10 @@ export const ERROR_CODES = {
   MCPP_ERR_SESSION_NOT_FOUND: 'Unknown or ended MCP session',
   MCPP_ERR_PROTOCOL_VERSION: 'Unsupported MCP-Protocol-Version',
   MCPP_ERR_HEADER_MISMATCH: 'Mcp-Method / Mcp-Name header does not match the body',
-  MCPP_ERR_TOO_MANY_SESSIONS: 'Session cap reached',
+  MCPP_ERR_SHUTTING_DOWN: 'The gateway is shutting down: no new sessions or listen streams',
+  MCPP_ERR_SESSION_LIMIT: 'Open sessions reached mcp.session.maxSessions',
+  MCPP_ERR_SUBJECT_SESSION_LIMIT: 'The caller\'s sessions reached mcp.session.maxSessionsPerSubject',
+  MCPP_ERR_PROCESS_LIMIT: 'Pooled upstream processes reached mcp.session.maxSessions',
   MCPP_ERR_STREAM_CONFLICT: 'The session already has an open GET stream',
   MCPP_ERR_UPSTREAM: 'Upstream MCP server failed',
   MCPP_ERR_STARTING: 'The gateway is still starting',
@@ -100,7 +103,7 @@ export interface ErrorFactory {
   (message?: string, options?: ProxyErrorOptions): ProxyError
   readonly code: string
   readonly statusCode: number
-  /** One line for the README's error table and the admin view. */
+  /** One line for the error table (docs/errors.md) and the admin view. */
   readonly description: string
 }
 

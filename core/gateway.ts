@@ -199,7 +199,7 @@ async function assemble (b: Boot, gw: GatewayServer, port: number, targetReadine
   const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
   // With replicas or workers, a passthrough session's id carries its upstream session: any of them serves it.
   const passthrough = only?.mcp !== undefined && !perOperation
-    ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster.newSessionId, sealed: cluster.sealedSessions(only.name) })
+    ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster.newSessionId, sealed: cluster.sealedSessions(only.name), idleTimeoutSeconds: config.mcp.session.idleTimeoutSeconds, maxSessions: config.mcp.session.maxSessions })
     : undefined
   // The cluster's parts as the endpoint's options take them today (core/mcp/cluster.ts: one `cluster` object later).
   const endpoint = createMcpEndpoint({

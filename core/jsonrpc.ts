@@ -1,8 +1,8 @@
 /**
- * JSON-RPC 2.0 framing of a POST /mcp body: parsed and shape-checked once,
- * here, for both protocol eras. `RequestContext.readMcpMessage()` calls
- * `parseMcpBody`; the router and the era handlers only ever see messages
- * that passed `isJsonRpcMessage`.
+ * Plain JSON-RPC 2.0 framing: the shape of one message and the parse of a
+ * body (one message or a batch), with the error codes JSON-RPC defines. The
+ * MCP layer builds its body parser on it (core/mcp/message.ts); the router
+ * and the era handlers only ever see messages that passed `isJsonRpcMessage`.
  */
 import type { McpMessageInfo } from './context.ts'
 import { ProxyError, RPC } from './errors.ts'
@@ -44,12 +44,18 @@ export function isJsonRpcMessage (m: unknown): boolean {
   return ('result' in o) !== ('error' in o)
 }
 
+/** A request or notification, as far as `describe` reads one. */
+export interface JsonRpcCall { readonly method?: string; readonly params?: Record<string, unknown> }
+
 /**
- * Parses one POST /mcp body: a message or a non-empty batch of messages.
- * Throws a ProxyError with -32700 for invalid JSON and -32600 for anything
- * that is not JSON-RPC 2.0 (JSON-RPC 2.0 §5.1).
+ * Parses one JSON-RPC 2.0 body: a message or a non-empty batch of messages,
+ * with the method of the (first) request or notification. `describe` names
+ * what that message is about (`McpMessageInfo.name`): the MCP layer knows
+ * which parameter that is, plain JSON-RPC does not. Throws a ProxyError with
+ * -32700 for invalid JSON and -32600 for anything that is not JSON-RPC 2.0
+ * (JSON-RPC 2.0 §5.1).
  */
-export function parseMcpBody (buf: Buffer): McpMessageInfo {
+export function parseJsonRpcBody (buf: Buffer, describe?: (m: JsonRpcCall | undefined) => string | undefined): McpMessageInfo {
   let body: unknown
   try {
     body = JSON.parse(buf.toString('utf8'))
@@ -58,18 +64,12 @@ export function parseMcpBody (buf: Buffer): McpMessageInfo {
   }
   if (Array.isArray(body)) {
     if (body.length === 0 || !body.every(isJsonRpcMessage)) throw invalid()
-    const first = body.find(m => typeof (m as { method?: unknown }).method === 'string') as { method: string; params?: Record<string, unknown> } | undefined
-    return { body, method: first?.method, name: nameOf(first) }
+    const first = body.find(m => typeof (m as { method?: unknown }).method === 'string') as JsonRpcCall | undefined
+    return { body, method: first?.method, name: describe?.(first) }
   }
   if (!isJsonRpcMessage(body)) throw invalid()
-  const m = body as { method?: string; params?: Record<string, unknown> }
-  return { body, method: m.method, name: nameOf(m) }
-}
-
-/** What the access log names: the tool or prompt of tools/call and prompts/get, the URI of resources/*. */
-function nameOf (m: { method?: string; params?: Record<string, unknown> } | undefined): string | undefined {
-  const v = m?.method === 'tools/call' || m?.method === 'prompts/get' ? m.params?.name : m?.method?.startsWith('resources/') === true ? m.params?.uri : undefined
-  return typeof v === 'string' ? v : undefined
+  const m = body as JsonRpcCall
+  return { body, method: m.method, name: describe?.(m) }
 }
 
 function invalid (): ProxyError {

@@ -2,21 +2,26 @@
  * The MCP listener: a plain node:http server where one request is one
  * pipeline pass. Builds the RequestContext, runs `onRequest` hooks, then the
  * matching plugin route or the /mcp terminal handler, and writes errors
- * through the one error writer.
+ * through the one error writer. It owns the edge's bounds (header count,
+ * body size and deadline, start-up hold, graceful close) and hands bodies on
+ * as bytes: the /mcp endpoint parses its own (`McpEndpoint.parse`), and what
+ * a finished request leaves behind is observability/access-log.ts's.
  */
-import { createServer, STATUS_CODES, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
+import { createServer, type IncomingMessage, type ServerResponse, type Server, type OutgoingHttpHeaders } from 'node:http'
 import type { Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
-import { denialText, type RequestContext, type ResponseContext, type Reply, type McpMessageInfo, type Denial } from './context.ts'
+import type { RequestContext, ResponseContext, Reply, McpMessageInfo, Denial } from './context.ts'
 import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import type { RouteDef } from './plugin.ts'
 import { ProxyError, RPC } from './errors.ts'
-import { writeError, bodyPending, errorBody } from './error-writer.ts'
-import { parseMcpBody } from './jsonrpc.ts'
-import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from './observability/metrics.ts'
-import { methodLabel } from './observability/metric-labels.ts'
+import { writeError, errorBody } from './error-writer.ts'
+import { bodyPending, readBounded } from './request-body.ts'
+import { BAD_REQUEST, HEADERS_TOO_LARGE, REQUEST_TIMEOUT, rawAnswer, type RawAnswer } from './raw-answer.ts'
+import { parseJsonRpcBody } from './jsonrpc.ts'
+import type { Metrics } from './observability/metrics.ts'
+import { AccessLog, type AccessRecord } from './observability/access-log.ts'
 import { ClientAddresses, type ClientRelay } from './cluster/client-address.ts'
 import { tracer } from './observability/tracing.ts'
 
@@ -30,6 +35,13 @@ export interface McpEndpoint {
    * never read before the pipeline has authenticated the caller.
    */
   beforePipeline?(ctx: RequestContext): Promise<void | false> | undefined
+  /**
+   * Parses a POST /mcp body, handed over as bytes: the endpoint owns its
+   * message format. Core calls it at most once per request (the first
+   * `readMcpMessage()`, by a plugin or the endpoint) and keeps the result for
+   * every later reader. Absent: plain JSON-RPC 2.0 framing (core/jsonrpc.ts).
+   */
+  parse?(body: Buffer): McpMessageInfo
   close(): Promise<void>
 }
 
@@ -57,39 +69,12 @@ function checkingIntervalOf (limits: ServerLimits): number {
   return timeouts.length === 0 ? 1000 : Math.min(1000, Math.max(100, Math.floor(Math.min(...timeouts) / 4)))
 }
 
-/** A whole response for a connection the parser gave up on: small JSON body, then the connection is closed. */
-/** A parser-level answer: the status line, then (per connection) X-Request-ID, then the rest of the head and the body. */
-interface RawAnswer { readonly status: number; readonly statusLine: string; readonly rest: string }
-
-function rawAnswer (status: number, description: string, mcp = false): RawAnswer {
-  // On /mcp the body is a JSON-RPC error, as every other refusal there (no request, so no id).
-  const body = JSON.stringify(mcp
-    ? { jsonrpc: '2.0', id: null, error: { code: RPC.INVALID_REQUEST, message: description } }
-    : { error: 'invalid_request', error_description: description })
-  return {
-    status,
-    statusLine: `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n`,
-    rest: `connection: close\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
-  }
-}
-
-const HEADERS_TOO_LARGE = rawAnswer(431, 'request header fields too large')
-const REQUEST_TIMEOUT = rawAnswer(408, 'request not received in time')
-const BAD_REQUEST = rawAnswer(400, 'malformed HTTP request')
-
 /** Requests that arrive before `attach` are held within these bounds (`mcp.limits.startup*`). */
 export interface StartupHold {
   /** Requests held at once; more get 503 at once. */
   maxRequests: number
   /** How long one request is held before it gets 503. */
   timeoutMs: number
-}
-
-export interface AccessRecord {
-  id: string; method: string; path: string; status: number; durationMs: number
-  mcpMethod?: string; sessionId?: string; subject?: string; denial?: Denial; at: number
-  /** The tool a `tools/call` named (clipped, as in the access log). */
-  tool?: string
 }
 
 export interface GatewayServerOptions {
@@ -118,38 +103,6 @@ export interface GatewayServerOptions {
 
 /** Header marking the gateway's own requests to its MCP listener (see `internalToken`). */
 export const INTERNAL_HEADER = 'x-mcp-proxy-internal'
-
-/** Client-chosen strings (tool names, URIs, user agents) are cut to this many characters in the access log. */
-const MAX_LOGGED_CHARS = 256
-
-function clip (s: string): string {
-  return s.length > MAX_LOGGED_CHARS ? s.slice(0, MAX_LOGGED_CHARS) + '…' : s
-}
-
-/**
- * How a request ended, for the access log and the admin UI: `allowed`,
- * `unauthenticated` (401), `forbidden` (403), `denied` (a per-operation
- * refusal answered inside a 2xx), or `error`.
- */
-export function outcomeOf (status: number, denial: Denial | undefined): 'allowed' | 'unauthenticated' | 'forbidden' | 'denied' | 'error' {
-  if (status === 401) return 'unauthenticated'
-  if (status === 403) return 'forbidden'
-  if (denial !== undefined && status < 400) return 'denied'
-  if (status >= 400 || status === 0) return 'error'
-  return 'allowed'
-}
-
-/** Bound metric handles kept per route for (status, MCP method) pairs. */
-const MAX_METHOD_HANDLES = 256
-
-interface RouteMeters {
-  readonly duration: HistogramHandle
-  /** Request counters by status, then MCP method. */
-  readonly requests: Map<number, Map<string, CounterHandle>>
-  /** How many counters `requests` holds (at most MAX_METHOD_HANDLES). */
-  handles: number
-}
-
 
 /**
  * Request ids: a random per-process prefix and a counter, unique within the
@@ -185,6 +138,7 @@ class Context implements RequestContext {
   readonly route: RouteDef | undefined
   readonly state = new Map<string, unknown>()
   auth?: RequestContext['auth']
+  sessionId?: string
   mcp?: McpMessageInfo
   target?: string
   denial?: Denial
@@ -231,13 +185,13 @@ class Context implements RequestContext {
 
   readBody (maxBytes?: number): Promise<Buffer> {
     const limit = this.#server.limits.maxBodyBytes
-    this.#body ??= readBounded(this, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit)
+    this.#body ??= readBounded(this.req, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit, this)
     return this.#body
   }
 
   readMcpMessage (): Promise<McpMessageInfo> {
     this.#mcp ??= this.readBody().then(buf => {
-      const info = parseMcpBody(buf)
+      const info = this.#server.parseMcp(buf)
       this.mcp = info
       return info
     })
@@ -280,34 +234,6 @@ interface HeldRequest {
   readonly timer: NodeJS.Timeout
 }
 
-function readBounded (ctx: Context, limit: number): Promise<Buffer> {
-  const req = ctx.req
-  return new Promise((resolve, reject) => {
-    // For the body deadline; calling it after the promise settled does nothing.
-    ctx.rejectBody = reject
-    const declared = Number(req.headers['content-length'])
-    if (Number.isFinite(declared) && declared > limit) {
-      req.resume()
-      reject(new ProxyError('MCPP_ERR_BODY_TOO_LARGE', 413, `request body exceeds ${limit} bytes`, { rpcCode: RPC.INVALID_REQUEST }))
-      return
-    }
-    const chunks: Buffer[] = []
-    let size = 0
-    req.on('data', (c: Buffer) => {
-      size += c.length
-      if (size > limit) {
-        req.removeAllListeners('data')
-        req.resume()
-        reject(new ProxyError('MCPP_ERR_BODY_TOO_LARGE', 413, `request body exceeds ${limit} bytes`, { rpcCode: RPC.INVALID_REQUEST }))
-        return
-      }
-      chunks.push(c)
-    })
-    req.once('end', () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size)))
-    req.once('error', reject)
-  })
-}
-
 /** Sends a Reply through `writeHead` (so `onResponse` hooks run). */
 export async function sendReply (ctx: RequestContext, reply: Reply): Promise<void> {
   const headers: OutgoingHttpHeaders = { ...reply.headers }
@@ -331,12 +257,8 @@ export class GatewayServer {
   readonly limits: ServerLimits
   readonly clientAddresses: ClientAddresses
   #mcp: McpEndpoint
-  readonly #onAccess: ((rec: AccessRecord) => void) | undefined
+  readonly #access: AccessLog
   readonly #internalToken: string | undefined
-  readonly #requests: Counter
-  readonly #duration: Histogram
-  /** Metric handles per route, then per status and MCP method, bound on first use. */
-  readonly #routeMeters = new Map<string, RouteMeters>()
   /** `maxHeaders` as a length of `rawHeaders` (name, value, name, value...). */
   readonly #maxRawHeaders: number
   #mcpHeadersTooLarge: RawAnswer | undefined
@@ -352,8 +274,8 @@ export class GatewayServer {
   #drained: (() => void) | undefined
   /**
    * Requests that arrived before `attach`: held, then answered by the real
-   * pipeline, so no request meets a half-started gateway (README "Running").
-   * Undefined once attached, so the hot path pays one check.
+   * pipeline, so no request meets a half-started gateway (docs/configuration.md,
+   * "Running"). Undefined once attached, so the hot path pays one check.
    */
   #held: Set<HeldRequest> | undefined
   readonly #hold: StartupHold | undefined
@@ -368,12 +290,10 @@ export class GatewayServer {
     this.limits = opts.limits
     this.clientAddresses = new ClientAddresses(opts.trustedProxies, opts.clientRelay)
     this.#mcp = opts.mcp
-    this.#onAccess = opts.onAccess
+    this.#access = new AccessLog(opts.log, opts.metrics, opts.onAccess)
     this.#internalToken = opts.internalToken
     this.#hold = opts.hold
     if (opts.hold !== undefined) this.#held = new Set()
-    this.#requests = opts.metrics.counter('mcp_proxy_requests_total', 'Requests by route, status and MCP method')
-    this.#duration = opts.metrics.histogram('mcp_proxy_request_duration_seconds', 'Time to response end by route')
     this.server = createServer({
       headersTimeout: opts.limits.headersTimeoutMs,
       requestTimeout: opts.limits.requestTimeoutMs,
@@ -487,6 +407,12 @@ export class GatewayServer {
     }
   }
 
+  /** A POST /mcp body parsed by the attached endpoint's own parser (McpEndpoint.parse), else as plain JSON-RPC. */
+  parseMcp (body: Buffer): McpMessageInfo {
+    const mcp = this.#mcp
+    return mcp.parse !== undefined ? mcp.parse(body) : parseJsonRpcBody(body)
+  }
+
   /** Holds a request that arrived during start-up, up to the limits; otherwise 503 + Retry-After. */
   #holdRequest (req: IncomingMessage, res: ServerResponse): void {
     const held = this.#held!
@@ -543,7 +469,7 @@ export class GatewayServer {
       }
       if (ctx.method === 'GET' && ctx.kind === 'mcp') {
         if (this.#closing) {
-          throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', {
+          throw new ProxyError('MCPP_ERR_SHUTTING_DOWN', 503, 'Service Unavailable: the gateway is shutting down', {
             headers: { 'retry-after': '1' }, expose: true, rpcCode: RPC.SERVER_ERROR,
           })
         }
@@ -597,55 +523,7 @@ export class GatewayServer {
       return
     }
     const route = ctx.kind === 'mcp' ? '/mcp' : ctx.route !== undefined ? ctx.path : 'other'
-    // A label value from a bounded set: the client names the method (metric-labels.ts).
-    const named = ctx.mcp?.method
-    const mcpMethod = named === undefined ? '' : methodLabel(named)
-    let rm = this.#routeMeters.get(route)
-    if (rm === undefined) {
-      rm = { duration: this.#duration.labels({ route }), requests: new Map(), handles: 0 }
-      this.#routeMeters.set(route, rm)
-    }
-    // By status, then method: no key string built per request.
-    let byMethod = rm.requests.get(status)
-    if (byMethod === undefined) {
-      byMethod = new Map()
-      rm.requests.set(status, byMethod)
-    }
-    let requests = byMethod.get(mcpMethod)
-    if (requests === undefined) {
-      requests = this.#requests.labels({ route, status, mcp_method: mcpMethod })
-      // A client names the MCP method: keep a bounded number of handles.
-      if (rm.handles < MAX_METHOD_HANDLES) {
-        byMethod.set(mcpMethod, requests)
-        rm.handles++
-      }
-    }
-    requests.inc()
-    rm.duration.observe(durationMs / 1000)
-    const sessionId = (ctx.state.get('sessionId') as string | undefined)?.slice(0, 8)
-    if (this.log.isLevelEnabled('info')) {
-      // No child logger just for this line: the request id goes in the object.
-      const info = ctx.mcp
-      const named = info?.name === undefined ? undefined : clip(info.name)
-      const ua = ctx.req.headers['user-agent']
-      const line = {
-        reqId: ctx.hasLog ? undefined : ctx.id,
-        method: ctx.method, path: ctx.path, status, durationMs: Math.round(durationMs * 1000) / 1000,
-        client: ctx.clientAddress, userAgent: ua === undefined ? undefined : clip(ua),
-        mcpMethod: info?.method, tool: info?.method === 'tools/call' ? named : undefined,
-        prompt: info?.method === 'prompts/get' ? named : undefined,
-        uri: info?.method?.startsWith('resources/') === true ? named : undefined,
-        target: ctx.target, sessionId, subject: ctx.auth?.subject,
-        outcome: outcomeOf(status, ctx.denial), denial: ctx.denial === undefined ? undefined : clip(denialText(ctx.denial)),
-      }
-      const log = ctx.hasLog ? ctx.log : this.log
-      log.info(line, 'request')
-    }
-    this.#onAccess?.({
-      id: ctx.id, method: ctx.method, path: ctx.path, status, durationMs, mcpMethod: ctx.mcp?.method,
-      sessionId, subject: ctx.auth?.subject, denial: ctx.denial, at: Date.now(),
-      tool: ctx.mcp?.method === 'tools/call' && ctx.mcp.name !== undefined ? clip(ctx.mcp.name) : undefined,
-    })
+    this.#access.record(ctx, route, status, durationMs, ctx.hasLog)
     if (this.#inFlight === 0) this.#drained?.()
   }
 

@@ -11,7 +11,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { redactConfig, secretValues, createScrubber, REDACTED } from '../core/admin/redact.ts'
 import { RequestLog, decisionOf } from '../core/admin/admin-state.ts'
-import type { AccessRecord } from '../core/server.ts'
+import type { AccessRecord } from '../core/observability/access-log.ts'
 import { adminGateway, parsePrometheus, sampleSum, SECRETS, RULE } from './helpers/admin.ts'
 
 t.test('redactConfig hides secret keys, env and headers values and every ${NAME} value', async t => {

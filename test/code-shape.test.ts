@@ -38,11 +38,9 @@ const MAX_FILE_LINES = 600
  * and no other. A file leaves both places when it is fixed (the test says so).
  */
 const FUNCTION_BASELINE = [
-  'core/mcp/endpoint.ts',
-  'core/mcp/legacy/passthrough.ts',
   'core/mcp/modern/handler.ts',
 ]
-const FILE_BASELINE = ['core/mcp/legacy/session.ts', 'core/mcp/modern/handler.ts', 'core/server.ts']
+const FILE_BASELINE = ['core/mcp/legacy/session.ts', 'core/mcp/modern/handler.ts']
 
 function parse(file: string, text: string): ts.SourceFile {
   const kind = /\.[cm]?js$/.test(file) ? ts.ScriptKind.JS : ts.ScriptKind.TS

@@ -2,7 +2,8 @@
  * core/mcp/jsonrpc.ts: the one parser of POST /mcp bodies (both eras).
  */
 import t from 'tap'
-import { isJsonRpcMessage, parseMcpBody } from '../core/jsonrpc.ts'
+import { isJsonRpcMessage } from '../core/jsonrpc.ts'
+import { parseMcpBody } from '../core/mcp/message.ts'
 import { ProxyError } from '../core/errors.ts'
 
 const buf = (v: unknown): Buffer => Buffer.from(typeof v === 'string' ? v : JSON.stringify(v))

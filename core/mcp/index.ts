@@ -3,5 +3,6 @@
  * side reads of it. Everything else in core/mcp/ is imported by path.
  */
 export { createMcpEndpoint } from './endpoint.ts'
-export type { McpEndpointOptions, GatewayMcpEndpoint, SessionSummary, TargetSummary } from './endpoint.ts'
+export type { McpEndpointOptions, GatewayMcpEndpoint, TargetSummary } from './endpoint.ts'
+export type { SessionSummary } from './legacy/session-registry.ts'
 export type { PooledSummary } from './upstreams/pool.ts'

@@ -58,7 +58,7 @@ function firstMessage (body: unknown): JsonRpcMessage | undefined {
 
 /** The session id as logs and the admin UI show it: its first 8 characters (the whole id is a credential of sorts). */
 function sessionOf (ctx: RequestContext): string | undefined {
-  return (ctx.state.get('sessionId') as string | undefined)?.slice(0, 8)
+  return ctx.sessionId?.slice(0, 8)
 }
 
 export function createTracer (config: TracingConfig, log: Logger, version: string): Tracer {

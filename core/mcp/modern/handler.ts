@@ -19,6 +19,7 @@ import type { Plugin } from '../../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage, UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import { SseStream, SSE_HEADERS, type StreamLimits } from '../sse.ts'
+import { header } from '../headers.ts'
 import { META, META_PREFIX, MODERN_REVISION, MODERN_RPC, SESSION_REVISIONS, TASKS_EXTENSION } from '../protocol.ts'
 import { mergeCapabilities } from '../routing/naming.ts'
 import { GATEWAY_INFO, LIST_KEYS, NAMED, Router, invalidList, type ListMethod, type NamedMethod } from '../routing/router.ts'
@@ -148,11 +149,6 @@ interface Continuation {
 function modernError (res: JsonRpcMessage): JsonRpcMessage {
   if (res.error?.code === RPC.RESOURCE_NOT_FOUND) res.error.code = RPC.INVALID_PARAMS
   return res
-}
-
-function header (ctx: RequestContext, name: string): string | undefined {
-  const v = ctx.req.headers[name]
-  return Array.isArray(v) ? v.join(', ') : v
 }
 
 function mismatch (message: string): ProxyError {
