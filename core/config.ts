@@ -63,7 +63,7 @@ export interface GatewayConfig {
   tracing: TracingConfig
   probes?: ProbesConfig
   cluster?: ClusterConfig
-  /** Processes on the MCP port (core/workers.ts); `auto` is one per available core. */
+  /** Processes on the MCP port (core/cluster/primary.ts); `auto` is one per available core. */
   workers: number | 'auto'
   workerRestartsPerMinute: number
 }

@@ -99,7 +99,7 @@ export interface PluginEnv {
   readonly baseUrl: string
   /** Path in the config where this plugin's options live, for error messages. */
   readonly configPath: string
-  /** Registry of gateway metrics (counters/histograms), see core/metrics.ts. */
+  /** Registry of gateway metrics (counters/histograms), see core/observability/metrics.ts. */
   readonly metrics: import('./observability/metrics.ts').Metrics
   /**
    * What earlier-listed plugins provide (`PluginModule.provides`), by name.
