@@ -130,6 +130,9 @@ interface Running {
   readonly take: ((req: JsonRpcMessage) => void) | undefined
 }
 
+/** An upstream's final answer, and the upstream that gave it (whose serverInfo the answer carries). */
+interface Settled { readonly res: JsonRpcMessage; readonly entry: PooledUpstream }
+
 /** One server-to-client request of a parked call, under the key the client answers it by. */
 interface Ask { readonly key: string; readonly serverRequestId: JsonRpcId }
 
@@ -297,7 +300,6 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   const listens = new Set<() => void>()
   const continuations = new Map<string, Continuation>()
   let inputSeq = 0
-  let serverInfo: unknown = GATEWAY_INFO
   const paramHeaders = new ParamHeaderCache()
   const maxTasks = opts.maxTasks ?? 100
   /**
@@ -354,10 +356,10 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     return result
   }
 
+  /** The serverInfo an answer carries: the gateway's with several targets, else that of the upstream that answered. */
   function serverInfoOf (entry: PooledUpstream | undefined): unknown {
     if (multi || entry === undefined) return GATEWAY_INFO
-    serverInfo = entry.serverInfo ?? GATEWAY_INFO
-    return serverInfo
+    return entry.serverInfo ?? GATEWAY_INFO
   }
 
   /** Progress and log hooks of `ex` (a retried request takes over the upstream call's hooks). */
@@ -437,7 +439,6 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
   /** Leases an upstream of `factory` and starts one request on it; the caller releases the lease. */
   async function start (ex: Exchange, factory: UpstreamFactory, method: string, params: Record<string, unknown>, bridge = false): Promise<Running> {
     const entry = await lease(ex, factory)
-    if (!multi) serverInfoOf(entry)
     try {
       const caps = entry.initResult?.capabilities as Record<string, unknown> | undefined
       const native = entry.mode === 'modern'
@@ -489,9 +490,9 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
    * a single-use random `requestState` bound to the subject, the method and
    * the name, until the client retries with `inputResponses` or it expires
    * (with workers or replicas the retry is relayed to this process: endpoint.ts).
-   * Resolves with the final answer, or undefined when `ex` was answered here.
+   * Resolves with the final answer and the upstream that gave it, or undefined when `ex` was answered here.
    */
-  async function settle (ex: Exchange, run: Running, method: string, name: unknown): Promise<JsonRpcMessage | undefined> {
+  async function settle (ex: Exchange, run: Running, method: string, name: unknown): Promise<Settled | undefined> {
     ex.calls.add(run.call)
     let answered: JsonRpcMessage | undefined
     void run.call.done.then(res => { answered = res; run.wake?.() })
@@ -517,7 +518,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       // Asked and answered without waiting for the client: its requests are moot, the answer stands.
       for (const req of reqs) run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'request already answered' })
       pool.release(run.entry)
-      return modernError(answered ?? await run.call.done)
+      return { res: modernError(answered ?? await run.call.done), entry: run.entry }
     }
     const refuse = (why: string): void => {
       for (const req of reqs) run.entry.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
@@ -567,12 +568,12 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     // Parked: another call on this upstream may take a server request meanwhile (stdio routes by "the only one").
     run.hooks.onServerRequest = undefined
     const result = { resultType: 'input_required', inputRequests, requestState: state }
-    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(run.entry)) })
     return undefined
   }
 
   /** A retry carrying `requestState`: answers the upstream's request and goes on waiting for the original call. */
-  async function resume (ex: Exchange, method: string, name: unknown, params: Record<string, unknown>): Promise<JsonRpcMessage | undefined> {
+  async function resume (ex: Exchange, method: string, name: unknown, params: Record<string, unknown>): Promise<Settled | undefined> {
     const state = params.requestState
     const cont = typeof state === 'string' ? continuations.get(state) : undefined
     // requestState is attacker-controlled: only an unexpired, unused state of this subject, method and name counts.
@@ -673,7 +674,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     const { target: factory } = routed
     const name = routed.name as string
     ex.ctx.target = factory.target
-    let res: JsonRpcMessage | undefined
+    let settled: Settled | undefined
     const standIn = router.refuse(ex.ctx, method, kind, name, factory.target)
     if (standIn === undefined && kind === 'tool') await checkParamHeaders(ex, factory, name, params.arguments)
     const native = standIn === undefined && await eraOf(ex, factory) === 'modern'
@@ -682,30 +683,31 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       delete params.inputResponses
       delete params.requestState
       params[field] = standIn.value
-      res = await settle(ex, await start(ex, factory, method, params, true), method, value)
-      if (res !== undefined) res = standIn.restore(res)
+      settled = await settle(ex, await start(ex, factory, method, params, true), method, value)
+      if (settled !== undefined) settled = { res: standIn.restore(settled.res), entry: settled.entry }
     } else if (native) {
       // inputResponses and requestState are the upstream's own (MCP 2026-07-28 Multi Round-Trip Requests): as they are.
       params[field] = name
-      res = await settle(ex, await start(ex, factory, method, params, true), method, value)
+      settled = await settle(ex, await start(ex, factory, method, params, true), method, value)
     } else if (params.requestState !== undefined) {
-      res = await resume(ex, method, value, params)
+      settled = await resume(ex, method, value, params)
     } else {
       delete params.inputResponses
       params[field] = name
-      res = await settle(ex, await start(ex, factory, method, params, true), method, value)
+      settled = await settle(ex, await start(ex, factory, method, params, true), method, value)
     }
-    if (res === undefined) return
+    if (settled === undefined) return
+    const { res, entry } = settled
     if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
     if (native && kind === 'tool' && (res.result as { resultType?: unknown } | undefined)?.resultType === 'task') {
-      await adoptTask(ex, factory, name, res)
+      await adoptTask(ex, factory, name, res, entry)
       return
     }
     // As in the session era: URIs in results carry their target, so the gateway's resources/read takes them.
     if (kind === 'resource') router.markContents(factory.target, res)
     else router.markUris(factory.target, res)
     const result = (res.result ?? {}) as Record<string, unknown>
-    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfo) })
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })
   }
 
   /**
@@ -713,7 +715,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
    * sees it. Past the subject's limit the upstream's task is cancelled and the call refused: whether
    * a call becomes a task is the server's decision, known only from its answer.
    */
-  async function adoptTask (ex: Exchange, factory: UpstreamFactory, tool: string, res: JsonRpcMessage): Promise<void> {
+  async function adoptTask (ex: Exchange, factory: UpstreamFactory, tool: string, res: JsonRpcMessage, entry: PooledUpstream): Promise<void> {
     const result = res.result as Record<string, unknown>
     const upstreamId = result.taskId
     if (typeof upstreamId !== 'string') {
@@ -749,7 +751,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     result.taskId = sealed
     // With several targets the id is named <target>_<sealed id>, as every other name of a target.
     router.markTasks(factory.target, res)
-    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'tools/call', result, multi ? GATEWAY_INFO : serverInfo) })
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, 'tools/call', result, serverInfoOf(entry)) })
   }
 
   /**
@@ -786,7 +788,7 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
     if (typeof result.taskId === 'string') result.taskId = clientId
     // A finished task's inlined result: its URIs as the client sees them, as a tools/call result's.
     if (result.result !== null && typeof result.result === 'object') router.markUris(factory.target, { jsonrpc: '2.0', result: result.result })
-    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, multi ? GATEWAY_INFO : serverInfoOf(entry)) })
+    await ex.answer({ jsonrpc: '2.0', result: decorate(ex, method, result, serverInfoOf(entry)) })
   }
 
   async function complete (ex: Exchange, params: Record<string, unknown>): Promise<void> {
