@@ -43,6 +43,11 @@ export const MODERN_RPC = {
 /** What MCP SDK servers answer for an unknown session (and so do we, on every path). */
 export const SESSION_NOT_FOUND_RPC = -32001
 
+/** The least time an upstream gets to answer `initialize` / `server/discover`, whatever the request timeout. */
+export const INIT_TIMEOUT_MIN_MS = 15_000
+/** Interval of SSE keep-alive comments on long-lived streams (GET streams, subscriptions/listen). */
+export const KEEPALIVE_MS = 15_000
+
 const SESSION_SET: ReadonlySet<string> = new Set(SESSION_REVISIONS)
 
 export function isSessionRevision (v: unknown): v is SessionRevision {

@@ -14,7 +14,7 @@ import type { JsonRpcId, JsonRpcMessage, Upstream } from '../../targets/types.ts
 import type { SessionUpstreamFactory } from './shared-upstream.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import { Backlog, Replay, SseStream, SSE_HEADERS, frame, frameWithId, primingFrame, type StreamLimits } from '../sse.ts'
-import { isSessionRevision, type SessionRevision } from '../protocol.ts'
+import { INIT_TIMEOUT_MIN_MS, isSessionRevision, type SessionRevision } from '../protocol.ts'
 import { mergeCapabilities } from '../routing/naming.ts'
 import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, rpcError } from '../routing/router.ts'
 import { UpstreamCalls } from '../upstreams/calls.ts'
@@ -84,8 +84,6 @@ interface Exchange {
   readonly replay: Replay
 }
 
-/** A child's start-up (node, npx) may be slow on a busy host: initialize waits at least this long. */
-const INIT_TIMEOUT_MIN_MS = 15_000
 /** A page of nothing: what a target that is down contributes to a merged list. */
 const NO_PAGE: Promise<JsonRpcMessage> = Promise.resolve({ jsonrpc: '2.0', result: {} })
 

@@ -14,7 +14,7 @@
 import type { Logger } from 'pino'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
-import { LATEST_SESSION_REVISION, META, MODERN_REVISION } from '../protocol.ts'
+import { INIT_TIMEOUT_MIN_MS, LATEST_SESSION_REVISION, META, MODERN_REVISION } from '../protocol.ts'
 import { GATEWAY_INFO } from '../routing/router.ts'
 import { UpstreamCalls } from './calls.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
@@ -95,7 +95,6 @@ export interface PooledSummary {
   readonly lastUsedAt: number
 }
 
-const INIT_TIMEOUT_MIN_MS = 15_000
 /** What the gateway declares to pooled upstreams as their (session-era) client, unless told a narrower set. */
 export const UPSTREAM_CAPABILITIES = { sampling: {}, elicitation: { form: {} } } as const
 
