@@ -38,6 +38,7 @@ import { ProxyError, RPC } from '../../errors.ts'
 import { TASK_METHODS } from '../routing/router.ts'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstreams/pool.ts'
 import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
+import { EarlyTaskStatus } from '../upstreams/early-task-status.ts'
 
 /** Whose upstream a session creates: the session's token subject. */
 export interface UpstreamOwner {
@@ -87,12 +88,8 @@ export class SharedUpstream implements Upstream {
   readonly #tasks: TaskLedger<true>
   /** Task-augmented calls of this session in flight on the child. */
   #creating = 0
-  /**
-   * Status notifications of tasks no session is known to own yet, held while this session
-   * has a task-augmented call in flight: a child may announce a task before its
-   * CreateTaskResult. At most the session's task limit, the oldest dropped first.
-   */
-  #early: JsonRpcMessage[] = []
+  /** Statuses of tasks no session is known to own yet, while this session has a task-augmented call in flight. */
+  readonly #early: EarlyTaskStatus
   /** Client capabilities from the session's initialize. */
   #clientCaps: Record<string, unknown> = {}
   #closed = false
@@ -104,6 +101,7 @@ export class SharedUpstream implements Upstream {
     this.#factory = factory
     this.#owner = owner
     this.#tasks = new TaskLedger(maxTasks)
+    this.#early = new EarlyTaskStatus(maxTasks)
   }
 
   get pid (): number | undefined { return this.#entry?.upstream.pid }
@@ -131,10 +129,7 @@ export class SharedUpstream implements Upstream {
     if (msg.method === 'notifications/tasks/status') {
       const taskId = msg.params?.taskId
       if (!this.#tasks.has(taskId)) {
-        if (this.#creating > 0 && typeof taskId === 'string') {
-          if (this.#early.length >= this.#tasks.limit) this.#early.shift()
-          this.#early.push(structuredClone(msg))
-        }
+        if (this.#creating > 0 && typeof taskId === 'string') this.#early.hold(structuredClone(msg), true)
         return
       }
       if (isTerminal(msg.params?.status)) this.#tasks.end(taskId)
@@ -145,10 +140,10 @@ export class SharedUpstream implements Upstream {
 
   /** A task-augmented call of this session was answered: `taskId` is the session's now, and its held statuses follow the result. */
   #created (taskId: string | undefined): void {
-    if (--this.#creating === 0 && taskId === undefined) { this.#early = []; return }
+    if (--this.#creating === 0 && taskId === undefined) { this.#early.clear(); return }
     if (taskId === undefined) return
-    const held = this.#early.filter(m => m.params?.taskId === taskId)
-    this.#early = this.#creating === 0 ? [] : this.#early.filter(m => m.params?.taskId !== taskId)
+    const held = this.#early.take(taskId)
+    if (this.#creating === 0) this.#early.clear()
     for (const m of held) {
       if (isTerminal(m.params?.status)) this.#tasks.end(taskId)
       this.#deliver(m)
@@ -323,7 +318,7 @@ export class SharedUpstream implements Upstream {
     const entry = this.#entry
     for (const call of this.#calls.values()) call.cancel('session ended')
     this.#calls.clear()
-    this.#early = []
+    this.#early.clear()
     if (entry !== undefined) {
       entry.listeners.delete(this.#listener)
       entry.onGone.delete(this.#gone)
