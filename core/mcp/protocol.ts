@@ -9,12 +9,13 @@
  * nowhere else (test/dependency-rules.test.ts).
  */
 import type { RequestContext } from '../context.ts'
+import type { JsonRpcMessage } from '../targets/types.ts'
 
 /** Session-era revisions we serve, newest first. */
 export const SESSION_REVISIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'] as const
 export type SessionRevision = typeof SESSION_REVISIONS[number]
 export const LATEST_SESSION_REVISION: SessionRevision = '2025-11-25'
-/** The stateless revision (modern.ts). */
+/** The stateless revision (modern/). */
 export const MODERN_REVISION = '2026-07-28'
 /** Revision assumed when a session-era request carries no MCP-Protocol-Version (MCP 2025-06-18, transports). */
 export const DEFAULT_HEADER_REVISION: SessionRevision = '2025-03-26'
@@ -42,6 +43,11 @@ export const MODERN_RPC = {
 } as const
 /** What MCP SDK servers answer for an unknown session (and so do we, on every path). */
 export const SESSION_NOT_FOUND_RPC = -32001
+
+/** An error answer the gateway makes itself (its id is set where it is sent). */
+export function rpcError (code: number, message: string): JsonRpcMessage {
+  return { jsonrpc: '2.0', error: { code, message } }
+}
 
 /** The least time an upstream gets to answer `initialize` / `server/discover`, whatever the request timeout. */
 export const INIT_TIMEOUT_MIN_MS = 15_000

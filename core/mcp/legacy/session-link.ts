@@ -8,7 +8,7 @@
 import type { Logger } from 'pino'
 import type { JsonRpcId, JsonRpcMessage, Upstream } from '../../targets/types.ts'
 import { RPC } from '../../errors.ts'
-import { rpcError } from '../routing/router.ts'
+import { rpcError } from '../protocol.ts'
 import type { TargetCallMeter } from '../upstreams/call-metrics.ts'
 import { UpstreamCalls } from '../upstreams/calls.ts'
 import type { PostStream } from './session-streams.ts'

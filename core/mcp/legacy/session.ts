@@ -16,9 +16,10 @@ import { ProxyError, RPC } from '../../errors.ts'
 import type { SseStream, StreamLimits } from '../sse.ts'
 import { SessionStreams, type PostStream } from './session-streams.ts'
 import { SessionTasks } from './session-tasks.ts'
-import { INIT_TIMEOUT_MIN_MS, isSessionRevision, type SessionRevision } from '../protocol.ts'
+import { INIT_TIMEOUT_MIN_MS, isSessionRevision, rpcError, type SessionRevision } from '../protocol.ts'
 import { mergeCapabilities } from '../routing/naming.ts'
-import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, rpcError } from '../routing/router.ts'
+import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, type NamedMethod } from '../routing/router.ts'
+import { markNamedAnswer, resolveNamedCall } from '../routing/named-call.ts'
 import { SessionLink, type Inflight } from './session-link.ts'
 import { isTerminal } from '../upstreams/task-ledger.ts'
 import type { TargetCallMeter } from '../upstreams/call-metrics.ts'
@@ -255,7 +256,7 @@ export class Session {
     }
     const named = isNamedMethod(method) ? NAMED[method] : undefined
     if (named !== undefined) {
-      this.#named(inflight, msg, method, named.kind, named.field)
+      this.#named(inflight, msg, method as NamedMethod)
       return
     }
     if (TASK_METHODS.has(method)) {
@@ -312,29 +313,21 @@ export class Session {
   }
 
   /** tools/call, prompts/get, resources/read and (un)subscribe: to the item's target, refused ones under a stand-in. */
-  #named (inflight: Inflight, msg: JsonRpcMessage, method: string, kind: 'tool' | 'prompt' | 'resource', field: 'name' | 'uri'): void {
+  #named (inflight: Inflight, msg: JsonRpcMessage, method: NamedMethod): void {
     const router = this.#router
     const params = msg.params ?? {}
-    const routed = router.route(kind, params[field])
-    if ('answer' in routed) {
-      this.#reply(inflight, routed.answer)
+    const call = resolveNamedCall(router, inflight.post.ctx, method, params)
+    if ('answer' in call) {
+      this.#reply(inflight, call.answer)
       return
     }
-    const { target: link, name } = routed
+    const { target: link, name, standIn: refused } = call
     const read = method === 'resources/read'
-    // A subscription the rules deny goes on under a stand-in too: the upstream never hears of the
-    // denied URI, and the answer is its answer for a URI it does not have.
-    const ctx = inflight.post.ctx
-    const refused = kind !== 'resource' || read
-      ? router.refuse(ctx, method, kind, String(name), link.target)
-      : router.refuseWatch(ctx, String(name), link.target)
     if (refused !== undefined) {
-      params[field] = refused.value
       this.#forward(inflight, link, msg, read ? (r) => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
       return
     }
-    // The upstream's own name (several targets), or the URI the rules saw (resource-uri.ts).
-    params[field] = name
+    const kind = NAMED[method].kind
     const augmented = kind === 'tool' && params.task !== undefined
     if (augmented) {
       if (!this.#tasks.begin(inflight)) {
@@ -346,9 +339,8 @@ export class Session {
     }
     // Several targets: URIs inside answers are the gateway's (resources/read contents; links and embedded resources of calls and prompts).
     let mark: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined
-    if (router.multi && read) mark = (r) => router.markContents(link.target, r)
-    else if (augmented) mark = (r) => this.#tasks.created(inflight, link.target, String(name), router.markTasks(link.target, r))
-    else if (router.multi && kind !== 'resource') mark = (r) => router.markUris(link.target, r)
+    if (augmented) mark = (r) => this.#tasks.created(inflight, link.target, name, router.markTasks(link.target, r))
+    else if (router.multi && (read || kind !== 'resource')) mark = (r) => markNamedAnswer(router, link.target, method, r)
     this.#forward(inflight, link, msg, mark)
   }
 

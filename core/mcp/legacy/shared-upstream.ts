@@ -1,6 +1,6 @@
 /**
  * `share: subject` for stdio targets: the sessions of one token subject share
- * a pooled, already initialized child (modern-pool.ts) instead of spawning one
+ * a pooled, already initialized child (upstreams/pool.ts) instead of spawning one
  * each. A `SharedUpstream` is one session's lease on such a child and speaks
  * the plain `Upstream` contract, so the session layer (session.ts) does not
  * know the difference.
@@ -39,6 +39,7 @@ import { TASK_METHODS } from '../routing/router.ts'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstreams/pool.ts'
 import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
 import { EarlyTaskStatus } from '../upstreams/early-task-status.ts'
+import { CAPABILITY_OF_REQUEST, SHARED_CHILD_BRIDGED } from '../upstreams/client-capabilities.ts'
 
 /** Whose upstream a session creates: the session's token subject. */
 export interface UpstreamOwner {
@@ -53,15 +54,11 @@ export interface SessionUpstreamFactory extends UpstreamFactory {
 }
 
 const OK: Readonly<{ jsonrpc: '2.0'; result: Record<string, never> }> = { jsonrpc: '2.0', result: {} }
-/** Server-to-client request method -> the client capability it needs. */
-const NEEDS: Readonly<Record<string, string>> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation' }
-/** The client capabilities a lease bridges to its session, and so declares to a shared child. */
-const BRIDGED = ['sampling', 'elicitation'] as const
 
 /** The bridged part of a client's declared capabilities, and a key naming it (stable: sorted keys). */
 function declared (caps: Record<string, unknown>): { caps: Record<string, unknown>; key: string } {
   const out: Record<string, unknown> = {}
-  for (const k of BRIDGED) if (caps[k] !== null && typeof caps[k] === 'object') out[k] = caps[k]
+  for (const k of SHARED_CHILD_BRIDGED) if (caps[k] !== null && typeof caps[k] === 'object') out[k] = caps[k]
   return { caps: out, key: canonical(out) }
 }
 
@@ -168,7 +165,7 @@ export class SharedUpstream implements Upstream {
     const { caps, key } = declared(this.#clientCaps)
     let entry: PooledUpstream
     try {
-      // The child's initialize declares `caps` (modern-pool.ts): no wrapper on its message path.
+      // The child's initialize declares `caps` (upstreams/pool.ts): no wrapper on its message path.
       entry = await this.#pool.acquire(this.#factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1, { declare: caps })
     } catch (err) {
       this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.SERVER_ERROR, message: (err as Error).message } })
@@ -295,8 +292,9 @@ export class SharedUpstream implements Upstream {
   }
 
   #serverRequest (req: JsonRpcMessage): void {
-    const cap = NEEDS[req.method!]
-    if (cap === undefined || this.#clientCaps[cap] === undefined || this.#closed) {
+    // A lease bridges to its session (and so declared to the shared child) all but roots.
+    const cap = CAPABILITY_OF_REQUEST[req.method!]
+    if (cap === undefined || !SHARED_CHILD_BRIDGED.includes(cap) || this.#clientCaps[cap] === undefined || this.#closed) {
       this.#entry?.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
       return
     }

@@ -8,6 +8,7 @@ import { randomBytes } from 'node:crypto'
 import type { JsonRpcMessage } from '../../targets/types.ts'
 import { RPC } from '../../errors.ts'
 import { MODERN_RPC } from '../protocol.ts'
+import { CAPABILITY_OF_REQUEST } from '../upstreams/client-capabilities.ts'
 import type { Ask, Continuation, ModernContext, Running, Settled } from './context.ts'
 import { decorate, modernError, serverInfoOf } from './answer.ts'
 import { hookTo, type ModernRequest } from './request.ts'
@@ -21,8 +22,6 @@ const MAX_PARKED_PER_SUBJECT = 32
  * after one arrives, the round is collected until none follows for this long.
  */
 const ROUND_GATHER_MS = 25
-/** The client capability each bridged server-to-client request needs (MCP 2026-07-28 `_meta`). */
-const NEEDS: Readonly<Record<string, string>> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation', 'roots/list': 'roots' }
 
 /**
  * Waits for the upstream's answer to a tools/call, prompts/get or
@@ -67,7 +66,7 @@ export async function settle (cx: ModernContext, ex: ModernRequest, run: Running
     run.call.cancel(why)
     cx.pool.release(run.entry)
   }
-  const missing = reqs.map(r => NEEDS[String(r.method)] ?? String(r.method)).find(need => ex.clientCapabilities[need] === undefined)
+  const missing = reqs.map(r => CAPABILITY_OF_REQUEST[String(r.method)] ?? String(r.method)).find(need => ex.clientCapabilities[need] === undefined)
   if (missing !== undefined || ex.aborted) {
     // A server MUST NOT rely on capabilities the client did not declare (MCP 2026-07-28 `_meta`).
     refuse('client lacks a required capability')

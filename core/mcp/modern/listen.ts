@@ -72,7 +72,7 @@ class Listen {
     this.#ex = ex
     this.#want = want
     this.#all = all
-    this.#held = all.filter(e => e.mode === 'session')
+    this.#held = all.filter(e => e.era === 'legacy')
   }
 
   #tag (): Record<string, unknown> {
@@ -86,7 +86,7 @@ class Listen {
     }
     await this.#subscribeHeld()
     // Each native upstream gets the part of the filter that is its (its own URIs), acknowledges, then streams.
-    this.#natives = await Promise.all(this.#all.filter(e => e.mode === 'modern').map(e => this.#listenNative(e)))
+    this.#natives = await Promise.all(this.#all.filter(e => e.era === 'modern').map(e => this.#listenNative(e)))
     if (this.#acked.length > 0) this.#agreed.resourceSubscriptions = this.#acked
     const ex = this.#ex
     if (ex.aborted || ex.ctx.res.destroyed) { this.#release(); return }

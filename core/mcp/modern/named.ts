@@ -4,6 +4,7 @@
  * given the request as it is, translated ones parked on input requests (input-required.ts).
  */
 import { NAMED, type NamedMethod } from '../routing/router.ts'
+import { markNamedAnswer, resolveNamedCall } from '../routing/named-call.ts'
 import type { ModernContext, Settled } from './context.ts'
 import { decorate, errorStatus, modernError, serverInfoOf } from './answer.ts'
 import { resume, settle } from './input-required.ts'
@@ -17,35 +18,32 @@ export async function named (cx: ModernContext, ex: ModernRequest, method: Named
   const { kind, field } = NAMED[method]
   const value = params[field]
   // An unknown target prefix (the gateway's own namespace), or a resource URI refused (resource-uri.ts).
-  const routed = typeof value === 'string' ? cx.router.route(kind, value) : { answer: cx.router.unknown(kind, value) }
+  const routed = typeof value === 'string' ? resolveNamedCall(cx.router, ex.ctx, method, params) : { answer: cx.router.unknown(kind, value) }
   if ('answer' in routed) {
     await ex.answer(modernError(routed.answer))
     return
   }
-  const { target: factory } = routed
-  const name = routed.name as string
+  const { target: factory, name, standIn } = routed
   ex.ctx.target = factory.target
   let settled: Settled | undefined
-  const standIn = cx.router.refuse(ex.ctx, method, kind, name, factory.target)
   if (standIn === undefined && kind === 'tool') await checkParamHeaders(cx, ex, factory, name, params.arguments)
-  const native = standIn === undefined && await cx.eras.of(factory, ex.subjectKey, ex.subject) === 'modern'
+  // The target's era, asked once for this request (not for a refused call: it never reaches the target as itself).
+  const era = standIn === undefined ? await cx.eras.of(factory, ex.subjectKey, ex.subject) : undefined
+  const native = era === 'modern'
   if (standIn !== undefined) {
     // Refused: answered exactly as the upstream answers an item it does not have.
     delete params.inputResponses
     delete params.requestState
-    params[field] = standIn.value
     settled = await settle(cx, ex, await start(cx, ex, factory, method, params, true), method, value)
     if (settled !== undefined) settled = { res: standIn.restore(settled.res), entry: settled.entry }
   } else if (native) {
     // inputResponses and requestState are the upstream's own (MCP 2026-07-28 Multi Round-Trip Requests): as they are.
-    params[field] = name
-    settled = await settle(cx, ex, await start(cx, ex, factory, method, params, true), method, value)
+    settled = await settle(cx, ex, await start(cx, ex, factory, method, params, true, era), method, value)
   } else if (params.requestState !== undefined) {
     settled = await resume(cx, ex, method, value, params)
   } else {
     delete params.inputResponses
-    params[field] = name
-    settled = await settle(cx, ex, await start(cx, ex, factory, method, params, true), method, value)
+    settled = await settle(cx, ex, await start(cx, ex, factory, method, params, true, era), method, value)
   }
   if (settled === undefined) return
   const { res, entry } = settled
@@ -55,8 +53,7 @@ export async function named (cx: ModernContext, ex: ModernRequest, method: Named
     return
   }
   // As in the session era: URIs in results carry their target, so the gateway's resources/read takes them.
-  if (kind === 'resource') cx.router.markContents(factory.target, res)
-  else cx.router.markUris(factory.target, res)
+  markNamedAnswer(cx.router, factory.target, method, res)
   const result = (res.result ?? {}) as Record<string, unknown>
   await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, method, result, serverInfoOf(cx, entry)) })
 }

@@ -7,26 +7,28 @@
 import type { JsonRpcMessage, UpstreamFactory } from '../../targets/types.ts'
 import { MODERN_REVISION } from '../protocol.ts'
 import { tracer } from '../../observability/tracing.ts'
-import { isNotModern, type Bridged, type PoolCall, type PooledUpstream } from '../upstreams/pool.ts'
+import { bridgedOf } from '../upstreams/client-capabilities.ts'
+import { isNotModern, type PoolCall, type PooledUpstream, type TargetEra } from '../upstreams/pool.ts'
 import { NATIVE_PER_KEY } from '../upstreams/target-era.ts'
 import type { ModernContext, Running } from './context.ts'
 import { modernError } from './answer.ts'
 import { hookTo, type ModernRequest } from './request.ts'
 import { NAME_SOURCE, encodeHeaderValue, header } from './validation.ts'
 
-const BRIDGED: readonly Bridged[] = ['sampling', 'elicitation', 'roots']
-
-/** A leased upstream of `factory` in its era; a native one that stopped speaking the revision is asked again. */
-export async function lease (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory): Promise<PooledUpstream> {
-  const mode = await cx.eras.of(factory, ex.subjectKey, ex.subject)
+/**
+ * A leased upstream of `factory` in its era (`known`: already asked for this request); a native one
+ * that stopped speaking the revision is asked again.
+ */
+export async function lease (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, known?: TargetEra): Promise<PooledUpstream> {
+  const era = known ?? await cx.eras.of(factory, ex.subjectKey, ex.subject)
   // A translated upstream declares exactly the bridgeable capabilities this client declared (pooled per set).
-  const capabilities = BRIDGED.filter(k => ex.clientCapabilities[k] !== undefined && ex.clientCapabilities[k] !== null)
+  const capabilities = bridgedOf(ex.clientCapabilities)
   try {
-    return mode === 'modern'
-      ? await cx.pool.acquire(factory, ex.subjectKey, ex.subject, NATIVE_PER_KEY, { mode })
+    return era === 'modern'
+      ? await cx.pool.acquire(factory, ex.subjectKey, ex.subject, NATIVE_PER_KEY, { era })
       : await cx.pool.acquire(factory, ex.subjectKey, ex.subject, undefined, { capabilities })
   } catch (err) {
-    if (mode !== 'modern' || factory.protocol === '2026-07-28' || !isNotModern(err)) throw err
+    if (era !== 'modern' || factory.protocol === '2026-07-28' || !isNotModern(err)) throw err
     cx.eras.demote(factory.target)
     return cx.pool.acquire(factory, ex.subjectKey, ex.subject, undefined, { capabilities })
   }
@@ -49,11 +51,11 @@ export function modernHeaders (cx: ModernContext, ex: ModernRequest, target: str
 }
 
 /** Leases an upstream of `factory` and starts one request on it; the caller releases the lease. */
-export async function start (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, method: string, params: Record<string, unknown>, bridge = false): Promise<Running> {
-  const entry = await lease(cx, ex, factory)
+export async function start (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, method: string, params: Record<string, unknown>, bridge = false, era?: TargetEra): Promise<Running> {
+  const entry = await lease(cx, ex, factory, era)
   try {
     const caps = entry.initResult?.capabilities as Record<string, unknown> | undefined
-    const native = entry.mode === 'modern'
+    const native = entry.era === 'modern'
     if (!native && ex.logLevel !== undefined && caps?.logging !== undefined) {
       // The session-era upstream keeps one level per process; set it for this request.
       await entry.call({ jsonrpc: '2.0', method: 'logging/setLevel', params: { level: ex.logLevel } }).done

@@ -1,13 +1,13 @@
 /**
- * The routing both protocol eras share (session.ts for the session era,
- * modern.ts for 2026-07-28): which target a client-facing name, URI or
+ * The routing both protocol eras share (legacy/session.ts for the session
+ * era, modern/ for 2026-07-28): which target a client-facing name, URI or
  * completion reference belongs to and what the upstream calls it
  * (naming.ts), whether the caller may use it (policy.ts), and how the list
  * results of several targets become one. The eras differ only in how they
  * reach an upstream (a session's own link, or a pooled one) and how they
  * answer the client; both hand that in as a function.
  */
-import { RELATED_TASK } from '../protocol.ts'
+import { RELATED_TASK, rpcError } from '../protocol.ts'
 import type { Logger } from 'pino'
 import type { RequestContext } from '../../context.ts'
 import type { Plugin } from '../../plugin.ts'
@@ -309,7 +309,7 @@ export class Router<T extends { readonly target: string }> {
    * whole list. `stopped` ends the paging when the client went away.
    */
   async mergeLists (ctx: RequestContext, method: ListMethod | 'tasks/list', fetch: PageFetch<T>, stopped: () => boolean, log: Logger, failClosed: boolean): Promise<JsonRpcMessage> {
-    // tasks/list: every task is listed here; which are the caller's is the era's to say (session.ts).
+    // tasks/list: every task is listed here; which are the caller's is the era's to say (legacy/session.ts).
     const key = method === 'tasks/list' ? 'tasks' : LIST_KEYS[method]
     const parts = await Promise.all(this.targets.map(async (t): Promise<unknown[] | RpcError> => {
       const out: unknown[] = []
@@ -359,8 +359,4 @@ function markBlock (target: string, block: unknown): void {
   const b = block as { type?: unknown; uri?: unknown; resource?: { uri?: unknown } | null }
   if (b.type === 'resource_link' && typeof b.uri === 'string') b.uri = markUri(target, b.uri)
   else if (b.type === 'resource' && typeof b.resource?.uri === 'string') b.resource.uri = markUri(target, b.resource.uri)
-}
-
-export function rpcError (code: number, message: string): JsonRpcMessage {
-  return { jsonrpc: '2.0', error: { code, message } }
 }
