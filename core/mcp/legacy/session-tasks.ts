@@ -6,7 +6,7 @@
  */
 import type { RequestContext } from '../../context.ts'
 import type { JsonRpcMessage } from '../../targets/types.ts'
-import type { Router } from '../routing/router.ts'
+import type { TargetNamespace } from '../routing/namespace.ts'
 import { EarlyTaskStatus } from '../upstreams/early-task-status.ts'
 import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
 
@@ -14,7 +14,7 @@ import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
 interface Call { readonly progressToken: unknown }
 
 export class SessionTasks<C extends Call> {
-  readonly #router: Router<{ readonly target: string }>
+  readonly #router: TargetNamespace<{ readonly target: string }>
   /** Writes a task status to the client (unless the session ended). */
   readonly #deliver: (msg: JsonRpcMessage) => void
   /**
@@ -29,7 +29,7 @@ export class SessionTasks<C extends Call> {
   /** With per-operation rules: status notifications of tasks the session does not know yet. */
   readonly #early: EarlyTaskStatus
 
-  constructor (router: Router<{ readonly target: string }>, maxTasks: number, deliver: (msg: JsonRpcMessage) => void) {
+  constructor (router: TargetNamespace<{ readonly target: string }>, maxTasks: number, deliver: (msg: JsonRpcMessage) => void) {
     this.#router = router
     this.#deliver = deliver
     this.#tasks = new TaskLedger(maxTasks)

@@ -3,7 +3,7 @@
  * its upstreams (one link per target: session-link.ts), the JSON-RPC id
  * mapping both ways, and the routing of upstream messages onto the client's
  * SSE streams (session-streams.ts); its tasks are session-tasks.ts. Which
- * target a client request goes to is the router's answer (routing/router.ts),
+ * target a client request goes to is the target namespace's answer (routing/namespace.ts),
  * shared with the 2026-07-28 era. Knows nothing of HTTP status codes;
  * endpoint.ts does the HTTP side.
  */
@@ -16,9 +16,9 @@ import { ProxyError, RPC } from '../../errors.ts'
 import type { SseStream, StreamLimits } from '../sse.ts'
 import { SessionStreams, type PostStream } from './session-streams.ts'
 import { SessionTasks } from './session-tasks.ts'
-import { INIT_TIMEOUT_MIN_MS, isSessionRevision, rpcError, type SessionRevision } from '../protocol.ts'
+import { GATEWAY_INFO, INIT_TIMEOUT_MIN_MS, NAMED, TASK_METHODS, isListMethod, isNamedMethod, isSessionRevision, rpcError, type NamedMethod, type SessionRevision } from '../protocol.ts'
 import { mergeCapabilities } from '../routing/naming.ts'
-import { GATEWAY_INFO, NAMED, TASK_METHODS, Router, isListMethod, isNamedMethod, type NamedMethod } from '../routing/router.ts'
+import { TargetNamespace } from '../routing/namespace.ts'
 import { markNamedAnswer, resolveNamedCall } from '../routing/named-call.ts'
 import { SessionLink, type Inflight } from './session-link.ts'
 import { isTerminal } from '../upstreams/task-ledger.ts'
@@ -68,7 +68,7 @@ export class Session {
   /** Client-facing id of a server->client request -> where it came from. */
   readonly #serverRequests = new Map<number, { link: SessionLink; id: JsonRpcId }>()
   #serverSeq = 0
-  readonly #router: Router<SessionLink>
+  readonly #router: TargetNamespace<SessionLink>
   #starting = true
   readonly #streams: SessionStreams
   readonly #tasks: SessionTasks<Inflight>
@@ -87,7 +87,7 @@ export class Session {
       link.upstream.onClose = (err) => this.#upstreamClosed(link, err)
       return link
     })
-    this.#router = new Router(this.links, opts.env.checkers)
+    this.#router = new TargetNamespace(this.links, opts.env.checkers)
     this.multi = this.#router.multi
     this.#tasks = new SessionTasks(this.#router, opts.env.maxTasks, (m) => { if (!this.ended) this.#streams.deliver(m, undefined) })
   }

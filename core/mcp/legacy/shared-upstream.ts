@@ -35,7 +35,7 @@
  */
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
-import { TASK_METHODS } from '../routing/router.ts'
+import { TASK_METHODS } from '../protocol.ts'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstreams/pool.ts'
 import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
 import { EarlyTaskStatus } from '../upstreams/early-task-status.ts'

@@ -5,8 +5,7 @@
  */
 import type { JsonRpcMessage } from '../../targets/types.ts'
 import { RPC } from '../../errors.ts'
-import { META, MODERN_RPC } from '../protocol.ts'
-import { GATEWAY_INFO } from '../routing/router.ts'
+import { GATEWAY_INFO, META, MODERN_RPC } from '../protocol.ts'
 import type { PooledUpstream } from '../upstreams/pool.ts'
 import type { ModernContext } from './context.ts'
 import type { ModernRequest } from './request.ts'

@@ -8,7 +8,7 @@ import type { Logger } from 'pino'
 import type { Plugin } from '../../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage, UpstreamFactory } from '../../targets/types.ts'
 import type { StreamLimits } from '../sse.ts'
-import { Router } from '../routing/router.ts'
+import { TargetNamespace } from '../routing/namespace.ts'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstreams/pool.ts'
 import { TargetEras } from '../upstreams/target-era.ts'
 import { ParamHeaderCache } from './param-headers.ts'
@@ -80,7 +80,7 @@ export interface ModernContext {
   readonly pool: UpstreamPool
   readonly checkers: readonly Plugin[]
   readonly log: Logger
-  readonly router: Router<UpstreamFactory>
+  readonly router: TargetNamespace<UpstreamFactory>
   /** Several targets: names carry their target, answers the gateway's serverInfo. */
   readonly multi: boolean
   /** `mcp.limits.maxInputRequestsPerRound`. */
@@ -106,7 +106,7 @@ export interface ModernContext {
 }
 
 export function createModernContext (opts: ModernOptions): ModernContext {
-  const router = new Router(opts.targets, opts.checkers)
+  const router = new TargetNamespace(opts.targets, opts.checkers)
   return {
     opts,
     pool: opts.pool,

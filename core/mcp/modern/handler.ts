@@ -8,7 +8,7 @@
  * input requests with their keys, `inputResponses` and `requestState`
  * untouched (native forwarding); any other target's requests are translated
  * onto pooled session-era upstreams (upstreams/pool.ts). Both go through the
- * same router (routing/router.ts: naming, authorization, merged lists) as the
+ * same target namespace (routing/namespace.ts: naming, authorization, merged lists) as the
  * session era. endpoint.ts decides the request's era (protocol.ts) and calls
  * `post()` here; what this revision refuses is thrown as a ProxyError like
  * every other error. This file composes the modules: the state they share is

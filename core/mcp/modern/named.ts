@@ -3,7 +3,7 @@
  * router, refused calls answered as the upstream answers an item it does not have, native targets
  * given the request as it is, translated ones parked on input requests (input-required.ts).
  */
-import { NAMED, type NamedMethod } from '../routing/router.ts'
+import { NAMED, type NamedMethod } from '../protocol.ts'
 import { markNamedAnswer, resolveNamedCall } from '../routing/named-call.ts'
 import type { ModernContext, Settled } from './context.ts'
 import { decorate, errorStatus, modernError, serverInfoOf } from './answer.ts'

@@ -8,7 +8,8 @@
  */
 import type { RequestContext } from '../../context.ts'
 import type { JsonRpcMessage } from '../../targets/types.ts'
-import { NAMED, type NamedMethod, type Router, type StandIn } from './router.ts'
+import { NAMED, type NamedMethod } from '../protocol.ts'
+import type { StandIn, TargetNamespace } from './namespace.ts'
 
 export interface NamedCall<T> {
   readonly target: T
@@ -23,7 +24,7 @@ export interface NamedCall<T> {
  * (its own name, or the stand-in). Or the answer to give instead (an unknown target prefix, a
  * resource URI refused).
  */
-export function resolveNamedCall<T extends { readonly target: string }> (router: Router<T>, ctx: RequestContext, method: NamedMethod, params: Record<string, unknown>): NamedCall<T> | { readonly answer: JsonRpcMessage } {
+export function resolveNamedCall<T extends { readonly target: string }> (router: TargetNamespace<T>, ctx: RequestContext, method: NamedMethod, params: Record<string, unknown>): NamedCall<T> | { readonly answer: JsonRpcMessage } {
   const { kind, field } = NAMED[method]
   const routed = router.route(kind, params[field])
   if ('answer' in routed) return routed
@@ -42,7 +43,7 @@ export function resolveNamedCall<T extends { readonly target: string }> (router:
  * The answer of a named call with the names and URIs in it as the client sees them (several
  * targets): a read's contents, the links and embedded resources of a call or a prompt.
  */
-export function markNamedAnswer<T extends { readonly target: string }> (router: Router<T>, target: string, method: NamedMethod, r: JsonRpcMessage): JsonRpcMessage {
+export function markNamedAnswer<T extends { readonly target: string }> (router: TargetNamespace<T>, target: string, method: NamedMethod, r: JsonRpcMessage): JsonRpcMessage {
   if (method === 'resources/read') return router.markContents(target, r)
   return NAMED[method].kind === 'resource' ? r : router.markUris(target, r)
 }
