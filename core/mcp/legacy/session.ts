@@ -21,7 +21,7 @@ import { mergeCapabilities } from '../routing/naming.ts'
 import { TargetNamespace } from '../routing/namespace.ts'
 import { markNamedAnswer, resolveNamedCall } from '../routing/named-call.ts'
 import { SessionLink, type Inflight } from './session-link.ts'
-import { isTerminal } from '../upstreams/task-ledger.ts'
+import { endsTask } from '../upstreams/task-ledger.ts'
 import type { TargetCallMeter } from '../upstreams/call-metrics.ts'
 import { tracer } from '../../observability/tracing.ts'
 
@@ -357,7 +357,7 @@ export class Session {
     const target = r.target.target
     // A result given, a cancellation answered or a terminal status seen: the task has ended.
     this.#forward(inflight, r.target, msg, (resp) => {
-      if (method !== 'tasks/get' || isTerminal((resp.result as { status?: unknown } | undefined)?.status)) this.#tasks.ended(taskId as string)
+      if (endsTask(method, resp.result)) this.#tasks.ended(taskId as string)
       router.markTasks(target, resp)
       return method === 'tasks/result' ? router.markUris(target, resp) : resp
     })

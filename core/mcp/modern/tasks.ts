@@ -7,7 +7,7 @@ import type { JsonRpcMessage, UpstreamFactory } from '../../targets/types.ts'
 import { RPC } from '../../errors.ts'
 import { MODERN_RPC, TASKS_EXTENSION } from '../protocol.ts'
 import type { PooledUpstream } from '../upstreams/pool.ts'
-import { isTerminal } from '../upstreams/task-ledger.ts'
+import { endsTask } from '../upstreams/task-ledger.ts'
 import type { ModernContext } from './context.ts'
 import { decorate, errorStatus, serverInfoOf } from './answer.ts'
 import type { ModernRequest } from './request.ts'
@@ -90,7 +90,7 @@ export async function taskRequest (cx: ModernContext, ex: ModernRequest, method:
   if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
   const result = (res.result ?? {}) as Record<string, unknown>
   // The slot is free once the task is seen ended (a terminal status, or the cancel acknowledged).
-  if (method === 'tasks/cancel' || isTerminal(result.status)) {
+  if (endsTask(method, result)) {
     cx.tasks.slots.leave(taskSlotKey(ex.subjectKey), factory.target + '\n' + task.taskId).catch((err: unknown) => {
       cx.log.warn({ err: (err as Error).message }, 'freeing a task slot in shared state failed (its lease expires)')
     })
