@@ -239,7 +239,7 @@ export class Session {
   }
 
   /**
-   * Routes one client request (router.ts): named items to their target
+   * Routes one client request (routing/namespace.ts, routing/named-call.ts): named items to their target
    * (refused ones under a stand-in name), lists merged over every target,
    * completions by their reference. One target: every other method goes to
    * it unchanged; several: methods the gateway cannot route are unknown.
@@ -305,7 +305,7 @@ export class Session {
     }
   }
 
-  /** completion/complete: to the target of its reference; one the rules deny under a stand-in (router.ts). */
+  /** completion/complete: to the target of its reference; one the rules deny under a stand-in (routing/namespace.ts). */
   #complete (inflight: Inflight, msg: JsonRpcMessage): void {
     const routed = this.#router.completion(inflight.post.ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
     if (routed === undefined) this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
