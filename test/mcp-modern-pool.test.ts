@@ -101,14 +101,14 @@ t.test('the global cap evicts an idle upstream of another key, else 503', async 
   const f = memoryFactory('a')
   const p = pool(t, { globalMax: 1 })
   const a = await p.acquire(f, 'alice', 'alice')
-  await t.rejects(p.acquire(f, 'bob', 'bob'), { code: 'MCPP_ERR_TOO_MANY_SESSIONS', statusCode: 503 }, 'alice\'s upstream is leased: no room')
+  await t.rejects(p.acquire(f, 'bob', 'bob'), { code: 'MCPP_ERR_PROCESS_LIMIT', statusCode: 503 }, 'alice\'s upstream is leased: no room')
   p.release(a)
   const b = await p.acquire(f, 'bob', 'bob')
   t.ok(f.server.created[0]!.alive === false, 'alice\'s idle upstream was evicted')
   t.equal(b.subject, 'bob')
   p.release(b)
   await p.close()
-  await t.rejects(p.acquire(f, 'bob', 'bob'), { code: 'MCPP_ERR_TOO_MANY_SESSIONS', statusCode: 503 }, 'closed: shutting down')
+  await t.rejects(p.acquire(f, 'bob', 'bob'), { code: 'MCPP_ERR_SHUTTING_DOWN', statusCode: 503 }, 'closed: shutting down')
 })
 
 t.test('subscriptions are counted per URI: the upstream is asked once, unsubscribed by the last holder', async t => {

@@ -3,7 +3,8 @@
  * completion refs to targets, refusals by policy, merged lists.
  */
 import t from 'tap'
-import { Router, LIST_KEYS, NAMED, GATEWAY_INFO, isListMethod, isNamedMethod } from '../core/mcp/routing/router.ts'
+import { TargetNamespace as Router } from '../core/mcp/routing/namespace.ts'
+import { LIST_KEYS, NAMED, GATEWAY_INFO, isListMethod, isNamedMethod } from '../core/mcp/protocol.ts'
 import type { RequestContext } from '../core/context.ts'
 import type { Plugin, McpOperation } from '../core/plugin.ts'
 import type { JsonRpcMessage } from '../core/targets/types.ts'

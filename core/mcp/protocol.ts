@@ -9,12 +9,14 @@
  * nowhere else (test/dependency-rules.test.ts).
  */
 import type { RequestContext } from '../context.ts'
+import type { JsonRpcMessage } from '../targets/types.ts'
+import { VERSION } from '../version.ts'
 
 /** Session-era revisions we serve, newest first. */
 export const SESSION_REVISIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'] as const
 export type SessionRevision = typeof SESSION_REVISIONS[number]
 export const LATEST_SESSION_REVISION: SessionRevision = '2025-11-25'
-/** The stateless revision (modern.ts). */
+/** The stateless revision (modern/). */
 export const MODERN_REVISION = '2026-07-28'
 /** Revision assumed when a session-era request carries no MCP-Protocol-Version (MCP 2025-06-18, transports). */
 export const DEFAULT_HEADER_REVISION: SessionRevision = '2025-03-26'
@@ -42,6 +44,62 @@ export const MODERN_RPC = {
 } as const
 /** What MCP SDK servers answer for an unknown session (and so do we, on every path). */
 export const SESSION_NOT_FOUND_RPC = -32001
+
+/** How the gateway names itself to clients (several targets) and to upstreams (pooled clients). */
+export const GATEWAY_INFO: Readonly<{ name: string; version: string }> = Object.freeze({
+  name: 'mcp-proxy',
+  version: VERSION,
+})
+
+/*
+ * The method tables both eras dispatch by (legacy/session.ts, modern/handler.ts): which requests
+ * name one item, list the items of every target, or address one task.
+ */
+
+export type ListKey = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
+
+/** List methods and the result field that holds their items (MCP server features). */
+export const LIST_KEYS = {
+  'tools/list': 'tools',
+  'prompts/list': 'prompts',
+  'resources/list': 'resources',
+  'resources/templates/list': 'resourceTemplates',
+} as const satisfies Readonly<Record<string, ListKey>>
+
+export type ListMethod = keyof typeof LIST_KEYS
+
+/** Narrows a method once, so that the list code needs no lookup that might miss. */
+export function isListMethod (method: string): method is ListMethod {
+  return Object.hasOwn(LIST_KEYS, method)
+}
+
+/** Requests addressed to one named item: its kind and the param that names it. */
+export const NAMED = {
+  'tools/call': { kind: 'tool', field: 'name' },
+  'prompts/get': { kind: 'prompt', field: 'name' },
+  'resources/read': { kind: 'resource', field: 'uri' },
+  'resources/subscribe': { kind: 'resource', field: 'uri' },
+  'resources/unsubscribe': { kind: 'resource', field: 'uri' },
+} as const satisfies Readonly<Record<string, { readonly kind: 'tool' | 'prompt' | 'resource'; readonly field: 'name' | 'uri' }>>
+
+export type NamedMethod = keyof typeof NAMED
+
+export function isNamedMethod (method: string): method is NamedMethod {
+  return Object.hasOwn(NAMED, method)
+}
+
+/** Task methods addressed to one task by `params.taskId` (MCP 2025-11-25 basic/utilities/tasks). */
+export const TASK_METHODS: ReadonlySet<string> = new Set(['tasks/get', 'tasks/result', 'tasks/cancel'])
+
+/** An error answer the gateway makes itself (its id is set where it is sent). */
+export function rpcError (code: number, message: string): JsonRpcMessage {
+  return { jsonrpc: '2.0', error: { code, message } }
+}
+
+/** The least time an upstream gets to answer `initialize` / `server/discover`, whatever the request timeout. */
+export const INIT_TIMEOUT_MIN_MS = 15_000
+/** Interval of SSE keep-alive comments on long-lived streams (GET streams, subscriptions/listen). */
+export const KEEPALIVE_MS = 15_000
 
 const SESSION_SET: ReadonlySet<string> = new Set(SESSION_REVISIONS)
 

@@ -1,6 +1,6 @@
 /**
  * `share: subject` for stdio targets: the sessions of one token subject share
- * a pooled, already initialized child (modern-pool.ts) instead of spawning one
+ * a pooled, already initialized child (upstreams/pool.ts) instead of spawning one
  * each. A `SharedUpstream` is one session's lease on such a child and speaks
  * the plain `Upstream` contract, so the session layer (session.ts) does not
  * know the difference.
@@ -35,9 +35,11 @@
  */
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
-import { TASK_METHODS } from '../routing/router.ts'
+import { TASK_METHODS } from '../protocol.ts'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstreams/pool.ts'
 import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
+import { EarlyTaskStatus } from '../upstreams/early-task-status.ts'
+import { CAPABILITY_OF_REQUEST, SHARED_CHILD_BRIDGED } from '../upstreams/client-capabilities.ts'
 
 /** Whose upstream a session creates: the session's token subject. */
 export interface UpstreamOwner {
@@ -52,15 +54,11 @@ export interface SessionUpstreamFactory extends UpstreamFactory {
 }
 
 const OK: Readonly<{ jsonrpc: '2.0'; result: Record<string, never> }> = { jsonrpc: '2.0', result: {} }
-/** Server-to-client request method -> the client capability it needs. */
-const NEEDS: Readonly<Record<string, string>> = { 'sampling/createMessage': 'sampling', 'elicitation/create': 'elicitation' }
-/** The client capabilities a lease bridges to its session, and so declares to a shared child. */
-const BRIDGED = ['sampling', 'elicitation'] as const
 
 /** The bridged part of a client's declared capabilities, and a key naming it (stable: sorted keys). */
 function declared (caps: Record<string, unknown>): { caps: Record<string, unknown>; key: string } {
   const out: Record<string, unknown> = {}
-  for (const k of BRIDGED) if (caps[k] !== null && typeof caps[k] === 'object') out[k] = caps[k]
+  for (const k of SHARED_CHILD_BRIDGED) if (caps[k] !== null && typeof caps[k] === 'object') out[k] = caps[k]
   return { caps: out, key: canonical(out) }
 }
 
@@ -87,12 +85,8 @@ export class SharedUpstream implements Upstream {
   readonly #tasks: TaskLedger<true>
   /** Task-augmented calls of this session in flight on the child. */
   #creating = 0
-  /**
-   * Status notifications of tasks no session is known to own yet, held while this session
-   * has a task-augmented call in flight: a child may announce a task before its
-   * CreateTaskResult. At most the session's task limit, the oldest dropped first.
-   */
-  #early: JsonRpcMessage[] = []
+  /** Statuses of tasks no session is known to own yet, while this session has a task-augmented call in flight. */
+  readonly #early: EarlyTaskStatus
   /** Client capabilities from the session's initialize. */
   #clientCaps: Record<string, unknown> = {}
   #closed = false
@@ -104,6 +98,7 @@ export class SharedUpstream implements Upstream {
     this.#factory = factory
     this.#owner = owner
     this.#tasks = new TaskLedger(maxTasks)
+    this.#early = new EarlyTaskStatus(maxTasks)
   }
 
   get pid (): number | undefined { return this.#entry?.upstream.pid }
@@ -131,10 +126,7 @@ export class SharedUpstream implements Upstream {
     if (msg.method === 'notifications/tasks/status') {
       const taskId = msg.params?.taskId
       if (!this.#tasks.has(taskId)) {
-        if (this.#creating > 0 && typeof taskId === 'string') {
-          if (this.#early.length >= this.#tasks.limit) this.#early.shift()
-          this.#early.push(structuredClone(msg))
-        }
+        if (this.#creating > 0 && typeof taskId === 'string') this.#early.hold(structuredClone(msg), true)
         return
       }
       if (isTerminal(msg.params?.status)) this.#tasks.end(taskId)
@@ -145,10 +137,10 @@ export class SharedUpstream implements Upstream {
 
   /** A task-augmented call of this session was answered: `taskId` is the session's now, and its held statuses follow the result. */
   #created (taskId: string | undefined): void {
-    if (--this.#creating === 0 && taskId === undefined) { this.#early = []; return }
+    if (--this.#creating === 0 && taskId === undefined) { this.#early.clear(); return }
     if (taskId === undefined) return
-    const held = this.#early.filter(m => m.params?.taskId === taskId)
-    this.#early = this.#creating === 0 ? [] : this.#early.filter(m => m.params?.taskId !== taskId)
+    const held = this.#early.take(taskId)
+    if (this.#creating === 0) this.#early.clear()
     for (const m of held) {
       if (isTerminal(m.params?.status)) this.#tasks.end(taskId)
       this.#deliver(m)
@@ -173,7 +165,7 @@ export class SharedUpstream implements Upstream {
     const { caps, key } = declared(this.#clientCaps)
     let entry: PooledUpstream
     try {
-      // The child's initialize declares `caps` (modern-pool.ts): no wrapper on its message path.
+      // The child's initialize declares `caps` (upstreams/pool.ts): no wrapper on its message path.
       entry = await this.#pool.acquire(this.#factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1, { declare: caps })
     } catch (err) {
       this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.SERVER_ERROR, message: (err as Error).message } })
@@ -300,8 +292,9 @@ export class SharedUpstream implements Upstream {
   }
 
   #serverRequest (req: JsonRpcMessage): void {
-    const cap = NEEDS[req.method!]
-    if (cap === undefined || this.#clientCaps[cap] === undefined || this.#closed) {
+    // A lease bridges to its session (and so declared to the shared child) all but roots.
+    const cap = CAPABILITY_OF_REQUEST[req.method!]
+    if (cap === undefined || !SHARED_CHILD_BRIDGED.includes(cap) || this.#clientCaps[cap] === undefined || this.#closed) {
       this.#entry?.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
       return
     }
@@ -323,7 +316,7 @@ export class SharedUpstream implements Upstream {
     const entry = this.#entry
     for (const call of this.#calls.values()) call.cancel('session ended')
     this.#calls.clear()
-    this.#early = []
+    this.#early.clear()
     if (entry !== undefined) {
       entry.listeners.delete(this.#listener)
       entry.onGone.delete(this.#gone)

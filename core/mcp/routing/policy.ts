@@ -39,7 +39,7 @@ export function filterListItems (checkers: readonly Plugin[], ctx: RequestContex
 
 /**
  * A refused call must be indistinguishable from a call to an item that does
- * not exist (README "Endpoint rules and per-operation rules"). The gateway cannot know how each upstream answers an
+ * not exist (docs/authorization.md "Endpoint rules and per-operation rules"). The gateway cannot know how each upstream answers an
  * unknown name — a JSON-RPC error, or a tool result with `isError` — so it
  * asks the upstream itself: the call goes on with a stand-in name that no
  * server has, and the stand-in is replaced by the caller's name in the

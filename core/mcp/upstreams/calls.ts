@@ -4,7 +4,7 @@
  * and the upstream's response finds its call by that id. Client ids never
  * reach an upstream: JSON-RPC ids are unique per connection (JSON-RPC 2.0
  * §4), and one upstream serves several client requests (a session's, or a
- * pool's many callers). session.ts keeps one table per link, modern-pool.ts
+ * pool's many callers). session-link.ts keeps one table per link, pool.ts
  * one per pooled upstream. The same table times each call for the
  * target's metrics (call-metrics.ts), so measuring adds nothing to the
  * upstream's own message path.

@@ -1,22 +1,26 @@
 /**
- * Upstream processes for the stateless MCP revision (2026-07-28). Upstream
- * servers that speak only the session era (initialize handshake, one
- * conversation per stdio process) are initialized by the gateway, which keeps
- * a small pool of them per (target, subject) and sends each stateless client
- * request to one of them. Upstreams that speak 2026-07-28 themselves
- * (`mode: 'modern'`) are asked `server/discover` instead of initialized and
- * get the revision's requests as they are, ids and progress tokens mapped
- * (stdio), or one stateless POST each (HTTP, `Upstream.sendModern`). An upstream is never shared across subjects: its state (resource
- * subscriptions, log level, anything the server keeps per connection) stays
- * with the subject that created it. Idle upstreams are closed after a
- * timeout; a cap per (target, subject) and a global cap bound the processes.
+ * Pooled, initialized upstreams, for both eras: the 2026-07-28 handler
+ * (modern/) sends each stateless client request to one of them, and
+ * `share: subject` sessions of the session era lease one shared child each
+ * (legacy/shared-upstream.ts). Upstream servers that speak only the session
+ * era (`era: 'legacy'`: initialize handshake, one conversation per stdio
+ * process) are initialized by the gateway, as their client; upstreams that
+ * speak 2026-07-28 themselves (`era: 'modern'`) are asked `server/discover`
+ * instead and get the revision's requests as they are, ids and progress
+ * tokens mapped (stdio), or one stateless POST each (HTTP,
+ * `Upstream.sendModern`). The pool keys upstreams per (target, subject, and
+ * era or declared capabilities); an upstream is never shared across subjects:
+ * its state (resource subscriptions, log level, anything the server keeps per
+ * connection) stays with the subject that created it. Idle upstreams are
+ * closed after a timeout; a cap per key and a global cap bound the processes.
  */
 import type { Logger } from 'pino'
+import { processLimit, shuttingDown } from '../refusals.ts'
 import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
-import { LATEST_SESSION_REVISION, META, MODERN_REVISION } from '../protocol.ts'
-import { GATEWAY_INFO } from '../routing/router.ts'
+import { GATEWAY_INFO, INIT_TIMEOUT_MIN_MS, LATEST_SESSION_REVISION, META, MODERN_REVISION, rpcError } from '../protocol.ts'
 import { UpstreamCalls } from './calls.ts'
+import { UPSTREAM_CAPABILITIES, upstreamCapabilities, type Bridged } from './client-capabilities.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
 
 export interface PoolOptions {
@@ -45,18 +49,22 @@ export interface CallHooks {
    */
   onServerRequest?: (msg: JsonRpcMessage) => void
   /**
-   * Modern mode: any other notification of this request (a `subscriptions/listen`
+   * Modern era: any other notification of this request (a `subscriptions/listen`
    * stream's acknowledgement and change notifications).
    */
   onNotification?: (msg: JsonRpcMessage) => void
-  /** Modern mode over HTTP: the revision's request headers (Mcp-Method, Mcp-Name, Mcp-Param-*). */
+  /** Modern era over HTTP: the revision's request headers (Mcp-Method, Mcp-Name, Mcp-Param-*). */
   headers?: Readonly<Record<string, string>>
   /** 0: no timer here (the caller times the request itself and cancels it). */
   timeoutMs?: number
 }
 
-/** How the gateway speaks to a pooled upstream: as its session-era client, or in 2026-07-28 as is. */
-export type PoolMode = 'session' | 'modern'
+/**
+ * The era a target speaks, and so how the gateway speaks to its pooled upstream: as its
+ * session-era client (`legacy`: initialize, one conversation per connection), or in 2026-07-28
+ * as is (`modern`). Not the era of a client's request (protocol.ts `eraOf`).
+ */
+export type TargetEra = 'legacy' | 'modern'
 
 /** The `_meta` key of the revision's subscription ids (MCP 2026-07-28 Subscriptions). */
 const SUBSCRIPTION_ID = META.subscriptionId
@@ -64,7 +72,7 @@ const SUBSCRIPTION_ID = META.subscriptionId
 /** Thrown (as the cause of the 502) when a `modern` upstream's `server/discover` shows it does not speak 2026-07-28. */
 export class NotModernError extends Error {}
 
-/** Whether `err` from `acquire(..., 'modern')` says the target speaks only the session era. */
+/** Whether `err` from `acquire(..., { era: 'modern' })` says the target speaks only the session era. */
 export function isNotModern (err: unknown): boolean {
   return (err as { cause?: unknown } | undefined)?.cause instanceof NotModernError
 }
@@ -95,28 +103,9 @@ export interface PooledSummary {
   readonly lastUsedAt: number
 }
 
-const INIT_TIMEOUT_MIN_MS = 15_000
-/** What the gateway declares to pooled upstreams as their (session-era) client, unless told a narrower set. */
-export const UPSTREAM_CAPABILITIES = { sampling: {}, elicitation: { form: {} } } as const
-
-/** Client capabilities the gateway can bridge to a 2026-07-28 client's input requests. */
-export type Bridged = 'sampling' | 'elicitation' | 'roots'
-
-/**
- * The session-era client capabilities declaring exactly `kinds` (form elicitation only; roots
- * without listChanged: a stateless client cannot tell of a change).
- */
-export function upstreamCapabilities (kinds: readonly Bridged[]): Record<string, unknown> {
-  const caps: Record<string, unknown> = {}
-  if (kinds.includes('sampling')) caps.sampling = {}
-  if (kinds.includes('elicitation')) caps.elicitation = { form: {} }
-  if (kinds.includes('roots')) caps.roots = {}
-  return caps
-}
-
 /** How `acquire()` reaches the target: its era, and (session era) which capabilities to declare. */
 export interface AcquireHow {
-  readonly mode?: PoolMode
+  readonly era?: TargetEra
   /**
    * Session era: the capabilities declared upstream; upstreams are pooled per set, so a server's
    * capability-gated tools are seen only by clients that declared the capability. Absent:
@@ -130,17 +119,13 @@ export interface AcquireHow {
   readonly declare?: Readonly<Record<string, unknown>>
 }
 
-function rpcError (code: number, message: string): JsonRpcMessage {
-  return { jsonrpc: '2.0', error: { code, message } }
-}
-
 /** One initialized upstream owned by one (target, subject). */
 export class PooledUpstream {
   readonly target: string
   readonly key: string
   readonly subject: string | undefined
   readonly upstream: Upstream
-  readonly mode: PoolMode
+  readonly era: TargetEra
   /** Session era: what was declared in `initialize`. */
   readonly declared: Record<string, unknown>
   readonly createdAt = Date.now()
@@ -165,7 +150,7 @@ export class PooledUpstream {
 
   constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void, meter?: TargetCallMeter, how: AcquireHow = {}) {
     this.target = factory.target
-    this.mode = how.mode ?? 'session'
+    this.era = how.era ?? 'legacy'
     this.declared = how.declare ?? (how.capabilities === undefined ? UPSTREAM_CAPABILITIES : upstreamCapabilities(how.capabilities))
     this.#pending = new UpstreamCalls<Pending>(meter)
     this.key = key
@@ -183,7 +168,7 @@ export class PooledUpstream {
 
   /** The upstream's name and version: `initialize`'s serverInfo, or `server/discover`'s `_meta` serverInfo. */
   get serverInfo (): unknown {
-    if (this.mode === 'session') return this.initResult?.serverInfo
+    if (this.era === 'legacy') return this.initResult?.serverInfo
     return (this.initResult?._meta as Record<string, unknown> | undefined)?.[META.serverInfo]
   }
 
@@ -211,13 +196,13 @@ export class PooledUpstream {
   async #start (): Promise<void> {
     try {
       await this.upstream.start()
-      if (this.mode === 'modern') {
+      if (this.era === 'modern') {
         await this.#discover()
         this.up = true
         return
       }
       // The gateway is the session-era client here. It declares what it bridges
-      // to multi round-trip results (modern.ts): by default sampling and form
+      // to multi round-trip results (modern/input-required.ts): by default sampling and form
       // elicitation; for 2026-07-28 clients exactly the ones they declare
       // (sampling, elicitation, roots), so that no tool gated on another shows.
       const res = await this.call({
@@ -246,7 +231,7 @@ export class PooledUpstream {
     const clientToken = meta?.progressToken
     let token: string | undefined
     // A 2026-07-28 HTTP request has a stream of its own: its progress needs no mapping.
-    const ownStream = this.mode === 'modern' && this.upstream.sendModern !== undefined
+    const ownStream = this.era === 'modern' && this.upstream.sendModern !== undefined
     if (clientToken !== undefined && meta !== undefined && !ownStream) {
       // Two requests of one subject may carry the same token: make it unique upstream.
       token = `mcpp-${id}`
@@ -335,7 +320,7 @@ export class PooledUpstream {
   /** `reason` absent: none is sent (it is optional, MCP 2025-11-25 utilities, Cancellation). */
   #cancelUpstream (id: number, reason: string | undefined): void {
     // 2026-07-28 over HTTP: closing the request's stream is the cancellation.
-    if (this.mode === 'modern' && this.upstream.abortModern !== undefined) this.upstream.abortModern(id)
+    if (this.era === 'modern' && this.upstream.abortModern !== undefined) this.upstream.abortModern(id)
     else this.notify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: reason === undefined ? { requestId: id } : { requestId: id, reason } })
   }
 
@@ -358,7 +343,7 @@ export class PooledUpstream {
       this.#settle(p, msg)
       return
     }
-    if (msg.id !== undefined && msg.id !== null && this.mode === 'modern') {
+    if (msg.id !== undefined && msg.id !== null && this.era === 'modern') {
       // The revision has no server-to-client requests (MCP 2026-07-28 stdio: the server MUST NOT write them).
       this.#log.debug({ method: msg.method }, 'dropped a request from a 2026-07-28 upstream')
       return
@@ -398,7 +383,7 @@ export class PooledUpstream {
         let only: Pending | undefined
         let candidates = 0
         for (const p of this.#pending.values()) {
-          if (this.mode === 'modern' && p.hooks.onLog === undefined) continue
+          if (this.era === 'modern' && p.hooks.onLog === undefined) continue
           only = p
           candidates++
         }
@@ -413,7 +398,7 @@ export class PooledUpstream {
         return
       default: {
         const sub = (msg.params?._meta as Record<string, unknown> | undefined)?.[SUBSCRIPTION_ID]
-        if (this.mode === 'modern' && sub !== undefined) {
+        if (this.era === 'modern' && sub !== undefined) {
           // A subscriptions/listen stream's: its id is the listen request's on this upstream.
           for (const p of this.#pending.values()) if (p.id === sub) p.hooks.onNotification?.(msg)
           return
@@ -476,9 +461,9 @@ export class UpstreamPool {
    * session) is over. `perKeyMax` caps the upstreams of this key.
    */
   async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined, perKeyMax = this.#opts.perKeyMax, how: AcquireHow = {}): Promise<PooledUpstream> {
-    if (this.#closed) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: the gateway is shutting down', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
+    if (this.#closed) throw shuttingDown()
     const key = factory.target + '\u0000' + subjectKey +
-      (how.mode === 'modern' ? '\u0000modern' : how.capabilities === undefined ? '' : '\u0000caps:' + [...how.capabilities].sort().join(','))
+      (how.era === 'modern' ? '\u0000modern' : how.capabilities === undefined ? '' : '\u0000caps:' + [...how.capabilities].sort().join(','))
     const list = this.#byKey.get(key) ?? []
     const live = list.filter(e => !e.closed)
     let entry: PooledUpstream | undefined
@@ -486,7 +471,7 @@ export class UpstreamPool {
     for (const e of live) if (entry === undefined || e.leases < entry.leases) entry = e
     if (entry === undefined || (entry.leases > 0 && live.length < perKeyMax)) {
       if (this.#size >= this.#opts.globalMax && !this.#evictIdle()) {
-        if (entry === undefined) throw new ProxyError('MCPP_ERR_TOO_MANY_SESSIONS', 503, 'Service Unavailable: upstream process limit reached', { rpcCode: RPC.SERVER_ERROR, headers: { 'retry-after': '10' }, expose: true })
+        if (entry === undefined) throw processLimit()
       } else {
         entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e), this.#opts.meters?.get(factory.target), how)
         live.push(entry)

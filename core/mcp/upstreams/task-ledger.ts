@@ -13,6 +13,15 @@ export function isTerminal (status: unknown): boolean {
   return status === 'completed' || status === 'failed' || status === 'cancelled'
 }
 
+/**
+ * Whether the answer to a task request (tasks/get, tasks/update, tasks/result, tasks/cancel) shows
+ * the task ended: a result given, a cancellation acknowledged, or a terminal status seen. The one
+ * rule of both eras' task slots (legacy/session-tasks.ts, modern/tasks.ts).
+ */
+export function endsTask (method: string, result: unknown): boolean {
+  return method === 'tasks/result' || method === 'tasks/cancel' || isTerminal((result as { status?: unknown } | undefined)?.status)
+}
+
 export class TaskLedger<V> {
   readonly limit: number
   readonly #working = new Map<string, V>()

@@ -1,45 +1,22 @@
 /**
- * The routing both protocol eras share (session.ts for the session era,
- * modern.ts for 2026-07-28): which target a client-facing name, URI or
- * completion reference belongs to and what the upstream calls it
- * (naming.ts), whether the caller may use it (policy.ts), and how the list
- * results of several targets become one. The eras differ only in how they
- * reach an upstream (a session's own link, or a pooled one) and how they
- * answer the client; both hand that in as a function.
+ * The gateway's namespace over its targets, which both protocol eras share
+ * (legacy/session.ts for the session era, modern/ for 2026-07-28): which
+ * target a client-facing name, URI, task id or completion reference belongs
+ * to and what the upstream calls it (naming.ts), whether the caller may use
+ * it (policy.ts), the marking of names and URIs in answers, and how the list
+ * results of several targets become one. It decides where a request goes;
+ * sending it there is the era's (a session's own link, or a pooled upstream),
+ * handed in as a function where the namespace needs pages of several targets.
  */
-import { RELATED_TASK } from '../protocol.ts'
+import { LIST_KEYS, RELATED_TASK, rpcError, type ListKey, type ListMethod } from '../protocol.ts'
 import type { Logger } from 'pino'
 import type { RequestContext } from '../../context.ts'
 import type { Plugin } from '../../plugin.ts'
 import type { JsonRpcMessage } from '../../targets/types.ts'
-import { VERSION } from '../../version.ts'
 import { RPC } from '../../errors.ts'
 import { splitName, markUri, unmarkUri, prefixName, renameListItem } from './naming.ts'
 import { allowOperation, deniedStandIn, filterListItems, type OperationKind } from './policy.ts'
 import { normalizeResourceUri } from './resource-uri.ts'
-
-/** How the gateway names itself to clients (several targets) and to upstreams (pooled clients). */
-export const GATEWAY_INFO: Readonly<{ name: string; version: string }> = Object.freeze({
-  name: 'mcp-proxy',
-  version: VERSION,
-})
-
-export type ListKey = 'tools' | 'prompts' | 'resources' | 'resourceTemplates'
-
-/** Task methods addressed to one task by `params.taskId` (MCP 2025-11-25 basic/utilities/tasks). */
-export const TASK_METHODS: ReadonlySet<string> = new Set(['tasks/get', 'tasks/result', 'tasks/cancel'])
-/** `_meta` key that ties a message to a task (MCP 2025-11-25 tasks, "Related Task Metadata"). */
-export { RELATED_TASK }
-
-/** List methods and the result field that holds their items (MCP server features). */
-export const LIST_KEYS = {
-  'tools/list': 'tools',
-  'prompts/list': 'prompts',
-  'resources/list': 'resources',
-  'resources/templates/list': 'resourceTemplates',
-} as const satisfies Readonly<Record<string, ListKey>>
-
-export type ListMethod = keyof typeof LIST_KEYS
 
 /**
  * The string field that names each item of a list (MCP 2025-11-25 schema: Tool and Prompt
@@ -69,25 +46,6 @@ export function invalidList (target: string, method: string, key: ListKey | 'tas
   return why === undefined ? undefined : { code: RPC.INTERNAL_ERROR, message: `upstream ${target} answered an invalid ${method} result: ${why}` }
 }
 
-/** Narrows a method once, so that the list code below needs no lookup that might miss. */
-export function isListMethod (method: string): method is ListMethod {
-  return Object.hasOwn(LIST_KEYS, method)
-}
-
-/** Requests addressed to one named item: its kind and the param that names it. */
-export const NAMED = {
-  'tools/call': { kind: 'tool', field: 'name' },
-  'prompts/get': { kind: 'prompt', field: 'name' },
-  'resources/read': { kind: 'resource', field: 'uri' },
-  'resources/subscribe': { kind: 'resource', field: 'uri' },
-  'resources/unsubscribe': { kind: 'resource', field: 'uri' },
-} as const satisfies Readonly<Record<string, { readonly kind: OperationKind; readonly field: 'name' | 'uri' }>>
-
-export type NamedMethod = keyof typeof NAMED
-
-export function isNamedMethod (method: string): method is NamedMethod {
-  return Object.hasOwn(NAMED, method)
-}
 
 export type RpcError = { code: number; message: string; data?: unknown }
 
@@ -97,7 +55,7 @@ export type StandIn = ReturnType<typeof deniedStandIn>
 /** One page of a list, fetched from one target by the era's own means. */
 export type PageFetch<T> = (target: T, params: Record<string, unknown>) => Promise<JsonRpcMessage>
 
-export class Router<T extends { readonly target: string }> {
+export class TargetNamespace<T extends { readonly target: string }> {
   readonly targets: readonly T[]
   /** More than one target: names and URIs carry the target. */
   readonly multi: boolean
@@ -309,7 +267,7 @@ export class Router<T extends { readonly target: string }> {
    * whole list. `stopped` ends the paging when the client went away.
    */
   async mergeLists (ctx: RequestContext, method: ListMethod | 'tasks/list', fetch: PageFetch<T>, stopped: () => boolean, log: Logger, failClosed: boolean): Promise<JsonRpcMessage> {
-    // tasks/list: every task is listed here; which are the caller's is the era's to say (session.ts).
+    // tasks/list: every task is listed here; which are the caller's is the era's to say (legacy/session.ts).
     const key = method === 'tasks/list' ? 'tasks' : LIST_KEYS[method]
     const parts = await Promise.all(this.targets.map(async (t): Promise<unknown[] | RpcError> => {
       const out: unknown[] = []
@@ -359,8 +317,4 @@ function markBlock (target: string, block: unknown): void {
   const b = block as { type?: unknown; uri?: unknown; resource?: { uri?: unknown } | null }
   if (b.type === 'resource_link' && typeof b.uri === 'string') b.uri = markUri(target, b.uri)
   else if (b.type === 'resource' && typeof b.resource?.uri === 'string') b.resource.uri = markUri(target, b.resource.uri)
-}
-
-export function rpcError (code: number, message: string): JsonRpcMessage {
-  return { jsonrpc: '2.0', error: { code, message } }
 }

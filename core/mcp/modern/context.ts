@@ -1,0 +1,126 @@
+/**
+ * What a 2026-07-28 handler holds between requests, as one explicit record handed to each of its
+ * modules (handler.ts composes them): the options, the shared router, the target eras, the calls
+ * parked on an InputRequiredResult, the learnt `Mcp-Param-*` annotations, the task seal and slots,
+ * and the open listen streams. Also the shapes of an upstream call in flight and a parked one.
+ */
+import type { Logger } from 'pino'
+import type { Plugin } from '../../plugin.ts'
+import type { JsonRpcId, JsonRpcMessage, UpstreamFactory } from '../../targets/types.ts'
+import type { StreamLimits } from '../sse.ts'
+import { TargetNamespace } from '../routing/namespace.ts'
+import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstreams/pool.ts'
+import { TargetEras } from '../upstreams/target-era.ts'
+import { ParamHeaderCache } from './param-headers.ts'
+import { createTaskSeal, type TaskSeal } from '../upstreams/task-seal.ts'
+import { createMemoryState, type SharedState } from '../../cluster/shared-state.ts'
+
+export interface ModernOptions {
+  readonly targets: readonly UpstreamFactory[]
+  /** Plugins with `allowMcpOperation`; empty means no filtering. */
+  readonly checkers: readonly Plugin[]
+  readonly pool: UpstreamPool
+  readonly log: Logger
+  readonly failClosed: boolean
+  /** Bounds of every SSE answer and listen stream (sse.ts). */
+  readonly streams: StreamLimits
+  /** `mcp.limits.maxInputRequestsPerRound`; default 16. */
+  readonly maxInputsPerRound?: number
+  /** `mcp.limits.maxTasksPerSession`, here per subject: unfinished tasks one subject may have; default 100. */
+  readonly maxTasks?: number
+  /** Seals task ids (task-seal.ts): under the cluster/worker secret, any process serves a task. Default: a per-process key. */
+  readonly taskSeal?: TaskSeal
+  /** Where each subject's unfinished tasks are counted (memory, the primary's store under workers, Redis). Default: memory. */
+  readonly shared?: SharedState
+  /**
+   * Mints the `requestState` of a parked translated call. With `workers` or `cluster`: an id sealed to
+   * this process as a session's owner id is (cluster-forward.ts), so a retry landing elsewhere is
+   * relayed here. Default: 192 random bits.
+   */
+  readonly mintState?: () => string
+}
+
+/** An upstream call in flight and the upstream it holds. */
+export interface Running {
+  readonly entry: PooledUpstream
+  readonly call: PoolCall
+  readonly hooks: CallHooks
+  /**
+   * Server-to-client requests of the call not yet turned into input requests: taken from the
+   * moment the call is sent (a fast upstream may ask before anyone waits) and while it is parked.
+   */
+  readonly asked: JsonRpcMessage[]
+  /** Wakes whoever waits for `asked`. */
+  wake: (() => void) | undefined
+  /** Takes a server request into `asked`: the call's `onServerRequest` except while it is parked. */
+  readonly take: ((req: JsonRpcMessage) => void) | undefined
+}
+
+/** An upstream's final answer, and the upstream that gave it (whose serverInfo the answer carries). */
+export interface Settled { readonly res: JsonRpcMessage; readonly entry: PooledUpstream }
+
+/** One server-to-client request of a parked call, under the key the client answers it by. */
+export interface Ask { readonly key: string; readonly serverRequestId: JsonRpcId }
+
+/** An upstream call parked on an InputRequiredResult until the client retries. */
+export interface Continuation {
+  readonly run: Running
+  readonly subjectKey: string
+  readonly method: string
+  /** The name or URI as the client sent it. */
+  readonly name: unknown
+  readonly asks: readonly Ask[]
+  readonly timer: NodeJS.Timeout
+}
+
+
+/** The state of one handler, shared by its modules. */
+export interface ModernContext {
+  readonly opts: ModernOptions
+  readonly pool: UpstreamPool
+  readonly checkers: readonly Plugin[]
+  readonly log: Logger
+  readonly router: TargetNamespace<UpstreamFactory>
+  /** Several targets: names carry their target, answers the gateway's serverInfo. */
+  readonly multi: boolean
+  /** `mcp.limits.maxInputRequestsPerRound`. */
+  readonly maxInputs: number
+  readonly eras: TargetEras
+  /** Ends of the open subscriptions/listen streams. */
+  readonly listens: Set<() => void>
+  /** Calls parked on an InputRequiredResult, by `requestState`. */
+  readonly parked: Map<string, Continuation>
+  /** The last input request key handed out (`input-<n>`). */
+  readonly inputSeq: { n: number }
+  readonly paramHeaders: ParamHeaderCache
+  /** `tools/list` fetches under way to learn a target's `Mcp-Param-*` annotations. */
+  readonly paramFetches: Map<string, Promise<void>>
+  /**
+   * A server MUST check on every task-related request that the caller may access the task (SEP-2663,
+   * Security Implications, "Auth binding"); the upstream sees no subjects (one pooled HTTP upstream
+   * serves all), so the id the client sees is the task sealed to the subject whose call created it,
+   * and tasks/* are answered only for an id that opens for the caller (never probed upstream).
+   * The per-subject count lives in shared state, so it holds across workers and replicas.
+   */
+  readonly tasks: { readonly seal: TaskSeal; readonly slots: SharedState; readonly max: number }
+}
+
+export function createModernContext (opts: ModernOptions): ModernContext {
+  const router = new TargetNamespace(opts.targets, opts.checkers)
+  return {
+    opts,
+    pool: opts.pool,
+    checkers: opts.checkers,
+    log: opts.log,
+    router,
+    multi: router.multi,
+    maxInputs: opts.maxInputsPerRound ?? 16,
+    eras: new TargetEras(opts.pool, opts.log),
+    listens: new Set(),
+    parked: new Map(),
+    inputSeq: { n: 0 },
+    paramHeaders: new ParamHeaderCache(),
+    paramFetches: new Map(),
+    tasks: { seal: opts.taskSeal ?? createTaskSeal(undefined), slots: opts.shared ?? createMemoryState(), max: opts.maxTasks ?? 100 },
+  }
+}
