@@ -32,6 +32,8 @@ async function twoWorkers (t: Test, targets: string[], extra: string[] = []): Pr
     ...targets.map(l => '    ' + l),
     ...extra,
     'workers: 2',
+    // No admin listener: test files run in parallel, and two CLIs on the default admin.port (15000) refuse to start.
+    'admin: { enabled: false }',
   ].join('\n'), 'mcpp-anyproc-')
   const cli = spawnCli(['-f', file])
   // SIGKILL: the primary's workers and children go with it (workers.test.ts checks that); nothing here is about shutdown.

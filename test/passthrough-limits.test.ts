@@ -26,6 +26,7 @@ async function startCli (t: Test, upstream: string, session: string): Promise<Cl
   targets:
     - name: remote
       mcp: { url: ${JSON.stringify(upstream)} }
+admin: { enabled: false }
 `)
   const cli = spawnCli(['-f', file])
   t.teardown(async () => {

@@ -51,6 +51,8 @@ async function twoWorkers (t: Test): Promise<{ url: string; port: number; pid: n
     `      clientId: "${idp.clientId}"`,
     `      resourceMetadata: { resource: "http://127.0.0.1:${port}/mcp", scopesSupported: [openid] }`,
     'workers: 2',
+    // No admin listener: test files run in parallel, and two CLIs on the default admin.port (15000) refuse to start.
+    'admin: { enabled: false }',
   ].join('\n'), 'mcpp-workers-edge-')
   const cli = spawnCli(['-f', file])
   t.teardown(async () => { if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL'); await cli.exited })
