@@ -142,16 +142,27 @@ class Endpoint implements GatewayMcpEndpoint {
 
   parse (body: Buffer): McpMessageInfo { return parseMcpBody(body) }
 
+  /**
+   * The request's era is decided here, by one eraOf call, and handed on: a POST's once its body is read
+   * (#post), any other request's from its headers. Only a passthrough (which pipes session-era bodies
+   * unread) needs the headers' verdict on a POST before the body: if they do not make it the
+   * passthrough's, the body decides in #post.
+   */
   async handle (ctx: RequestContext): Promise<void> {
     checkSessionIdSyntax(ctx)
-    if (this.#opts.passthrough !== undefined && eraOf(ctx) === 'session') return this.#opts.passthrough.handle(ctx)
+    const passthrough = this.#opts.passthrough
+    if (ctx.method === 'POST') {
+      if (passthrough !== undefined && eraOf(ctx) === 'legacy') return passthrough.handle(ctx)
+      return this.#post(ctx)
+    }
+    const era = eraOf(ctx)
+    if (passthrough !== undefined && era === 'legacy') return passthrough.handle(ctx)
     switch (ctx.method) {
-      case 'POST': return this.#post(ctx)
       case 'GET':
-        if (eraOf(ctx) === 'modern') modernNotAllowed(ctx)
+        if (era === 'modern') modernNotAllowed(ctx)
         return openSessionStream(this.#sessions, ctx)
       case 'DELETE':
-        if (eraOf(ctx) === 'modern') modernNotAllowed(ctx)
+        if (era === 'modern') modernNotAllowed(ctx)
         return deleteSession(this.#sessions, ctx)
       default:
         throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed`, { headers: { allow: 'GET, POST, DELETE' }, rpcCode: RPC.INVALID_REQUEST })
