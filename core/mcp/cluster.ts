@@ -50,7 +50,7 @@ export interface McpCluster {
   readonly relay: McpRelay | undefined
   /**
    * A new session id (or `requestState` of a parked call) naming this process
-   * as its owner (forward.ts); undefined alone (callers then draw random ids).
+   * as its owner (core/cluster/forward.ts); undefined alone (callers then draw random ids).
    */
   readonly newSessionId: (() => string) | undefined
   /**

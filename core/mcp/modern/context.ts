@@ -1,6 +1,6 @@
 /**
  * What a 2026-07-28 handler holds between requests, as one explicit record handed to each of its
- * modules (handler.ts composes them): the options, the shared router, the target eras, the calls
+ * modules (handler.ts composes them): the options, the target namespace (`router`), the target eras, the calls
  * parked on an InputRequiredResult, the learnt `Mcp-Param-*` annotations, the task seal and slots,
  * and the open listen streams. Also the shapes of an upstream call in flight and a parked one.
  */
