@@ -65,6 +65,13 @@ module.exports = {
       to: { path: ['^core/mcp/', '^core/targets/'] },
     },
     {
+      name: 'mcp-reaches-the-cluster-through-one-door',
+      comment: 'Everything under core/mcp/ reaches core/cluster/ (shared state, relay, sealing) through core/mcp/cluster.ts alone, type-only imports included: what MCP needs of the deployment is one object (McpCluster) built by the composition root, so a change to the cluster touches one MCP file, and the endpoint and handlers take one option instead of a handful.',
+      severity: 'error',
+      from: { path: '^core/mcp/', pathNot: '^core/mcp/cluster\\.ts$' },
+      to: { path: '^core/cluster/' },
+    },
+    {
       name: 'observability-is-a-side-system',
       comment: 'core/observability/ (metrics, labels, process metrics, tracing, the access log) is called by every part and knows none of them: it imports neither core/targets/ nor core/mcp/ (the shapes it records are its own or the engine\'s).',
       severity: 'error',

@@ -49,7 +49,7 @@ export interface GatewayConfig {
     policies: Readonly<Record<string, unknown>>
     plugins?: PluginEntryConfig[]
     targets: TargetConfig[]
-    /** CIDR ranges or addresses of reverse proxies whose X-Forwarded-For is believed (core/client-address.ts). */
+    /** CIDR ranges or addresses of reverse proxies whose X-Forwarded-For is believed (core/cluster/client-address.ts). */
     trustedProxies: string[]
     failClosed: boolean
     session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }

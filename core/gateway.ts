@@ -199,13 +199,9 @@ async function assemble (b: Boot, gw: GatewayServer, port: number, targetReadine
   const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
   // With replicas or workers, a passthrough session's id carries its upstream session: any of them serves it.
   const passthrough = only?.mcp !== undefined && !perOperation
-    ? createHttpPassthrough(only, { log, metrics, newSessionId: cluster.newSessionId, sealed: cluster.sealedSessions(only.name), idleTimeoutSeconds: config.mcp.session.idleTimeoutSeconds, maxSessions: config.mcp.session.maxSessions })
+    ? createHttpPassthrough(only, { log, metrics, cluster, idleTimeoutSeconds: config.mcp.session.idleTimeoutSeconds, maxSessions: config.mcp.session.maxSessions })
     : undefined
-  // The cluster's parts as the endpoint's options take them today (core/mcp/cluster.ts: one `cluster` object later).
-  const endpoint = createMcpEndpoint({
-    targets: factories, plugins, config: config.mcp, log, metrics, passthrough,
-    shared: { state: cluster.shared, leaseMs: cluster.leaseMs }, cluster: cluster.relay, secret: cluster.secret,
-  })
+  const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough, cluster })
   cleanup.push(() => endpoint.close())
   gw.attach(pipeline, routes, endpoint)
   return { baseUrl, plugins, routes, shared: shared.state, lifecycles, endpoint }

@@ -1,8 +1,9 @@
 /**
  * Plain JSON-RPC 2.0 framing: the shape of one message and the parse of a
  * body (one message or a batch), with the error codes JSON-RPC defines. The
- * MCP layer builds its body parser on it (core/mcp/message.ts); the router
- * and the era handlers only ever see messages that passed `isJsonRpcMessage`.
+ * MCP layer builds its body parser on it (core/mcp/message.ts); the target
+ * namespace and the era handlers only ever see messages that passed
+ * `isJsonRpcMessage`.
  */
 import type { McpMessageInfo } from './context.ts'
 import { ProxyError, RPC } from './errors.ts'

@@ -50,6 +50,12 @@ const TREE: Record<string, string[]> = {
   ],
   'core/mcp/protocol.ts': [],
   'core/mcp/cluster.ts': ["import '../cluster/forward.ts'", "import '../cluster/shared-state.ts'"],
+  // MCP reaches core/cluster/ through core/mcp/cluster.ts only (above); a type-only edge past it counts too.
+  'core/mcp/upstreams/task-seal.ts': [
+    "import '../cluster.ts'",
+    "import '../../cluster/seal.ts' // mcp-reaches-the-cluster-through-one-door",
+    "import type { Shape } from '../../cluster/shared-state.ts' // mcp-reaches-the-cluster-through-one-door",
+  ],
   'core/mcp/routing/router.ts': ["import '../../targets/stdio.ts'", "import '../protocol.ts'"],
   'core/mcp/upstreams/pool.ts': ["import '../../targets/http.ts'", "import '../routing/router.ts'"],
   'core/mcp/legacy/session.ts': [
@@ -82,6 +88,7 @@ const TREE: Record<string, string[]> = {
   // A worker answers the primary's readiness questions: process management, not the request path.
   'core/cluster/worker.ts': ["import type { Readiness } from '../admin/probes.ts'", "import './shared-state.ts'"],
   'core/cluster/client-address.ts': [],
+  'core/cluster/seal.ts': [],
   'core/observability/metrics.ts': ["import '../admin/probes.ts' // admin-off-the-data-path"],
   'core/observability/tracing.ts': [
     "import type { RequestContext } from '../context.ts'",

@@ -36,20 +36,20 @@ t.test('revisions and negotiation', async t => {
 })
 
 t.test('eraOf: the table of docs/protocol.md "Revision 2026-07-28"', async t => {
-  const cases: Array<[Record<string, string>, unknown, 'session' | 'modern', string]> = [
+  const cases: Array<[Record<string, string>, unknown, 'legacy' | 'modern', string]> = [
     [{ 'mcp-protocol-version': '2026-07-28' }, undefined, 'modern', 'version header 2026-07-28'],
     [{ 'mcp-protocol-version': '2026-07-28', 'mcp-session-id': 's' }, undefined, 'modern', 'the session id is then ignored'],
-    [{}, { jsonrpc: '2.0', id: 1, method: 'initialize', params: meta('2026-07-28') }, 'session', 'initialize is always session era'],
+    [{}, { jsonrpc: '2.0', id: 1, method: 'initialize', params: meta('2026-07-28') }, 'legacy', 'initialize is always session era'],
     [{ 'mcp-session-id': 's' }, { jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2026-07-28') }, 'modern', '_meta 2026-07-28, even with a session id'],
     [{}, { jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2030-01-01') }, 'modern', 'any _meta version without a session id'],
-    [{ 'mcp-session-id': 's' }, { jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2030-01-01') }, 'session', 'another _meta version with a session id'],
+    [{ 'mcp-session-id': 's' }, { jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2030-01-01') }, 'legacy', 'another _meta version with a session id'],
     [{}, { jsonrpc: '2.0', id: 1, method: 'server/discover' }, 'modern', 'discover without version and session headers'],
-    [{ 'mcp-protocol-version': '2025-06-18' }, { jsonrpc: '2.0', id: 1, method: 'server/discover' }, 'session', 'discover with a session-era version header'],
+    [{ 'mcp-protocol-version': '2025-06-18' }, { jsonrpc: '2.0', id: 1, method: 'server/discover' }, 'legacy', 'discover with a session-era version header'],
     [{ 'mcp-protocol-version': '2030-01-01' }, undefined, 'modern', 'a version header naming no session-era revision'],
-    [{ 'mcp-protocol-version': '2030-01-01', 'mcp-session-id': 's' }, undefined, 'session', '... unless there is a session id'],
-    [{}, [{ jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2026-07-28') }], 'session', 'a batch is never read for _meta'],
-    [{}, { jsonrpc: '2.0', id: 1, method: 'tools/list' }, 'session', 'anything else'],
-    [{ 'mcp-protocol-version': '2025-11-25' }, undefined, 'session', 'a session-era version header'],
+    [{ 'mcp-protocol-version': '2030-01-01', 'mcp-session-id': 's' }, undefined, 'legacy', '... unless there is a session id'],
+    [{}, [{ jsonrpc: '2.0', id: 1, method: 'tools/list', params: meta('2026-07-28') }], 'legacy', 'a batch is never read for _meta'],
+    [{}, { jsonrpc: '2.0', id: 1, method: 'tools/list' }, 'legacy', 'anything else'],
+    [{ 'mcp-protocol-version': '2025-11-25' }, undefined, 'legacy', 'a session-era version header'],
   ]
   for (const [headers, body, era, why] of cases) t.equal(eraOf(ctx(headers), body), era, why)
 })

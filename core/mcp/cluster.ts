@@ -15,7 +15,10 @@
 import type { ClusterForward } from '../cluster/forward.ts'
 import { createMemoryState, type SharedState } from '../cluster/shared-state.ts'
 
-export type { ClusterForward, SharedState }
+export type { SharedState }
+
+/** What the /mcp endpoint asks of the relay: whose session (or parked call) an id names, and sending a request there. */
+export type McpRelay = Pick<ClusterForward, 'remoteOwner' | 'forward'>
 // The sealing primitives, for the MCP ids sealed with a key of their own (upstreams/task-seal.ts).
 export { seal, sealKey, unseal } from '../cluster/seal.ts'
 
@@ -44,10 +47,10 @@ export interface McpCluster {
    * for another process's session (or parked call) is relayed to it.
    * Undefined when the process serves alone.
    */
-  readonly relay: ClusterForward | undefined
+  readonly relay: McpRelay | undefined
   /**
    * A new session id (or `requestState` of a parked call) naming this process
-   * as its owner (forward.ts); undefined alone (callers then draw random ids).
+   * as its owner (core/cluster/forward.ts); undefined alone (callers then draw random ids).
    */
   readonly newSessionId: (() => string) | undefined
   /**

@@ -6,8 +6,9 @@
  * (legacy/session-registry.ts, legacy/session-requests.ts) or the HTTP
  * passthrough (legacy/passthrough.ts), 2026-07-28 requests to the stateless
  * handler (modern/handler.ts), both routed over the same upstream factories.
- * With `cluster`, another replica's sessions and parked calls are relayed to
- * their owner.
+ * With peers (`cluster` or `workers`), another process's sessions and parked
+ * calls are relayed to their owner, through the one door MCP has to
+ * core/cluster (cluster.ts).
  */
 import type { RequestContext, McpMessageInfo } from '../context.ts'
 import type { Plugin } from '../plugin.ts'
@@ -23,9 +24,7 @@ import { createModernHandler } from './modern/handler.ts'
 import { UpstreamPool, type PooledSummary } from './upstreams/pool.ts'
 import { sharedFactory } from './legacy/shared-upstream.ts'
 import { createCallMeters } from './upstreams/call-metrics.ts'
-import { createMemoryState, type SharedState } from '../cluster/shared-state.ts'
-import type { ClusterForward } from '../cluster/forward.ts'
-import { createTaskSeal } from './upstreams/task-seal.ts'
+import { createMcpCluster, type McpCluster, type McpRelay } from './cluster.ts'
 import { parseMcpBody } from './message.ts'
 import { checkSessionIdSyntax, header } from './headers.ts'
 import { SessionRegistry, type SessionSummary } from './legacy/session-registry.ts'
@@ -47,15 +46,11 @@ export interface McpEndpointOptions {
   /** When set (one HTTP target), session-era traffic is handed to it unchanged. */
   readonly passthrough?: McpEndpoint & { holds?(id: string): boolean }
   /**
-   * Where per-subject session caps are counted: this process's memory by
-   * default, Redis with `cluster.redis` so the cap holds across replicas.
-   * `leaseMs`: how long a slot outlives a replica that stopped renewing it.
+   * This process's place in the deployment (cluster.ts): where per-subject session caps and task slots are
+   * counted, the relay to the owner of another process's session or parked call, the ids it mints, the
+   * secret task ids are sealed under. Default: one process alone (memory state, no relay, random ids).
    */
-  readonly shared?: { readonly state: SharedState; readonly leaseMs: number }
-  /** With `cluster`: session ids name their owner, and another replica's sessions are forwarded to it. */
-  readonly cluster?: ClusterForward
-  /** The cluster/worker secret: 2026-07-28 task ids are sealed under a key derived from it (any process serves them). */
-  readonly secret?: string
+  readonly cluster?: McpCluster
 }
 
 export interface TargetSummary {
@@ -63,17 +58,6 @@ export interface TargetSummary {
   readonly kind: 'stdio' | 'http'
   /** Sessions with a running upstream of this target. */
   readonly sessions: number
-}
-
-export interface GatewayMcpEndpoint extends McpEndpoint {
-  sessions(): SessionSummary[]
-  /** Ends the session whose id or unique 8+ character prefix is given. */
-  endSession(idOrPrefix: string): boolean
-  /** Stops accepting new sessions (initialize gets 503) and ends listen streams; existing sessions keep working. */
-  drain(): void
-  describeTargets(): TargetSummary[]
-  /** Pooled upstreams (revision 2026-07-28, and `share: subject` targets), per (target, subject). */
-  pooled(): PooledSummary[]
 }
 
 export interface GatewayMcpEndpoint extends McpEndpoint {
@@ -109,6 +93,7 @@ class Endpoint implements GatewayMcpEndpoint {
   readonly #sessions: SessionRegistry
   readonly #pool: UpstreamPool
   readonly #modern: ReturnType<typeof createModernHandler>
+  readonly #cluster: McpCluster
   /**
    * The Authorization header of a request that may be a retry of a parked call, as it arrived: the
    * authentication plugin removes it from the request, and the owner of the parked call runs its own
@@ -127,7 +112,9 @@ class Endpoint implements GatewayMcpEndpoint {
     const requestTimeoutMs = config.session.requestTimeoutSeconds * 1000
     const maxTasks = config.limits?.maxTasksPerSession ?? DEFAULT_MAX_TASKS
     const checkers = opts.plugins.filter(p => typeof p.allowMcpOperation === 'function')
-    const caps = opts.shared?.state ?? createMemoryState()
+    const cluster = opts.cluster ?? createMcpCluster()
+    this.#cluster = cluster
+    const caps = cluster.shared
     // Revision 2026-07-28: stateless requests served by pooled upstreams, never shared across subjects.
     const pool = new UpstreamPool({ log, perKeyMax: POOLED_PER_SUBJECT, globalMax: config.session.maxSessions, idleMs, requestTimeoutMs, meters })
     this.#pool = pool
@@ -141,30 +128,41 @@ class Endpoint implements GatewayMcpEndpoint {
       maxSessions: config.session.maxSessions,
       maxSessionsPerSubject: config.session.maxSessionsPerSubject,
       caps,
-      leaseMs: opts.shared?.leaseMs ?? Number.POSITIVE_INFINITY,
-      newSessionId: opts.cluster?.newSessionId,
+      leaseMs: cluster.leaseMs,
+      newSessionId: cluster.newSessionId,
     })
     const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Pooled upstreams: revision 2026-07-28 requests and share: subject targets')
     pooledGauge.collect = () => [[undefined, pool.size]]
-    this.#modern = createModernHandler({ targets: opts.targets, checkers, pool, log, failClosed: config.failClosed, streams, maxInputsPerRound: config.limits?.maxInputRequestsPerRound, maxTasks, taskSeal: createTaskSeal(opts.secret), shared: caps, mintState: opts.cluster?.newSessionId })
+    this.#modern = createModernHandler({ targets: opts.targets, checkers, pool, log, failClosed: config.failClosed, streams, maxInputsPerRound: config.limits?.maxInputRequestsPerRound, maxTasks, cluster })
     // Before the pipeline: the owner runs its own (the token is verified there, where
     // the session is bound to its subject); this replica only relays. Local sessions never decode their id.
-    const cluster = opts.cluster
-    this.beforePipeline = cluster === undefined ? undefined : ctx => this.#forwardForeignSession(ctx, cluster)
+    const relay = cluster.relay
+    this.beforePipeline = relay === undefined ? undefined : ctx => this.#forwardForeignSession(ctx, relay)
   }
 
   parse (body: Buffer): McpMessageInfo { return parseMcpBody(body) }
 
+  /**
+   * The request's era is decided here, by one eraOf call, and handed on: a POST's once its body is read
+   * (#post), any other request's from its headers. Only a passthrough (which pipes session-era bodies
+   * unread) needs the headers' verdict on a POST before the body: if they do not make it the
+   * passthrough's, the body decides in #post.
+   */
   async handle (ctx: RequestContext): Promise<void> {
     checkSessionIdSyntax(ctx)
-    if (this.#opts.passthrough !== undefined && eraOf(ctx) === 'session') return this.#opts.passthrough.handle(ctx)
+    const passthrough = this.#opts.passthrough
+    if (ctx.method === 'POST') {
+      if (passthrough !== undefined && eraOf(ctx) === 'legacy') return passthrough.handle(ctx)
+      return this.#post(ctx)
+    }
+    const era = eraOf(ctx)
+    if (passthrough !== undefined && era === 'legacy') return passthrough.handle(ctx)
     switch (ctx.method) {
-      case 'POST': return this.#post(ctx)
       case 'GET':
-        if (eraOf(ctx) === 'modern') modernNotAllowed(ctx)
+        if (era === 'modern') modernNotAllowed(ctx)
         return openSessionStream(this.#sessions, ctx)
       case 'DELETE':
-        if (eraOf(ctx) === 'modern') modernNotAllowed(ctx)
+        if (era === 'modern') modernNotAllowed(ctx)
         return deleteSession(this.#sessions, ctx)
       default:
         throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed`, { headers: { allow: 'GET, POST, DELETE' }, rpcCode: RPC.INVALID_REQUEST })
@@ -182,15 +180,15 @@ class Endpoint implements GatewayMcpEndpoint {
     }
     const { body } = await ctx.readMcpMessage()
     if (eraOf(ctx, body) === 'modern') {
-      const cluster = this.#opts.cluster
-      if (cluster !== undefined && await this.#relayParkedRetry(ctx, body as JsonRpcMessage, cluster)) return
+      const relay = this.#cluster.relay
+      if (relay !== undefined && await this.#relayParkedRetry(ctx, body as JsonRpcMessage, relay)) return
       return this.#modern.post(ctx, body)
     }
     return postToSession(this.#sessions, ctx, body)
   }
 
   /** A request for a session another replica owns: relayed there before the pipeline (McpEndpoint.beforePipeline). */
-  #forwardForeignSession (ctx: RequestContext, cluster: ClusterForward): Promise<void | false> | undefined {
+  #forwardForeignSession (ctx: RequestContext, relay: McpRelay): Promise<void | false> | undefined {
     const sid = header(ctx, 'mcp-session-id')
     if (sid === undefined) {
       // Perhaps a retry of a call parked on another process: relayed after the pipeline (relayParkedRetry).
@@ -200,8 +198,8 @@ class Endpoint implements GatewayMcpEndpoint {
     }
     // A passthrough session this process has served is answered here without decrypting its id.
     if (this.#sessions.has(sid) || this.#opts.passthrough?.holds?.(sid) === true) return undefined
-    const owner = cluster.remoteOwner(ctx, sid)
-    return owner === undefined ? undefined : cluster.forward(ctx, owner)
+    const owner = relay.remoteOwner(ctx, sid)
+    return owner === undefined ? undefined : relay.forward(ctx, owner)
   }
 
   /**
@@ -210,14 +208,14 @@ class Endpoint implements GatewayMcpEndpoint {
    * after the pipeline: the caller is authenticated before its body is read (a body of up to
    * maxBodyBytes read ahead of the token check let unauthenticated callers pin memory).
    */
-  async #relayParkedRetry (ctx: RequestContext, msg: JsonRpcMessage, cluster: ClusterForward): Promise<boolean> {
+  async #relayParkedRetry (ctx: RequestContext, msg: JsonRpcMessage, relay: McpRelay): Promise<boolean> {
     // The revision's Mcp-Method header names the method (checked against the body by the handler).
     if (Array.isArray(msg) || msg === null || typeof msg !== 'object' || !PARKABLE.has(header(ctx, 'mcp-method') ?? '')) return false
     const state = msg.params?.requestState
-    const owner = typeof state === 'string' && header(ctx, 'mcp-session-id') === undefined ? cluster.remoteOwner(ctx, state) : undefined
+    const owner = typeof state === 'string' && header(ctx, 'mcp-session-id') === undefined ? relay.remoteOwner(ctx, state) : undefined
     if (owner === undefined) return false
     try {
-      await cluster.forward(ctx, owner, this.#arrivedAuthorization.get(ctx))
+      await relay.forward(ctx, owner, this.#arrivedAuthorization.get(ctx))
     } catch (err) {
       if (ctx.headersSent || !ProxyError.is(err) || err.code !== 'MCPP_ERR_SESSION_NOT_FOUND') throw err
       // The owner is gone with the parked call: the retry's state is unknown now, as the handler answers one
@@ -234,7 +232,7 @@ class Endpoint implements GatewayMcpEndpoint {
     await this.#sessions.close()
     await this.#pool.close()
     await this.#opts.passthrough?.close()
-    this.#opts.cluster?.close()
+    this.#cluster.close()
   }
 
   sessions (): SessionSummary[] { return this.#sessions.summaries() }

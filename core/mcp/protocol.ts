@@ -117,7 +117,12 @@ export function allowsBatch (rev: SessionRevision): boolean {
   return rev === '2025-03-26'
 }
 
-export type Era = 'session' | 'modern'
+/**
+ * The era of a client's request: `legacy` (sessions, 2024-11-05 .. 2025-11-25, as the SDK names it; the
+ * config value `protocol: session` keeps its name) or `modern` (2026-07-28). Not the era a target
+ * speaks (upstreams/pool.ts `TargetEra`).
+ */
+export type Era = 'legacy' | 'modern'
 
 /**
  * Decides the era of one request (MCP 2026-07-28, Versioning: a dual-era
@@ -129,7 +134,8 @@ export type Era = 'session' | 'modern'
  * 2026-07-28 itself counts: the session id is then ignored); or the body is
  * `server/discover` without session and version headers; or the header names
  * no session-era revision and there is no session id. `initialize` is
- * always session era.
+ * always session era (`legacy`). Called once per request, by endpoint.ts,
+ * which hands the decision on.
  */
 export function eraOf (ctx: RequestContext, body?: unknown): Era {
   const header = ctx.req.headers['mcp-protocol-version']
@@ -137,12 +143,12 @@ export function eraOf (ctx: RequestContext, body?: unknown): Era {
   const sid = ctx.req.headers['mcp-session-id']
   if (body !== undefined && !Array.isArray(body) && body !== null && typeof body === 'object') {
     const m = body as { method?: unknown; params?: { _meta?: Record<string, unknown> } }
-    if (m.method === 'initialize') return 'session'
+    if (m.method === 'initialize') return 'legacy'
     const v = m.params?._meta?.[META.protocolVersion]
     if (v === MODERN_REVISION) return 'modern'
     if (typeof v === 'string' && sid === undefined) return 'modern'
     if (m.method === 'server/discover' && header === undefined && sid === undefined) return 'modern'
   }
   if (typeof header === 'string' && !isSessionRevision(header) && sid === undefined) return 'modern'
-  return 'session'
+  return 'legacy'
 }

@@ -81,7 +81,7 @@ let exitHookInstalled = false
 /** Told of each child process group as it starts and once it is gone (`workers`: the primary kills a dead worker's groups). */
 let groupWatcher: ((pid: number, alive: boolean) => void) | undefined
 
-/** Reports every child process group from now on (one watcher: the worker's channel to its primary, core/cluster/workers.ts). */
+/** Reports every child process group from now on (one watcher: the worker's channel to its primary, core/cluster/worker.ts). */
 export function watchChildGroups (watcher: (pid: number, alive: boolean) => void): void {
   groupWatcher = watcher
 }

@@ -10,17 +10,7 @@ import type { Logger } from 'pino'
 import type { RequestContext } from '../../context.ts'
 import { subjectKeyOf } from '../routing/subject-key.ts'
 import { sessionLimit } from '../refusals.ts'
-
-/**
- * Sessions sealed into their ids (core/cluster/forward.ts, with `cluster`
- * or `workers`): the id carries the upstream session id, bound to the target
- * and the caller's key (its subject, or without a token its client address:
- * subject-key.ts), so every replica and worker serves it.
- */
-export interface SealedSessions {
-  seal(subjectKey: string, upstreamId: string): string | undefined
-  open(subjectKey: string, id: string): string | undefined
-}
+import type { SealedSessions } from '../cluster.ts'
 
 export interface PassthroughSession {
   /** First 8 characters of the gateway session id (never the whole id). */

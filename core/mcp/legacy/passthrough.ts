@@ -24,7 +24,8 @@ import type { TargetConfig } from '../../config.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import type { Metrics, Counter } from '../../observability/metrics.ts'
 import { tracer } from '../../observability/tracing.ts'
-import { PassthroughSessions, type Mapping, type PassthroughSession, type SealedSessions } from './passthrough-sessions.ts'
+import { PassthroughSessions, type Mapping, type PassthroughSession } from './passthrough-sessions.ts'
+import type { McpCluster, SealedSessions } from '../cluster.ts'
 import { clientResponseHeaders, forwardBody, upstreamRequestHeaders, type Exchange } from './passthrough-exchange.ts'
 
 export type { PassthroughSession, SealedSessions }
@@ -51,10 +52,12 @@ export interface HttpPassthroughOptions {
   maxSessions?: number
   /** Upstream response-header timeout in ms. Default 30000. */
   proxyTimeoutMs?: number
-  /** Makes gateway session ids; with `cluster`, ids that name this replica (core/cluster/forward.ts). */
-  newSessionId?: () => string
-  /** With `cluster` or `workers`: session ids carry the upstream session, so no request needs its owner. */
-  sealed?: SealedSessions
+  /**
+   * This process's place in the deployment (../cluster.ts). With `cluster` or `workers`: gateway session
+   * ids name this process as their owner, and carry the upstream session where it fits, so no request
+   * needs its owner. Default: one process alone (random ids, nothing sealed).
+   */
+  cluster?: McpCluster
 }
 
 /** The schema's default of `mcp.session.idleTimeoutSeconds`, for callers that pass none (tests). */
@@ -152,8 +155,8 @@ class Passthrough implements HttpPassthrough {
       log: this.#log,
       idleMs: (opts.idleTimeoutSeconds ?? DEFAULT_IDLE_SECONDS) * 1000,
       maxSessions: opts.maxSessions ?? Number.POSITIVE_INFINITY,
-      makeId: opts.newSessionId ?? newSessionId,
-      sealed: opts.sealed,
+      makeId: opts.cluster?.newSessionId ?? newSessionId,
+      sealed: opts.cluster?.sealedSessions(name),
       endUpstream: upstreamId => this.#deleteUpstream(upstreamId),
     })
     const { proxy, agent } = createProxy(this.#url, opts.proxyTimeoutMs ?? 30000)

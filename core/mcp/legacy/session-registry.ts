@@ -11,9 +11,9 @@ import type { Logger } from 'pino'
 import type { RequestContext } from '../../context.ts'
 import type { Metrics } from '../../observability/metrics.ts'
 import type { JsonRpcMessage } from '../../targets/types.ts'
-import type { SharedState } from '../../cluster/shared-state.ts'
+import type { SharedState } from '../cluster.ts'
 import { ProxyError, RPC } from '../../errors.ts'
-import { isSessionRevision, negotiateRevision } from '../protocol.ts'
+import { isSessionRevision, KEEPALIVE_MS, negotiateRevision } from '../protocol.ts'
 import { subjectKeyOf } from '../routing/subject-key.ts'
 import { header } from '../headers.ts'
 import { sessionLimit, shuttingDown, subjectSessionLimit } from '../refusals.ts'
@@ -22,7 +22,6 @@ import type { SessionUpstreamFactory } from './shared-upstream.ts'
 
 /** `reason` values of mcp_proxy_sessions_ended_total (each series starts at 0); upstream ends count as `upstream`. */
 const SESSION_END_REASONS = ['idle', 'deleted', 'ended by admin', 'gateway closing', 'initialize failed', 'upstream'] as const
-const KEEPALIVE_MS = 15_000
 
 /** What the admin UI shows about one session. Never the whole id. */
 export interface SessionSummary {

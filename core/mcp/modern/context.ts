@@ -1,6 +1,6 @@
 /**
  * What a 2026-07-28 handler holds between requests, as one explicit record handed to each of its
- * modules (handler.ts composes them): the options, the shared router, the target eras, the calls
+ * modules (handler.ts composes them): the options, the target namespace (`router`), the target eras, the calls
  * parked on an InputRequiredResult, the learnt `Mcp-Param-*` annotations, the task seal and slots,
  * and the open listen streams. Also the shapes of an upstream call in flight and a parked one.
  */
@@ -13,7 +13,7 @@ import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstr
 import { TargetEras } from '../upstreams/target-era.ts'
 import { ParamHeaderCache } from './param-headers.ts'
 import { createTaskSeal, type TaskSeal } from '../upstreams/task-seal.ts'
-import { createMemoryState, type SharedState } from '../../cluster/shared-state.ts'
+import { createMcpCluster, type McpCluster, type SharedState } from '../cluster.ts'
 
 export interface ModernOptions {
   readonly targets: readonly UpstreamFactory[]
@@ -28,16 +28,14 @@ export interface ModernOptions {
   readonly maxInputsPerRound?: number
   /** `mcp.limits.maxTasksPerSession`, here per subject: unfinished tasks one subject may have; default 100. */
   readonly maxTasks?: number
-  /** Seals task ids (task-seal.ts): under the cluster/worker secret, any process serves a task. Default: a per-process key. */
-  readonly taskSeal?: TaskSeal
-  /** Where each subject's unfinished tasks are counted (memory, the primary's store under workers, Redis). Default: memory. */
-  readonly shared?: SharedState
   /**
-   * Mints the `requestState` of a parked translated call. With `workers` or `cluster`: an id sealed to
-   * this process as a session's owner id is (cluster-forward.ts), so a retry landing elsewhere is
-   * relayed here. Default: 192 random bits.
+   * This process's place in the deployment (../cluster.ts). Its secret seals task ids (task-seal.ts: under
+   * the cluster/worker secret any process serves a task, alone a per-process key); its shared state counts
+   * each subject's unfinished tasks (memory, the primary's store under workers, Redis); its `newSessionId`
+   * mints the `requestState` of a parked call, sealed to this process as a session's owner id is
+   * (core/cluster/forward.ts), so a retry landing elsewhere is relayed here. Default: one process alone.
    */
-  readonly mintState?: () => string
+  readonly cluster?: McpCluster
 }
 
 /** An upstream call in flight and the upstream it holds. */
@@ -103,9 +101,12 @@ export interface ModernContext {
    * The per-subject count lives in shared state, so it holds across workers and replicas.
    */
   readonly tasks: { readonly seal: TaskSeal; readonly slots: SharedState; readonly max: number }
+  /** Mints the `requestState` of a parked call: an owner id with peers (ModernOptions.cluster); alone, undefined (192 random bits). */
+  readonly mintState: (() => string) | undefined
 }
 
 export function createModernContext (opts: ModernOptions): ModernContext {
+  const cluster = opts.cluster ?? createMcpCluster()
   const router = new TargetNamespace(opts.targets, opts.checkers)
   return {
     opts,
@@ -121,6 +122,7 @@ export function createModernContext (opts: ModernOptions): ModernContext {
     inputSeq: { n: 0 },
     paramHeaders: new ParamHeaderCache(),
     paramFetches: new Map(),
-    tasks: { seal: opts.taskSeal ?? createTaskSeal(undefined), slots: opts.shared ?? createMemoryState(), max: opts.maxTasks ?? 100 },
+    tasks: { seal: createTaskSeal(cluster.secret), slots: cluster.shared, max: opts.maxTasks ?? 100 },
+    mintState: cluster.newSessionId,
   }
 }

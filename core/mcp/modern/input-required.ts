@@ -81,7 +81,7 @@ export async function settle (cx: ModernContext, ex: ModernRequest, run: Running
     await ex.fail(RPC.SERVER_ERROR, 'Too many requests waiting for input', 429)
     return undefined
   }
-  const state = cx.opts.mintState?.() ?? randomBytes(24).toString('base64url')
+  const state = cx.mintState?.() ?? randomBytes(24).toString('base64url')
   const asks: Ask[] = []
   const inputRequests: Record<string, unknown> = {}
   for (const req of reqs) {

@@ -1,6 +1,6 @@
 /**
  * tools/call, prompts/get and resources/read in 2026-07-28: routed by name or URI through the shared
- * router, refused calls answered as the upstream answers an item it does not have, native targets
+ * target namespace (routing/named-call.ts, the step both eras run), refused calls answered as the upstream answers an item it does not have, native targets
  * given the request as it is, translated ones parked on input requests (input-required.ts).
  */
 import { NAMED, type NamedMethod } from '../protocol.ts'

@@ -10,7 +10,7 @@
  * expiry does not open and is an unknown task.
  */
 import { randomBytes } from 'node:crypto'
-import { seal, sealKey, unseal } from '../../cluster/seal.ts'
+import { seal, sealKey, unseal } from '../cluster.ts'
 
 /** Longest id that is opened at all: a bound on the work an attacker's id costs. */
 const MAX_ID_CHARS = 2048
