@@ -80,11 +80,11 @@ module.exports = {
     },
     {
       name: 'admin-off-the-data-path',
-      comment: 'The admin listener, UI and probes look at the gateway; nothing on the request path (engine, /mcp, targets, observability, and the cluster files a request goes through: relay, client address, shared state, sealing) calls into them. Only the composition roots (core/gateway.ts, core/index.ts, bin/) wire them in, and the cluster\'s process management (primary and workers: the primary serves the probes of all workers and asks them for readiness).',
+      comment: 'The admin listener, UI and probes look at the gateway; nothing on the request path (engine, /mcp, targets, observability, and the cluster files a request goes through: relay, session ids, client address, shared state, sealing) calls into them. Only the composition roots (core/gateway.ts, core/index.ts, bin/) wire them in, and the cluster\'s process management (primary and workers: the primary serves the probes of all workers and asks them for readiness).',
       severity: 'error',
       from: {
         path: '^core/',
-        pathNot: ['^core/admin/', '^core/(gateway|index)\\.ts$', '^core/cluster/(?!(forward|client-address|shared-state|seal)\\.ts$)'],
+        pathNot: ['^core/admin/', '^core/(gateway|index)\\.ts$', '^core/cluster/(?!(forward|session-ids|client-address|shared-state|seal)\\.ts$)'],
       },
       to: { path: '^core/admin/' },
     },

@@ -3,7 +3,8 @@
  * pipeline pass. Builds the RequestContext, runs `onRequest` hooks, then the
  * matching plugin route or the /mcp terminal handler, and writes errors
  * through the one error writer. It owns the edge's bounds (header count,
- * body size and deadline, start-up hold, graceful close) and hands bodies on
+ * body size and deadline (body-deadline.ts), start-up hold (startup-hold.ts),
+ * graceful close) and hands bodies on
  * as bytes: the /mcp endpoint parses its own (`McpEndpoint.parse`), and what
  * a finished request leaves behind is observability/access-log.ts's.
  */
@@ -18,6 +19,8 @@ import type { RouteDef } from './plugin.ts'
 import { ProxyError, RPC } from './errors.ts'
 import { writeError, errorBody } from './error-writer.ts'
 import { bodyPending, readBounded } from './request-body.ts'
+import { BodyDeadline } from './body-deadline.ts'
+import { HeldRequests, type StartupHold } from './startup-hold.ts'
 import { BAD_REQUEST, HEADERS_TOO_LARGE, REQUEST_TIMEOUT, rawAnswer, type RawAnswer } from './raw-answer.ts'
 import { parseJsonRpcBody } from './jsonrpc.ts'
 import type { Metrics } from './observability/metrics.ts'
@@ -69,13 +72,7 @@ function checkingIntervalOf (limits: ServerLimits): number {
   return timeouts.length === 0 ? 1000 : Math.min(1000, Math.max(100, Math.floor(Math.min(...timeouts) / 4)))
 }
 
-/** Requests that arrive before `attach` are held within these bounds (`mcp.limits.startup*`). */
-export interface StartupHold {
-  /** Requests held at once; more get 503 at once. */
-  maxRequests: number
-  /** How long one request is held before it gets 503. */
-  timeoutMs: number
-}
+export type { StartupHold } from './startup-hold.ts'
 
 export interface GatewayServerOptions {
   pipeline: Pipeline
@@ -144,7 +141,7 @@ class Context implements RequestContext {
   denial?: Denial
   headersSent = false
   ran = { count: 0 }
-  /** Whether the server tracks this request's body deadline. */
+  /** Whether the body deadline tracks this request (body-deadline.ts). */
   receiving = false
   /** Fails the body read under way (`readBody`), if one is. */
   rejectBody: ((err: unknown) => void) | undefined
@@ -228,12 +225,6 @@ const RESOLVED: Promise<void> = Promise.resolve()
 
 function ignore (): void {}
 
-interface HeldRequest {
-  readonly req: IncomingMessage
-  readonly res: ServerResponse
-  readonly timer: NodeJS.Timeout
-}
-
 /** Sends a Reply through `writeHead` (so `onResponse` hooks run). */
 export async function sendReply (ctx: RequestContext, reply: Reply): Promise<void> {
   const headers: OutgoingHttpHeaders = { ...reply.headers }
@@ -262,23 +253,12 @@ export class GatewayServer {
   /** `maxHeaders` as a length of `rawHeaders` (name, value, name, value...). */
   readonly #maxRawHeaders: number
   #mcpHeadersTooLarge: RawAnswer | undefined
-  readonly #bodyTimeoutMs: number
-  readonly #bodyTimeoutNs: bigint
-  /**
-   * Requests whose body is still arriving, in arrival order: one sweep timer
-   * for all of them (a timer per request costs more on the hot path).
-   */
-  readonly #receiving = new Set<Context>()
-  readonly #bodySweep: NodeJS.Timeout | undefined
+  /** Undefined with `bodyTimeoutMs: 0`. */
+  readonly #bodyDeadline: BodyDeadline | undefined
   #inFlight = 0
   #drained: (() => void) | undefined
-  /**
-   * Requests that arrived before `attach`: held, then answered by the real
-   * pipeline, so no request meets a half-started gateway (docs/configuration.md,
-   * "Running"). Undefined once attached, so the hot path pays one check.
-   */
-  #held: Set<HeldRequest> | undefined
-  readonly #hold: StartupHold | undefined
+  /** Requests that arrived before `attach`. Undefined once attached, so the hot path pays one check. */
+  #held: HeldRequests | undefined
   /** Open `GET /mcp` streams: idle by nature, ended at once on close. */
   readonly #streams = new Set<Context>()
   #closing = false
@@ -292,8 +272,7 @@ export class GatewayServer {
     this.#mcp = opts.mcp
     this.#access = new AccessLog(opts.log, opts.metrics, opts.onAccess)
     this.#internalToken = opts.internalToken
-    this.#hold = opts.hold
-    if (opts.hold !== undefined) this.#held = new Set()
+    if (opts.hold !== undefined) this.#held = new HeldRequests(opts.hold, opts.log, (req, res) => this.#refuseStarting(req, res))
     this.server = createServer({
       headersTimeout: opts.limits.headersTimeoutMs,
       requestTimeout: opts.limits.requestTimeoutMs,
@@ -302,7 +281,7 @@ export class GatewayServer {
       connectionsCheckingInterval: checkingIntervalOf(opts.limits),
     }, (req, res) => {
       if (this.#held === undefined) void this.handle(req, res)
-      else this.#holdRequest(req, res)
+      else this.#held.hold(req, res)
     })
     const maxHeaders = opts.limits.maxHeaders ?? DEFAULT_MAX_HEADERS
     this.#maxRawHeaders = maxHeaders * 2
@@ -311,12 +290,8 @@ export class GatewayServer {
     // handle() sees the excess and refuses the request.
     this.server.maxHeadersCount = maxHeaders + 1
     this.server.on('clientError', (err, socket) => this.#clientError(err, socket as Socket))
-    this.#bodyTimeoutMs = opts.limits.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS
-    this.#bodyTimeoutNs = BigInt(this.#bodyTimeoutMs) * 1_000_000n
-    if (this.#bodyTimeoutMs > 0) {
-      this.#bodySweep = setInterval(() => this.#sweepBodies(), Math.min(1000, Math.max(25, Math.floor(this.#bodyTimeoutMs / 4))))
-      this.#bodySweep.unref()
-    }
+    const bodyTimeoutMs = opts.limits.bodyTimeoutMs ?? DEFAULT_BODY_TIMEOUT_MS
+    if (bodyTimeoutMs > 0) this.#bodyDeadline = new BodyDeadline(bodyTimeoutMs)
   }
 
   /**
@@ -353,42 +328,6 @@ export class GatewayServer {
     return this.#mcpHeadersTooLarge
   }
 
-  /** Ends the requests whose body did not arrive within `bodyTimeoutMs` of their head. */
-  #sweepBodies (): void {
-    if (this.#receiving.size === 0) return
-    const now = process.hrtime.bigint()
-    for (const ctx of this.#receiving) {
-      if (ctx.req.complete) {
-        this.#receiving.delete(ctx)
-        ctx.receiving = false
-        continue
-      }
-      // In arrival order: the first one still in time ends the sweep.
-      if (now - ctx.startedAt < this.#bodyTimeoutNs) break
-      this.#receiving.delete(ctx)
-      ctx.receiving = false
-      this.#bodyTimedOut(ctx)
-    }
-  }
-
-  #bodyTimedOut (ctx: Context): void {
-    const err = new ProxyError('MCPP_ERR_REQUEST_TIMEOUT', 408, `request body not received within ${this.#bodyTimeoutMs} ms`, { headers: { connection: 'close' } })
-    if (ctx.rejectBody !== undefined) {
-      // The handler reading it answers through its own error path (connection closed: the body is incomplete).
-      ctx.req.removeAllListeners('data')
-      ctx.rejectBody(err)
-      return
-    }
-    if (ctx.headersSent) {
-      ctx.req.socket.destroy()
-      return
-    }
-    // Nobody reads this body through readBody (it is piped, or not read yet): answer here, then
-    // end the request so whatever consumes it sees it aborted.
-    ctx.res.once('close', () => { if (!ctx.req.complete) ctx.req.destroy() })
-    writeError(ctx, err).catch(() => { ctx.res.destroy() })
-  }
-
   /**
    * Swaps in the real pipeline, routes and /mcp handler. The gateway binds
    * its listener first (so `{base_url}` knows the actual port when the config
@@ -400,40 +339,13 @@ export class GatewayServer {
     this.#mcp = mcp
     const held = this.#held
     this.#held = undefined
-    if (held === undefined) return
-    for (const h of held) {
-      clearTimeout(h.timer)
-      if (!h.res.destroyed) void this.handle(h.req, h.res)
-    }
+    held?.release((req, res) => { void this.handle(req, res) })
   }
 
   /** A POST /mcp body parsed by the attached endpoint's own parser (McpEndpoint.parse), else as plain JSON-RPC. */
   parseMcp (body: Buffer): McpMessageInfo {
     const mcp = this.#mcp
     return mcp.parse !== undefined ? mcp.parse(body) : parseJsonRpcBody(body)
-  }
-
-  /** Holds a request that arrived during start-up, up to the limits; otherwise 503 + Retry-After. */
-  #holdRequest (req: IncomingMessage, res: ServerResponse): void {
-    const held = this.#held!
-    const limits = this.#hold!
-    if (held.size >= limits.maxRequests) {
-      this.log.warn({ held: held.size }, 'start-up: too many requests held; answering 503')
-      this.#refuseStarting(req, res)
-      return
-    }
-    const h: HeldRequest = {
-      req,
-      res,
-      timer: setTimeout(() => {
-        if (!held.delete(h)) return
-        this.log.warn({ path: (req.url ?? '').split('?')[0], holdMs: limits.timeoutMs }, 'start-up: request held too long; answering 503')
-        this.#refuseStarting(req, res)
-      }, limits.timeoutMs),
-    }
-    h.timer.unref()
-    held.add(h)
-    res.once('close', () => { if (held.delete(h)) clearTimeout(h.timer) })
   }
 
   /**
@@ -457,10 +369,7 @@ export class GatewayServer {
     this.#inFlight++
     // 'close' comes once per response: `on` spares the once-wrapper.
     res.on('close', () => this.#finish(ctx))
-    if (this.#bodySweep !== undefined && bodyPending(req)) {
-      this.#receiving.add(ctx)
-      ctx.receiving = true
-    }
+    if (this.#bodyDeadline !== undefined && bodyPending(req)) this.#bodyDeadline.track(ctx)
     try {
       if (req.rawHeaders.length > this.#maxRawHeaders) {
         throw new ProxyError('MCPP_ERR_TOO_MANY_HEADERS', 431, `more than ${this.#maxRawHeaders / 2} header fields`, {
@@ -510,10 +419,7 @@ export class GatewayServer {
 
   #finish (ctx: Context): void {
     this.#inFlight--
-    if (ctx.receiving) {
-      this.#receiving.delete(ctx)
-      ctx.receiving = false
-    }
+    if (ctx.receiving) this.#bodyDeadline!.untrack(ctx)
     if (ctx.method === 'GET') this.#streams.delete(ctx)
     const durationMs = Number(process.hrtime.bigint() - ctx.startedAt) / 1e6
     const status = ctx.res.headersSent ? ctx.res.statusCode : 0
@@ -550,10 +456,7 @@ export class GatewayServer {
     this.#closing = true
     const held = this.#held
     this.#held = undefined
-    for (const h of held ?? []) {
-      clearTimeout(h.timer)
-      if (!h.res.destroyed) this.#refuseStarting(h.req, h.res)
-    }
+    held?.refuseAll()
     const closed = new Promise<void>(resolve => this.server.close(() => resolve()))
     this.server.closeIdleConnections()
     for (const ctx of this.#streams) {
@@ -570,7 +473,7 @@ export class GatewayServer {
       ])
     }
     this.server.closeAllConnections()
-    clearInterval(this.#bodySweep)
+    this.#bodyDeadline?.close()
     await closed
   }
 }

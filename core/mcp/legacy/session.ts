@@ -1,9 +1,10 @@
 /**
- * One MCP session of the session era: the routing of its client requests to
- * its upstreams (one link per target: session-link.ts), the JSON-RPC id
- * mapping both ways, and the routing of upstream messages onto the client's
- * SSE streams (session-streams.ts); its tasks are session-tasks.ts. Which
- * target a client request goes to is the target namespace's answer (routing/namespace.ts),
+ * One MCP session of the session era: the life of its client requests (in
+ * flight, forwarded to its upstreams, answered, cancelled; one link per
+ * target: session-link.ts), the JSON-RPC id mapping both ways, and the routing
+ * of upstream messages onto the client's SSE streams (session-streams.ts); its
+ * tasks are session-tasks.ts. Which target a client request goes to is
+ * session-dispatch.ts's, over the target namespace (routing/namespace.ts)
  * shared with the 2026-07-28 era. Knows nothing of HTTP status codes;
  * endpoint.ts does the HTTP side.
  */
@@ -16,12 +17,11 @@ import { ProxyError, RPC } from '../../errors.ts'
 import type { SseStream, StreamLimits } from '../sse.ts'
 import { SessionStreams, type PostStream } from './session-streams.ts'
 import { SessionTasks } from './session-tasks.ts'
-import { GATEWAY_INFO, INIT_TIMEOUT_MIN_MS, NAMED, TASK_METHODS, isListMethod, isNamedMethod, isSessionRevision, rpcError, type NamedMethod, type SessionRevision } from '../protocol.ts'
+import { GATEWAY_INFO, INIT_TIMEOUT_MIN_MS, isSessionRevision, rpcError, type SessionRevision } from '../protocol.ts'
 import { mergeCapabilities } from '../routing/naming.ts'
 import { TargetNamespace } from '../routing/namespace.ts'
-import { markNamedAnswer, resolveNamedCall } from '../routing/named-call.ts'
 import { SessionLink, type Inflight } from './session-link.ts'
-import { endsTask } from '../upstreams/task-ledger.ts'
+import { dispatch, type SessionRoutes } from './session-dispatch.ts'
 import type { TargetCallMeter } from '../upstreams/call-metrics.ts'
 import { tracer } from '../../observability/tracing.ts'
 
@@ -41,9 +41,6 @@ export interface SessionEnv {
   /** Called once when the session ends, for any reason. */
   readonly onEnd: (session: Session, reason: string) => void
 }
-
-/** A page of nothing: what a target that is down contributes to a merged list. */
-const NO_PAGE: Promise<JsonRpcMessage> = Promise.resolve({ jsonrpc: '2.0', result: {} })
 
 function isResponse (m: JsonRpcMessage): boolean {
   return m.method === undefined
@@ -72,6 +69,8 @@ export class Session {
   #starting = true
   readonly #streams: SessionStreams
   readonly #tasks: SessionTasks<Inflight>
+  /** What session-dispatch.ts routes a client request with. */
+  readonly #routes: SessionRoutes
 
   constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly SessionUpstreamFactory[]; env: SessionEnv }) {
     this.id = opts.id
@@ -90,6 +89,16 @@ export class Session {
     this.#router = new TargetNamespace(this.links, opts.env.checkers)
     this.multi = this.#router.multi
     this.#tasks = new SessionTasks(this.#router, opts.env.maxTasks, (m) => { if (!this.ended) this.#streams.deliver(m, undefined) })
+    this.#routes = {
+      links: this.links,
+      router: this.#router,
+      tasks: this.#tasks,
+      log: this.#log,
+      failClosed: opts.env.failClosed,
+      reply: (inflight, msg) => this.#reply(inflight, msg),
+      forward: (inflight, link, msg, post, postErrors) => this.#forward(inflight, link, msg, post, postErrors),
+      request: (link, method, params, inflight) => this.#request(link, method, params, inflight),
+    }
   }
 
   get hasGetStream (): boolean { return this.#streams.hasGetStream }
@@ -231,166 +240,11 @@ export class Session {
     this.#inflight.set(inflight.clientId, inflight)
     if (inflight.progressToken !== undefined) this.#progress.set(inflight.progressToken, inflight)
     try {
-      this.#dispatch(inflight, msg)
+      dispatch(this.#routes, inflight, msg)
     } catch (err) {
       this.#log.error({ err, method: msg.method }, 'failed to dispatch request')
       this.#reply(inflight, rpcError(RPC.INTERNAL_ERROR, 'internal error'))
     }
-  }
-
-  /**
-   * Routes one client request (routing/namespace.ts, routing/named-call.ts): named items to their target
-   * (refused ones under a stand-in name), lists merged over every target,
-   * completions by their reference. One target: every other method goes to
-   * it unchanged; several: methods the gateway cannot route are unknown.
-   */
-  #dispatch (inflight: Inflight, msg: JsonRpcMessage): void {
-    const method = msg.method!
-    if (method === 'ping') {
-      this.#reply(inflight, { jsonrpc: '2.0', result: {} })
-      return
-    }
-    if (method === 'initialize') {
-      this.#reply(inflight, rpcError(RPC.INVALID_REQUEST, 'session already initialized'))
-      return
-    }
-    const named = isNamedMethod(method) ? NAMED[method] : undefined
-    if (named !== undefined) {
-      this.#named(inflight, msg, method as NamedMethod)
-      return
-    }
-    if (TASK_METHODS.has(method)) {
-      this.#task(inflight, msg, method)
-      return
-    }
-    if (method === 'tasks/list') {
-      this.#listTasks(inflight, msg)
-      return
-    }
-    const router = this.#router
-    if (isListMethod(method)) {
-      if (router.multi) {
-        void router.mergeLists(inflight.post.ctx, method, (link, params) => link.up || params.cursor !== undefined ? this.#request(link, method, params, inflight) : NO_PAGE, () => inflight.finished, this.#log, this.#env.failClosed)
-          .then(r => this.#reply(inflight, r))
-        return
-      }
-      const link = this.links[0]!
-      this.#forward(inflight, link, msg, router.checkers.length === 0
-        ? undefined
-        : (r) => {
-            const invalid = router.checkList(link.target, method, r.result)
-            if (invalid === undefined) {
-              router.filterResult(inflight.post.ctx, method, r.result, link.target)
-              return r
-            }
-            this.#log.warn({ target: link.target, method, err: invalid.message }, 'invalid upstream list result')
-            return rpcError(invalid.code, invalid.message)
-          })
-      return
-    }
-    if (method === 'completion/complete' && (router.multi || router.checkers.length > 0)) {
-      this.#complete(inflight, msg)
-      return
-    }
-    if (!router.multi) {
-      this.#forward(inflight, this.links[0]!, msg, undefined)
-      return
-    }
-    switch (method) {
-      case 'logging/setLevel':
-        void this.#fanOutSetLevel(inflight, msg)
-        return
-      default:
-        this.#reply(inflight, rpcError(RPC.METHOD_NOT_FOUND, `Method not found: ${method}`))
-    }
-  }
-
-  /** completion/complete: to the target of its reference; one the rules deny under a stand-in (routing/namespace.ts). */
-  #complete (inflight: Inflight, msg: JsonRpcMessage): void {
-    const routed = this.#router.completion(inflight.post.ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
-    if (routed === undefined) this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
-    else this.#forward(inflight, routed.target, msg, routed.standIn?.restore, routed.standIn !== undefined)
-  }
-
-  /** tools/call, prompts/get, resources/read and (un)subscribe: to the item's target, refused ones under a stand-in. */
-  #named (inflight: Inflight, msg: JsonRpcMessage, method: NamedMethod): void {
-    const router = this.#router
-    const params = msg.params ?? {}
-    const call = resolveNamedCall(router, inflight.post.ctx, method, params)
-    if ('answer' in call) {
-      this.#reply(inflight, call.answer)
-      return
-    }
-    const { target: link, name, standIn: refused } = call
-    const read = method === 'resources/read'
-    if (refused !== undefined) {
-      this.#forward(inflight, link, msg, read ? (r) => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
-      return
-    }
-    const kind = NAMED[method].kind
-    const augmented = kind === 'tool' && params.task !== undefined
-    if (augmented) {
-      if (!this.#tasks.begin(inflight)) {
-        const limit = this.#tasks.limit
-        this.#log.warn({ target: link.target, tool: String(name), limit }, 'task-augmented call refused: too many unfinished tasks (mcp.limits.maxTasksPerSession)')
-        this.#reply(inflight, rpcError(RPC.SERVER_ERROR, `Too many tasks: this session has ${limit} unfinished tasks (mcp.limits.maxTasksPerSession: ${limit}); wait for one to end`))
-        return
-      }
-    }
-    // Several targets: URIs inside answers are the gateway's (resources/read contents; links and embedded resources of calls and prompts).
-    let mark: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined
-    if (augmented) mark = (r) => this.#tasks.created(inflight, link.target, name, router.markTasks(link.target, r))
-    else if (router.multi && (read || kind !== 'resource')) mark = (r) => markNamedAnswer(router, link.target, method, r)
-    this.#forward(inflight, link, msg, mark)
-  }
-
-  /** tasks/get, tasks/result, tasks/cancel: to the task's target under its own id. */
-  #task (inflight: Inflight, msg: JsonRpcMessage, method: string): void {
-    const router = this.#router
-    const taskId = msg.params?.taskId
-    const r = router.resolveTask(taskId)
-    if (r === undefined || !this.#tasks.mayUse(inflight.post.ctx, taskId)) {
-      this.#reply(inflight, rpcError(RPC.INVALID_PARAMS, `Unknown task: ${String(taskId)}`))
-      return
-    }
-    msg.params!.taskId = r.taskId
-    const target = r.target.target
-    // A result given, a cancellation answered or a terminal status seen: the task has ended.
-    this.#forward(inflight, r.target, msg, (resp) => {
-      if (endsTask(method, resp.result)) this.#tasks.ended(taskId as string)
-      router.markTasks(target, resp)
-      return method === 'tasks/result' ? router.markUris(target, resp) : resp
-    })
-  }
-
-  /** tasks/list: one target's, or merged over the targets that list tasks; with rules, only the caller's tasks. */
-  #listTasks (inflight: Inflight, msg: JsonRpcMessage): void {
-    const router = this.#router
-    const ctx = inflight.post.ctx
-    const mine = router.checkers.length === 0
-      ? undefined
-      : (r: JsonRpcMessage): JsonRpcMessage => {
-          const result = r.result as { tasks?: Array<{ taskId?: unknown }> } | undefined
-          if (Array.isArray(result?.tasks)) result.tasks = result.tasks.filter(x => this.#tasks.mayUse(ctx, x.taskId))
-          return r
-        }
-    if (!router.multi) {
-      this.#forward(inflight, this.links[0]!, msg, mine)
-      return
-    }
-    const listing = new Set(this.links.filter(l => l.up && (l.initResult?.capabilities as { tasks?: { list?: unknown } } | undefined)?.tasks?.list !== undefined))
-    if (listing.size === 0) {
-      this.#reply(inflight, rpcError(RPC.METHOD_NOT_FOUND, 'Method not found: tasks/list'))
-      return
-    }
-    void router.mergeLists(ctx, 'tasks/list', (link, params) => listing.has(link) ? this.#request(link, 'tasks/list', params, inflight) : NO_PAGE, () => inflight.finished, this.#log, this.#env.failClosed)
-      .then(r => this.#reply(inflight, mine === undefined ? r : mine(r)))
-  }
-
-  async #fanOutSetLevel (inflight: Inflight, msg: JsonRpcMessage): Promise<void> {
-    const rs = await Promise.all(this.links.filter(l => l.up).map(l => this.#request(l, 'logging/setLevel', msg.params ?? {}, inflight)))
-    const err = rs.find(r => r.error !== undefined)
-    this.#reply(inflight, err !== undefined && (this.#env.failClosed || rs.every(r => r.error !== undefined)) ? rpcError(err.error!.code, err.error!.message) : { jsonrpc: '2.0', result: {} })
   }
 
   /** Sends a client request upstream under a fresh upstream id; the answer goes back under the client's id. */
