@@ -24,63 +24,72 @@ module.exports = {
     },
     {
       name: 'plugins-use-the-public-contract',
-      comment: 'A plugin, built-in or not, imports from core/ only its public entry (core/plugin-api.ts, or core/index.ts for embedders). The registry files beside the plugin folders (plugins/index.ts, the editor schema generator) are composed by bin/ and are not held to it.',
+      comment:
+        'A plugin, built-in or not, imports from core/ only its public entry (core/plugin-api.ts, or core/index.ts for embedders). The registry files beside the plugin folders (plugins/index.ts, the editor schema generator) are composed by bin/ and are not held to it.',
       severity: 'error',
       from: { path: '^plugins/[^/]+/' },
       to: { path: '^core/', pathNot: '^core/(plugin-api|index)\\.ts$' },
     },
     {
       name: 'plugins-through-provides-needs',
-      comment: 'A plugin reaches another plugin through provides/needs, not by importing it: only the type of a provided value may be imported. Only the registry (plugins/index.ts) imports them all. plugins/oauth-common/ is a library, not a plugin: any plugin may use it.',
+      comment:
+        'A plugin reaches another plugin through provides/needs, not by importing it: only the type of a provided value may be imported. Only the registry (plugins/index.ts) imports them all. plugins/oauth-common/ is a library, not a plugin: any plugin may use it.',
       severity: 'error',
       from: { path: '^plugins/([^/]+)/', pathNot: '^plugins/oauth-common/' },
       to: { path: '^plugins/', pathNot: ['^plugins/$1/', '^plugins/oauth-common/'], dependencyTypesNot: ['type-only'] },
     },
     {
       name: 'oauth-common-is-no-plugin',
-      comment: 'plugins/oauth-common/ holds the OAuth helpers several plugins share (parameters, discovery, metadata, redirect URIs, rate limit, client metadata): a plain library with no PluginModule, which uses no plugin (only the type of a provided value) and is not the registry.',
+      comment:
+        'plugins/oauth-common/ holds the OAuth helpers several plugins share (parameters, discovery, metadata, redirect URIs, rate limit, client metadata): a plain library with no PluginModule, which uses no plugin (only the type of a provided value) and is not the registry.',
       severity: 'error',
       from: { path: '^plugins/oauth-common/' },
       to: { path: '^plugins/', pathNot: '^plugins/oauth-common/', dependencyTypesNot: ['type-only'] },
     },
     {
       name: 'eras-apart',
-      comment: 'The two MCP eras (core/mcp/legacy/: sessions, 2024-11-05..2025-11-25; core/mcp/modern/: stateless 2026-07-28) never import each other: what both need lives in the shared core/mcp/ folders (routing/, upstreams/, protocol.ts), so one era can change or go without touching the other.',
+      comment:
+        'The two MCP eras (core/mcp/legacy/: sessions, 2024-11-05..2025-11-25; core/mcp/modern/: stateless 2026-07-28) never import each other: what both need lives in the shared core/mcp/ folders (routing/, upstreams/, protocol.ts), so one era can change or go without touching the other.',
       severity: 'error',
       from: { path: '^core/mcp/(legacy|modern)/' },
       to: { path: '^core/mcp/(legacy|modern)/', pathNot: '^core/mcp/$1/' },
     },
     {
       name: 'engine-knows-no-mcp',
-      comment: 'The engine (core/*.ts: server, context, pipeline, routes, plugin contract, errors, config, ...) is a plain HTTP gateway: MCP is one terminal handler handed to it. Only the composition files (core/gateway.ts, core/index.ts) import core/mcp/.',
+      comment:
+        'The engine (core/*.ts: server, context, pipeline, routes, plugin contract, errors, config, ...) is a plain HTTP gateway: MCP is one terminal handler handed to it. Only the composition files (core/gateway.ts, core/index.ts) import core/mcp/.',
       severity: 'error',
       from: { path: '^core/[^/]+$', pathNot: '^core/(gateway|index)\\.ts$' },
       to: { path: '^core/mcp/' },
     },
     {
       name: 'cluster-knows-no-mcp',
-      comment: 'core/cluster/ (primary and workers, shared state, sealing, relay, client address) moves processes and requests, whatever protocol they carry: it imports neither core/mcp/ (MCP reaches the cluster through core/mcp/cluster.ts, never the reverse) nor core/targets/ (what it needs from a transport is handed to it by the composition root).',
+      comment:
+        'core/cluster/ (primary and workers, shared state, sealing, relay, client address) moves processes and requests, whatever protocol they carry: it imports neither core/mcp/ (MCP reaches the cluster through core/mcp/cluster.ts, never the reverse) nor core/targets/ (what it needs from a transport is handed to it by the composition root).',
       severity: 'error',
       from: { path: '^core/cluster/' },
       to: { path: ['^core/mcp/', '^core/targets/'] },
     },
     {
       name: 'mcp-reaches-the-cluster-through-one-door',
-      comment: 'Everything under core/mcp/ reaches core/cluster/ (shared state, relay, sealing) through core/mcp/cluster.ts alone, type-only imports included: what MCP needs of the deployment is one object (McpCluster) built by the composition root, so a change to the cluster touches one MCP file, and the endpoint and handlers take one option instead of a handful.',
+      comment:
+        'Everything under core/mcp/ reaches core/cluster/ (shared state, relay, sealing) through core/mcp/cluster.ts alone, type-only imports included: what MCP needs of the deployment is one object (McpCluster) built by the composition root, so a change to the cluster touches one MCP file, and the endpoint and handlers take one option instead of a handful.',
       severity: 'error',
       from: { path: '^core/mcp/', pathNot: '^core/mcp/cluster\\.ts$' },
       to: { path: '^core/cluster/' },
     },
     {
       name: 'observability-is-a-side-system',
-      comment: 'core/observability/ (metrics, labels, process metrics, tracing, the access log) is called by every part and knows none of them: it imports neither core/targets/ nor core/mcp/ (the shapes it records are its own or the engine\'s).',
+      comment:
+        "core/observability/ (metrics, labels, process metrics, tracing, the access log) is called by every part and knows none of them: it imports neither core/targets/ nor core/mcp/ (the shapes it records are its own or the engine's).",
       severity: 'error',
       from: { path: '^core/observability/' },
       to: { path: ['^core/targets/', '^core/mcp/'] },
     },
     {
       name: 'admin-off-the-data-path',
-      comment: 'The admin listener, UI and probes look at the gateway; nothing on the request path (engine, /mcp, targets, observability, and the cluster files a request goes through: relay, session ids, client address, shared state, sealing) calls into them. Only the composition roots (core/gateway.ts, core/index.ts, bin/) wire them in, and the cluster\'s process management (primary and workers: the primary serves the probes of all workers and asks them for readiness).',
+      comment:
+        "The admin listener, UI and probes look at the gateway; nothing on the request path (engine, /mcp, targets, observability, and the cluster files a request goes through: relay, session ids, client address, shared state, sealing) calls into them. Only the composition roots (core/gateway.ts, core/index.ts, bin/) wire them in, and the cluster's process management (primary and workers: the primary serves the probes of all workers and asks them for readiness).",
       severity: 'error',
       from: {
         path: '^core/',
@@ -111,7 +120,8 @@ module.exports = {
     },
     {
       name: 'no-circular',
-      comment: 'An import cycle makes start-up order depend on which module is imported first, and ties two modules into one that can be neither read nor changed alone. Type-only edges count too: a type cycle is the same knot in the design, and the next value import turns it into a runtime one.',
+      comment:
+        'An import cycle makes start-up order depend on which module is imported first, and ties two modules into one that can be neither read nor changed alone. Type-only edges count too: a type cycle is the same knot in the design, and the next value import turns it into a runtime one.',
       severity: 'error',
       from: { path: '^(core|plugins|bin)/' },
       to: { circular: true },

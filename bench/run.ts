@@ -41,8 +41,19 @@ import { findNginx, startNginx } from './lib/nginx.ts'
 import { benchVerifier, type VerifyResult } from './lib/verifier-bench.ts'
 import { ensurePeers } from './lib/peers.ts'
 import {
-  paths, gatewaySystem, gatewaySharedSystem, supergatewaySystem, punkpeyeSystem, bareBridgeSystem, everythingHttpSystem, rawStdioSystem,
-  sseUpstream, openWorkers, closeWorkers, type System, type Worker,
+  paths,
+  gatewaySystem,
+  gatewaySharedSystem,
+  supergatewaySystem,
+  punkpeyeSystem,
+  bareBridgeSystem,
+  everythingHttpSystem,
+  rawStdioSystem,
+  sseUpstream,
+  openWorkers,
+  closeWorkers,
+  type System,
+  type Worker,
 } from './lib/systems.ts'
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..')
@@ -74,7 +85,7 @@ let tracingEndpoint: string | undefined
 const BASELINE_ROOT = process.env.BENCH_BASELINE_ROOT !== undefined && process.env.BENCH_BASELINE_ROOT !== '' ? process.env.BENCH_BASELINE_ROOT : undefined
 const T0 = performance.now()
 
-function say (s: string): void {
+function say(s: string): void {
   process.stdout.write(`[${((performance.now() - T0) / 1000).toFixed(1).padStart(5)}s] ${s}\n`)
 }
 
@@ -99,36 +110,66 @@ export interface Row {
 
 const rows: Row[] = []
 
-function rowOf (workload: string, sys: { name: string; role: string }, sessions: number, s: Summary | RateSummary, rss: number | undefined, note?: string, cpuMs?: number): Row {
+function rowOf(
+  workload: string,
+  sys: { name: string; role: string },
+  sessions: number,
+  s: Summary | RateSummary,
+  rss: number | undefined,
+  note?: string,
+  cpuMs?: number
+): Row {
   const rate = 'offeredPerSec' in s ? { offeredPerSec: s.offeredPerSec, sustained: s.sustained } : {}
   const row: Row = {
-    workload, system: sys.name, role: sys.role, sessions, ...rate,
-    reqPerSec: s.reqPerSec, p50Ms: s.p50Ms, p99Ms: s.p99Ms,
+    workload,
+    system: sys.name,
+    role: sys.role,
+    sessions,
+    ...rate,
+    reqPerSec: s.reqPerSec,
+    p50Ms: s.p50Ms,
+    p99Ms: s.p99Ms,
     rssMB: rss === undefined ? undefined : rss / 1048576,
-    cpuUsPerReq: cpuMs === undefined || s.requests === 0 ? undefined : cpuMs * 1000 / s.requests,
-    requests: s.requests, errors: s.errors,
+    cpuUsPerReq: cpuMs === undefined || s.requests === 0 ? undefined : (cpuMs * 1000) / s.requests,
+    requests: s.requests,
+    errors: s.errors,
     ...(note !== undefined || s.firstError !== undefined ? { note: [note, s.firstError].filter(Boolean).join('; ') } : {}),
   }
   rows.push(row)
-  say(`  ${workload} ${sys.name} x${sessions}: ${row.reqPerSec.toFixed(0)} req/s${row.sustained === false ? ' (offered rate NOT sustained)' : ''}, p50 ${row.p50Ms.toFixed(2)} ms, p99 ${row.p99Ms.toFixed(2)} ms` +
-    (row.rssMB !== undefined ? `, RSS ${row.rssMB.toFixed(1)} MB` : '') + (row.cpuUsPerReq !== undefined ? `, ${row.cpuUsPerReq.toFixed(0)} us CPU/req` : '') + (row.errors > 0 ? `, ${row.errors} errors (${s.firstError})` : ''))
+  say(
+    `  ${workload} ${sys.name} x${sessions}: ${row.reqPerSec.toFixed(0)} req/s${row.sustained === false ? ' (offered rate NOT sustained)' : ''}, p50 ${row.p50Ms.toFixed(2)} ms, p99 ${row.p99Ms.toFixed(2)} ms` +
+      (row.rssMB !== undefined ? `, RSS ${row.rssMB.toFixed(1)} MB` : '') +
+      (row.cpuUsPerReq !== undefined ? `, ${row.cpuUsPerReq.toFixed(0)} us CPU/req` : '') +
+      (row.errors > 0 ? `, ${row.errors} errors (${s.firstError})` : '')
+  )
   return row
 }
 
-async function rssOrUndefined (pid: number | undefined): Promise<number | undefined> {
+async function rssOrUndefined(pid: number | undefined): Promise<number | undefined> {
   if (pid === undefined) return undefined
-  try { return await rssOf(pid) } catch { return undefined }
+  try {
+    return await rssOf(pid)
+  } catch {
+    return undefined
+  }
 }
 
-async function cpuOrUndefined (pid: number | undefined): Promise<number | undefined> {
+async function cpuOrUndefined(pid: number | undefined): Promise<number | undefined> {
   if (pid === undefined) return undefined
-  try { return await cpuMsOf(pid) } catch { return undefined }
+  try {
+    return await cpuMsOf(pid)
+  } catch {
+    return undefined
+  }
 }
 
-interface Measured { sample: Sample; cpuMs: number | undefined }
+interface Measured {
+  sample: Sample
+  cpuMs: number | undefined
+}
 
 /** One measured phase (after its warm-up), with the CPU time the system's own process spent in it. */
-async function measure (workers: readonly Worker[], pid: number | undefined, share = 1): Promise<Measured> {
+async function measure(workers: readonly Worker[], pid: number | undefined, share = 1): Promise<Measured> {
   const op = (w: number): Promise<void> => workers[w]!.echo()
   await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: WARMUP_MS * share, maxRequests: MAX_REQUESTS })
   const c0 = await cpuOrUndefined(pid)
@@ -137,12 +178,12 @@ async function measure (workers: readonly Worker[], pid: number | undefined, sha
   return { sample, cpuMs: c0 === undefined || c1 === undefined ? undefined : c1 - c0 }
 }
 
-function cpuSum (ms: readonly Measured[]): number | undefined {
+function cpuSum(ms: readonly Measured[]): number | undefined {
   return ms.some(m => m.cpuMs === undefined) ? undefined : ms.reduce((a, m) => a + m.cpuMs!, 0)
 }
 
 /** a, b, c at one level: all systems' sessions open at once, two rounds in alternating order. */
-async function throughputAlternating (systems: readonly System[], n: number): Promise<void> {
+async function throughputAlternating(systems: readonly System[], n: number): Promise<void> {
   say(`throughput with ${n} concurrent session(s): opening sessions`)
   const open = new Map<System, { agent: ReturnType<typeof makeAgent>; workers: Worker[]; samples: Measured[] }>()
   try {
@@ -163,12 +204,15 @@ async function throughputAlternating (systems: readonly System[], n: number): Pr
       rowOf('a-c echo', sys, n, summarize(o.samples.map(m => m.sample)), await rssOrUndefined(sys.pid), undefined, cpuSum(o.samples))
     }
   } finally {
-    for (const o of open.values()) { await closeWorkers(o.workers); o.agent.destroy() }
+    for (const o of open.values()) {
+      await closeWorkers(o.workers)
+      o.agent.destroy()
+    }
   }
 }
 
 /** a, b, c at a level too heavy to hold every system's children at once: one system at a time. */
-async function throughputSequential (systems: readonly System[], n: number): Promise<void> {
+async function throughputSequential(systems: readonly System[], n: number): Promise<void> {
   say(`throughput with ${n} concurrent sessions (one system at a time: ${n} Node children each)`)
   for (const sys of systems) {
     const agent = makeAgent(n)
@@ -184,10 +228,13 @@ async function throughputSequential (systems: readonly System[], n: number): Pro
   }
 }
 
-interface RateMeasured { sample: RateSample; cpuMs: number | undefined }
+interface RateMeasured {
+  sample: RateSample
+  cpuMs: number | undefined
+}
 
 /** One fixed-rate phase (after a short lead-in at the same rate), with the CPU time of the system's own process. */
-async function measureRate (workers: readonly Worker[], pid: number | undefined): Promise<RateMeasured> {
+async function measureRate(workers: readonly Worker[], pid: number | undefined): Promise<RateMeasured> {
   const op = (w: number): Promise<void> => workers[w]!.echo()
   const opts = { workers: workers.length, op, ratePerSec: D_RATE, maxRequests: MAX_REQUESTS, graceMs: D_RATE_MS }
   await runFixedRate({ ...opts, warmupMs: 0, durationMs: D_RATE_WARMUP_MS })
@@ -211,9 +258,12 @@ interface AddedLine {
   readonly load: number
 }
 
-interface HttpTargetResult { readonly added: AddedLatency; readonly lines: readonly AddedLine[] }
+interface HttpTargetResult {
+  readonly added: AddedLatency
+  readonly lines: readonly AddedLine[]
+}
 
-function medianP99 (samples: readonly Sample[]): number {
+function medianP99(samples: readonly Sample[]): number {
   const p = samples.map(x => summarize([x]).p99Ms).sort((a, b) => a - b)
   return p.length === 0 ? NaN : p.length % 2 === 1 ? p[(p.length - 1) / 2]! : (p[p.length / 2 - 1]! + p[p.length / 2]!) / 2
 }
@@ -228,7 +278,7 @@ const dRateWorkload = (): string => `d http target @${D_RATE}/s`
  * offered rate (open loop, coordinated omission corrected: the latency a
  * proxy adds at a load every system carries).
  */
-async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTargetResult> {
+async function httpTarget(auth: AuthSettings, token: string): Promise<HttpTargetResult> {
   const n = 16
   say(`d. HTTP target (SSE answers), ${n} connections: closed loops (saturation), then ${D_RATE} req/s offered`)
   const up = await sseUpstream(P)
@@ -249,16 +299,18 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
     ...(ngx !== undefined ? [{ name: 'nginx proxy_pass (1 worker)', role: 'peer', url: ngx.url, headers: {}, pid: ngx.workerPid }] : []),
   ]
   const state = new Map<string, { workers: McpHttpSession[]; agent: ReturnType<typeof makeAgent>; closed: Measured[]; rate: RateMeasured[] }>()
-  const inOrder = (round: number): typeof systems => round % 2 === 0 ? systems : [...systems].reverse()
+  const inOrder = (round: number): typeof systems => (round % 2 === 0 ? systems : [...systems].reverse())
   try {
     for (const s of systems) {
       // One socket per connection: a session's requests never queue behind another's in the agent.
       const agent = makeAgent(n)
-      const workers = await Promise.all(Array.from({ length: n }, async () => {
-        const w = new McpHttpSession(s.url, agent, s.headers)
-        await w.initialize()
-        return w
-      }))
+      const workers = await Promise.all(
+        Array.from({ length: n }, async () => {
+          const w = new McpHttpSession(s.url, agent, s.headers)
+          await w.initialize()
+          return w
+        })
+      )
       state.set(s.name, { workers, agent, closed: [], rate: [] })
     }
     for (let round = 0; round < ROUNDS; round++) {
@@ -267,7 +319,9 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
         st.closed.push(await measure(st.workers, s.pid, 2 / ROUNDS))
       }
     }
-    say(`  fixed rate: ${D_RATE} req/s over ${n} connections (one every ${(1000 * n / D_RATE).toFixed(1)} ms each), ${D_RATE_ROUNDS} rounds of ${D_RATE_WARMUP_MS} + ${D_RATE_MS} ms`)
+    say(
+      `  fixed rate: ${D_RATE} req/s over ${n} connections (one every ${((1000 * n) / D_RATE).toFixed(1)} ms each), ${D_RATE_ROUNDS} rounds of ${D_RATE_WARMUP_MS} + ${D_RATE_MS} ms`
+    )
     for (let round = 0; round < D_RATE_ROUNDS; round++) {
       for (const s of inOrder(round)) {
         const st = state.get(s.name)!
@@ -277,9 +331,35 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
     const added: AddedLatency = {}
     const lines: AddedLine[] = []
     const capacity = new Map(systems.map(s => [s.name, summarize(state.get(s.name)!.closed.map(m => m.sample))]))
-    const phases: Array<{ phase: AddedLine['phase']; workload: string; sums: Map<string, Summary | RateSummary>; samples: (name: string) => Sample[]; cpu: (name: string) => number | undefined }> = [
-      { phase: 'saturation', workload: D_SATURATION, sums: capacity, samples: name => state.get(name)!.closed.map(m => m.sample), cpu: name => cpuSum(state.get(name)!.closed) },
-      { phase: 'fixed rate', workload: dRateWorkload(), sums: new Map(systems.map(s => [s.name, summarizeRate(state.get(s.name)!.rate.map(m => m.sample), D_RATE)])), samples: name => state.get(name)!.rate.map(m => m.sample), cpu: name => cpuSum(state.get(name)!.rate) },
+    const phases: Array<{
+      phase: AddedLine['phase']
+      workload: string
+      sums: Map<string, Summary | RateSummary>
+      samples: (name: string) => Sample[]
+      cpu: (name: string) => number | undefined
+    }> = [
+      {
+        phase: 'saturation',
+        workload: D_SATURATION,
+        sums: capacity,
+        samples: name => state.get(name)!.closed.map(m => m.sample),
+        cpu: name => cpuSum(state.get(name)!.closed),
+      },
+      {
+        phase: 'fixed rate',
+        workload: dRateWorkload(),
+        sums: new Map(
+          systems.map(s => [
+            s.name,
+            summarizeRate(
+              state.get(s.name)!.rate.map(m => m.sample),
+              D_RATE
+            ),
+          ])
+        ),
+        samples: name => state.get(name)!.rate.map(m => m.sample),
+        cpu: name => cpuSum(state.get(name)!.rate),
+      },
     ]
     for (const ph of phases) {
       const direct = ph.sums.get(systems[0]!.name)!
@@ -291,20 +371,40 @@ async function httpTarget (auth: AuthSettings, token: string): Promise<HttpTarge
         if (s !== systems[0]) {
           added[`${s.name} ${ph.phase} added p50 ms`] = sum.p50Ms - direct.p50Ms
           added[`${s.name} ${ph.phase} added p99 ms`] = sum.p99Ms - direct.p99Ms
-          lines.push({ system: s.name, phase: ph.phase, p50Ms: sum.p50Ms - direct.p50Ms, p99Ms: sum.p99Ms - direct.p99Ms, p99RoundMedianMs: medianP99(ph.samples(s.name)) - directRoundP99, load })
+          lines.push({
+            system: s.name,
+            phase: ph.phase,
+            p50Ms: sum.p50Ms - direct.p50Ms,
+            p99Ms: sum.p99Ms - direct.p99Ms,
+            p99RoundMedianMs: medianP99(ph.samples(s.name)) - directRoundP99,
+            load,
+          })
           notes.push(`added p50 ${(sum.p50Ms - direct.p50Ms).toFixed(3)} ms, p99 ${(sum.p99Ms - direct.p99Ms).toFixed(3)} ms`)
         }
         if ('offeredPerSec' in sum) {
-          notes.push(`offered ${sum.offeredPerSec}/s (${(load * 100).toFixed(0)}% of its closed-loop capacity), achieved ${sum.reqPerSec.toFixed(0)}/s${sum.sustained ? '' : ' (NOT sustained)'}; ${sum.lateSlots} of ${sum.scheduled} slots found the connection busy` +
-            (sum.unsent > 0 ? `, ${sum.unsent} never sent` : '') + `; generator timer lateness ${fmt(sum.meanTimerLateMs, 3)} ms mean (not charged)`)
+          notes.push(
+            `offered ${sum.offeredPerSec}/s (${(load * 100).toFixed(0)}% of its closed-loop capacity), achieved ${sum.reqPerSec.toFixed(0)}/s${sum.sustained ? '' : ' (NOT sustained)'}; ${sum.lateSlots} of ${sum.scheduled} slots found the connection busy` +
+              (sum.unsent > 0 ? `, ${sum.unsent} never sent` : '') +
+              `; generator timer lateness ${fmt(sum.meanTimerLateMs, 3)} ms mean (not charged)`
+          )
         }
         rowOf(ph.workload, s, n, sum, await rssOrUndefined(s.pid), notes.join('; ') || undefined, ph.cpu(s.name))
       }
     }
     return { added, lines }
   } finally {
-    for (const st of state.values()) { await closeWorkers(st.workers); st.agent.destroy() }
-    await Promise.allSettled([up.service.stop(), gwAuth.service.stop(), gwOpen.service.stop(), gwTraced?.service.stop(), gwBase?.service.stop(), ngx?.service.stop()])
+    for (const st of state.values()) {
+      await closeWorkers(st.workers)
+      st.agent.destroy()
+    }
+    await Promise.allSettled([
+      up.service.stop(),
+      gwAuth.service.stop(),
+      gwOpen.service.stop(),
+      gwTraced?.service.stop(),
+      gwBase?.service.stop(),
+      ngx?.service.stop(),
+    ])
   }
 }
 
@@ -325,7 +425,7 @@ const G_MODERN = 'g http target, 2026-07-28 (workers)'
  * load generator share the same two cores, so the ratio is what a second
  * worker buys on a box that also runs its clients and server.
  */
-async function workersScaling (auth: AuthSettings, token: string): Promise<Record<string, number | undefined>> {
+async function workersScaling(auth: AuthSettings, token: string): Promise<Record<string, number | undefined>> {
   const n = 16
   say(`g. workers: 2 vs 1 process, HTTP target (SSE answers), JWT, ${n} connections: session-era and 2026-07-28 calls`)
   const up = await sseUpstream(P)
@@ -338,11 +438,20 @@ async function workersScaling (auth: AuthSettings, token: string): Promise<Recor
     { name: 'gateway, 1 process', role: 'gateway', url: one.url, pid: one.service.pid },
     { name: 'gateway, workers: 2', role: 'gateway', url: two.url, pid: two.service.pid },
   ]
-  const session = async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => { const w = new McpHttpSession(url, agent, bearer); await w.initialize(); return w }
+  const session = async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => {
+    const w = new McpHttpSession(url, agent, bearer)
+    await w.initialize()
+    return w
+  }
   const kinds = [
     { workload: G_SESSIONS, key: 'g workers 2/1 http target (sessions, shared pool)', own: false, open: session },
     { workload: G_SESSIONS_OWN, key: 'g workers 2/1 http target (sessions, a connection each)', own: true, open: session },
-    { workload: G_MODERN, key: 'g workers 2/1 2026-07-28', own: false, open: async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => new ModernClient(url, agent, bearer) },
+    {
+      workload: G_MODERN,
+      key: 'g workers 2/1 2026-07-28',
+      own: false,
+      open: async (url: string, agent: ReturnType<typeof makeAgent>): Promise<Worker> => new ModernClient(url, agent, bearer),
+    },
   ]
   const ratios: Record<string, number | undefined> = {}
   try {
@@ -351,7 +460,11 @@ async function workersScaling (auth: AuthSettings, token: string): Promise<Recor
       for (const s of systems) {
         const shared = makeAgent(n)
         const agents = kind.own ? Array.from({ length: n }, () => makeAgent(1)) : [shared]
-        state.set(s.name, { agents, workers: await Promise.all(agents.length === 1 ? Array.from({ length: n }, () => kind.open(s.url, shared)) : agents.map(a => kind.open(s.url, a))), samples: [] })
+        state.set(s.name, {
+          agents,
+          workers: await Promise.all(agents.length === 1 ? Array.from({ length: n }, () => kind.open(s.url, shared)) : agents.map(a => kind.open(s.url, a))),
+          samples: [],
+        })
         if (kind.own) shared.destroy()
       }
       try {
@@ -368,7 +481,10 @@ async function workersScaling (auth: AuthSettings, token: string): Promise<Recor
         ratios[kind.key] = ratio(made[1], made[0])
         ratios[`${kind.key} CPU/req`] = cpuRatio(made[1], made[0])
       } finally {
-        for (const st of state.values()) { await closeWorkers(st.workers); for (const a of st.agents) a.destroy() }
+        for (const st of state.values()) {
+          await closeWorkers(st.workers)
+          for (const a of st.agents) a.destroy()
+        }
       }
     }
     return ratios
@@ -378,7 +494,7 @@ async function workersScaling (auth: AuthSettings, token: string): Promise<Recor
 }
 
 /** `measure` with the CPU time of the gateway's whole process tree (a primary's workers are its children). */
-async function measureTree (workers: readonly Worker[], pid: number, share: number): Promise<Measured> {
+async function measureTree(workers: readonly Worker[], pid: number, share: number): Promise<Measured> {
   const op = (w: number): Promise<void> => workers[w]!.echo()
   await runClosedLoop({ workers: workers.length, op, warmupMs: 0, durationMs: WARMUP_MS * share, maxRequests: MAX_REQUESTS })
   const c0 = await cpuMsOfTree(pid).catch(() => undefined)
@@ -388,7 +504,7 @@ async function measureTree (workers: readonly Worker[], pid: number, share: numb
 }
 
 /** e: initialize + initialized + one call + DELETE per session, 4 at a time, bounded. */
-async function churn (systems: readonly System[]): Promise<void> {
+async function churn(systems: readonly System[]): Promise<void> {
   const n = 4
   say('e. session churn (initialize + call + DELETE), 4 concurrent')
   for (const sys of systems) {
@@ -406,7 +522,10 @@ async function churn (systems: readonly System[]): Promise<void> {
           const t2 = performance.now()
           await w.close()
           const t3 = performance.now()
-          phases.open += t1 - t0; phases.call += t2 - t1; phases.del += t3 - t2; phases.n++
+          phases.open += t1 - t0
+          phases.call += t2 - t1
+          phases.del += t3 - t2
+          phases.n++
         },
         warmupMs: 300,
         durationMs: Math.min(DURATION_MS * 1.5, 3000),
@@ -432,7 +551,7 @@ interface MemoryResult {
 }
 
 /** f: gateway RSS (its own pid, children excluded) with 0, 100 and 500 idle sessions on a cheap awk stdio target. */
-async function memory (auth: AuthSettings, token: string): Promise<MemoryResult> {
+async function memory(auth: AuthSettings, token: string): Promise<MemoryResult> {
   say('f. idle-session memory (target: bench/lib/echo-server.awk, children excluded)')
   const script = join(ROOT, 'bench/lib/echo-server.awk')
   // mawk (Debian's awk) block-buffers a pipe unless interactive.
@@ -442,17 +561,22 @@ async function memory (auth: AuthSettings, token: string): Promise<MemoryResult>
   const sessions: McpHttpSession[] = []
   const openN = async (k: number): Promise<void> => {
     let left = k
-    await Promise.all(Array.from({ length: 16 }, async () => {
-      while (left > 0) {
-        left--
-        const s = new McpHttpSession(gw.url, agent, { authorization: `Bearer ${token}` })
-        await s.initialize()
-        await s.echo()
-        sessions.push(s)
-      }
-    }))
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (left > 0) {
+          left--
+          const s = new McpHttpSession(gw.url, agent, { authorization: `Bearer ${token}` })
+          await s.initialize()
+          await s.echo()
+          sessions.push(s)
+        }
+      })
+    )
   }
-  const settle = async (): Promise<number> => { await sleep(1000); return rssOf(gw.service.pid) }
+  const settle = async (): Promise<number> => {
+    await sleep(1000)
+    return rssOf(gw.service.pid)
+  }
   try {
     // Warm the code paths (a session opened, used and closed) before the baseline.
     for (let i = 0; i < 20; i++) {
@@ -473,7 +597,9 @@ async function memory (auth: AuthSettings, token: string): Promise<MemoryResult>
       kbPerSession100: (rss100 - rss0) / 1024 / 100,
       kbPerSession500: (rss500 - rss0) / 1024 / 500,
     }
-    say(`  RSS 0: ${r.rss0MB.toFixed(1)} MB, 100: ${r.rss100MB.toFixed(1)} MB, 500: ${r.rss500MB.toFixed(1)} MB -> ${r.kbPerSession500.toFixed(1)} KB per idle session (500), ${r.kbPerSession100.toFixed(1)} KB (100)`)
+    say(
+      `  RSS 0: ${r.rss0MB.toFixed(1)} MB, 100: ${r.rss100MB.toFixed(1)} MB, 500: ${r.rss500MB.toFixed(1)} MB -> ${r.kbPerSession500.toFixed(1)} KB per idle session (500), ${r.kbPerSession100.toFixed(1)} KB (100)`
+    )
     return r
   } finally {
     await closeWorkers(sessions)
@@ -482,52 +608,64 @@ async function memory (auth: AuthSettings, token: string): Promise<MemoryResult>
   }
 }
 
-function ratio (a: Row | undefined, b: Row | undefined): number | undefined {
+function ratio(a: Row | undefined, b: Row | undefined): number | undefined {
   return a === undefined || b === undefined || b.reqPerSec === 0 ? undefined : a.reqPerSec / b.reqPerSec
 }
 
-function cpuRatio (a: Row | undefined, b: Row | undefined): number | undefined {
+function cpuRatio(a: Row | undefined, b: Row | undefined): number | undefined {
   return a?.cpuUsPerReq === undefined || b?.cpuUsPerReq === undefined || b.cpuUsPerReq === 0 ? undefined : a.cpuUsPerReq / b.cpuUsPerReq
 }
 
-function fmt (v: number | undefined, digits = 2): string {
+function fmt(v: number | undefined, digits = 2): string {
   return v === undefined || Number.isNaN(v) ? '-' : v.toFixed(digits)
 }
 
-function table (): string {
+function table(): string {
   const head = '| workload | system | sessions | req/s | p50 ms | p99 ms | RSS MB | CPU us/req |'
   const lines = [head, '|---|---|---:|---:|---:|---:|---:|---:|']
   for (const r of rows) {
     const rate = r.reqPerSec.toFixed(r.reqPerSec < 100 ? 1 : 0) + (r.sustained === false ? ` (offered ${r.offeredPerSec}: NOT sustained)` : '')
-    lines.push(`| ${r.workload} | ${r.system} | ${r.sessions} | ${rate} | ${fmt(r.p50Ms)} | ${fmt(r.p99Ms)} | ${fmt(r.rssMB, 1)} | ${fmt(r.cpuUsPerReq, 0)} |` + (r.errors > 0 ? ` ${r.errors} errors` : ''))
+    lines.push(
+      `| ${r.workload} | ${r.system} | ${r.sessions} | ${rate} | ${fmt(r.p50Ms)} | ${fmt(r.p99Ms)} | ${fmt(r.rssMB, 1)} | ${fmt(r.cpuUsPerReq, 0)} |` +
+        (r.errors > 0 ? ` ${r.errors} errors` : '')
+    )
   }
   return lines.join('\n')
 }
 
 /** d: latency added over direct, per system and phase. */
-function addedTable (d: HttpTargetResult): string {
+function addedTable(d: HttpTargetResult): string {
   const out = [
     '| d: added over direct (16 conns) | phase | load (offered / own capacity) | p50 ms | p99 ms | p99 ms, median of rounds |',
     '|---|---|---:|---:|---:|---:|',
   ]
   for (const phase of ['fixed rate', 'saturation'] as const) {
     for (const l of d.lines.filter(x => x.phase === phase)) {
-      out.push(`| ${l.system} | ${phase === 'fixed rate' ? `${D_RATE} req/s offered` : 'saturation (closed loop)'} | ${(l.load * 100).toFixed(0)}% | ${fmt(l.p50Ms, 3)} | ${fmt(l.p99Ms, 3)} | ${fmt(l.p99RoundMedianMs, 3)} |`)
+      out.push(
+        `| ${l.system} | ${phase === 'fixed rate' ? `${D_RATE} req/s offered` : 'saturation (closed loop)'} | ${(l.load * 100).toFixed(0)}% | ${fmt(l.p50Ms, 3)} | ${fmt(l.p99Ms, 3)} | ${fmt(l.p99RoundMedianMs, 3)} |`
+      )
     }
   }
   return out.join('\n')
 }
 
-async function machine (): Promise<Record<string, unknown>> {
+async function machine(): Promise<Record<string, unknown>> {
   const cpuinfo = await readFile('/proc/cpuinfo', 'utf8').catch(() => '')
   const model = /^model name\s*:\s*(.*)$/m.exec(cpuinfo)?.[1] ?? cpus()[0]?.model ?? 'unknown'
   const commit = await new Promise<string>(resolve => {
     execFile('git', ['describe', '--always', '--dirty'], { cwd: ROOT }, (err, out) => resolve(err === null ? out.trim() : 'unknown'))
   })
-  return { nproc: cpus().length, cpu: model, node: process.version, memGB: Math.round(totalmem() / 2 ** 30), commit, loadavgAtStart: loadavg().map(v => Number(v.toFixed(2))) }
+  return {
+    nproc: cpus().length,
+    cpu: model,
+    node: process.version,
+    memGB: Math.round(totalmem() / 2 ** 30),
+    commit,
+    loadavgAtStart: loadavg().map(v => Number(v.toFixed(2))),
+  }
 }
 
-async function main (): Promise<void> {
+async function main(): Promise<void> {
   const mach = await machine()
   say(`mcp-proxy bench: ${JSON.stringify(mach)}; phases ${WARMUP_MS} ms warm-up + ${DURATION_MS} ms measured`)
   await buildGateway(ROOT)
@@ -550,7 +688,11 @@ async function main (): Promise<void> {
           say(`  gateway (JWT, sessions, shared child) skipped: ${(err as Error).message.split('\n').slice(0, 4).join(' | ')}`)
           return undefined
         }),
-        supergatewaySystem(P), punkpeyeSystem(P), bareBridgeSystem(P), bareBridgeSystem(P, true), everythingHttpSystem(P),
+        supergatewaySystem(P),
+        punkpeyeSystem(P),
+        bareBridgeSystem(P),
+        bareBridgeSystem(P, true),
+        everythingHttpSystem(P),
       ])
       const raw = rawStdioSystem(P)
       const gws = gwShared !== undefined ? [gwShared] : []
@@ -563,7 +705,8 @@ async function main (): Promise<void> {
         if (LEVELS.includes(16)) await throughputAlternating(all, 16)
         if (LEVELS.includes(64)) await throughputSequential([gw, ...gws, ...extra, sg, pp, bare, direct], 64)
         for (const n of LEVELS) {
-          const find = (s: System | undefined): Row | undefined => s === undefined ? undefined : rows.find(r => r.workload === 'a-c echo' && r.system === s.name && r.sessions === n)
+          const find = (s: System | undefined): Row | undefined =>
+            s === undefined ? undefined : rows.find(r => r.workload === 'a-c echo' && r.system === s.name && r.sessions === n)
           ratios[`x${n} gateway/supergateway`] = ratio(find(gw), find(sg))
           ratios[`x${n} gateway/punkpeye`] = ratio(find(gw), find(pp))
           ratios[`x${n} gateway/bare bridge`] = ratio(find(gw), find(bare))
@@ -597,16 +740,44 @@ async function main (): Promise<void> {
           const v = ratios[`x16 ${key}`]
           targets.push({ target, measured: fmt(v), met: v === undefined ? undefined : v >= min })
         }
-        atLeast('throughput >= 3x supergateway (16 sessions): gateway child per session vs supergateway --stateful (also a child per session)', 'gateway/supergateway', 3)
+        atLeast(
+          'throughput >= 3x supergateway (16 sessions): gateway child per session vs supergateway --stateful (also a child per session)',
+          'gateway/supergateway',
+          3
+        )
         atLeast('throughput >= 2x punkpeye mcp-proxy (16 sessions): gateway child per session vs punkpeye (one shared child)', 'gateway/punkpeye', 2)
-        atLeast('throughput >= 0.5x bare bridge of the same shape (16 sessions): gateway child per session vs bare bridge child per client', 'gateway/bare bridge child per client', 0.5)
-        atLeast('(informative) >= 0.5x bare bridge (16 sessions): gateway child per session vs the shared-child bare bridge (not the same shape)', 'gateway/bare bridge', 0.5)
+        atLeast(
+          'throughput >= 0.5x bare bridge of the same shape (16 sessions): gateway child per session vs bare bridge child per client',
+          'gateway/bare bridge child per client',
+          0.5
+        )
+        atLeast(
+          '(informative) >= 0.5x bare bridge (16 sessions): gateway child per session vs the shared-child bare bridge (not the same shape)',
+          'gateway/bare bridge',
+          0.5
+        )
         if (gwShared !== undefined) {
-          atLeast('throughput >= 3x supergateway (16 sessions): gateway shared child vs supergateway --stateful (a child per session)', 'gateway shared/supergateway', 3)
-          atLeast('throughput >= 2x punkpeye mcp-proxy (16 sessions): gateway shared child vs punkpeye (one shared child, the same shape)', 'gateway shared/punkpeye', 2)
-          atLeast('throughput >= 0.5x bare bridge of the same shape (16 sessions): gateway shared child vs the shared-child bare bridge', 'gateway shared/bare bridge', 0.5)
+          atLeast(
+            'throughput >= 3x supergateway (16 sessions): gateway shared child vs supergateway --stateful (a child per session)',
+            'gateway shared/supergateway',
+            3
+          )
+          atLeast(
+            'throughput >= 2x punkpeye mcp-proxy (16 sessions): gateway shared child vs punkpeye (one shared child, the same shape)',
+            'gateway shared/punkpeye',
+            2
+          )
+          atLeast(
+            'throughput >= 0.5x bare bridge of the same shape (16 sessions): gateway shared child vs the shared-child bare bridge',
+            'gateway shared/bare bridge',
+            0.5
+          )
         } else {
-          targets.push({ target: 'throughput targets for the gateway with a shared child (share: subject)', measured: 'not run: the gateway rejected the config', met: undefined })
+          targets.push({
+            target: 'throughput targets for the gateway with a shared child (share: subject)',
+            measured: 'not run: the gateway rejected the config',
+            met: undefined,
+          })
         }
       }
       if (ONLY.has('e')) await churn([gw, ...gws, sg, pp, direct])
@@ -622,19 +793,46 @@ async function main (): Promise<void> {
       const p50 = jwt('fixed rate', 'p50')
       const p99 = jwt('fixed rate', 'p99')
       const carried = rows.find(r => r.workload === dRateWorkload() && r.system === 'gateway (JWT)')?.sustained
-      const unless = carried === false
-        ? ' (gateway did NOT sustain the offered rate)'
-        : jwtLine !== undefined && jwtLine.load > 0.8 ? ` (the offered rate is ${(jwtLine.load * 100).toFixed(0)}% of the gateway's capacity in this run: queueing included)` : ''
-      targets.push({ target: `HTTP target added latency <= 0.5 ms p50 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`, measured: `${fmt(p50, 3)} ms`, met: p50 === undefined ? undefined : p50 <= 0.5 })
-      targets.push({ target: `HTTP target added latency <= 2 ms p99 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`, measured: `${fmt(p99, 3)} ms`, met: p99 === undefined ? undefined : p99 <= 2 })
-      targets.push({ target: `(informative) HTTP target at ${D_RATE} req/s (JWT): the gateway's load (offered / its closed-loop capacity) and the p99 added as the median of the rounds' p99s`, measured: jwtLine === undefined ? '-' : `${(jwtLine.load * 100).toFixed(0)}%, ${fmt(jwtLine.p99RoundMedianMs, 3)} ms`, met: undefined })
-      targets.push({ target: '(informative) HTTP target at saturation (16 closed loops, JWT): added p50 / p99, mostly the capacity gap', measured: `${fmt(jwt('saturation', 'p50'), 3)} / ${fmt(jwt('saturation', 'p99'), 3)} ms`, met: undefined })
+      const unless =
+        carried === false
+          ? ' (gateway did NOT sustain the offered rate)'
+          : jwtLine !== undefined && jwtLine.load > 0.8
+            ? ` (the offered rate is ${(jwtLine.load * 100).toFixed(0)}% of the gateway's capacity in this run: queueing included)`
+            : ''
+      targets.push({
+        target: `HTTP target added latency <= 0.5 ms p50 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`,
+        measured: `${fmt(p50, 3)} ms`,
+        met: p50 === undefined ? undefined : p50 <= 0.5,
+      })
+      targets.push({
+        target: `HTTP target added latency <= 2 ms p99 (16 conns, JWT, ${D_RATE} req/s offered)${unless}`,
+        measured: `${fmt(p99, 3)} ms`,
+        met: p99 === undefined ? undefined : p99 <= 2,
+      })
+      targets.push({
+        target: `(informative) HTTP target at ${D_RATE} req/s (JWT): the gateway's load (offered / its closed-loop capacity) and the p99 added as the median of the rounds' p99s`,
+        measured: jwtLine === undefined ? '-' : `${(jwtLine.load * 100).toFixed(0)}%, ${fmt(jwtLine.p99RoundMedianMs, 3)} ms`,
+        met: undefined,
+      })
+      targets.push({
+        target: '(informative) HTTP target at saturation (16 closed loops, JWT): added p50 / p99, mostly the capacity gap',
+        measured: `${fmt(jwt('saturation', 'p50'), 3)} / ${fmt(jwt('saturation', 'p99'), 3)} ms`,
+        met: undefined,
+      })
     }
     if (ONLY.has('g')) {
       const g = await workersScaling(auth, token)
       Object.assign(ratios, g)
-      for (const [key, label] of [['g workers 2/1 http target (sessions, shared pool)', 'session-era calls over one pool of connections'], ['g workers 2/1 http target (sessions, a connection each)', 'session-era calls, a connection per session'], ['g workers 2/1 2026-07-28', '2026-07-28 calls']] as const) {
-        targets.push({ target: `(informative) workers: 2 vs 1 process on this ${cpus().length}-core box, HTTP target, JWT, 16 connections, ${label}: throughput ratio`, measured: fmt(g[key]), met: undefined })
+      for (const [key, label] of [
+        ['g workers 2/1 http target (sessions, shared pool)', 'session-era calls over one pool of connections'],
+        ['g workers 2/1 http target (sessions, a connection each)', 'session-era calls, a connection per session'],
+        ['g workers 2/1 2026-07-28', '2026-07-28 calls'],
+      ] as const) {
+        targets.push({
+          target: `(informative) workers: 2 vs 1 process on this ${cpus().length}-core box, HTTP target, JWT, 16 connections, ${label}: throughput ratio`,
+          measured: fmt(g[key]),
+          met: undefined,
+        })
       }
     }
     if (ONLY.has('f')) {
@@ -674,18 +872,42 @@ async function main (): Promise<void> {
   await mkdir(dir, { recursive: true })
   const stamp = new Date().toISOString().replace(/[:.]/g, '-')
   const file = join(dir, `${stamp}.json`)
-  await writeFile(file, JSON.stringify({ date: new Date().toISOString(), machine: mach, warmupMs: WARMUP_MS, durationMs: DURATION_MS, dRatePerSec: D_RATE, dRateRounds: D_RATE_ROUNDS, dRateMs: D_RATE_MS, rows, ratios, targets, ...results }, null, 2))
+  await writeFile(
+    file,
+    JSON.stringify(
+      {
+        date: new Date().toISOString(),
+        machine: mach,
+        warmupMs: WARMUP_MS,
+        durationMs: DURATION_MS,
+        dRatePerSec: D_RATE,
+        dRateRounds: D_RATE_ROUNDS,
+        dRateMs: D_RATE_MS,
+        rows,
+        ratios,
+        targets,
+        ...results,
+      },
+      null,
+      2
+    )
+  )
   await writeFile(join(dir, 'latest.md'), md + '\n')
   say(`written ${file} (and bench/results/latest.md)`)
 }
 
 // Ctrl-C or a timeout: services run in their own process groups, so end them here.
 for (const sig of ['SIGINT', 'SIGTERM'] as const) {
-  process.once(sig, () => { void stopAll().finally(() => process.exit(130)) })
+  process.once(sig, () => {
+    void stopAll().finally(() => process.exit(130))
+  })
 }
 
-main().then(() => process.exit(0), async (err: unknown) => {
-  process.stderr.write(`bench failed: ${(err as Error).stack ?? String(err)}\n`)
-  await stopAll()
-  process.exit(1)
-})
+main().then(
+  () => process.exit(0),
+  async (err: unknown) => {
+    process.stderr.write(`bench failed: ${(err as Error).stack ?? String(err)}\n`)
+    await stopAll()
+    process.exit(1)
+  }
+)

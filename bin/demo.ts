@@ -19,10 +19,12 @@ const facade = process.argv.includes('--facade')
 const configFile = resolve(root, facade ? 'examples/demo/facade.yaml' : 'examples/demo/config.yaml')
 const idpPort = Number(process.env.DEMO_IDP_PORT ?? 9400)
 
-async function main (): Promise<void> {
-  const idp = await startDevIdp(facade
-    ? { port: idpPort, clientId: 'mcp-gateway-dev', allowLoopbackRedirects: false, redirectUris: ['http://localhost:3000/oauth/callback'] }
-    : { port: idpPort, clientId: 'mcp-gateway-dev' })
+async function main(): Promise<void> {
+  const idp = await startDevIdp(
+    facade
+      ? { port: idpPort, clientId: 'mcp-gateway-dev', allowLoopbackRedirects: false, redirectUris: ['http://localhost:3000/oauth/callback'] }
+      : { port: idpPort, clientId: 'mcp-gateway-dev' }
+  )
   process.env.DEMO_IDP_ISSUER = idp.issuer
   let gateway: RunningGateway
   try {
@@ -62,8 +64,12 @@ async function main (): Promise<void> {
 
   then, in Inspector 2.12: Add Servers -> Add manually, transport streamable-http,
   URL ${mcp}, save, and switch the server's toggle on.
-${facade ? `
-  In facade mode the gateway then shows its consent page before the Inspector gets a code.` : ''}
+${
+  facade
+    ? `
+  In facade mode the gateway then shows its consent page before the Inspector gets a code.`
+    : ''
+}
 
   Ctrl-C stops everything.
 `)
@@ -71,7 +77,10 @@ ${facade ? `
   const stop = (): void => {
     if (stopping) process.exit(1)
     stopping = true
-    void gateway.close().then(() => idp.close()).then(() => process.exit(0))
+    void gateway
+      .close()
+      .then(() => idp.close())
+      .then(() => process.exit(0))
   }
   process.on('SIGINT', stop)
   process.on('SIGTERM', stop)

@@ -109,56 +109,80 @@ export interface DevIdp {
   close(): Promise<void>
 }
 
-interface SigningKey { kid: string; privateKey: CryptoKey; publicJwk: JWK; privateJwk: JWK }
+interface SigningKey {
+  kid: string
+  privateKey: CryptoKey
+  publicJwk: JWK
+  privateJwk: JWK
+}
 
-const DEFAULT_USERS: Record<string, DevIdpUser> = { alice: { password: 'alice-dev-password', groups: ['mcp-users'], email: 'alice@example.test', name: 'Alice' } }
+const DEFAULT_USERS: Record<string, DevIdpUser> = {
+  alice: { password: 'alice-dev-password', groups: ['mcp-users'], email: 'alice@example.test', name: 'Alice' },
+}
 const DEFAULT_SERVICE_ACCOUNTS: Record<string, DevIdpServiceAccount> = { 'mcp-service': { password: 'mcp-service-dev-password', groups: ['mcp-users'] } }
 const SCOPES = ['openid', 'profile', 'email', 'offline_access']
 
-async function newSigningKey (): Promise<SigningKey> {
+async function newSigningKey(): Promise<SigningKey> {
   const { privateKey, publicKey } = await generateKeyPair('RS256', { extractable: true })
   const kid = randomUUID()
-  const publicJwk = { ...await exportJWK(publicKey), kid, alg: 'RS256', use: 'sig' }
-  const privateJwk = { ...await exportJWK(privateKey), kid, alg: 'RS256', use: 'sig' }
+  const publicJwk = { ...(await exportJWK(publicKey)), kid, alg: 'RS256', use: 'sig' }
+  const privateJwk = { ...(await exportJWK(privateKey)), kid, alg: 'RS256', use: 'sig' }
   return { kid, privateKey, publicJwk, privateJwk }
 }
 
-function isLoopbackRedirect (value: string): boolean {
+function isLoopbackRedirect(value: string): boolean {
   let u: URL
-  try { u = new URL(value) } catch { return false }
-  return u.protocol === 'http:' && (u.hostname === '127.0.0.1' || u.hostname === 'localhost' || u.hostname === '[::1]') && u.username === '' && u.password === '' && u.hash === ''
+  try {
+    u = new URL(value)
+  } catch {
+    return false
+  }
+  return (
+    u.protocol === 'http:' &&
+    (u.hostname === '127.0.0.1' || u.hostname === 'localhost' || u.hostname === '[::1]') &&
+    u.username === '' &&
+    u.password === '' &&
+    u.hash === ''
+  )
 }
 
 /** A tiny in-memory storage adapter (oidc-provider's own one warns on every start). */
-function memoryAdapterFactory (): (name: string) => unknown {
+function memoryAdapterFactory(): (name: string) => unknown {
   const store = new Map<string, { payload: Record<string, unknown>; expiresAt: number }>()
   const live = (key: string): Record<string, unknown> | undefined => {
     const e = store.get(key)
     if (e === undefined) return undefined
-    if (e.expiresAt <= Date.now()) { store.delete(key); return undefined }
+    if (e.expiresAt <= Date.now()) {
+      store.delete(key)
+      return undefined
+    }
     return e.payload
   }
-  return function adapterFor (name: string) {
+  return function adapterFor(name: string) {
     const k = (id: string): string => `${name}:${id}`
     return {
-      async upsert (id: string, payload: Record<string, unknown>, expiresIn?: number) {
+      async upsert(id: string, payload: Record<string, unknown>, expiresIn?: number) {
         store.set(k(id), { payload, expiresAt: typeof expiresIn === 'number' ? Date.now() + expiresIn * 1000 : Infinity })
       },
-      async find (id: string) { return live(k(id)) },
-      async findByUserCode (code: string) {
+      async find(id: string) {
+        return live(k(id))
+      },
+      async findByUserCode(code: string) {
         for (const [key] of store) if (key.startsWith(name + ':') && live(key)?.userCode === code) return live(key)
         return undefined
       },
-      async findByUid (uid: string) {
+      async findByUid(uid: string) {
         for (const [key] of store) if (key.startsWith(name + ':') && live(key)?.uid === uid) return live(key)
         return undefined
       },
-      async consume (id: string) {
+      async consume(id: string) {
         const p = live(k(id))
         if (p !== undefined) p.consumed = Math.floor(Date.now() / 1000)
       },
-      async destroy (id: string) { store.delete(k(id)) },
-      async revokeByGrantId (grantId: string) {
+      async destroy(id: string) {
+        store.delete(k(id))
+      },
+      async revokeByGrantId(grantId: string) {
         for (const [key, e] of store) if (e.payload.grantId === grantId) store.delete(key)
       },
     }
@@ -184,7 +208,7 @@ interface DevIdpState {
 }
 
 /** Starts the development OpenID provider on 127.0.0.1. */
-export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
+export async function startDevIdp(opts: DevIdpOptions = {}): Promise<DevIdp> {
   const host = opts.host ?? '127.0.0.1'
   if (host !== '127.0.0.1') {
     throw new Error(`dev-idp is development-only and binds to 127.0.0.1 only (refusing host ${host})`)
@@ -197,12 +221,18 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
   // The port is known only after listen(), and the issuer contains it: listen first, build the provider after.
   let handler: ((req: IncomingMessage, res: ServerResponse) => void) | undefined
   const server = createServer((req, res) => {
-    if (handler === undefined) { res.writeHead(503).end(); return }
+    if (handler === undefined) {
+      res.writeHead(503).end()
+      return
+    }
     handler(req, res)
   })
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject)
-    server.listen(opts.port ?? 0, host, () => { server.off('error', reject); resolve() })
+    server.listen(opts.port ?? 0, host, () => {
+      server.off('error', reject)
+      resolve()
+    })
   })
   const port = (server.address() as AddressInfo).port
   const origin = `http://127.0.0.1:${port}`
@@ -225,7 +255,7 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
   if (opts.allowLoopbackRedirects ?? true) {
     const proto = provider.Client.prototype
     const original = proto.redirectUriAllowed
-    proto.redirectUriAllowed = function redirectUriAllowed (value: string): boolean {
+    proto.redirectUriAllowed = function redirectUriAllowed(value: string): boolean {
       return original.call(this, value) || isLoopbackRedirect(value)
     }
   }
@@ -237,7 +267,7 @@ export async function startDevIdp (opts: DevIdpOptions = {}): Promise<DevIdp> {
 }
 
 /** The oidc-provider instance, configured to look like Authentik and to log users in without a UI. */
-function buildProvider (s: DevIdpState, first: SigningKey, opts: DevIdpOptions): Provider {
+function buildProvider(s: DevIdpState, first: SigningKey, opts: DevIdpOptions): Provider {
   const { issuer, clientId, ttl, users, serviceAccounts } = s
   const groupsOf = (sub: string): readonly string[] => users[sub]?.groups ?? serviceAccounts[sub]?.groups ?? []
   const policy = interactionPolicy.base()
@@ -245,14 +275,16 @@ function buildProvider (s: DevIdpState, first: SigningKey, opts: DevIdpOptions):
   for (const prompt of policy) prompt.checks.length = 0
   return new Provider(issuer, {
     adapter: memoryAdapterFactory(),
-    clients: [{
-      client_id: clientId,
-      application_type: 'native',
-      token_endpoint_auth_method: 'none',
-      grant_types: ['authorization_code', 'refresh_token', 'client_credentials'],
-      response_types: ['code'],
-      redirect_uris: opts.redirectUris?.length ? [...opts.redirectUris] : ['http://127.0.0.1/callback'],
-    }],
+    clients: [
+      {
+        client_id: clientId,
+        application_type: 'native',
+        token_endpoint_auth_method: 'none',
+        grant_types: ['authorization_code', 'refresh_token', 'client_credentials'],
+        response_types: ['code'],
+        redirect_uris: opts.redirectUris?.length ? [...opts.redirectUris] : ['http://127.0.0.1/callback'],
+      },
+    ],
     jwks: { keys: [first.privateJwk] },
     scopes: SCOPES,
     claims: { openid: ['sub'], profile: ['name', 'groups'], email: ['email'] },
@@ -270,7 +302,7 @@ function buildProvider (s: DevIdpState, first: SigningKey, opts: DevIdpOptions):
     loadExistingGrant: impliedGrant,
     extraParams: {
       // Runs on every authorize request after the session is loaded and before the account is: the automatic login.
-      async dev_auto_login (ctx: OidcCtx) {
+      async dev_auto_login(ctx: OidcCtx) {
         const session = ctx.oidc.session
         if (ctx.oidc.route !== 'authorization' || session === undefined || session.accountId !== undefined) return
         const hint = ctx.oidc.params?.login_hint
@@ -322,7 +354,7 @@ function buildProvider (s: DevIdpState, first: SigningKey, opts: DevIdpOptions):
 }
 
 /** Consent is implied: grant every requested scope, for the OIDC part and for the resource (if any). */
-async function impliedGrant (ctx: OidcCtx): Promise<GrantInstance | undefined> {
+async function impliedGrant(ctx: OidcCtx): Promise<GrantInstance | undefined> {
   const accountId = ctx.oidc.session?.accountId
   if (accountId === undefined || ctx.oidc.client === undefined) return undefined
   const grant = new ctx.oidc.provider.Grant({ accountId, clientId: ctx.oidc.client.clientId })
@@ -334,20 +366,21 @@ async function impliedGrant (ctx: OidcCtx): Promise<GrantInstance | undefined> {
 }
 
 /** Signs a JWT access token with the current (or a given) key. */
-async function mintToken (s: DevIdpState, claims: JWTPayload, mo: MintOptions = {}): Promise<string> {
+async function mintToken(s: DevIdpState, claims: JWTPayload, mo: MintOptions = {}): Promise<string> {
   const now = Math.floor(Date.now() / 1000)
-  const payload: JWTPayload = mo.defaults === false
-    ? { ...claims }
-    // azp as in Authentik's access tokens, which the gateway tells from ID tokens by it.
-    : { iss: s.issuer, aud: s.clientId, azp: s.clientId, iat: now, exp: now + s.ttl, ...claims }
+  const payload: JWTPayload =
+    mo.defaults === false
+      ? { ...claims }
+      : // azp as in Authentik's access tokens, which the gateway tells from ID tokens by it.
+        { iss: s.issuer, aud: s.clientId, azp: s.clientId, iat: now, exp: now + s.ttl, ...claims }
   const kid = mo.kid === null ? undefined : (mo.kid ?? s.signer.kid)
   const header = { alg: mo.alg ?? 'RS256', typ: 'JWT', ...(kid === undefined ? {} : { kid }), ...mo.header } as JWTHeaderParameters
   return new SignJWT(payload).setProtectedHeader(header).sign(mo.key ?? s.signer.privateKey)
 }
 
 /** The by-hand request of docs/identity-providers.md "Setting up the identity provider": grant_type=client_credentials with client_id, scope, username and password. */
-function serviceAccountGrant (s: DevIdpState): (ctx: OidcCtx) => Promise<void> {
-  return async function serviceAccountGrant (ctx: OidcCtx) {
+function serviceAccountGrant(s: DevIdpState): (ctx: OidcCtx) => Promise<void> {
+  return async function serviceAccountGrant(ctx: OidcCtx) {
     const params = ctx.oidc.params ?? {}
     const username = params.username
     const password = params.password
@@ -363,13 +396,13 @@ function serviceAccountGrant (s: DevIdpState): (ctx: OidcCtx) => Promise<void> {
     if (unknown !== undefined) throw new oidcErrors.InvalidScope('requested scope is not allowed', unknown)
     const scope = requested.join(' ')
     const claims: JWTPayload = { sub: username, client_id: s.clientId, azp: s.clientId, scope, jti: randomUUID() }
-    if (requested.includes('profile')) claims.groups = [...account.groups ?? []]
+    if (requested.includes('profile')) claims.groups = [...(account.groups ?? [])]
     ctx.body = { access_token: await mintToken(s, claims), token_type: 'Bearer', expires_in: s.ttl, scope }
   }
 }
 
-function authentikDiscovery (issuer: string): (ctx: OidcCtx, next: () => Promise<void>) => Promise<void> {
-  return async function authentikDiscovery (ctx, next) {
+function authentikDiscovery(issuer: string): (ctx: OidcCtx, next: () => Promise<void>) => Promise<void> {
+  return async function authentikDiscovery(ctx, next) {
     await next()
     if (ctx.path === '/.well-known/openid-configuration' && ctx.status === 200 && ctx.body !== null && typeof ctx.body === 'object') {
       // Authentik's open-source builds have no dynamic client registration and say so with null.
@@ -378,7 +411,7 @@ function authentikDiscovery (issuer: string): (ctx: OidcCtx, next: () => Promise
   }
 }
 
-async function noIssInAuthorizationResponse (ctx: OidcCtx, next: () => Promise<void>): Promise<void> {
+async function noIssInAuthorizationResponse(ctx: OidcCtx, next: () => Promise<void>): Promise<void> {
   await next()
   // Like Authentik, the redirect back to the client carries no RFC 9207 `iss`.
   // The gateway serves this IdP's metadata under its own issuer
@@ -398,9 +431,9 @@ async function noIssInAuthorizationResponse (ctx: OidcCtx, next: () => Promise<v
 }
 
 /** Serves the issuer's path only: the JWKS (counted, and switchable off) here, the rest by oidc-provider. */
-function devIdpHandler (s: DevIdpState, callback: (req: IncomingMessage, res: ServerResponse) => void): (req: IncomingMessage, res: ServerResponse) => void {
+function devIdpHandler(s: DevIdpState, callback: (req: IncomingMessage, res: ServerResponse) => void): (req: IncomingMessage, res: ServerResponse) => void {
   const { prefix } = s
-  return function devIdpRequest (req, res) {
+  return function devIdpRequest(req, res) {
     const url = req.url ?? '/'
     if (!url.startsWith(prefix)) {
       res.writeHead(404, { 'content-type': 'application/json' }).end('{"error":"not_found"}')
@@ -424,7 +457,7 @@ function devIdpHandler (s: DevIdpState, callback: (req: IncomingMessage, res: Se
 }
 
 /** The handle tests and the demo hold. */
-function devIdpHandle (s: DevIdpState, port: number, origin: string, server: Server): DevIdp {
+function devIdpHandle(s: DevIdpState, port: number, origin: string, server: Server): DevIdp {
   const { issuer, clientId } = s
   return {
     issuer,
@@ -435,30 +468,38 @@ function devIdpHandle (s: DevIdpState, port: number, origin: string, server: Ser
     discoveryUrl: `${issuer}.well-known/openid-configuration`,
     authorizationEndpoint: `${issuer}auth`,
     tokenEndpoint: `${issuer}token`,
-    get currentKid () { return s.signer.kid },
-    get jwksRequests () { return s.jwksRequests },
-    mintToken (claims: JWTPayload, mo?: MintOptions) { return mintToken(s, claims, mo) },
-    async rotateKeys (ro: RotateOptions = {}) {
+    get currentKid() {
+      return s.signer.kid
+    },
+    get jwksRequests() {
+      return s.jwksRequests
+    },
+    mintToken(claims: JWTPayload, mo?: MintOptions) {
+      return mintToken(s, claims, mo)
+    },
+    async rotateKeys(ro: RotateOptions = {}) {
       const next = await newSigningKey()
       // The provider's own key (authorization-code tokens) always stays, unless the caller drops old keys.
       s.keys = ro.keepOld === false ? [next] : [...s.keys, next]
       s.signer = next
       return next.kid
     },
-    setJwksAvailable (available: boolean) { s.jwksAvailable = available },
-    async clientCredentialsToken (username: string, password: string, scope = 'openid profile') {
+    setJwksAvailable(available: boolean) {
+      s.jwksAvailable = available
+    },
+    async clientCredentialsToken(username: string, password: string, scope = 'openid profile') {
       const res = await fetch(`${issuer}token`, {
         method: 'POST',
         headers: { 'content-type': 'application/x-www-form-urlencoded' },
         body: new URLSearchParams({ grant_type: 'client_credentials', client_id: clientId, scope, username, password }),
       })
-      const body = await res.json() as { access_token?: string; error?: string; error_description?: string }
+      const body = (await res.json()) as { access_token?: string; error?: string; error_description?: string }
       if (!res.ok || typeof body.access_token !== 'string') {
         throw new Error(`token request failed: ${res.status} ${body.error ?? ''} ${body.error_description ?? ''}`)
       }
       return body.access_token
     },
-    close () {
+    close() {
       return new Promise<void>(resolve => {
         server.close(() => resolve())
         server.closeAllConnections()

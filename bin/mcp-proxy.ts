@@ -43,7 +43,7 @@ Options:
 Exit codes: 0 ok, 1 invalid configuration, 2 usage error, 3 start-up failure.
 Docs: README.md`
 
-function fail (code: number, message: string): never {
+function fail(code: number, message: string): never {
   process.stderr.write(`mcp-proxy: ${message}\n`)
   process.exit(code)
 }
@@ -54,11 +54,9 @@ function fail (code: number, message: string): never {
  * authentication line follows from that pipeline, never from a policy block
  * alone.
  */
-function checkSummary (file: string, loaded: LoadedConfig, stages: readonly PipelineStage[], workers: number, auto: boolean): string {
+function checkSummary(file: string, loaded: LoadedConfig, stages: readonly PipelineStage[], workers: number, auto: boolean): string {
   const cfg = loaded.config
-  const auth = stages.find(s => s.name === 'mcpAuthentication') === undefined
-    ? undefined
-    : cfg.mcp.policies.mcpAuthentication as McpAuthenticationOptions
+  const auth = stages.find(s => s.name === 'mcpAuthentication') === undefined ? undefined : (cfg.mcp.policies.mcpAuthentication as McpAuthenticationOptions)
   return [
     `config OK: ${file}`,
     `  listen: ${cfg.mcp.host}:${cfg.mcp.port} (admin ${cfg.admin.enabled ? `${cfg.admin.host}:${cfg.admin.port}` : 'disabled'})`,
@@ -70,7 +68,7 @@ function checkSummary (file: string, loaded: LoadedConfig, stages: readonly Pipe
   ].join('\n')
 }
 
-function readArgs () {
+function readArgs() {
   try {
     return parseArgs({
       options: {
@@ -89,11 +87,20 @@ function readArgs () {
   }
 }
 
-async function main (): Promise<void> {
+async function main(): Promise<void> {
   const v = readArgs().values
-  if (v.help === true) { process.stdout.write(HELP + '\n'); return }
-  if (v.version === true) { process.stdout.write(VERSION + '\n'); return }
-  if (v.schema === true) { process.stdout.write(packagePath('schemas/editor.schema.json') + '\n'); return }
+  if (v.help === true) {
+    process.stdout.write(HELP + '\n')
+    return
+  }
+  if (v.version === true) {
+    process.stdout.write(VERSION + '\n')
+    return
+  }
+  if (v.schema === true) {
+    process.stdout.write(packagePath('schemas/editor.schema.json') + '\n')
+    return
+  }
   if (v.file === undefined) fail(EXIT.USAGE, `missing -f <config.yaml>\n\n${HELP}`)
 
   let loaded: LoadedConfig
@@ -129,7 +136,10 @@ async function main (): Promise<void> {
       await runPrimary({ loaded, count: workers, log: createLogger(cfg.logging), exit: code => process.exit(code) })
     } catch (err) {
       const errno = (err as NodeJS.ErrnoException).code as string | undefined
-      fail(EXIT.STARTUP, errno === 'EADDRINUSE' || errno === 'EACCES' || errno === 'EADDRNOTAVAIL' ? `cannot listen: ${(err as Error).message}` : (err as Error).message)
+      fail(
+        EXIT.STARTUP,
+        errno === 'EADDRINUSE' || errno === 'EACCES' || errno === 'EADDRNOTAVAIL' ? `cannot listen: ${(err as Error).message}` : (err as Error).message
+      )
     }
     return
   }
@@ -146,7 +156,10 @@ async function main (): Promise<void> {
 
   let gateway: RunningGateway
   try {
-    gateway = await startGateway(loaded, { registry: builtins, worker: channel === undefined ? undefined : { slot: channel.slot, secret: channel.secret, shared: channel.shared } })
+    gateway = await startGateway(loaded, {
+      registry: builtins,
+      worker: channel === undefined ? undefined : { slot: channel.slot, secret: channel.secret, shared: channel.shared },
+    })
   } catch (err) {
     const code = ProxyError.is(err) && err.code === 'MCPP_ERR_CONFIG' ? EXIT.CONFIG : EXIT.STARTUP
     const errno = (err as NodeJS.ErrnoException).code as string | undefined
@@ -163,22 +176,33 @@ async function main (): Promise<void> {
     }
     stopping = true
     gateway.log.info({ signal }, 'shutting down')
-    gateway.close().then(() => {
-      gateway.log.info('stopped')
-      process.exit(EXIT.OK)
-    }, (err: unknown) => {
-      gateway.log.error({ err }, 'shutdown failed')
-      process.exit(1)
-    })
+    gateway.close().then(
+      () => {
+        gateway.log.info('stopped')
+        process.exit(EXIT.OK)
+      },
+      (err: unknown) => {
+        gateway.log.error({ err }, 'shutdown failed')
+        process.exit(1)
+      }
+    )
   }
   process.on('SIGINT', () => stop('SIGINT'))
   process.on('SIGTERM', () => stop('SIGTERM'))
   if (channel !== undefined) {
     const gw = gateway
-    channel.answer({ ready: () => gw.ready(), metrics: async () => { await gw.metrics.collect(); return gw.metrics.render() } })
+    channel.answer({
+      ready: () => gw.ready(),
+      metrics: async () => {
+        await gw.metrics.collect()
+        return gw.metrics.render()
+      },
+    })
     channel.up(gateway.adminUrl)
     // The primary is gone (killed): nobody relays probes, restarts or cleans up after this worker; it drains and exits.
-    process.once('disconnect', () => { if (!stopping) stop('primary gone') })
+    process.once('disconnect', () => {
+      if (!stopping) stop('primary gone')
+    })
   }
 }
 

@@ -11,8 +11,8 @@ declare module 'oidc-provider' {
     method: string
     status: number
     body: unknown
-    response: { get (field: string): string }
-    redirect (url: string): void
+    response: { get(field: string): string }
+    redirect(url: string): void
     oidc: {
       route: string
       client?: { clientId: string }
@@ -35,14 +35,17 @@ declare module 'oidc-provider' {
   }
 
   export class Provider {
-    constructor (issuer: string, configuration: Record<string, unknown>)
-    callback (): (req: IncomingMessage, res: ServerResponse) => void
-    use (fn: (ctx: OidcCtx, next: () => Promise<void>) => Promise<void>): void
-    registerGrantType (name: string, handler: (ctx: OidcCtx, next: () => Promise<void>) => Promise<void>, params?: string[] | Set<string>): void
-    on (event: string, fn: (...args: unknown[]) => void): this
+    constructor(issuer: string, configuration: Record<string, unknown>)
+    callback(): (req: IncomingMessage, res: ServerResponse) => void
+    use(fn: (ctx: OidcCtx, next: () => Promise<void>) => Promise<void>): void
+    registerGrantType(name: string, handler: (ctx: OidcCtx, next: () => Promise<void>) => Promise<void>, params?: string[] | Set<string>): void
+    on(event: string, fn: (...args: unknown[]) => void): this
     proxy: boolean
     readonly Client: { prototype: { redirectUriAllowed(value: string): boolean } }
-    readonly Grant: new (init: { accountId: string; clientId: string }) => GrantInstance
+    readonly Grant: new (init: {
+      accountId: string
+      clientId: string
+    }) => GrantInstance
   }
 
   export const errors: {
@@ -53,7 +56,7 @@ declare module 'oidc-provider' {
   }
 
   export const interactionPolicy: {
-    base (): Array<{ name: string; checks: unknown[] }>
+    base(): Array<{ name: string; checks: unknown[] }>
   }
 
   export default Provider

@@ -24,29 +24,29 @@ export class BodyDeadline {
   readonly #sweep: NodeJS.Timeout
 
   /** `timeoutMs` > 0 (0 means no deadline: no BodyDeadline then). */
-  constructor (timeoutMs: number) {
+  constructor(timeoutMs: number) {
     this.#timeoutMs = timeoutMs
     this.#timeoutNs = BigInt(timeoutMs) * 1_000_000n
     this.#sweep = setInterval(() => this.#sweepBodies(), Math.min(1000, Math.max(25, Math.floor(timeoutMs / 4))))
     this.#sweep.unref()
   }
 
-  track (ctx: ArrivingBody): void {
+  track(ctx: ArrivingBody): void {
     this.#receiving.add(ctx)
     ctx.receiving = true
   }
 
-  untrack (ctx: ArrivingBody): void {
+  untrack(ctx: ArrivingBody): void {
     this.#receiving.delete(ctx)
     ctx.receiving = false
   }
 
-  close (): void {
+  close(): void {
     clearInterval(this.#sweep)
   }
 
   /** Ends the requests whose body did not arrive within the deadline of their head. */
-  #sweepBodies (): void {
+  #sweepBodies(): void {
     if (this.#receiving.size === 0) return
     const now = process.hrtime.bigint()
     for (const ctx of this.#receiving) {
@@ -61,7 +61,7 @@ export class BodyDeadline {
     }
   }
 
-  #timedOut (ctx: ArrivingBody): void {
+  #timedOut(ctx: ArrivingBody): void {
     const err = new ProxyError('MCPP_ERR_REQUEST_TIMEOUT', 408, `request body not received within ${this.#timeoutMs} ms`, { headers: { connection: 'close' } })
     if (ctx.rejectBody !== undefined) {
       // The handler reading it answers through its own error path (connection closed: the body is incomplete).
@@ -75,7 +75,11 @@ export class BodyDeadline {
     }
     // Nobody reads this body through readBody (it is piped, or not read yet): answer here, then
     // end the request so whatever consumes it sees it aborted.
-    ctx.res.once('close', () => { if (!ctx.req.complete) ctx.req.destroy() })
-    writeError(ctx, err).catch(() => { ctx.res.destroy() })
+    ctx.res.once('close', () => {
+      if (!ctx.req.complete) ctx.req.destroy()
+    })
+    writeError(ctx, err).catch(() => {
+      ctx.res.destroy()
+    })
   }
 }

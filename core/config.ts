@@ -22,18 +22,36 @@ import { unknownKeyMessage } from './did-you-mean.ts'
 const addFormats = addFormatsModule as unknown as (ajv: Ajv) => Ajv
 
 export interface StdioTargetConfig {
-  cmd: string; args: string[]; env: Record<string, string>; cwd?: string
+  cmd: string
+  args: string[]
+  env: Record<string, string>
+  cwd?: string
   /** `subject`: the sessions of one token subject share processes (see the schema). */
-  share?: 'session' | 'subject'; processesPerSubject?: number
+  share?: 'session' | 'subject'
+  processesPerSubject?: number
 }
-export interface HttpTargetConfig { url: string; headers: Record<string, string> }
+export interface HttpTargetConfig {
+  url: string
+  headers: Record<string, string>
+}
 export interface TargetConfig {
-  name: string; stdio?: StdioTargetConfig; mcp?: HttpTargetConfig
+  name: string
+  stdio?: StdioTargetConfig
+  mcp?: HttpTargetConfig
   /** Which era the target speaks to 2026-07-28 clients (see the schema); default auto. */
   protocol?: 'auto' | '2026-07-28' | 'session'
 }
-export interface PluginEntryConfig { builtin?: string; module?: string; options?: Record<string, unknown> }
-export interface ProbesConfig { host: string; port: number; metricsToken?: string; shutdownDelayMs: number }
+export interface PluginEntryConfig {
+  builtin?: string
+  module?: string
+  options?: Record<string, unknown>
+}
+export interface ProbesConfig {
+  host: string
+  port: number
+  metricsToken?: string
+  shutdownDelayMs: number
+}
 export interface ClusterConfig {
   secret: string
   advertiseUrl: string
@@ -53,7 +71,24 @@ export interface GatewayConfig {
     trustedProxies: string[]
     failClosed: boolean
     session: { idleTimeoutSeconds: number; maxSessions: number; maxSessionsPerSubject: number; requestTimeoutSeconds: number }
-    limits: { maxBodyBytes: number; maxLineBytes: number; maxHeaders: number; headersTimeoutMs: number; requestTimeoutMs: number; bodyTimeoutMs: number; keepAliveTimeoutMs: number; shutdownGraceMs: number; maxStreamBufferBytes: number; maxBacklogBytes: number; maxResumableStreams: number; startupHoldMs: number; startupMaxHeldRequests: number; maxToolLabels: number; maxTasksPerSession: number; maxInputRequestsPerRound: number }
+    limits: {
+      maxBodyBytes: number
+      maxLineBytes: number
+      maxHeaders: number
+      headersTimeoutMs: number
+      requestTimeoutMs: number
+      bodyTimeoutMs: number
+      keepAliveTimeoutMs: number
+      shutdownGraceMs: number
+      maxStreamBufferBytes: number
+      maxBacklogBytes: number
+      maxResumableStreams: number
+      startupHoldMs: number
+      startupMaxHeldRequests: number
+      maxToolLabels: number
+      maxTasksPerSession: number
+      maxInputRequestsPerRound: number
+    }
     readiness: { targets?: 'all' | 'any' | 'none' }
     /** SSE answers of the session era; `pollAfterMs` 0 is off (schemas/config.schema.json). */
     streams: { pollAfterMs: number }
@@ -78,7 +113,7 @@ export interface LoadedConfig {
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', fileURLToPath(import.meta.url).endsWith('.ts') ? '' : '..')
 /** Path to a file shipped with the package (package.json, schemas/). */
-export function packagePath (rel: string): string {
+export function packagePath(rel: string): string {
   return resolve(ROOT, rel)
 }
 
@@ -88,7 +123,7 @@ export const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/
 let validatorPromise: Promise<{ ajv: Ajv; validate: ValidateFunction }> | undefined
 
 /** A new ajv instance with our conventions; plugin option schemas are validated with it too. */
-export function createAjv (): Ajv {
+export function createAjv(): Ajv {
   const ajv = new Ajv({ allErrors: true, useDefaults: true, strict: false, verbose: true })
   addFormats(ajv)
   // A value that ends up in an HTTP header (a scope in WWW-Authenticate, a CORS
@@ -99,7 +134,7 @@ export function createAjv (): Ajv {
   return ajv
 }
 
-async function getValidator (): Promise<{ ajv: Ajv; validate: ValidateFunction }> {
+async function getValidator(): Promise<{ ajv: Ajv; validate: ValidateFunction }> {
   validatorPromise ??= (async () => {
     const ajv = createAjv()
     const root = JSON.parse(await readFile(packagePath('schemas/config.schema.json'), 'utf8'))
@@ -109,11 +144,11 @@ async function getValidator (): Promise<{ ajv: Ajv; validate: ValidateFunction }
 }
 
 /** `/mcp/targets/0/name` -> `mcp.targets[0].name` */
-export function toDotted (pointer: string, prefix = ''): string {
+export function toDotted(pointer: string, prefix = ''): string {
   let out = prefix
   for (const raw of pointer.split('/').slice(1)) {
     const seg = raw.replace(/~1/g, '/').replace(/~0/g, '~')
-    out += /^\d+$/.test(seg) ? `[${seg}]` : (out === '' ? seg : '.' + seg)
+    out += /^\d+$/.test(seg) ? `[${seg}]` : out === '' ? seg : '.' + seg
   }
   return out
 }
@@ -126,13 +161,13 @@ const CUSTOM_KEYWORDS = ['minProperties', 'maxProperties', 'oneOf', 'required', 
  * keywords, but not a `required` of its own (a missing `name` is not a wrong
  * choice among a oneOf's keys).
  */
-function spokenFor (e: ErrorObject): boolean {
+function spokenFor(e: ErrorObject): boolean {
   if (!CUSTOM_KEYWORDS.includes(e.keyword)) return false
   return e.keyword !== 'required' || e.schemaPath.includes('/oneOf/')
 }
 
 /** Turns ajv errors into `path: message` lines, one per problem, deduplicated. */
-export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): string[] {
+export function formatAjvErrors(errors: readonly ErrorObject[], prefix = ''): string[] {
   const lines = new Set<string>()
   const custom = new Set<string>()
   // A schema with `errorMessage` speaks for its structural errors at that path.
@@ -153,7 +188,12 @@ export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): s
       const key = (e.params as { additionalProperty: string }).additionalProperty
       at = at === '' ? key : `${at}.${key}`
       msg = unknownKeyMessage(key, Object.keys((e.parentSchema as { properties?: object } | undefined)?.properties ?? {}))
-    } else if (e.keyword === 'type' && (e.params as { type: string }).type === 'object' && typeof e.data === 'string' && Object.hasOwn((e.parentSchema as { properties?: object } | undefined)?.properties ?? {}, e.data)) {
+    } else if (
+      e.keyword === 'type' &&
+      (e.params as { type: string }).type === 'object' &&
+      typeof e.data === 'string' &&
+      Object.hasOwn((e.parentSchema as { properties?: object } | undefined)?.properties ?? {}, e.data)
+    ) {
       // `provider: oss_idp` for `provider: { oss_idp: { ... } }`: the value names one of the object's keys.
       msg = `must be an object like \`${at.split('.').pop()}: { ${e.data}: { … } }\`, not the string "${e.data}"`
     } else if (e.keyword === 'required') {
@@ -161,7 +201,7 @@ export function formatAjvErrors (errors: readonly ErrorObject[], prefix = ''): s
       at = at === '' ? key : `${at}.${key}`
       msg = 'is required'
     } else if (e.keyword === 'enum') {
-      msg = `must be one of ${((e.params as { allowedValues: unknown[] }).allowedValues).map(v => JSON.stringify(v)).join(', ')}`
+      msg = `must be one of ${(e.params as { allowedValues: unknown[] }).allowedValues.map(v => JSON.stringify(v)).join(', ')}`
     } else if (e.keyword === 'format' && (e.params as { format: string }).format === 'header-value') {
       msg = 'must not contain control characters (the value is sent in an HTTP header)'
     } else if (e.keyword === 'format') {
@@ -185,7 +225,7 @@ const ENV_EXPR = /^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([\s\S]*))?$/
  * the string has no reference. Each problem is pushed to `problems` when
  * given (so one run reports every one), else thrown.
  */
-export function expandString (value: string, env: NodeJS.ProcessEnv, where: string, problems?: EnvProblem[]): string | undefined {
+export function expandString(value: string, env: NodeJS.ProcessEnv, where: string, problems?: EnvProblem[]): string | undefined {
   if (!value.includes('${')) return undefined
   let used = false
   const report = (p: EnvProblem): string => {
@@ -212,16 +252,19 @@ export function expandString (value: string, env: NodeJS.ProcessEnv, where: stri
 }
 
 /** One problem found while expanding references. */
-export interface EnvProblem { readonly code: 'MCPP_ERR_CONFIG' | 'MCPP_ERR_ENV_NOT_FOUND'; readonly line: string }
+export interface EnvProblem {
+  readonly code: 'MCPP_ERR_CONFIG' | 'MCPP_ERR_ENV_NOT_FOUND'
+  readonly line: string
+}
 
 /** One error for every problem found; `environment variable not found` wins the code (SPEC: exit with that message). */
-function envError (problems: readonly EnvProblem[]): ProxyError {
+function envError(problems: readonly EnvProblem[]): ProxyError {
   const lines = problems.map(p => p.line)
   const code = problems.some(p => p.code === 'MCPP_ERR_ENV_NOT_FOUND') ? 'MCPP_ERR_ENV_NOT_FOUND' : 'MCPP_ERR_CONFIG'
   return new ProxyError(code, 500, lines.join('\n'), { data: { problems: lines } })
 }
 
-function pathOf (path: readonly unknown[]): string {
+function pathOf(path: readonly unknown[]): string {
   const segs: Array<string | number> = []
   for (let i = 0; i < path.length; i++) {
     const node = path[i] as { items?: unknown[] }
@@ -236,13 +279,13 @@ function pathOf (path: readonly unknown[]): string {
       }
     }
   }
-  return segs.reduce<string>((acc, s) => typeof s === 'number' ? `${acc}[${s}]` : (acc === '' ? s : `${acc}.${s}`), '')
+  return segs.reduce<string>((acc, s) => (typeof s === 'number' ? `${acc}[${s}]` : acc === '' ? s : `${acc}.${s}`), '')
 }
 
 const SCALAR_RE = /^(?:-?\d+(?:\.\d+)?|true|false|null)$/
 
 /** Parses YAML text and expands environment references in scalar values. */
-export function parseConfigText (text: string, env: NodeJS.ProcessEnv): { data: unknown; secretPaths: Set<string> } {
+export function parseConfigText(text: string, env: NodeJS.ProcessEnv): { data: unknown; secretPaths: Set<string> } {
   const doc = parseDocument(text, { prettyErrors: true, uniqueKeys: true })
   if (doc.errors.length > 0) {
     throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid YAML:\n' + doc.errors.map(e => '  ' + e.message).join('\n'))
@@ -250,11 +293,11 @@ export function parseConfigText (text: string, env: NodeJS.ProcessEnv): { data: 
   const secretPaths = new Set<string>()
   const problems: EnvProblem[] = []
   visit(doc, {
-    Pair () {
+    Pair() {
       // Keys are never expanded: `${X}: 1` stays literal and fails validation as an unknown key.
       return undefined
     },
-    Scalar (key, node, path) {
+    Scalar(key, node, path) {
       if (key === 'key' || typeof node.value !== 'string') return undefined
       const where = pathOf([...path, node]) || '(root)'
       const expanded = expandString(node.value, env, where, problems)
@@ -283,7 +326,7 @@ const compiled = new WeakMap<object, ValidateFunction>()
  * schema's defaults. The one path for built-ins, policy blocks and
  * third-party modules alike.
  */
-export function validatePluginOptions (mod: PluginModule, options: unknown, path: string): unknown {
+export function validatePluginOptions(mod: PluginModule, options: unknown, path: string): unknown {
   const copy = structuredClone(options ?? {})
   if (mod.optionsSchema === undefined) return copy
   let validate = compiled.get(mod.optionsSchema)
@@ -297,7 +340,9 @@ export function validatePluginOptions (mod: PluginModule, options: unknown, path
   }
   if (!validate(copy)) {
     const lines = formatAjvErrors(validate.errors ?? [], path)
-    throw new ProxyError('MCPP_ERR_CONFIG', 500, `invalid options for plugin ${mod.name}:\n` + lines.map(l => '  ' + l).join('\n'), { data: { problems: lines } })
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, `invalid options for plugin ${mod.name}:\n` + lines.map(l => '  ' + l).join('\n'), {
+      data: { problems: lines },
+    })
   }
   return copy
 }
@@ -308,14 +353,17 @@ export function validatePluginOptions (mod: PluginModule, options: unknown, path
  * block is validated against its plugin's schema, with its defaults written
  * into `config` (called by validateConfig on its own copy).
  */
-export function checkPolicies (config: GatewayConfig, registry: PluginRegistry): string[] {
+export function checkPolicies(config: GatewayConfig, registry: PluginRegistry): string[] {
   const problems: string[] = []
   const byPolicy = new Map<string, PluginModule>()
   for (const mod of Object.values(registry.modules)) if (mod.policy !== undefined) byPolicy.set(mod.policy, mod)
   const policies = config.mcp.policies as Record<string, unknown>
   for (const key of Object.keys(policies)) {
     const mod = byPolicy.get(key)
-    if (mod === undefined) { problems.push(`mcp.policies.${key}: ${unknownKeyMessage(key, byPolicy.keys())}`); continue }
+    if (mod === undefined) {
+      problems.push(`mcp.policies.${key}: ${unknownKeyMessage(key, byPolicy.keys())}`)
+      continue
+    }
     try {
       policies[key] = validatePluginOptions(mod, policies[key], `mcp.policies.${key}`)
     } catch (err) {
@@ -332,7 +380,7 @@ export function checkPolicies (config: GatewayConfig, registry: PluginRegistry):
   return problems
 }
 
-export function deepFreeze<T> (value: T): T {
+export function deepFreeze<T>(value: T): T {
   if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
     Object.freeze(value)
     for (const v of Object.values(value as Record<string, unknown>)) deepFreeze(v)
@@ -344,7 +392,7 @@ export function deepFreeze<T> (value: T): T {
  * Validates already-parsed config data, the `mcp.policies` blocks by the
  * registry's plugins; throws one ProxyError listing every problem.
  */
-export async function validateConfig (data: unknown, registry: PluginRegistry = EMPTY_REGISTRY): Promise<GatewayConfig> {
+export async function validateConfig(data: unknown, registry: PluginRegistry = EMPTY_REGISTRY): Promise<GatewayConfig> {
   const { validate } = await getValidator()
   const copy = structuredClone(data ?? {})
   if (!validate(copy)) {
@@ -374,17 +422,22 @@ export async function validateConfig (data: unknown, registry: PluginRegistry = 
 }
 
 /** Why a file could not be read, in words (never a bare errno code). */
-export function readFailure (err: unknown, file: string): string {
+export function readFailure(err: unknown, file: string): string {
   switch ((err as NodeJS.ErrnoException).code) {
-    case 'ENOENT': return `file not found: ${file}`
-    case 'EACCES': case 'EPERM': return `permission denied: ${file}`
-    case 'EISDIR': return `is a directory, not a file: ${file}`
-    default: return `${file}: ${(err as Error).message ?? String(err)}`
+    case 'ENOENT':
+      return `file not found: ${file}`
+    case 'EACCES':
+    case 'EPERM':
+      return `permission denied: ${file}`
+    case 'EISDIR':
+      return `is a directory, not a file: ${file}`
+    default:
+      return `${file}: ${(err as Error).message ?? String(err)}`
   }
 }
 
 /** Reads, expands, validates (the policy blocks by the registry's plugins) and freezes a config file. */
-export async function loadConfig (file: string, env: NodeJS.ProcessEnv = process.env, registry: PluginRegistry = EMPTY_REGISTRY): Promise<LoadedConfig> {
+export async function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env, registry: PluginRegistry = EMPTY_REGISTRY): Promise<LoadedConfig> {
   let text: string
   try {
     text = await readFile(file, 'utf8')

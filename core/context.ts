@@ -101,7 +101,7 @@ export interface Denial {
 }
 
 /** A denial as one line of text for the access log and the admin view: `rule[i]: text` for a rule. */
-export function denialText (d: Denial): string {
+export function denialText(d: Denial): string {
   // A JavaScript plugin written against the earlier contract may still set a string.
   if (typeof d !== 'object' || d === null) return String(d)
   return d.rule !== undefined ? `rule[${d.rule}]: ${String(d.reason)}` : String(d.reason)

@@ -7,7 +7,7 @@
  */
 
 /** Optimal-string-alignment distance between `a` and `b`. */
-export function editDistance (a: string, b: string): number {
+export function editDistance(a: string, b: string): number {
   const rows = a.length + 1
   const cols = b.length + 1
   const d: number[][] = Array.from({ length: rows }, (_, i) => Array.from({ length: cols }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)))
@@ -23,20 +23,23 @@ export function editDistance (a: string, b: string): number {
 }
 
 /** The allowed key closest to `key`, when close enough to be a typo of it. */
-export function closestKey (key: string, allowed: Iterable<string>): string | undefined {
+export function closestKey(key: string, allowed: Iterable<string>): string | undefined {
   const k = key.toLowerCase()
   const limit = Math.max(1, Math.min(3, Math.floor(k.length / 3)))
   let best: string | undefined
   let bestDistance = limit + 1
   for (const candidate of allowed) {
     const distance = editDistance(k, candidate.toLowerCase())
-    if (distance < bestDistance) { best = candidate; bestDistance = distance }
+    if (distance < bestDistance) {
+      best = candidate
+      bestDistance = distance
+    }
   }
   return best
 }
 
 /** `unknown key`, with `(did you mean "x"?)` when an allowed key is near. */
-export function unknownKeyMessage (key: string, allowed: Iterable<string>): string {
+export function unknownKeyMessage(key: string, allowed: Iterable<string>): string {
   const near = closestKey(key, allowed)
   return near === undefined ? 'unknown key' : `unknown key (did you mean "${near}"?)`
 }

@@ -9,14 +9,14 @@ import { ProxyError, RPC } from './errors.ts'
 import { lingerClose } from './linger.ts'
 import { bodyPending } from './request-body.ts'
 
-function rpcIdOf (ctx: RequestContext): string | number | null {
+function rpcIdOf(ctx: RequestContext): string | number | null {
   const body = ctx.mcp?.body as { id?: unknown } | undefined
   const id = body !== undefined && !Array.isArray(body) ? body.id : undefined
   return typeof id === 'string' || typeof id === 'number' ? id : null
 }
 
 /** Normalises anything thrown into a ProxyError, logging unexpected ones. */
-export function toProxyError (ctx: RequestContext, err: unknown): ProxyError {
+export function toProxyError(ctx: RequestContext, err: unknown): ProxyError {
   if (ProxyError.is(err)) {
     if (err.statusCode >= 500) ctx.log.error({ code: err.code, err: err.cause ?? err }, err.message)
     return err
@@ -25,7 +25,7 @@ export function toProxyError (ctx: RequestContext, err: unknown): ProxyError {
   return new ProxyError('MCPP_ERR_INTERNAL', 500, 'internal error', { cause: err, expose: false })
 }
 
-export function errorBody (ctx: RequestContext, e: ProxyError): Record<string, unknown> {
+export function errorBody(ctx: RequestContext, e: ProxyError): Record<string, unknown> {
   const message = e.expose ? e.message : 'internal error'
   if (e.oauthError !== undefined || ctx.kind !== 'mcp') {
     return { ...(e.data ?? {}), error: e.oauthError ?? (e.statusCode >= 500 ? 'server_error' : 'invalid_request'), error_description: message }
@@ -40,7 +40,7 @@ export function errorBody (ctx: RequestContext, e: ProxyError): Record<string, u
 }
 
 /** Writes an error response if nothing was sent yet; otherwise ends the stream. */
-export async function writeError (ctx: RequestContext, err: unknown): Promise<void> {
+export async function writeError(ctx: RequestContext, err: unknown): Promise<void> {
   const e = toProxyError(ctx, err)
   if (ctx.headersSent) {
     if (!ctx.res.writableEnded) ctx.res.end()

@@ -35,7 +35,7 @@ export const ERROR_CODES = {
   MCPP_ERR_HEADER_MISMATCH: 'Mcp-Method / Mcp-Name header does not match the body',
   MCPP_ERR_SHUTTING_DOWN: 'The gateway is shutting down: no new sessions or listen streams',
   MCPP_ERR_SESSION_LIMIT: 'Open sessions reached mcp.session.maxSessions',
-  MCPP_ERR_SUBJECT_SESSION_LIMIT: 'The caller\'s sessions reached mcp.session.maxSessionsPerSubject',
+  MCPP_ERR_SUBJECT_SESSION_LIMIT: "The caller's sessions reached mcp.session.maxSessionsPerSubject",
   MCPP_ERR_PROCESS_LIMIT: 'Pooled upstream processes reached mcp.session.maxSessions',
   MCPP_ERR_STREAM_CONFLICT: 'The session already has an open GET stream',
   MCPP_ERR_UPSTREAM: 'Upstream MCP server failed',
@@ -71,7 +71,7 @@ export class ProxyError extends Error {
   readonly rpcCode: number | undefined
   readonly data: Readonly<Record<string, unknown>> | undefined
 
-  constructor (code: ErrorCode, statusCode: number, message: string, options: ProxyErrorOptions = {}) {
+  constructor(code: ErrorCode, statusCode: number, message: string, options: ProxyErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause })
     this.name = 'ProxyError'
     this.code = code
@@ -83,10 +83,12 @@ export class ProxyError extends Error {
     this.data = options.data
   }
 
-  get [kProxyError] (): true { return true }
+  get [kProxyError](): true {
+    return true
+  }
 
   /** Works across copies of this package (third-party plugins may bundle their own). */
-  static is (value: unknown): value is ProxyError {
+  static is(value: unknown): value is ProxyError {
     return typeof value === 'object' && value !== null && (value as Record<symbol, unknown>)[kProxyError] === true
   }
 }
@@ -107,7 +109,7 @@ export interface ErrorFactory {
   readonly description: string
 }
 
-export function createError (code: string, statusCode: number, description: string, defaults: ProxyErrorOptions = {}): ErrorFactory {
+export function createError(code: string, statusCode: number, description: string, defaults: ProxyErrorOptions = {}): ErrorFactory {
   if (!ERROR_CODE_RE.test(code)) throw new TypeError(`error code ${code} must match ${ERROR_CODE_RE}`)
   const make = (message: string = description, options: ProxyErrorOptions = {}): ProxyError =>
     new ProxyError(code, statusCode, message, { ...defaults, ...options, headers: { ...defaults.headers, ...options.headers } })

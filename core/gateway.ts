@@ -64,7 +64,7 @@ export interface RunningGateway {
 }
 
 /** `{base_url}`: from a built-in's policy (mcpAuthentication's resource, minus /mcp), else mcp.baseUrl, else the listen address. */
-export function computeBaseUrl (loaded: LoadedConfig, port: number, registry: PluginRegistry = EMPTY_REGISTRY): string {
+export function computeBaseUrl(loaded: LoadedConfig, port: number, registry: PluginRegistry = EMPTY_REGISTRY): string {
   const c = loaded.config.mcp
   for (const mod of Object.values(registry.modules)) {
     const options = mod.policy !== undefined ? c.policies[mod.policy] : undefined
@@ -76,7 +76,7 @@ export function computeBaseUrl (loaded: LoadedConfig, port: number, registry: Pl
 }
 
 /** A listener bound on `port`; `exclusive`: in a worker, a listener of its own, not the port the workers share (node:cluster). */
-function listen (server: Server, port: number, host: string, exclusive = false): Promise<number> {
+function listen(server: Server, port: number, host: string, exclusive = false): Promise<number> {
   return new Promise((resolve, reject) => {
     server.once('error', reject)
     server.listen({ port, host, exclusive }, () => {
@@ -87,13 +87,13 @@ function listen (server: Server, port: number, host: string, exclusive = false):
 }
 
 /** An address this process can reach its own listener on. */
-function loopbackFor (boundHost: string): string {
+function loopbackFor(boundHost: string): string {
   if (boundHost === '0.0.0.0' || boundHost === '') return '127.0.0.1'
   if (boundHost === '::') return '[::1]'
   return boundHost.includes(':') ? `[${boundHost}]` : boundHost
 }
 
-function hostForUrl (host: string): string {
+function hostForUrl(host: string): string {
   if (host === '0.0.0.0' || host === '::' || host === '127.0.0.1' || host === '::1') return 'localhost'
   return host.includes(':') ? `[${host}]` : host
 }
@@ -115,7 +115,7 @@ interface Views {
   readiness?: () => ProbeReadiness
 }
 
-async function undo (b: Boot): Promise<void> {
+async function undo(b: Boot): Promise<void> {
   for (const c of b.cleanup.reverse()) await c().catch(() => {})
 }
 
@@ -125,16 +125,25 @@ async function undo (b: Boot): Promise<void> {
  * A worker's admin listener is its own, on loopback: the primary binds
  * admin.port and relays to it (core/cluster/admin-relay.ts).
  */
-async function bindAdmin (b: Boot, views: Views): Promise<{ server: Server; url: string } | undefined> {
+async function bindAdmin(b: Boot, views: Views): Promise<{ server: Server; url: string } | undefined> {
   const { config, opts, log, node } = b
   if (!config.admin.enabled) return undefined
   const server = createAdminServer({ log, metrics: b.metrics, token: config.admin.token, host: config.admin.host, state: () => views.admin })
-  b.cleanup.push(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
+  b.cleanup.push(
+    () =>
+      new Promise<void>(resolve => {
+        server.close(() => resolve())
+        server.closeAllConnections()
+      })
+  )
   let url: string
   try {
-    const port = node.worker !== undefined
-      ? await listen(server, 0, '127.0.0.1', true)
-      : await listen(server, opts.adminPort ?? config.admin.port, config.admin.host).catch((err: unknown) => { throw listenError(err, 'admin.port', opts.adminPort ?? config.admin.port, config.admin.host) })
+    const port =
+      node.worker !== undefined
+        ? await listen(server, 0, '127.0.0.1', true)
+        : await listen(server, opts.adminPort ?? config.admin.port, config.admin.host).catch((err: unknown) => {
+            throw listenError(err, 'admin.port', opts.adminPort ?? config.admin.port, config.admin.host)
+          })
     url = node.worker !== undefined ? `http://127.0.0.1:${port}` : `http://${hostForUrl(config.admin.host)}:${port}`
   } catch (err) {
     await undo(b)
@@ -147,14 +156,15 @@ async function bindAdmin (b: Boot, views: Views): Promise<{ server: Server; url:
 }
 
 /** The probe listener, bound early too: the kubelet gets /readyz "starting", not a refused connection. A worker's primary serves probes. */
-async function bindProbes (b: Boot, views: Views): Promise<{ probes: ProbeServer; url: string } | undefined> {
+async function bindProbes(b: Boot, views: Views): Promise<{ probes: ProbeServer; url: string } | undefined> {
   const { config, opts, log } = b
   if (config.probes === undefined || b.node.worker !== undefined) return undefined
   const probes = createProbeServer({ log, metrics: b.metrics, metricsToken: config.probes.metricsToken, ready: () => views.readiness?.() })
   let url: string
   try {
-    const port = await listen(probes.server, opts.probesPort ?? config.probes.port, config.probes.host)
-      .catch((err: unknown) => { throw listenError(err, 'probes.port', opts.probesPort ?? config.probes!.port, config.probes!.host) })
+    const port = await listen(probes.server, opts.probesPort ?? config.probes.port, config.probes.host).catch((err: unknown) => {
+      throw listenError(err, 'probes.port', opts.probesPort ?? config.probes!.port, config.probes!.host)
+    })
     url = `http://${hostForUrl(config.probes.host)}:${port}`
   } catch (err) {
     await undo(b)
@@ -176,7 +186,7 @@ interface Assembled {
 }
 
 /** Plugins (in pipeline order) over shared state, the cluster seam, the upstream factories and the /mcp endpoint. */
-async function assemble (b: Boot, gw: GatewayServer, port: number, targetReadiness: TargetReadiness): Promise<Assembled> {
+async function assemble(b: Boot, gw: GatewayServer, port: number, targetReadiness: TargetReadiness): Promise<Assembled> {
   const { config, loaded, log, metrics, node, cleanup } = b
   const baseUrl = computeBaseUrl(loaded, port, b.opts.registry)
   // The targets' check (local files only) runs while the plugins are created.
@@ -184,23 +194,43 @@ async function assemble (b: Boot, gw: GatewayServer, port: number, targetReadine
   const shared = await node.openSharedState()
   cleanup.push(() => shared.state.close())
   // The secret every process of this deployment shares: plugins derive keys from it (env.deriveKey).
-  const plugins = await loadPlugins({ config, baseDir: loaded.baseDir, registry: b.opts.registry, env: { log, config: config as never, baseUrl, metrics, shared: shared.state }, secret: node.secret })
+  const plugins = await loadPlugins({
+    config,
+    baseDir: loaded.baseDir,
+    registry: b.opts.registry,
+    env: { log, config: config as never, baseUrl, metrics, shared: shared.state },
+    secret: node.secret,
+  })
   cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
   await checked
   const routes = new RouteTable(plugins)
   const pipeline = new Pipeline(plugins)
   // The transports report starts, ends and failures to these (admin UI, upstream gauges); call metrics live in core/mcp/upstreams/calls.ts.
-  const lifecycles = observeTargets(config.mcp.targets.map(t => ({ name: t.name, kind: t.stdio !== undefined ? 'stdio' as const : 'http' as const })), metrics)
-  const factories = config.mcp.targets.map((t, i) => createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics, observer: lifecycles[i] }))
+  const lifecycles = observeTargets(
+    config.mcp.targets.map(t => ({ name: t.name, kind: t.stdio !== undefined ? ('stdio' as const) : ('http' as const) })),
+    metrics
+  )
+  const factories = config.mcp.targets.map((t, i) =>
+    createUpstreamFactory(t, { log, baseDir: loaded.baseDir, maxLineBytes: config.mcp.limits.maxLineBytes, metrics, observer: lifecycles[i] })
+  )
   cleanup.push(async () => node.closeRelayListener())
-  const relay = await node.openForward(socket => { gw.server.emit('connection', socket) })
+  const relay = await node.openForward(socket => {
+    gw.server.emit('connection', socket)
+  })
   const cluster = createMcpCluster({ workerSlot: node.worker?.slot, shared: shared.state, leaseMs: shared.leaseMs, relay, secret: node.secret })
   const only = config.mcp.targets.length === 1 ? config.mcp.targets[0]! : undefined
   const perOperation = plugins.some(p => typeof p.allowMcpOperation === 'function')
   // With replicas or workers, a passthrough session's id carries its upstream session: any of them serves it.
-  const passthrough = only?.mcp !== undefined && !perOperation
-    ? createHttpPassthrough(only, { log, metrics, cluster, idleTimeoutSeconds: config.mcp.session.idleTimeoutSeconds, maxSessions: config.mcp.session.maxSessions })
-    : undefined
+  const passthrough =
+    only?.mcp !== undefined && !perOperation
+      ? createHttpPassthrough(only, {
+          log,
+          metrics,
+          cluster,
+          idleTimeoutSeconds: config.mcp.session.idleTimeoutSeconds,
+          maxSessions: config.mcp.session.maxSessions,
+        })
+      : undefined
   const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough, cluster })
   cleanup.push(() => endpoint.close())
   gw.attach(pipeline, routes, endpoint)
@@ -208,11 +238,13 @@ async function assemble (b: Boot, gw: GatewayServer, port: number, targetReadine
 }
 
 /** Readiness as /readyz reports it: the admin state's, and shared state (Redis) reachable, else this replica cannot check caps and limits. */
-function readinessOf (state: AdminState, shared: SharedState): () => ProbeReadiness {
+function readinessOf(state: AdminState, shared: SharedState): () => ProbeReadiness {
   return () => {
     const r = state.ready()
     const sh = shared.ready()
-    return sh.ready ? r : { ready: false, reasons: [...r.reasons, `shared state: ${sh.reason ?? 'not ready'}`], codes: [...r.codes, 'shared_state_unavailable'] }
+    return sh.ready
+      ? r
+      : { ready: false, reasons: [...r.reasons, `shared state: ${sh.reason ?? 'not ready'}`], codes: [...r.codes, 'shared_state_unavailable'] }
   }
 }
 
@@ -229,12 +261,12 @@ interface Running {
 }
 
 /** Readiness fails first; the MCP listener keeps serving while balancers notice; then everything closes in order. */
-async function shutdown (r: Running): Promise<void> {
+async function shutdown(r: Running): Promise<void> {
   const { config, log, node } = r.b
   const { endpoint, plugins, shared } = r.a
   r.probes?.terminating()
   // A worker's primary has failed readiness and waited already.
-  const delay = node.worker !== undefined ? 0 : config.probes?.shutdownDelayMs ?? 0
+  const delay = node.worker !== undefined ? 0 : (config.probes?.shutdownDelayMs ?? 0)
   if (delay > 0) {
     log.info({ delayMs: delay }, 'shutting down: not ready, still serving until the delay ends')
     await new Promise(resolve => setTimeout(resolve, delay))
@@ -249,7 +281,11 @@ async function shutdown (r: Running): Promise<void> {
   r.targetReadiness.close()
   await Promise.allSettled(plugins.map(p => p.close?.()))
   const admin = r.admin
-  if (admin !== undefined) await new Promise<void>(resolve => { admin.close(() => resolve()); admin.closeAllConnections() })
+  if (admin !== undefined)
+    await new Promise<void>(resolve => {
+      admin.close(() => resolve())
+      admin.closeAllConnections()
+    })
   await r.probes?.close()
   await shared.close()
   await killAllChildren()
@@ -259,20 +295,22 @@ async function shutdown (r: Running): Promise<void> {
 
 /** The /mcp endpoint until attach() installs the real one: 503, the gateway is starting. */
 const STARTING: McpEndpoint = {
-  async handle () { throw new ProxyError('MCPP_ERR_STARTING', 503, 'Service Unavailable: the gateway is starting', { headers: { 'retry-after': '1' } }) },
-  async close () {},
+  async handle() {
+    throw new ProxyError('MCPP_ERR_STARTING', 503, 'Service Unavailable: the gateway is starting', { headers: { 'retry-after': '1' } })
+  },
+  async close() {},
 }
 
-export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {}): Promise<RunningGateway> {
+export async function startGateway(loaded: LoadedConfig, opts: StartOptions = {}): Promise<RunningGateway> {
   const { config } = loaded
   const worker = opts.worker
-  const log = worker === undefined ? opts.log ?? createLogger(config.logging) : (opts.log ?? createLogger(config.logging)).child({ worker: worker.slot })
+  const log = worker === undefined ? (opts.log ?? createLogger(config.logging)) : (opts.log ?? createLogger(config.logging)).child({ worker: worker.slot })
   const metrics = new Metrics()
   const stopProcessMetrics = collectProcessMetrics(metrics)
   const mcpPort = opts.mcpPort ?? config.mcp.port
   // Before the listener: the first request already gets its span. Loads nothing when tracing is off.
   const traced = await startTracing(config.tracing, log, VERSION)
-  const endTracing = (): Promise<void> => traced ? stopTracing() : Promise.resolve()
+  const endTracing = (): Promise<void> => (traced ? stopTracing() : Promise.resolve())
   const requestLog = new RequestLog()
   const node = new ClusterNode({ cluster: config.cluster, mcpHost: config.mcp.host, worker, log })
   // Bind first: `{base_url}` (derived from the listen address when not configured)
@@ -280,20 +318,30 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
   // Requests that arrive meanwhile are held (bounded) and answered once attach()
   // installs the real pipeline: no request meets a half-started gateway.
   const gw = new GatewayServer({
-    pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: STARTING, log, limits: config.mcp.limits, metrics,
+    pipeline: new Pipeline([]),
+    routes: new RouteTable([]),
+    mcp: STARTING,
+    log,
+    limits: config.mcp.limits,
+    metrics,
     trustedProxies: config.mcp.trustedProxies,
     clientRelay: node.clientRelay,
     onAccess: rec => requestLog.add(rec),
     internalToken: node.internalToken,
     hold: { maxRequests: config.mcp.limits.startupMaxHeldRequests, timeoutMs: config.mcp.limits.startupHoldMs },
   })
-  const bound = await gw.listen(mcpPort, config.mcp.host).catch(async (err: unknown) => { await endTracing(); throw listenError(err, 'mcp.port', mcpPort, config.mcp.host) })
+  const bound = await gw.listen(mcpPort, config.mcp.host).catch(async (err: unknown) => {
+    await endTracing()
+    throw listenError(err, 'mcp.port', mcpPort, config.mcp.host)
+  })
   const b: Boot = { loaded, config, opts, log, metrics, node, cleanup: [endTracing, async () => stopProcessMetrics(), () => gw.close(0)] }
   const views: Views = {}
   const admin = await bindAdmin(b, views)
   const probes = await bindProbes(b, views)
   const targetReadiness = new TargetReadiness({
-    targets: config.mcp.targets, baseDir: loaded.baseDir, log,
+    targets: config.mcp.targets,
+    baseDir: loaded.baseDir,
+    log,
     mode: config.mcp.readiness.targets ?? (config.mcp.failClosed ? 'all' : 'any'),
   })
   b.cleanup.push(async () => targetReadiness.close())
@@ -302,20 +350,47 @@ export async function startGateway (loaded: LoadedConfig, opts: StartOptions = {
     const mcpUrl = `http://${hostForUrl(config.mcp.host)}:${bound.port}/mcp`
     if (admin !== undefined || probes !== undefined || worker !== undefined) {
       views.admin = createAdminState({
-        loaded, plugins: a.plugins, routes: a.routes, endpoint: a.endpoint, targets: a.lifecycles, requests: requestLog, metrics, log, version: VERSION,
-        mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`, internalToken: node.internalToken, targetReadiness,
+        loaded,
+        plugins: a.plugins,
+        routes: a.routes,
+        endpoint: a.endpoint,
+        targets: a.lifecycles,
+        requests: requestLog,
+        metrics,
+        log,
+        version: VERSION,
+        mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`,
+        internalToken: node.internalToken,
+        targetReadiness,
       })
       views.readiness = readinessOf(views.admin, a.shared)
     }
     const adminUrl = admin?.url
-    log.info({ mcp: mcpUrl, ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined, targets: config.mcp.targets.map(t => t.name), plugins: a.plugins.map(p => p.name) },
-      `mcp-proxy ${VERSION} listening on ${mcpUrl}` + (adminUrl !== undefined ? `; UI at ${adminUrl}/ui` : ''))
+    log.info(
+      {
+        mcp: mcpUrl,
+        ui: adminUrl !== undefined ? `${adminUrl}/ui` : undefined,
+        targets: config.mcp.targets.map(t => t.name),
+        plugins: a.plugins.map(p => p.name),
+      },
+      `mcp-proxy ${VERSION} listening on ${mcpUrl}` + (adminUrl !== undefined ? `; UI at ${adminUrl}/ui` : '')
+    )
     const running: Running = { b, gw, a, targetReadiness, admin: admin?.server, probes: probes?.probes, stopProcessMetrics, endTracing }
     let closing: Promise<void> | undefined
     return {
-      mcpUrl, adminUrl, probesUrl: probes?.url, baseUrl: a.baseUrl, plugins: a.plugins, metrics, log, endpoint: a.endpoint,
+      mcpUrl,
+      adminUrl,
+      probesUrl: probes?.url,
+      baseUrl: a.baseUrl,
+      plugins: a.plugins,
+      metrics,
+      log,
+      endpoint: a.endpoint,
       ready: () => views.readiness?.(),
-      close: () => { closing ??= shutdown(running); return closing },
+      close: () => {
+        closing ??= shutdown(running)
+        return closing
+      },
     }
   } catch (err) {
     await undo(b)

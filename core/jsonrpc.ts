@@ -30,7 +30,7 @@ export interface JsonRpcMessage {
  * `result`/`error`), or a response (`id` and exactly one of `result`,
  * `error`; `id: null` only on an error).
  */
-export function isJsonRpcMessage (m: unknown): boolean {
+export function isJsonRpcMessage(m: unknown): boolean {
   if (m === null || typeof m !== 'object' || Array.isArray(m)) return false
   const o = m as Record<string, unknown>
   if (o.jsonrpc !== '2.0') return false
@@ -42,11 +42,14 @@ export function isJsonRpcMessage (m: unknown): boolean {
     return !('result' in o) && !('error' in o)
   }
   if (!hasId) return false
-  return ('result' in o) !== ('error' in o)
+  return 'result' in o !== 'error' in o
 }
 
 /** A request or notification, as far as `describe` reads one. */
-export interface JsonRpcCall { readonly method?: string; readonly params?: Record<string, unknown> }
+export interface JsonRpcCall {
+  readonly method?: string
+  readonly params?: Record<string, unknown>
+}
 
 /**
  * Parses one JSON-RPC 2.0 body: a message or a non-empty batch of messages,
@@ -56,7 +59,7 @@ export interface JsonRpcCall { readonly method?: string; readonly params?: Recor
  * -32700 for invalid JSON and -32600 for anything that is not JSON-RPC 2.0
  * (JSON-RPC 2.0 §5.1).
  */
-export function parseJsonRpcBody (buf: Buffer, describe?: (m: JsonRpcCall | undefined) => string | undefined): McpMessageInfo {
+export function parseJsonRpcBody(buf: Buffer, describe?: (m: JsonRpcCall | undefined) => string | undefined): McpMessageInfo {
   let body: unknown
   try {
     body = JSON.parse(buf.toString('utf8'))
@@ -73,6 +76,6 @@ export function parseJsonRpcBody (buf: Buffer, describe?: (m: JsonRpcCall | unde
   return { body, method: m.method, name: describe?.(m) }
 }
 
-function invalid (): ProxyError {
+function invalid(): ProxyError {
   return new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, 'Invalid Request: not a JSON-RPC 2.0 message', { rpcCode: RPC.INVALID_REQUEST })
 }

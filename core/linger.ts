@@ -21,7 +21,7 @@ export const LINGER_MAX_MS = 2000
 const lingering = new WeakSet<Socket>()
 
 /** Call before the refusal's answer is written with `Connection: close`. */
-export function lingerClose (req: IncomingMessage, res: ServerResponse): void {
+export function lingerClose(req: IncomingMessage, res: ServerResponse): void {
   const socket = req.socket
   if (lingering.has(socket)) return
   lingering.add(socket)
@@ -31,12 +31,15 @@ export function lingerClose (req: IncomingMessage, res: ServerResponse): void {
   socket.once('close', () => clearTimeout(timer))
   // What Node calls once the answer is written: only the FIN for now (the client reads the
   // answer, then end of stream), the reading side stays open.
-  socket.destroySoon = function halfClose (): void {
+  socket.destroySoon = function halfClose(): void {
     if (socket.writable) socket.end()
   }
   let dropped = 0
-  res.once('finish', function drainRefusedBody () {
-    if (req.complete && req.readableEnded) { destroySoon(); return }
+  res.once('finish', function drainRefusedBody() {
+    if (req.complete && req.readableEnded) {
+      destroySoon()
+      return
+    }
     // Node's own handler ran first ('finish' listeners in order) and removed any reader of the body.
     req.on('data', (chunk: Buffer) => {
       dropped += chunk.length

@@ -6,7 +6,7 @@
  */
 
 /** `key` is the port's config path (`mcp.port`); its host is the sibling `.host`. */
-export function listenError (err: unknown, key: string, port: number, host: string): unknown {
+export function listenError(err: unknown, key: string, port: number, host: string): unknown {
   const code = (err as NodeJS.ErrnoException | undefined)?.code
   const hostKey = key.replace(/\.port$/, '.host')
   let message: string

@@ -20,16 +20,27 @@ export interface LoggerOptions {
 }
 
 const REDACT = [
-  'req.headers.authorization', 'headers.authorization', 'authorization', 'token', 'access_token', 'refresh_token',
-  'id_token', 'client_secret', 'clientSecret', 'password', '*.clientSecret', '*.token', '*.password',
+  'req.headers.authorization',
+  'headers.authorization',
+  'authorization',
+  'token',
+  'access_token',
+  'refresh_token',
+  'id_token',
+  'client_secret',
+  'clientSecret',
+  'password',
+  '*.clientSecret',
+  '*.token',
+  '*.password',
 ]
 
 /** pino's formatter: the level's name in place of its number. */
-function levelName (label: string): { level: string } {
+function levelName(label: string): { level: string } {
   return { level: label }
 }
 
-export function createLogger (opts: LoggerOptions = {}): Logger {
+export function createLogger(opts: LoggerOptions = {}): Logger {
   const base: PinoOptions = { level: opts.level ?? 'info', redact: { paths: REDACT, censor: '[redacted]' }, base: { name: 'mcp-proxy' } }
   if (opts.format === 'pretty') {
     // pino-pretty reads pino's numeric levels and formats the time itself.

@@ -14,14 +14,14 @@ import type { RequestContext, ResponseContext, Reply } from './context.ts'
  * A hook's answer to await: any thenable (a third-party plugin may return a
  * promise of another library), as an `await` on it would.
  */
-function isThenable (r: unknown): r is PromiseLike<unknown> {
+function isThenable(r: unknown): r is PromiseLike<unknown> {
   return r !== null && typeof r === 'object' && typeof (r as Partial<PromiseLike<unknown>>).then === 'function'
 }
 
 export class Pipeline {
   readonly plugins: readonly Plugin[]
   readonly #requestHooks: ReadonlyArray<Plugin>
-  constructor (plugins: readonly Plugin[]) {
+  constructor(plugins: readonly Plugin[]) {
     this.plugins = Object.freeze([...plugins])
     this.#requestHooks = this.plugins
   }
@@ -32,7 +32,7 @@ export class Pipeline {
    * `ran` how many plugins ran (for `onResponse`). A throwing hook counts as
    * having run; its error is thrown (or rejects the promise).
    */
-  runRequest (ctx: RequestContext, ran: { count: number }): Reply | undefined | Promise<Reply | undefined> {
+  runRequest(ctx: RequestContext, ran: { count: number }): Reply | undefined | Promise<Reply | undefined> {
     const hooks = this.#requestHooks
     for (let i = 0; i < hooks.length; i++) {
       ran.count = i + 1
@@ -47,7 +47,7 @@ export class Pipeline {
   }
 
   /** The rest of `runRequest` once hook `next - 1` returned a promise. */
-  async #awaitRequest (ctx: RequestContext, ran: { count: number }, pending: PromiseLike<void | Reply>, next: number): Promise<Reply | undefined> {
+  async #awaitRequest(ctx: RequestContext, ran: { count: number }, pending: PromiseLike<void | Reply>, next: number): Promise<Reply | undefined> {
     const first = await pending
     if (first !== undefined) return first
     const hooks = this.#requestHooks
@@ -66,7 +66,7 @@ export class Pipeline {
    * Runs `onResponse` in reverse for the first `count` plugins. Returns a
    * promise only once a hook returned one.
    */
-  runResponse (rctx: ResponseContext, count: number): void | Promise<void> {
+  runResponse(rctx: ResponseContext, count: number): void | Promise<void> {
     for (let i = count - 1; i >= 0; i--) {
       const hook = this.plugins[i]!.onResponse
       if (hook === undefined) continue
@@ -75,7 +75,7 @@ export class Pipeline {
     }
   }
 
-  async #awaitResponse (rctx: ResponseContext, pending: PromiseLike<void>, next: number): Promise<void> {
+  async #awaitResponse(rctx: ResponseContext, pending: PromiseLike<void>, next: number): Promise<void> {
     await pending
     for (let i = next; i >= 0; i--) {
       const hook = this.plugins[i]!.onResponse

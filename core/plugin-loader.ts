@@ -18,12 +18,12 @@ import { ProxyError, ERROR_CODES, ERROR_CODE_RE } from './errors.ts'
 import { sealKey } from './cluster/seal.ts'
 
 /** The default pipeline when `mcp.plugins` is not given, from the registry. */
-export function defaultEntries (config: GatewayConfig, registry: PluginRegistry = EMPTY_REGISTRY): PluginEntryConfig[] {
+export function defaultEntries(config: GatewayConfig, registry: PluginRegistry = EMPTY_REGISTRY): PluginEntryConfig[] {
   return registry.defaultPipeline(config.mcp.policies ?? {}).map(builtin => ({ builtin }))
 }
 
 /** Minimal semver-range check for plugin `engine` fields: `*`, `^X`, `^X.Y`, `>=X.Y.Z`, `X.x`. */
-export function engineSatisfied (range: string, version = PLUGIN_API_VERSION): boolean {
+export function engineSatisfied(range: string, version = PLUGIN_API_VERSION): boolean {
   const [maj, min, pat] = version.split('.').map(Number) as [number, number, number]
   const r = range.trim()
   if (r === '*' || r === '') return true
@@ -42,12 +42,12 @@ export function engineSatisfied (range: string, version = PLUGIN_API_VERSION): b
   return false
 }
 
-function isPluginModule (v: unknown): v is PluginModule {
+function isPluginModule(v: unknown): v is PluginModule {
   const m = v as PluginModule | undefined
   return typeof m === 'object' && m !== null && typeof m.name === 'string' && typeof m.engine === 'string' && typeof m.create === 'function'
 }
 
-async function importModule (spec: string, baseDir: string, at: string): Promise<PluginModule> {
+async function importModule(spec: string, baseDir: string, at: string): Promise<PluginModule> {
   let url: string
   if (spec.startsWith('.') || isAbsolute(spec)) {
     url = pathToFileURL(isAbsolute(spec) ? spec : resolve(baseDir, spec)).href
@@ -60,7 +60,7 @@ async function importModule (spec: string, baseDir: string, at: string): Promise
   }
   let ns: Record<string, unknown>
   try {
-    ns = await import(url) as Record<string, unknown>
+    ns = (await import(url)) as Record<string, unknown>
   } catch (err) {
     // Only the plugin itself being absent is "module not found"; a missing
     // import inside the plugin keeps its own message. Loaders do not always
@@ -94,10 +94,16 @@ export interface LoadPluginsOptions {
   secret?: string
 }
 
-interface Resolved { readonly mod: PluginModule; readonly at: string; readonly path: string; readonly options: unknown; readonly inline: boolean }
+interface Resolved {
+  readonly mod: PluginModule
+  readonly at: string
+  readonly path: string
+  readonly options: unknown
+  readonly inline: boolean
+}
 
 /** The module and validated options of one pipeline entry. */
-async function resolveEntry (entry: PluginEntryConfig, at: string, config: GatewayConfig, baseDir: string, registry: PluginRegistry): Promise<Resolved> {
+async function resolveEntry(entry: PluginEntryConfig, at: string, config: GatewayConfig, baseDir: string, registry: PluginRegistry): Promise<Resolved> {
   let mod: PluginModule
   if (entry.builtin !== undefined) {
     const found = Object.hasOwn(registry.modules, entry.builtin) ? registry.modules[entry.builtin] : undefined
@@ -118,11 +124,12 @@ async function resolveEntry (entry: PluginEntryConfig, at: string, config: Gatew
 }
 
 /** Error codes: well-formed, and none declared twice (by core or another plugin). */
-function checkErrorCodes (resolved: readonly Resolved[]): void {
+function checkErrorCodes(resolved: readonly Resolved[]): void {
   const owner = new Map<string, string>(Object.keys(ERROR_CODES).map(c => [c, 'core']))
   for (const r of resolved) {
     for (const e of r.mod.errors ?? []) {
-      if (!ERROR_CODE_RE.test(e.code)) throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${r.at}: plugin ${r.mod.name} declares an invalid error code ${JSON.stringify(e.code)}`)
+      if (!ERROR_CODE_RE.test(e.code))
+        throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${r.at}: plugin ${r.mod.name} declares an invalid error code ${JSON.stringify(e.code)}`)
       const other = owner.get(e.code)
       if (other !== undefined && other !== r.mod.name) {
         throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${r.at}: plugin ${r.mod.name} declares error code ${e.code}, already declared by ${other}`)
@@ -140,18 +147,20 @@ function checkErrorCodes (resolved: readonly Resolved[]): void {
  * no authentication at all. The same for a part of a plugin's options that
  * another plugin serves (`actedOnBy`). Each is a config error naming both.
  */
-function checkCoverage (resolved: readonly Resolved[], config: GatewayConfig, registry: PluginRegistry): void {
+function checkCoverage(resolved: readonly Resolved[], config: GatewayConfig, registry: PluginRegistry): void {
   if (config.mcp.plugins === undefined) return
   const problems: string[] = []
   const names = new Set(resolved.map(r => r.mod.name))
-  const kind = (name: string): string => Object.hasOwn(registry.modules, name) ? `builtin ${name}` : `plugin ${name}`
+  const kind = (name: string): string => (Object.hasOwn(registry.modules, name) ? `builtin ${name}` : `plugin ${name}`)
   for (const key of Object.keys(config.mcp.policies ?? {})) {
     const claims = resolved.filter(r => r.mod.policy === key)
     const owner = Object.values(registry.modules).find(m => m.policy === key)?.name ?? claims[0]?.mod.name ?? key
     if (claims.length === 0) {
       problems.push(`mcp.policies.${key}: configured, but the pipeline mcp.plugins does not include ${kind(owner)}`)
     } else if (claims.every(r => r.inline)) {
-      problems.push(`mcp.policies.${key}: configured, but ${claims.map(r => r.at).join(' and ')} gives ${kind(owner)} its options inline, which win; keep one of the two`)
+      problems.push(
+        `mcp.policies.${key}: configured, but ${claims.map(r => r.at).join(' and ')} gives ${kind(owner)} its options inline, which win; keep one of the two`
+      )
     }
   }
   for (const r of resolved) {
@@ -165,15 +174,20 @@ function checkCoverage (resolved: readonly Resolved[], config: GatewayConfig, re
 }
 
 /** Which module (among the listed and the registry) provides `name`, for error messages. */
-function providerHint (name: string, registry: PluginRegistry): string {
-  const mods = Object.values(registry.modules).filter(m => m.provides?.includes(name)).map(m => m.name)
+function providerHint(name: string, registry: PluginRegistry): string {
+  const mods = Object.values(registry.modules)
+    .filter(m => m.provides?.includes(name))
+    .map(m => m.name)
   return mods.length > 0 ? mods.join(' or ') : 'no known plugin'
 }
 
-interface Prepared { readonly resolved: readonly Resolved[]; readonly provided: ReadonlyArray<Readonly<Record<string, unknown>>> }
+interface Prepared {
+  readonly resolved: readonly Resolved[]
+  readonly provided: ReadonlyArray<Readonly<Record<string, unknown>>>
+}
 
 /** Modules, options, error codes, `needs`, `check()`, coverage: everything that can fail without side effects. */
-async function prepare (config: GatewayConfig, baseDir: string, registry: PluginRegistry): Promise<Prepared> {
+async function prepare(config: GatewayConfig, baseDir: string, registry: PluginRegistry): Promise<Prepared> {
   const listed = config.mcp.plugins !== undefined
   const entries = config.mcp.plugins ?? defaultEntries(config, registry)
   const resolved: Resolved[] = []
@@ -188,9 +202,13 @@ async function prepare (config: GatewayConfig, baseDir: string, registry: Plugin
     for (const name of r.mod.needs ?? []) {
       if (!available.has(name)) {
         const later = resolved.slice(resolved.indexOf(r) + 1).find(o => o.mod.provides?.includes(name))
-        throw new ProxyError('MCPP_ERR_CONFIG', 500, later !== undefined
-          ? `${r.at}: plugin ${r.mod.name} needs "${name}" from plugin ${later.mod.name}, which must be listed before it`
-          : `${r.at}: plugin ${r.mod.name} needs "${name}", provided by ${providerHint(name, registry)}, which is not in the pipeline`)
+        throw new ProxyError(
+          'MCPP_ERR_CONFIG',
+          500,
+          later !== undefined
+            ? `${r.at}: plugin ${r.mod.name} needs "${name}" from plugin ${later.mod.name}, which must be listed before it`
+            : `${r.at}: plugin ${r.mod.name} needs "${name}", provided by ${providerHint(name, registry)}, which is not in the pipeline`
+        )
       }
     }
     for (const [name, value] of available) own[name] = value
@@ -225,18 +243,22 @@ export interface PipelineStage {
 }
 
 /** The pipeline that will run, in order, after every start-up check (nothing is created). */
-export async function describePipeline ({ config, baseDir, registry = EMPTY_REGISTRY }: Pick<LoadPluginsOptions, 'config' | 'baseDir' | 'registry'>): Promise<PipelineStage[]> {
+export async function describePipeline({
+  config,
+  baseDir,
+  registry = EMPTY_REGISTRY,
+}: Pick<LoadPluginsOptions, 'config' | 'baseDir' | 'registry'>): Promise<PipelineStage[]> {
   const { resolved, provided } = await prepare(config, baseDir, registry)
   return resolved.map((r, i) => ({ name: r.mod.name, at: r.at, optionsPath: r.path, summary: r.mod.summary?.(r.options, provided[i]!) }))
 }
 
 /** `env.deriveKey` for one plugin: its name and the purpose in the HKDF info, so keys never cross plugins or the core's own. */
-function keyDeriver (secret: string | undefined, plugin: string): PluginEnv['deriveKey'] {
-  return purpose => secret === undefined ? undefined : new Uint8Array(sealKey(secret, `plugin key v1\0${plugin}\0${purpose}`))
+function keyDeriver(secret: string | undefined, plugin: string): PluginEnv['deriveKey'] {
+  return purpose => (secret === undefined ? undefined : new Uint8Array(sealKey(secret, `plugin key v1\0${plugin}\0${purpose}`)))
 }
 
 /** Loads and creates every plugin, in pipeline order. Closes the ones created if a later one fails. */
-export async function loadPlugins ({ config, baseDir, env, registry = EMPTY_REGISTRY, dryRun = false, secret }: LoadPluginsOptions): Promise<Plugin[]> {
+export async function loadPlugins({ config, baseDir, env, registry = EMPTY_REGISTRY, dryRun = false, secret }: LoadPluginsOptions): Promise<Plugin[]> {
   const { resolved, provided } = await prepare(config, baseDir, registry)
   if (dryRun) return resolved.map(r => ({ name: r.mod.name }))
 
@@ -246,7 +268,13 @@ export async function loadPlugins ({ config, baseDir, env, registry = EMPTY_REGI
       const { mod, at, path, options } = resolved[i]!
       let plugin: Plugin
       try {
-        plugin = await mod.create(options, { ...env, configPath: path, log: env.log.child({ plugin: mod.name }), provided: provided[i]!, deriveKey: keyDeriver(secret, mod.name) })
+        plugin = await mod.create(options, {
+          ...env,
+          configPath: path,
+          log: env.log.child({ plugin: mod.name }),
+          provided: provided[i]!,
+          deriveKey: keyDeriver(secret, mod.name),
+        })
       } catch (err) {
         if (ProxyError.is(err)) throw err
         throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `${at}: plugin ${mod.name} failed to start: ${(err as Error).message}`, { cause: err })

@@ -203,7 +203,7 @@ export interface PluginRegistry {
 export const PLUGIN_API_VERSION = '1.0.0'
 
 /** Identity helper that gives plugin authors type checking. */
-export function definePlugin<O> (mod: PluginModule<O>): PluginModule<O> {
+export function definePlugin<O>(mod: PluginModule<O>): PluginModule<O> {
   return mod
 }
 

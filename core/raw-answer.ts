@@ -7,13 +7,19 @@ import { STATUS_CODES } from 'node:http'
 import { RPC } from './errors.ts'
 
 /** A parser-level answer: the status line, then (per connection) X-Request-ID, then the rest of the head and the body. */
-export interface RawAnswer { readonly status: number; readonly statusLine: string; readonly rest: string }
+export interface RawAnswer {
+  readonly status: number
+  readonly statusLine: string
+  readonly rest: string
+}
 
-export function rawAnswer (status: number, description: string, mcp = false): RawAnswer {
+export function rawAnswer(status: number, description: string, mcp = false): RawAnswer {
   // On /mcp the body is a JSON-RPC error, as every other refusal there (no request, so no id).
-  const body = JSON.stringify(mcp
-    ? { jsonrpc: '2.0', id: null, error: { code: RPC.INVALID_REQUEST, message: description } }
-    : { error: 'invalid_request', error_description: description })
+  const body = JSON.stringify(
+    mcp
+      ? { jsonrpc: '2.0', id: null, error: { code: RPC.INVALID_REQUEST, message: description } }
+      : { error: 'invalid_request', error_description: description }
+  )
   return {
     status,
     statusLine: `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n`,

@@ -7,14 +7,14 @@
 
 export class BodyTooLargeError extends Error {
   readonly maxBytes: number
-  constructor (maxBytes: number) {
+  constructor(maxBytes: number) {
     super(`response exceeds ${maxBytes} bytes`)
     this.name = 'BodyTooLargeError'
     this.maxBytes = maxBytes
   }
 }
 
-export async function readCapped (res: Response, maxBytes: number): Promise<Buffer> {
+export async function readCapped(res: Response, maxBytes: number): Promise<Buffer> {
   const declared = Number(res.headers.get('content-length'))
   if (Number.isFinite(declared) && declared > maxBytes) {
     await res.body?.cancel()

@@ -8,13 +8,13 @@ import type { IncomingMessage } from 'node:http'
 import { ProxyError, RPC } from './errors.ts'
 
 /** Whether `req` announced a body that has not fully arrived yet. */
-export function bodyPending (req: IncomingMessage): boolean {
+export function bodyPending(req: IncomingMessage): boolean {
   if (req.complete) return false
   const h = req.headers
   return h['transfer-encoding'] !== undefined || (h['content-length'] !== undefined && h['content-length'] !== '0')
 }
 
-function tooLarge (limit: number): ProxyError {
+function tooLarge(limit: number): ProxyError {
   return new ProxyError('MCPP_ERR_BODY_TOO_LARGE', 413, `request body exceeds ${limit} bytes`, { rpcCode: RPC.INVALID_REQUEST })
 }
 
@@ -23,7 +23,7 @@ function tooLarge (limit: number): ProxyError {
  * Content-Length over it fails at once). `reader.rejectBody` is set to the
  * read's reject, so the server's body deadline can fail the read under way.
  */
-export function readBounded (req: IncomingMessage, limit: number, reader: { rejectBody: ((err: unknown) => void) | undefined }): Promise<Buffer> {
+export function readBounded(req: IncomingMessage, limit: number, reader: { rejectBody: ((err: unknown) => void) | undefined }): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     // For the body deadline; calling it after the promise settled does nothing.
     reader.rejectBody = reject

@@ -6,7 +6,7 @@ import { ProxyError } from './errors.ts'
 
 export class RouteTable {
   readonly #routes = new Map<string, RouteDef>()
-  constructor (plugins: readonly Plugin[], reserved: readonly string[] = ['/mcp']) {
+  constructor(plugins: readonly Plugin[], reserved: readonly string[] = ['/mcp']) {
     for (const p of plugins) {
       for (const r of p.routes ?? []) {
         if (reserved.includes(r.path)) throw new ProxyError('MCPP_ERR_PLUGIN_LOAD', 500, `plugin ${p.name}: route ${r.path} is reserved`)
@@ -15,6 +15,10 @@ export class RouteTable {
       }
     }
   }
-  get (path: string): RouteDef | undefined { return this.#routes.get(path) }
-  paths (): string[] { return [...this.#routes.keys()] }
+  get(path: string): RouteDef | undefined {
+    return this.#routes.get(path)
+  }
+  paths(): string[] {
+    return [...this.#routes.keys()]
+  }
 }

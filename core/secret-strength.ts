@@ -9,7 +9,7 @@
 const PLACEHOLDER = /replace|change[-_ ]?me|changeit|example|placeholder|your[-_ ]|secret[-_ ]?here|todo|xxxx|dummy|sample/i
 
 /** Why `value` cannot be a real secret, or undefined when it may be one. */
-export function weakSecret (value: string): string | undefined {
+export function weakSecret(value: string): string | undefined {
   if (PLACEHOLDER.test(value)) return 'looks like a placeholder, not a secret: generate one (openssl rand -base64 48)'
   if (new Set(value).size < 10) return 'has fewer than 10 distinct characters: generate one (openssl rand -base64 48)'
   return undefined

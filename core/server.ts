@@ -67,7 +67,7 @@ const DEFAULT_BODY_TIMEOUT_MS = 10_000
  * 30 s let a slowloris outlive a 2 s `headersTimeoutMs` by up to 30 s: check
  * four times per shortest timeout, at least every second.
  */
-function checkingIntervalOf (limits: ServerLimits): number {
+function checkingIntervalOf(limits: ServerLimits): number {
   const timeouts = [limits.headersTimeoutMs, limits.requestTimeoutMs].filter(ms => ms > 0)
   return timeouts.length === 0 ? 1000 : Math.min(1000, Math.max(100, Math.floor(Math.min(...timeouts) / 4)))
 }
@@ -109,7 +109,7 @@ export const INTERNAL_HEADER = 'x-mcp-proxy-internal'
 const REQUEST_ID_PREFIX = randomBytes(6).toString('base64url')
 let requestSeq = 0
 
-function requestIdOf (req: IncomingMessage): string {
+function requestIdOf(req: IncomingMessage): string {
   const given = req.headers['x-request-id']
   if (typeof given === 'string' && given !== '') {
     const clean = given.slice(0, 64).replace(/[^\w.-]/g, '')
@@ -118,7 +118,7 @@ function requestIdOf (req: IncomingMessage): string {
   return newRequestId()
 }
 
-function newRequestId (): string {
+function newRequestId(): string {
   return `${REQUEST_ID_PREFIX}-${(++requestSeq).toString(36)}`
 }
 
@@ -151,7 +151,7 @@ class Context implements RequestContext {
   #clientAddress: string | undefined
   readonly #server: GatewayServer
 
-  constructor (server: GatewayServer, req: IncomingMessage, res: ServerResponse) {
+  constructor(server: GatewayServer, req: IncomingMessage, res: ServerResponse) {
     this.#server = server
     this.req = req
     this.res = res
@@ -167,26 +167,28 @@ class Context implements RequestContext {
   }
 
   /** The per-request child logger, made on first use: most requests never log on their own. */
-  get log (): Logger {
+  get log(): Logger {
     this.#log ??= this.#server.log.child({ reqId: this.id })
     return this.#log
   }
 
   /** Whether `log` has been used, so the access line can go through the same logger. */
-  get hasLog (): boolean { return this.#log !== undefined }
+  get hasLog(): boolean {
+    return this.#log !== undefined
+  }
 
-  get clientAddress (): string {
+  get clientAddress(): string {
     this.#clientAddress ??= this.#server.clientAddresses.of(this.req)
     return this.#clientAddress
   }
 
-  readBody (maxBytes?: number): Promise<Buffer> {
+  readBody(maxBytes?: number): Promise<Buffer> {
     const limit = this.#server.limits.maxBodyBytes
     this.#body ??= readBounded(this.req, maxBytes !== undefined && maxBytes < limit ? maxBytes : limit, this)
     return this.#body
   }
 
-  readMcpMessage (): Promise<McpMessageInfo> {
+  readMcpMessage(): Promise<McpMessageInfo> {
     this.#mcp ??= this.readBody().then(buf => {
       const info = this.#server.parseMcp(buf)
       this.mcp = info
@@ -199,7 +201,7 @@ class Context implements RequestContext {
    * Without a promise-returning `onResponse` hook the head is written before
    * this returns (a shared resolved promise): no async frame per response.
    */
-  writeHead (status: number, headers: OutgoingHttpHeaders = {}): Promise<void> {
+  writeHead(status: number, headers: OutgoingHttpHeaders = {}): Promise<void> {
     if (this.headersSent) return Promise.reject(new Error('writeHead called twice'))
     this.headersSent = true
     // Every answer names its request (the client's X-Request-ID, cleaned, or ours), before
@@ -216,17 +218,17 @@ class Context implements RequestContext {
     }
   }
 
-  #commitHead (rctx: ResponseContext): void {
+  #commitHead(rctx: ResponseContext): void {
     if (!this.res.destroyed) this.res.writeHead(rctx.statusCode, rctx.headers)
   }
 }
 
 const RESOLVED: Promise<void> = Promise.resolve()
 
-function ignore (): void {}
+function ignore(): void {}
 
 /** Sends a Reply through `writeHead` (so `onResponse` hooks run). */
-export async function sendReply (ctx: RequestContext, reply: Reply): Promise<void> {
+export async function sendReply(ctx: RequestContext, reply: Reply): Promise<void> {
   const headers: OutgoingHttpHeaders = { ...reply.headers }
   let payload: string | Buffer | undefined
   if (reply.body === undefined) payload = undefined
@@ -263,7 +265,7 @@ export class GatewayServer {
   readonly #streams = new Set<Context>()
   #closing = false
 
-  constructor (opts: GatewayServerOptions) {
+  constructor(opts: GatewayServerOptions) {
     this.pipeline = opts.pipeline
     this.routes = opts.routes
     this.log = opts.log
@@ -273,16 +275,19 @@ export class GatewayServer {
     this.#access = new AccessLog(opts.log, opts.metrics, opts.onAccess)
     this.#internalToken = opts.internalToken
     if (opts.hold !== undefined) this.#held = new HeldRequests(opts.hold, opts.log, (req, res) => this.#refuseStarting(req, res))
-    this.server = createServer({
-      headersTimeout: opts.limits.headersTimeoutMs,
-      requestTimeout: opts.limits.requestTimeoutMs,
-      keepAliveTimeout: opts.limits.keepAliveTimeoutMs,
-      maxHeaderSize: 16384,
-      connectionsCheckingInterval: checkingIntervalOf(opts.limits),
-    }, (req, res) => {
-      if (this.#held === undefined) void this.handle(req, res)
-      else this.#held.hold(req, res)
-    })
+    this.server = createServer(
+      {
+        headersTimeout: opts.limits.headersTimeoutMs,
+        requestTimeout: opts.limits.requestTimeoutMs,
+        keepAliveTimeout: opts.limits.keepAliveTimeoutMs,
+        maxHeaderSize: 16384,
+        connectionsCheckingInterval: checkingIntervalOf(opts.limits),
+      },
+      (req, res) => {
+        if (this.#held === undefined) void this.handle(req, res)
+        else this.#held.hold(req, res)
+      }
+    )
     const maxHeaders = opts.limits.maxHeaders ?? DEFAULT_MAX_HEADERS
     this.#maxRawHeaders = maxHeaders * 2
     // Node drops the fields past maxHeadersCount without a word (a second
@@ -299,8 +304,9 @@ export class GatewayServer {
    * 431 for an oversized head, 408 when the head (or, with requestTimeoutMs,
    * the whole request) came too slowly, 400 for anything else; then close.
    */
-  #clientError (err: Error & { code?: string; rawPacket?: Buffer }, socket: Socket): void {
-    const answer = err.code === 'HPE_HEADER_OVERFLOW' ? this.#headerOverflow(err.rawPacket) : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? REQUEST_TIMEOUT : BAD_REQUEST
+  #clientError(err: Error & { code?: string; rawPacket?: Buffer }, socket: Socket): void {
+    const answer =
+      err.code === 'HPE_HEADER_OVERFLOW' ? this.#headerOverflow(err.rawPacket) : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? REQUEST_TIMEOUT : BAD_REQUEST
     // As Node's own handler does: never write into a response already under way.
     const current = (socket as Socket & { _httpMessage?: ServerResponse | null })._httpMessage
     if (!socket.writable || current?.headersSent === true) {
@@ -321,10 +327,14 @@ export class GatewayServer {
    * `handle` counts them): the answer names both bounds, and is a JSON-RPC
    * error when the packet shows a request line for /mcp.
    */
-  #headerOverflow (packet: Buffer | undefined): RawAnswer {
+  #headerOverflow(packet: Buffer | undefined): RawAnswer {
     const line = packet?.subarray(0, 64).toString('latin1') ?? ''
     if (!/^[A-Z]+ \/mcp[ ?]/.test(line)) return HEADERS_TOO_LARGE
-    this.#mcpHeadersTooLarge ??= rawAnswer(431, `request header fields too large: more than ${this.#maxRawHeaders / 2} header fields, or a head over 16 KiB`, true)
+    this.#mcpHeadersTooLarge ??= rawAnswer(
+      431,
+      `request header fields too large: more than ${this.#maxRawHeaders / 2} header fields, or a head over 16 KiB`,
+      true
+    )
     return this.#mcpHeadersTooLarge
   }
 
@@ -333,17 +343,19 @@ export class GatewayServer {
    * its listener first (so `{base_url}` knows the actual port when the config
    * says 0), then creates the plugins and attaches them here.
    */
-  attach (pipeline: Pipeline, routes: RouteTable, mcp: McpEndpoint): void {
+  attach(pipeline: Pipeline, routes: RouteTable, mcp: McpEndpoint): void {
     this.pipeline = pipeline
     this.routes = routes
     this.#mcp = mcp
     const held = this.#held
     this.#held = undefined
-    held?.release((req, res) => { void this.handle(req, res) })
+    held?.release((req, res) => {
+      void this.handle(req, res)
+    })
   }
 
   /** A POST /mcp body parsed by the attached endpoint's own parser (McpEndpoint.parse), else as plain JSON-RPC. */
-  parseMcp (body: Buffer): McpMessageInfo {
+  parseMcp(body: Buffer): McpMessageInfo {
     const mcp = this.#mcp
     return mcp.parse !== undefined ? mcp.parse(body) : parseJsonRpcBody(body)
   }
@@ -353,17 +365,23 @@ export class GatewayServer {
    * elsewhere), written directly: no plugin is there to run, and the caller
    * logged why (an expected condition, not an error with a stack).
    */
-  #refuseStarting (req: IncomingMessage, res: ServerResponse): void {
+  #refuseStarting(req: IncomingMessage, res: ServerResponse): void {
     if (res.headersSent || res.destroyed) return
     const ctx = new Context(this, req, res)
-    const body = JSON.stringify(errorBody(ctx, new ProxyError('MCPP_ERR_STARTING', 503, 'Service Unavailable: the gateway is starting', {
-      expose: true, rpcCode: RPC.SERVER_ERROR,
-    })))
+    const body = JSON.stringify(
+      errorBody(
+        ctx,
+        new ProxyError('MCPP_ERR_STARTING', 503, 'Service Unavailable: the gateway is starting', {
+          expose: true,
+          rpcCode: RPC.SERVER_ERROR,
+        })
+      )
+    )
     res.writeHead(503, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store', 'retry-after': '1' })
     res.end(body)
   }
 
-  async handle (req: IncomingMessage, res: ServerResponse): Promise<void> {
+  async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const ctx = new Context(this, req, res)
     tracer?.requestStarted(ctx)
     this.#inFlight++
@@ -373,19 +391,22 @@ export class GatewayServer {
     try {
       if (req.rawHeaders.length > this.#maxRawHeaders) {
         throw new ProxyError('MCPP_ERR_TOO_MANY_HEADERS', 431, `more than ${this.#maxRawHeaders / 2} header fields`, {
-          headers: { connection: 'close' }, rpcCode: RPC.INVALID_REQUEST,
+          headers: { connection: 'close' },
+          rpcCode: RPC.INVALID_REQUEST,
         })
       }
       if (ctx.method === 'GET' && ctx.kind === 'mcp') {
         if (this.#closing) {
           throw new ProxyError('MCPP_ERR_SHUTTING_DOWN', 503, 'Service Unavailable: the gateway is shutting down', {
-            headers: { 'retry-after': '1' }, expose: true, rpcCode: RPC.SERVER_ERROR,
+            headers: { 'retry-after': '1' },
+            expose: true,
+            rpcCode: RPC.SERVER_ERROR,
           })
         }
         this.#streams.add(ctx)
       }
       const elsewhere = ctx.path === '/mcp' ? this.#mcp.beforePipeline?.(ctx) : undefined
-      if (elsewhere !== undefined && await elsewhere !== false) return
+      if (elsewhere !== undefined && (await elsewhere) !== false) return
       const pending = this.pipeline.runRequest(ctx, ctx.ran)
       const reply = pending instanceof Promise ? await pending : pending
       if (reply !== undefined) {
@@ -396,7 +417,8 @@ export class GatewayServer {
       if (route !== undefined) {
         if (!route.methods.includes(ctx.method)) {
           throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed`, {
-            headers: { allow: route.methods.join(', ') }, oauthError: 'invalid_request',
+            headers: { allow: route.methods.join(', ') },
+            oauthError: 'invalid_request',
           })
         }
         await sendReply(ctx, await route.handler(ctx))
@@ -417,7 +439,7 @@ export class GatewayServer {
     }
   }
 
-  #finish (ctx: Context): void {
+  #finish(ctx: Context): void {
     this.#inFlight--
     if (ctx.receiving) this.#bodyDeadline!.untrack(ctx)
     if (ctx.method === 'GET') this.#streams.delete(ctx)
@@ -433,7 +455,7 @@ export class GatewayServer {
     if (this.#inFlight === 0) this.#drained?.()
   }
 
-  listen (port: number, host: string): Promise<{ port: number; host: string }> {
+  listen(port: number, host: string): Promise<{ port: number; host: string }> {
     return new Promise((resolve, reject) => {
       this.server.once('error', reject)
       this.server.listen(port, host, () => {
@@ -452,7 +474,7 @@ export class GatewayServer {
    * no answer to a client request is lost by ending it, and the client
    * reconnects elsewhere. Requests still held from start-up get 503.
    */
-  async close (graceMs: number): Promise<void> {
+  async close(graceMs: number): Promise<void> {
     this.#closing = true
     const held = this.#held
     this.#held = undefined
@@ -468,7 +490,9 @@ export class GatewayServer {
     }
     if (this.#inFlight > 0) {
       await Promise.race([
-        new Promise<void>(resolve => { this.#drained = resolve }),
+        new Promise<void>(resolve => {
+          this.#drained = resolve
+        }),
         new Promise<void>(resolve => setTimeout(resolve, graceMs).unref()),
       ])
     }

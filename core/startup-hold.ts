@@ -32,14 +32,14 @@ export class HeldRequests {
   /** The 503 "starting" (the server writes it: its body has the shape of the path). */
   readonly #refuse: Answer
 
-  constructor (limits: StartupHold, log: Logger, refuse: Answer) {
+  constructor(limits: StartupHold, log: Logger, refuse: Answer) {
     this.#limits = limits
     this.#log = log
     this.#refuse = refuse
   }
 
   /** Holds a request that arrived during start-up, up to the limits; otherwise 503 + Retry-After. */
-  hold (req: IncomingMessage, res: ServerResponse): void {
+  hold(req: IncomingMessage, res: ServerResponse): void {
     const held = this.#held
     const limits = this.#limits
     if (held.size >= limits.maxRequests) {
@@ -58,11 +58,13 @@ export class HeldRequests {
     }
     h.timer.unref()
     held.add(h)
-    res.once('close', () => { if (held.delete(h)) clearTimeout(h.timer) })
+    res.once('close', () => {
+      if (held.delete(h)) clearTimeout(h.timer)
+    })
   }
 
   /** Start-up is over: every request still held is served, in arrival order. */
-  release (serve: Answer): void {
+  release(serve: Answer): void {
     for (const h of this.#held) {
       clearTimeout(h.timer)
       if (!h.res.destroyed) serve(h.req, h.res)
@@ -70,7 +72,7 @@ export class HeldRequests {
   }
 
   /** Shutdown before start-up ended: every request still held gets 503. */
-  refuseAll (): void {
+  refuseAll(): void {
     for (const h of this.#held) {
       clearTimeout(h.timer)
       if (!h.res.destroyed) this.#refuse(h.req, h.res)

@@ -17,7 +17,7 @@ const origin = process.env.MCP_PROXY_ADMIN_URL ?? 'http://127.0.0.1:15000'
 const token = process.env.MCP_PROXY_ADMIN_TOKEN
 const headers = token !== undefined && token !== '' ? { authorization: `Bearer ${token}` } : {}
 
-function fail (message) {
+function fail(message) {
   process.stderr.write(`${path}: ${message}\n`)
   process.exit(1)
 }

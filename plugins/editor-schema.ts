@@ -30,13 +30,13 @@ export const ENV_REFERENCE: Readonly<Schema> = Object.freeze({
 const ANNOTATIONS = ['description', 'default', 'title']
 
 /** Whether a value other than a string (or a constrained string) is expected, so a raw `${…}` would be rejected. */
-function rejectsReference (s: Schema): boolean {
+function rejectsReference(s: Schema): boolean {
   const type = s.type
   return (type !== undefined && type !== 'string') || s.format !== undefined || s.pattern !== undefined || s.enum !== undefined || s.const !== undefined
 }
 
 /** A copy of `schema` where every leaf that would reject a `${…}` string also accepts one. */
-export function allowReferences (schema: Schema): Schema {
+export function allowReferences(schema: Schema): Schema {
   const out: Schema = { ...schema }
   if (isSchema(out.properties)) {
     out.properties = Object.fromEntries(Object.entries(out.properties).map(([k, v]) => [k, isSchema(v) ? allowReferences(v) : v]))
@@ -52,12 +52,12 @@ export function allowReferences (schema: Schema): Schema {
   return outer
 }
 
-function isSchema (v: unknown): v is Schema {
+function isSchema(v: unknown): v is Schema {
   return typeof v === 'object' && v !== null && !Array.isArray(v)
 }
 
 /** Core's schema with the registry's policy blocks, references allowed everywhere. */
-export function editorSchema (core: Schema, registry: PluginRegistry = builtins): Schema {
+export function editorSchema(core: Schema, registry: PluginRegistry = builtins): Schema {
   const root = structuredClone(core)
   const mcp = (root.properties as Record<string, Schema>).mcp!
   const policies = (mcp.properties as Record<string, Schema>).policies!
@@ -72,13 +72,13 @@ export function editorSchema (core: Schema, registry: PluginRegistry = builtins)
   policies.additionalProperties = false
   return {
     $schema: root.$schema,
-    $comment: 'Generated from schemas/config.schema.json and the built-in plugins\' schemas (plugins/editor-schema.ts): do not edit.',
+    $comment: "Generated from schemas/config.schema.json and the built-in plugins' schemas (plugins/editor-schema.ts): do not edit.",
     ...allowReferences(root),
   }
 }
 
 /** The editor schema as written to disk. */
-export async function renderEditorSchema (): Promise<string> {
+export async function renderEditorSchema(): Promise<string> {
   const core = JSON.parse(await readFile(packagePath('schemas/config.schema.json'), 'utf8')) as Schema
   return JSON.stringify(editorSchema(core), null, 2) + '\n'
 }

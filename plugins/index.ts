@@ -23,7 +23,7 @@ export const builtins: PluginRegistry = Object.freeze({
    * instead of both when mcpAuthentication has a `facade` block (opt-in: it
    * serves their paths as the authorization server itself).
    */
-  defaultPipeline (policies: Readonly<Record<string, unknown>>): readonly string[] {
+  defaultPipeline(policies: Readonly<Record<string, unknown>>): readonly string[] {
     const auth = policies.mcpAuthentication as { provider?: unknown; facade?: unknown } | undefined
     const rules = (policies.authorization as { rules?: unknown[] } | undefined)?.rules
     return [

@@ -14,41 +14,62 @@ import { join } from 'node:path'
 import { spawnCli, waitForPort, freePort } from './helpers/cli.ts'
 import { EVERYTHING, INIT_HEADERS, sseMessages } from './helpers/gateway-harness.ts'
 
-interface Cli { mcp: string; lines: () => Array<Record<string, unknown>>; raw: () => string }
+interface Cli {
+  mcp: string
+  lines: () => Array<Record<string, unknown>>
+  raw: () => string
+}
 
-async function startCli (t: Test, extra: string): Promise<Cli> {
+async function startCli(t: Test, extra: string): Promise<Cli> {
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-access-'))
   t.teardown(() => rm(dir, { recursive: true, force: true }))
   const port = await freePort()
   const file = join(dir, 'config.yaml')
-  await writeFile(file, `mcp:
+  await writeFile(
+    file,
+    `mcp:
   port: ${port}
   host: 127.0.0.1
   targets:
     - name: everything
       stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] }
-${extra}`)
+${extra}`
+  )
   const cli = spawnCli(['-f', file])
   t.teardown(async () => {
     cli.child.kill('SIGTERM')
     await cli.exited
   })
   await waitForPort(port, cli.exited)
-  const lines = (): Array<Record<string, unknown>> => cli.output().split('\n').filter(l => l.startsWith('{')).map(l => JSON.parse(l) as Record<string, unknown>)
+  const lines = (): Array<Record<string, unknown>> =>
+    cli
+      .output()
+      .split('\n')
+      .filter(l => l.startsWith('{'))
+      .map(l => JSON.parse(l) as Record<string, unknown>)
   return { mcp: `http://127.0.0.1:${port}/mcp`, lines, raw: cli.output }
 }
 
-async function post (url: string, body: unknown, headers: Record<string, string>): Promise<Response> {
+async function post(url: string, body: unknown, headers: Record<string, string>): Promise<Response> {
   return fetch(url, { method: 'POST', headers: { ...INIT_HEADERS, ...headers }, body: JSON.stringify(body) })
 }
 
 /** The first request, sent as soon as the port accepts (a gateway still starting holds it). */
-function initialize (url: string, headers: Record<string, string>): Promise<Response> {
-  return post(url, { jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'access-log', version: '1' } } }, headers)
+function initialize(url: string, headers: Record<string, string>): Promise<Response> {
+  return post(
+    url,
+    {
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'access-log', version: '1' } },
+    },
+    headers
+  )
 }
 
 /** Polls the CLI's output for a line matching `pred` (the access line is written when the response ends). */
-async function lineWhere (cli: Cli, pred: (l: Record<string, unknown>) => boolean): Promise<Record<string, unknown> | undefined> {
+async function lineWhere(cli: Cli, pred: (l: Record<string, unknown>) => boolean): Promise<Record<string, unknown> | undefined> {
   for (let i = 0; i < 200; i++) {
     const hit = cli.lines().find(pred)
     if (hit !== undefined) return hit
@@ -61,13 +82,15 @@ const ISO = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/
 
 t.test('default logging: level names, ISO times; access line with tool, target, client, user agent, outcome; X-Request-ID on every answer', async t => {
   const adminPort = await freePort()
-  const cli = await startCli(t, `  trustedProxies: [127.0.0.1/32, "::1"]
+  const cli = await startCli(
+    t,
+    `  trustedProxies: [127.0.0.1/32, "::1"]
 admin: { host: 0.0.0.0, port: ${adminPort} }
-`)
-  const init = await initialize(cli.mcp,
-    { 'x-request-id': 'client-chosen.id-42', 'user-agent': 'access-log-test/1.0', 'x-forwarded-for': '203.0.113.7' })
+`
+  )
+  const init = await initialize(cli.mcp, { 'x-request-id': 'client-chosen.id-42', 'user-agent': 'access-log-test/1.0', 'x-forwarded-for': '203.0.113.7' })
   t.equal(init.status, 200)
-  t.equal(init.headers.get('x-request-id'), 'client-chosen.id-42', 'the client\'s request id is echoed')
+  t.equal(init.headers.get('x-request-id'), 'client-chosen.id-42', "the client's request id is echoed")
   await init.text()
   const sid = init.headers.get('mcp-session-id')!
   // Without authentication a session is bound to its client address: the same client, through the proxy.
@@ -76,16 +99,22 @@ admin: { host: 0.0.0.0, port: ${adminPort} }
 
   // Through the trusted proxy (127.0.0.1): the rightmost address it did not write itself is the client;
   // the leftmost entry is whatever the client claimed and is not believed.
-  const call = await post(cli.mcp, { jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'echo', arguments: { message: 'hi' } } },
-    { ...session, 'user-agent': 'access-log-test/1.0', 'x-forwarded-for': '198.51.100.66, 203.0.113.7, 127.0.0.1' })
+  const call = await post(
+    cli.mcp,
+    { jsonrpc: '2.0', id: 2, method: 'tools/call', params: { name: 'echo', arguments: { message: 'hi' } } },
+    { ...session, 'user-agent': 'access-log-test/1.0', 'x-forwarded-for': '198.51.100.66, 203.0.113.7, 127.0.0.1' }
+  )
   t.equal(call.status, 200)
   const callId = call.headers.get('x-request-id')
   t.match(callId, /^[\w.-]{4,64}$/, 'a request id is made when the client sends none')
   const text = await call.text()
   t.same(sseMessages(text).find(m => m.id === 2)?.result, { content: [{ type: 'text', text: 'Echo: hi' }] }, 'the call went through')
 
-  const evil = await post(cli.mcp, { jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'echo', arguments: { message: 'x' } } },
-    { ...session, 'x-request-id': 'bad\u00e9id with spaces' })
+  const evil = await post(
+    cli.mcp,
+    { jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'echo', arguments: { message: 'x' } } },
+    { ...session, 'x-request-id': 'bad\u00e9id with spaces' }
+  )
   await evil.text()
   t.equal(evil.headers.get('x-request-id'), 'badidwithspaces', 'an id with other characters is cleaned before it is echoed or logged')
 
@@ -100,7 +129,9 @@ admin: { host: 0.0.0.0, port: ${adminPort} }
   const raw = await new Promise<string>((resolve, reject) => {
     const s = connect(Number(new URL(cli.mcp).port), '127.0.0.1', () => s.write('NOT HTTP AT ALL\r\n\r\n'))
     let got = ''
-    s.on('data', d => { got += String(d) })
+    s.on('data', d => {
+      got += String(d)
+    })
     s.on('close', () => resolve(got))
     s.on('error', reject)
   })
@@ -109,8 +140,16 @@ admin: { host: 0.0.0.0, port: ${adminPort} }
   const access = await lineWhere(cli, l => l.msg === 'request' && l.reqId === callId)
   t.ok(access, 'the tools/call has an access line under its request id')
   t.match(access, {
-    level: 'info', method: 'POST', path: '/mcp', status: 200, mcpMethod: 'tools/call', tool: 'echo', target: 'everything',
-    client: '203.0.113.7', userAgent: 'access-log-test/1.0', outcome: 'allowed',
+    level: 'info',
+    method: 'POST',
+    path: '/mcp',
+    status: 200,
+    mcpMethod: 'tools/call',
+    tool: 'echo',
+    target: 'everything',
+    client: '203.0.113.7',
+    userAgent: 'access-log-test/1.0',
+    outcome: 'allowed',
   })
   t.match(access!.time, ISO, 'times are ISO 8601')
   const initLine = await lineWhere(cli, l => l.msg === 'request' && l.reqId === 'client-chosen.id-42' && l.status === 200)
@@ -121,16 +160,21 @@ admin: { host: 0.0.0.0, port: ${adminPort} }
   const warn = cli.lines().find(l => typeof l.msg === 'string' && l.msg.includes('admin listener is exposed'))
   t.equal(warn?.level, 'warn', 'a warning says "warn", so grep -i warn finds it')
   t.match(warn?.time, ISO)
-  t.notOk(cli.lines().some(l => typeof l.level === 'number' || typeof l.time === 'number'), 'no numeric levels or epoch times')
+  t.notOk(
+    cli.lines().some(l => typeof l.level === 'number' || typeof l.time === 'number'),
+    'no numeric levels or epoch times'
+  )
 })
 
 t.test('X-Forwarded-For from a peer that is not a trusted proxy is ignored; logging.levels/time: number/epoch', async t => {
-  const cli = await startCli(t, `  trustedProxies: [10.0.0.0/8]
+  const cli = await startCli(
+    t,
+    `  trustedProxies: [10.0.0.0/8]
 admin: { enabled: false }
 logging: { levels: number, time: epoch }
-`)
-  const init = await initialize(cli.mcp,
-    { 'x-forwarded-for': '203.0.113.9', 'x-request-id': 'spoof-1' })
+`
+  )
+  const init = await initialize(cli.mcp, { 'x-forwarded-for': '203.0.113.9', 'x-request-id': 'spoof-1' })
   t.equal(init.status, 200)
   await init.text()
   const line = await lineWhere(cli, l => l.msg === 'request' && l.reqId === 'spoof-1' && l.status === 200)

@@ -22,7 +22,9 @@ t.test('a path-loaded plugin reaches the admin view through describe(), env.metr
   const dir = await mkdtemp(join(tmpdir(), 'mcp-proxy-admin-contract-'))
   t.teardown(() => rm(dir, { recursive: true, force: true }))
   const file = join(dir, 'gateway.yaml')
-  await writeFile(file, `
+  await writeFile(
+    file,
+    `
 mcp:
   port: 0
   host: 127.0.0.1
@@ -36,7 +38,8 @@ mcp:
 admin:
   host: 127.0.0.1
   port: 0
-`)
+`
+  )
   const loaded = await loadConfig(file, {}, builtins)
   const { log } = memoryLogger('debug')
   const gw = await startGateway(loaded, { mcpPort: 0, adminPort: 0, log, registry: builtins })
@@ -44,20 +47,27 @@ admin:
   const admin = gw.adminUrl!.replace('localhost', '127.0.0.1')
   const mcp = gw.mcpUrl.replace('localhost', '127.0.0.1')
 
-  const refused = await fetch(mcp, { method: 'POST', headers: { 'content-type': 'application/json', 'x-over-quota': '1' }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' })
+  const refused = await fetch(mcp, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-over-quota': '1' },
+    body: '{"jsonrpc":"2.0","id":1,"method":"ping"}',
+  })
   t.equal(refused.status, 429)
 
-  const requests = await (await fetch(`${admin}/api/requests`)).json() as Array<{ status: number; reason: string | null; denial?: unknown }>
+  const requests = (await (await fetch(`${admin}/api/requests`)).json()) as Array<{ status: number; reason: string | null; denial?: unknown }>
   const rec = requests.find(r => r.status === 429)
   t.match(rec, { reason: 'rule[2]: over quota (5)', denial: { rule: 2, reason: 'over quota (5)' } }, 'the structured denial, shown as the plugin gave it')
 
-  const oauth = await (await fetch(`${admin}/api/oauth`)).json() as { keySet: unknown; discovery: unknown }
-  t.same(oauth.keySet, { kids: ['third-party-kid'], loaded: true }, 'the keySet section of any plugin\'s describe() feeds the Authentication panel')
+  const oauth = (await (await fetch(`${admin}/api/oauth`)).json()) as { keySet: unknown; discovery: unknown }
+  t.same(oauth.keySet, { kids: ['third-party-kid'], loaded: true }, "the keySet section of any plugin's describe() feeds the Authentication panel")
   t.equal(oauth.discovery, null, 'no plugin describes a discovery document')
 
-  const plugins = await (await fetch(`${admin}/api/plugins`)).json() as Array<{ name: string; state: unknown }>
-  t.match(plugins.find(p => p.name === 'quota'), { state: { limit: 5 } })
+  const plugins = (await (await fetch(`${admin}/api/plugins`)).json()) as Array<{ name: string; state: unknown }>
+  t.match(
+    plugins.find(p => p.name === 'quota'),
+    { state: { limit: 5 } }
+  )
 
   const m = parsePrometheus(await (await fetch(`${admin}/metrics`)).text())
-  t.equal(m.get('quota_refusals_total')?.samples[0]?.value, 1, 'a metric registered through env.metrics is scraped with the gateway\'s')
+  t.equal(m.get('quota_refusals_total')?.samples[0]?.value, 1, "a metric registered through env.metrics is scraped with the gateway's")
 })

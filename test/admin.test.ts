@@ -17,7 +17,10 @@ import { adminGateway, parsePrometheus, sampleSum, SECRETS, RULE } from './helpe
 t.test('redactConfig hides secret keys, env and headers values and every ${NAME} value', async t => {
   const config = {
     mcp: {
-      policies: { mcpAuthentication: { issuer: 'https://idp.example/', clientId: 'abc', clientSecret: 'shh-secret-value', tokenCache: { enabled: true } }, authorization: { rules: [RULE] } },
+      policies: {
+        mcpAuthentication: { issuer: 'https://idp.example/', clientId: 'abc', clientSecret: 'shh-secret-value', tokenCache: { enabled: true } },
+        authorization: { rules: [RULE] },
+      },
       targets: [
         { name: 'a', stdio: { cmd: 'node', args: ['server.js', '--key=from-env-123456'], env: { HOME_DIR: '/home/x' } } },
         { name: 'b', mcp: { url: 'https://up.example/mcp', headers: { 'x-api-key': 'hdr-secret-99' } } },
@@ -40,14 +43,31 @@ t.test('redactConfig hides secret keys, env and headers values and every ${NAME}
   t.equal(r.admin.token, REDACTED)
   t.same(r.credentials, { user: 'u', password: REDACTED }, 'a secret-named section is walked, its secret leaves redacted')
   t.equal(config.admin.token, 'admin-token-0123456789', 'the input is not modified')
-  const withRedis = { cluster: { secret: 'cluster-secret-0123456789-0123456789', advertiseUrl: 'http://10.0.0.7:3000', redis: { url: 'redis://gw:redis-pass-123@redis:6379/0' } }, probes: { port: 9090, metricsToken: 'metrics-token-0123456789' } }
+  const withRedis = {
+    cluster: { secret: 'cluster-secret-0123456789-0123456789', advertiseUrl: 'http://10.0.0.7:3000', redis: { url: 'redis://gw:redis-pass-123@redis:6379/0' } },
+    probes: { port: 9090, metricsToken: 'metrics-token-0123456789' },
+  }
   const rr = redactConfig(withRedis, new Set()) as typeof withRedis
-  t.same(rr, { cluster: { secret: REDACTED, advertiseUrl: 'http://10.0.0.7:3000', redis: { url: `redis://gw:${REDACTED}@redis:6379/0` } }, probes: { port: 9090, metricsToken: REDACTED } }, 'the cluster secret, the metrics token and a password inside a URL are redacted')
+  t.same(
+    rr,
+    {
+      cluster: { secret: REDACTED, advertiseUrl: 'http://10.0.0.7:3000', redis: { url: `redis://gw:${REDACTED}@redis:6379/0` } },
+      probes: { port: 9090, metricsToken: REDACTED },
+    },
+    'the cluster secret, the metrics token and a password inside a URL are redacted'
+  )
   t.same(createScrubber(secretValues(withRedis, new Set()))({ e: 'auth redis-pass-123 failed' }), { e: `auth ${REDACTED} failed` }, 'and scrubbed anywhere')
 
   const scrub = createScrubber(secretValues(config, paths))
-  const out = scrub({ note: 'keys: shh-secret-value and hdr-secret-99', list: ['--key=from-env-123456'], issuer: 'https://idp.example/' }) as Record<string, unknown>
-  t.same(out, { note: `keys: ${REDACTED} and ${REDACTED}`, list: [REDACTED], issuer: 'https://idp.example/' }, 'secrets are scrubbed anywhere; a ${NAME} URL stays visible outside the config view')
+  const out = scrub({ note: 'keys: shh-secret-value and hdr-secret-99', list: ['--key=from-env-123456'], issuer: 'https://idp.example/' }) as Record<
+    string,
+    unknown
+  >
+  t.same(
+    out,
+    { note: `keys: ${REDACTED} and ${REDACTED}`, list: [REDACTED], issuer: 'https://idp.example/' },
+    'secrets are scrubbed anywhere; a ${NAME} URL stays visible outside the config view'
+  )
 })
 
 t.test('RequestLog keeps the newest requests and ten-second buckets; decisionOf names the rule', async t => {
@@ -61,11 +81,22 @@ t.test('RequestLog keeps the newest requests and ten-second buckets; decisionOf 
   t.equal(recent[0]!.id, 'last', 'newest first')
   const stats = log.stats(now)
   t.equal(stats.buckets.length, 30)
-  t.equal(stats.buckets.reduce((a, b) => a + b.count, 0), 251, 'every request is counted in the stats')
-  t.equal(stats.buckets.reduce((a, b) => a + b.errors, 0), 1)
+  t.equal(
+    stats.buckets.reduce((a, b) => a + b.count, 0),
+    251,
+    'every request is counted in the stats'
+  )
+  t.equal(
+    stats.buckets.reduce((a, b) => a + b.errors, 0),
+    1
+  )
   const last = stats.buckets[stats.buckets.length - 1]!
   t.ok(last.count >= 1 && last.maxMs === 30)
-  t.same(log.stats(now + 600_000).buckets.filter(b => b.count > 0), [], 'old seconds fall out of the window')
+  t.same(
+    log.stats(now + 600_000).buckets.filter(b => b.count > 0),
+    [],
+    'old seconds fall out of the window'
+  )
 
   // Denials arrive structured (rule index, reason): nothing is parsed out of a string.
   t.same(decisionOf(rec({})), { decision: 'allowed', reason: null })
@@ -73,11 +104,18 @@ t.test('RequestLog keeps the newest requests and ten-second buckets; decisionOf 
   t.same(decisionOf(rec({ status: 403, denial: { rule: 0, reason: RULE } })), { decision: 'forbidden', reason: `rule[0]: ${RULE}` })
   t.same(decisionOf(rec({ status: 200, denial: { rule: 0, reason: RULE } })), { decision: 'denied', reason: `rule[0]: ${RULE}` })
   t.same(decisionOf(rec({ status: 502 })), { decision: 'error', reason: null })
-  t.same(decisionOf(rec({ status: 429, denial: 'rate-limited' as never })), { decision: 'error', reason: 'rate-limited' }, 'a JavaScript plugin that still sets a string is shown, not a crash')
+  t.same(
+    decisionOf(rec({ status: 429, denial: 'rate-limited' as never })),
+    { decision: 'error', reason: 'rate-limited' },
+    'a JavaScript plugin that still sets a string is shown, not a crash'
+  )
 })
 
 /** A raw request, so the Host and Origin headers are exactly what the test says. */
-function raw (url: string, opts: { method?: string; headers?: Record<string, string>; body?: string }): Promise<{ status: number; headers: Record<string, string | string[] | undefined>; body: string }> {
+function raw(
+  url: string,
+  opts: { method?: string; headers?: Record<string, string>; body?: string }
+): Promise<{ status: number; headers: Record<string, string | string[] | undefined>; body: string }> {
   return new Promise((resolve, reject) => {
     const req = request(url, { method: opts.method ?? 'GET', headers: opts.headers }, res => {
       const chunks: Buffer[] = []
@@ -101,7 +139,11 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
       t.equal(r.status, 401, `${p} without token`)
       t.match(r.headers.get('www-authenticate') ?? '', /^Bearer /)
     }
-    t.equal((await fetch(g.admin + '/api/config', { headers: { authorization: 'Bearer admin-token-3b8e2d9f61c04a7X' } })).status, 401, 'a wrong token of the same length')
+    t.equal(
+      (await fetch(g.admin + '/api/config', { headers: { authorization: 'Bearer admin-token-3b8e2d9f61c04a7X' } })).status,
+      401,
+      'a wrong token of the same length'
+    )
     t.equal((await fetch(g.admin + '/api/config', { headers: { authorization: 'Bearer short' } })).status, 401, 'a wrong token of another length')
     t.equal((await fetch(g.admin + '/api/config?token=' + SECRETS.adminToken)).status, 401, 'a token in the URL is not accepted')
     const login = await fetch(g.admin + '/ui')
@@ -130,7 +172,12 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
     t.notMatch(csp, /unsafe-inline/, 'no inline script or style is allowed')
     t.equal((await fetch(g.admin + '/api/overview', { headers: { cookie: pair } })).status, 200)
     t.equal((await fetch(g.admin + '/api/overview', { headers: { cookie: 'mcpp_admin=forged' } })).status, 401)
-    const crossSite = await fetch(g.admin + '/ui/login', { method: 'POST', headers: { origin: 'https://evil.example' }, body: new URLSearchParams({ token: SECRETS.adminToken }), redirect: 'manual' })
+    const crossSite = await fetch(g.admin + '/ui/login', {
+      method: 'POST',
+      headers: { origin: 'https://evil.example' },
+      body: new URLSearchParams({ token: SECRETS.adminToken }),
+      redirect: 'manual',
+    })
     t.equal(crossSite.status, 403, 'a cross-origin sign-in is refused')
   })
 
@@ -151,9 +198,27 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
   const metricsBefore = parsePrometheus(await (await g.call('/metrics')).text())
 
   // Traffic: no token (401), a token that fails the rule (403), a real SDK client (allowed).
-  const noToken = await fetch(g.mcp, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } } }) })
+  const noToken = await fetch(g.mcp, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } },
+    }),
+  })
   t.equal(noToken.status, 401)
-  const bob = await fetch(g.mcp, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${await g.bobToken()}` }, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } } }) })
+  const bob = await fetch(g.mcp, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${await g.bobToken()}` },
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } },
+    }),
+  })
   t.equal(bob.status, 403)
   const aliceToken = await g.aliceToken()
   const client = new Client({ name: 'admin-test', version: '1' })
@@ -166,7 +231,7 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
   t.ok(fullSessionId.length > 8)
 
   await t.test('sessions and targets', async t => {
-    const sessions = await (await g.call('/api/sessions')).json() as Array<Record<string, unknown>>
+    const sessions = (await (await g.call('/api/sessions')).json()) as Array<Record<string, unknown>>
     t.equal(sessions.length, 1)
     const s = sessions[0]!
     t.equal(s.subject, 'alice')
@@ -174,7 +239,7 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
     t.equal(s.id, fullSessionId.slice(0, 8))
     t.same(s.targets, ['everything'])
     t.equal((s.pids as number[]).length, 1)
-    const targets = await (await g.call('/api/targets')).json() as Array<Record<string, unknown>>
+    const targets = (await (await g.call('/api/targets')).json()) as Array<Record<string, unknown>>
     t.equal(targets.length, 1)
     t.match(targets[0], { name: 'everything', kind: 'stdio', sessions: 1, pids: s.pids, failures: 0, lastError: null })
     t.ok((targets[0]!.started as number) >= 1)
@@ -183,19 +248,29 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
   })
 
   await t.test('recent requests carry the auth decision and the rule', async t => {
-    const list = await (await g.call('/api/requests')).json() as Array<{ status: number; decision: string; reason: string | null; subject?: string; mcpMethod?: string }>
+    const list = (await (await g.call('/api/requests')).json()) as Array<{
+      status: number
+      decision: string
+      reason: string | null
+      subject?: string
+      mcpMethod?: string
+    }>
     const unauth = list.find(r => r.status === 401)
     t.match(unauth, { decision: 'unauthenticated', reason: 'unauthorized: no token' })
     const forbidden = list.find(r => r.status === 403)
     t.match(forbidden, { decision: 'forbidden', reason: `rule[0]: ${RULE}`, subject: 'bob' })
     const call = list.find(r => r.mcpMethod === 'tools/call')
     t.match(call, { decision: 'allowed', reason: null, subject: 'alice', status: 200 })
-    const stats = await (await g.call('/api/stats')).json() as { buckets: Array<{ count: number }> }
+    const stats = (await (await g.call('/api/stats')).json()) as { buckets: Array<{ count: number }> }
     t.ok(stats.buckets.reduce((a, b) => a + b.count, 0) >= 4, 'the chart data counts the traffic')
   })
 
   await t.test('OAuth documents, key set and discovery state', async t => {
-    const o = await (await g.call('/api/oauth')).json() as { documents: Record<string, Record<string, unknown>>; keySet: Record<string, unknown>; discovery: Record<string, unknown> }
+    const o = (await (await g.call('/api/oauth')).json()) as {
+      documents: Record<string, Record<string, unknown>>
+      keySet: Record<string, unknown>
+      discovery: Record<string, unknown>
+    }
     t.match(o.documents['/.well-known/oauth-protected-resource/mcp'], { resource: 'https://gateway.example.test/mcp', resource_type: 'mcp-server' })
     t.match(o.documents['/.well-known/oauth-authorization-server'], {
       issuer: g.idp!.issuer,
@@ -208,15 +283,29 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
   })
 
   await t.test('try it: initialize -> tools/list -> tools/call with a pasted token, token never echoed or logged', async t => {
-    const r = await g.call('/api/try', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ token: aliceToken, tool: 'echo', arguments: { message: 'from try-it' } }) })
+    const r = await g.call('/api/try', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ token: aliceToken, tool: 'echo', arguments: { message: 'from try-it' } }),
+    })
     t.equal(r.status, 200)
     const text = await r.text()
     const body = JSON.parse(text) as { steps: Array<{ step: string; status: number; result?: unknown }>; sessionEnded: boolean }
-    t.same(body.steps.map(s => [s.step, s.status]), [['initialize', 200], ['notifications/initialized', 202], ['tools/list', 200], ['tools/call', 200]])
+    t.same(
+      body.steps.map(s => [s.step, s.status]),
+      [
+        ['initialize', 200],
+        ['notifications/initialized', 202],
+        ['tools/list', 200],
+        ['tools/call', 200],
+      ]
+    )
     t.match(JSON.stringify(body.steps[3]!.result), /from try-it/)
     t.equal(body.sessionEnded, true, 'the try-it session is ended')
     t.notOk(text.includes(aliceToken), 'the token is not in the answer')
-    const noTok = await (await g.call('/api/try', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })).json() as { steps: Array<{ status: number; challenge?: string }> }
+    const noTok = (await (await g.call('/api/try', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })).json()) as {
+      steps: Array<{ status: number; challenge?: string }>
+    }
     t.equal(noTok.steps.length, 1)
     t.equal(noTok.steps[0]!.status, 401)
     t.match(noTok.steps[0]!.challenge, /resource_metadata=/)
@@ -225,9 +314,19 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
 
   await t.test('metrics parse and move with traffic', async t => {
     const m = parsePrometheus(await (await g.call('/metrics')).text())
-    for (const name of ['mcp_proxy_requests_total', 'mcp_proxy_auth_failures_total', 'mcp_proxy_authorization_denials_total',
-      'mcp_proxy_upstream_duration_seconds', 'mcp_proxy_sessions', 'mcp_proxy_child_processes', 'mcp_proxy_keyset_fetches_total',
-      'mcp_proxy_keyset_keys', 'mcp_proxy_discovery_fetches_total', 'mcp_proxy_discovery_up', 'mcp_proxy_ready']) {
+    for (const name of [
+      'mcp_proxy_requests_total',
+      'mcp_proxy_auth_failures_total',
+      'mcp_proxy_authorization_denials_total',
+      'mcp_proxy_upstream_duration_seconds',
+      'mcp_proxy_sessions',
+      'mcp_proxy_child_processes',
+      'mcp_proxy_keyset_fetches_total',
+      'mcp_proxy_keyset_keys',
+      'mcp_proxy_discovery_fetches_total',
+      'mcp_proxy_discovery_up',
+      'mcp_proxy_ready',
+    ]) {
       t.ok(m.has(name), `${name} is exported`)
     }
     t.equal(m.get('mcp_proxy_upstream_duration_seconds')!.type, 'histogram')
@@ -247,14 +346,31 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
   })
 
   await t.test('no secret and no whole session id in any admin answer', async t => {
-    const paths = ['/ui', '/ui/app.js', '/api/overview', '/api/config', '/api/targets', '/api/sessions', '/api/requests', '/api/stats', '/api/plugins', '/api/oauth', '/api/ready', '/metrics', '/readyz']
+    const paths = [
+      '/ui',
+      '/ui/app.js',
+      '/api/overview',
+      '/api/config',
+      '/api/targets',
+      '/api/sessions',
+      '/api/requests',
+      '/api/stats',
+      '/api/plugins',
+      '/api/oauth',
+      '/api/ready',
+      '/metrics',
+      '/readyz',
+    ]
     for (const p of paths) {
       const text = await (await g.call(p)).text()
       for (const [name, secret] of Object.entries(SECRETS)) t.notOk(text.includes(secret), `${p} does not contain ${name}`)
       t.notOk(text.includes(fullSessionId), `${p} does not contain the whole session id`)
       t.notOk(text.includes(aliceToken), `${p} does not contain a bearer token`)
     }
-    const config = await (await g.call('/api/config')).json() as { mcp: { targets: Array<{ stdio: { env: Record<string, string> } }> }; admin: { token: string } }
+    const config = (await (await g.call('/api/config')).json()) as {
+      mcp: { targets: Array<{ stdio: { env: Record<string, string> } }> }
+      admin: { token: string }
+    }
     t.same(config.mcp.targets[0]!.stdio.env, { UPSTREAM_API_KEY: REDACTED, VISIBLE_SETTING: REDACTED })
     t.equal(config.admin.token, REDACTED)
   })
@@ -262,7 +378,10 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
   await t.test('ending a session by its handle: the client then gets 404', async t => {
     const r = await g.call(`/api/sessions/${fullSessionId.slice(0, 8)}`, { method: 'DELETE' })
     t.equal(r.status, 200)
-    const err = await client.listTools().then(() => undefined, (e: unknown) => e) as { code?: unknown } | undefined
+    const err = (await client.listTools().then(
+      () => undefined,
+      (e: unknown) => e
+    )) as { code?: unknown } | undefined
     t.equal(err?.code, 404, 'the SDK client sees HTTP 404')
     t.same(await (await g.call('/api/sessions')).json(), [])
   })
@@ -271,17 +390,26 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
 t.test('/readyz answers 503 until the key set and the IdP metadata are loaded', async t => {
   // An issuer on a port where nothing listens: every fetch fails fast.
   const port = await new Promise<number>(resolve => {
-    const s = createServer().listen(0, '127.0.0.1', () => { const p = (s.address() as { port: number }).port; s.close(() => resolve(p)) })
+    const s = createServer().listen(0, '127.0.0.1', () => {
+      const p = (s.address() as { port: number }).port
+      s.close(() => resolve(p))
+    })
   })
   const g = await adminGateway(t, { issuer: `http://127.0.0.1:${port}/application/o/mcp/` })
   const r = await g.call('/readyz')
   t.equal(r.status, 503)
-  const body = await r.json() as { status: string; reasons: string[] }
+  const body = (await r.json()) as { status: string; reasons: string[] }
   t.equal(body.status, 'not ready')
-  t.ok(body.reasons.some(x => x.startsWith('mcpAuthentication:')), 'the key set is named')
-  t.ok(body.reasons.some(x => x.startsWith('providerBridge:')), 'the discovery document is named')
+  t.ok(
+    body.reasons.some(x => x.startsWith('mcpAuthentication:')),
+    'the key set is named'
+  )
+  t.ok(
+    body.reasons.some(x => x.startsWith('providerBridge:')),
+    'the discovery document is named'
+  )
   t.equal((await g.call('/healthz')).status, 200, 'alive all the same')
-  const overview = await (await g.call('/api/overview')).json() as { ready: boolean }
+  const overview = (await (await g.call('/api/overview')).json()) as { ready: boolean }
   t.equal(overview.ready, false)
   const m = parsePrometheus(await (await g.call('/metrics')).text())
   t.equal(sampleSum(m, 'mcp_proxy_ready'), 0)

@@ -12,10 +12,10 @@ import { deepFreeze } from '../core/config.ts'
 
 const BASE = 'https://gw.example.test'
 
-function capture (): { lines: Array<Record<string, unknown>>; log: ReturnType<typeof createLogger> } {
+function capture(): { lines: Array<Record<string, unknown>>; log: ReturnType<typeof createLogger> } {
   const lines: Array<Record<string, unknown>> = []
   const destination = new Writable({
-    write (chunk: Buffer, _enc, cb) {
+    write(chunk: Buffer, _enc, cb) {
       for (const l of chunk.toString('utf8').split('\n')) if (l.trim() !== '') lines.push(JSON.parse(l))
       cb()
     },
@@ -23,7 +23,7 @@ function capture (): { lines: Array<Record<string, unknown>>; log: ReturnType<ty
   return { lines, log: createLogger({ level: 'debug', destination }) }
 }
 
-function makeEnv (scopes: string[] | null = ['openid', 'profile']) {
+function makeEnv(scopes: string[] | null = ['openid', 'profile']) {
   const { lines, log } = capture()
   const metrics = new Metrics()
   const config = deepFreeze({
@@ -43,13 +43,19 @@ function makeEnv (scopes: string[] | null = ['openid', 'profile']) {
   return { env, lines, metrics }
 }
 
-async function make (rules: string[], scopes?: string[] | null) {
+async function make(rules: string[], scopes?: string[] | null) {
   const e = makeEnv(scopes)
   const plugin = await authorization.create({ rules }, e.env)
   return { plugin, ...e }
 }
 
-function fakeCtx (opts: { claims?: Record<string, unknown>; headers?: Record<string, string>; path?: string; method?: string; log: PluginEnv['log'] }): RequestContext {
+function fakeCtx(opts: {
+  claims?: Record<string, unknown>
+  headers?: Record<string, string>
+  path?: string
+  method?: string
+  log: PluginEnv['log']
+}): RequestContext {
   const req = { headers: { host: 'gw.example.test', authorization: 'Bearer secret-token', ...(opts.headers ?? {}) } } as unknown as IncomingMessage
   const ctx = {
     req,
@@ -65,7 +71,7 @@ function fakeCtx (opts: { claims?: Record<string, unknown>; headers?: Record<str
   return ctx as unknown as RequestContext
 }
 
-function denied (plugin: Plugin, ctx: RequestContext): ProxyError {
+function denied(plugin: Plugin, ctx: RequestContext): ProxyError {
   try {
     plugin.onRequest!(ctx)
   } catch (err) {
@@ -171,13 +177,29 @@ t.test('per-operation rules: not evaluated in onRequest, filter via allowMcpOper
   listing(user)
   listing(admin)
   const tools = ['read_file', 'delete_file', 'write_file'].map(name => ({ method: 'tools/call', tool: { name, target: 'fs' } }))
-  t.same(tools.filter(op => plugin.allowMcpOperation!(user, op)).map(op => op.tool.name), ['read_file', 'write_file'])
-  t.same(tools.filter(op => plugin.allowMcpOperation!(admin, op)).map(op => op.tool.name), ['read_file', 'delete_file', 'write_file'])
+  t.same(
+    tools.filter(op => plugin.allowMcpOperation!(user, op)).map(op => op.tool.name),
+    ['read_file', 'write_file']
+  )
+  t.same(
+    tools.filter(op => plugin.allowMcpOperation!(admin, op)).map(op => op.tool.name),
+    ['read_file', 'delete_file', 'write_file']
+  )
   t.equal(user.denial, undefined, 'filtering a list is not a denial')
   t.equal(metrics.counter('mcp_proxy_authorization_denials_total', '').get({ rule: '1' }), 0)
-  t.ok(lines.some(l => l.level === 'debug' && l.rule === 1 && l.item === 'delete_file'), 'filtered items are logged at debug')
-  t.notOk(lines.some(l => l.level === 'info' && l.rule === 1), 'and not at info')
-  t.equal(plugin.allowMcpOperation!(user, { method: 'tools/list', tool: { name: 'delete_file', target: 'fs' } }), false, 'a list-method operation is filtered too')
+  t.ok(
+    lines.some(l => l.level === 'debug' && l.rule === 1 && l.item === 'delete_file'),
+    'filtered items are logged at debug'
+  )
+  t.notOk(
+    lines.some(l => l.level === 'info' && l.rule === 1),
+    'and not at info'
+  )
+  t.equal(
+    plugin.allowMcpOperation!(user, { method: 'tools/list', tool: { name: 'delete_file', target: 'fs' } }),
+    false,
+    'a list-method operation is filtered too'
+  )
   t.equal(user.denial, undefined)
 
   Object.assign(user, { mcp: { body: {}, method: 'tools/call' } })
@@ -219,7 +241,9 @@ t.test('a bad rule fails create() with its config path and position', async t =>
   let caught: unknown
   try {
     await authorization.create({ rules: ['"a" in jwt.groups', '"b" in jwt.groups &&'] }, env)
-  } catch (err) { caught = err }
+  } catch (err) {
+    caught = err
+  }
   t.ok(ProxyError.is(caught))
   const err = caught as ProxyError
   t.equal(err.code, 'MCPP_ERR_CONFIG')
@@ -229,8 +253,10 @@ t.test('a bad rule fails create() with its config path and position', async t =>
 
 t.test('check() (mcp-proxy --check) compiles the rules without creating anything', async t => {
   t.doesNotThrow(() => authorization.check!({ rules: ['"a" in jwt.groups'] }, 'mcp.policies.authorization'))
-  t.throws(() => authorization.check!({ rules: ['"a" in jwt.groups', 'jwt.groups =='] }, 'mcp.policies.authorization'),
-    { code: 'MCPP_ERR_CONFIG', message: /^mcp\.policies\.authorization\.rules\[1\]: syntax error/ })
+  t.throws(() => authorization.check!({ rules: ['"a" in jwt.groups', 'jwt.groups =='] }, 'mcp.policies.authorization'), {
+    code: 'MCPP_ERR_CONFIG',
+    message: /^mcp\.policies\.authorization\.rules\[1\]: syntax error/,
+  })
 })
 
 t.test('the options schema is exported', async t => {

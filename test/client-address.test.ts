@@ -30,6 +30,8 @@ t.test('parseCidr and config errors name the entry', async t => {
   t.same(parseCidr('::1'), { address: '::1', prefix: 128, family: 'ipv6' })
   t.match(parseCidr('10.0.0.0/33'), /prefix length outside 0-32/)
   t.match(parseCidr('proxy.local'), /not an IP address/)
-  await t.rejects(validateConfig({ mcp: { port: 1, trustedProxies: ['10.0.0.0/8', 'lb.internal', 'fd00::/129'], targets: [{ name: 'a', stdio: { cmd: 'node' } }] } }),
-    { message: /mcp\.trustedProxies\[1\]: "lb\.internal" is not an IP address[\s\S]*mcp\.trustedProxies\[2\]: "fd00::\/129" has a prefix length outside 0-128/ })
+  await t.rejects(
+    validateConfig({ mcp: { port: 1, trustedProxies: ['10.0.0.0/8', 'lb.internal', 'fd00::/129'], targets: [{ name: 'a', stdio: { cmd: 'node' } }] } }),
+    { message: /mcp\.trustedProxies\[1\]: "lb\.internal" is not an IP address[\s\S]*mcp\.trustedProxies\[2\]: "fd00::\/129" has a prefix length outside 0-128/ }
+  )
 })

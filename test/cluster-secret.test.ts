@@ -11,20 +11,26 @@ import { runCli, configFile } from './helpers/cli.ts'
 import { validateConfig } from '../core/config.ts'
 import type { ProxyError } from '../core/errors.ts'
 
-const config = (): Promise<string> => configFile([
-  'mcp:',
-  '  port: 0',
-  '  targets:',
-  '    - name: a',
-  '      stdio: { cmd: node }',
-  'cluster:',
-  '  secret: "${CLUSTER_SECRET}"',
-  '  advertiseUrl: "http://10.0.0.7:3000"',
-  '',
-].join('\n'))
+const config = (): Promise<string> =>
+  configFile(
+    [
+      'mcp:',
+      '  port: 0',
+      '  targets:',
+      '    - name: a',
+      '      stdio: { cmd: node }',
+      'cluster:',
+      '  secret: "${CLUSTER_SECRET}"',
+      '  advertiseUrl: "http://10.0.0.7:3000"',
+      '',
+    ].join('\n')
+  )
 
 /** The same config as data, for the loader's own check without a process per value. */
-const data = (secret: string): unknown => ({ mcp: { port: 0, targets: [{ name: 'a', stdio: { cmd: 'node' } }] }, cluster: { secret, advertiseUrl: 'http://10.0.0.7:3000' } })
+const data = (secret: string): unknown => ({
+  mcp: { port: 0, targets: [{ name: 'a', stdio: { cmd: 'node' } }] },
+  cluster: { secret, advertiseUrl: 'http://10.0.0.7:3000' },
+})
 
 const refused = [
   // The placeholder the Kubernetes manifest shipped before (45 characters).
@@ -46,7 +52,7 @@ t.test('refused by the real CLI: the placeholder the manifest shipped, named by 
 
 for (const secret of refused) {
   t.test(`refused: a ${secret.length}-character placeholder or low-variety value`, async t => {
-    const err = await t.rejects(validateConfig(data(secret))) as unknown as ProxyError
+    const err = (await t.rejects(validateConfig(data(secret)))) as unknown as ProxyError
     t.match(err.message, /cluster\.secret: (looks like a placeholder|has fewer than 10 distinct characters)/)
     t.notOk(err.message.includes(secret), 'the value is not in the message')
   })

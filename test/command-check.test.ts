@@ -23,7 +23,11 @@ t.test('paths, bare names through PATH, working directories', async t => {
   t.equal(await commandProblem(stdio({ cmd: '../server.sh', cwd: 'sub' }), dir), undefined, 'cwd is relative to the config directory')
   t.equal(await commandProblem(stdio({ cmd: './data.txt' }), dir), './data.txt: command not found (ENOENT)', 'a file that is not executable')
   t.equal(await commandProblem(stdio({ cmd: './sub' }), dir), './sub: command not found (ENOENT)', 'a directory')
-  t.equal(await commandProblem(stdio({ cmd: basename(process.execPath), env: { PATH: dirname(process.execPath) } }), dir), undefined, 'a bare name found on the child\'s PATH')
+  t.equal(
+    await commandProblem(stdio({ cmd: basename(process.execPath), env: { PATH: dirname(process.execPath) } }), dir),
+    undefined,
+    "a bare name found on the child's PATH"
+  )
   t.equal(await commandProblem(stdio({ cmd: 'mcpp-no-such-server' }), dir), 'mcpp-no-such-server: command not found (ENOENT)')
   t.match(await commandProblem(stdio({ cmd: process.execPath, cwd: 'missing' }), dir), /^working directory .*missing: ENOENT$/)
   t.match(await commandProblem(stdio({ cmd: process.execPath, cwd: 'data.txt' }), dir), /^working directory .*data\.txt: ENOTDIR$/)

@@ -11,7 +11,7 @@ const minimal = {
   mcp: { port: 3000, targets: [{ name: 'everything', stdio: { cmd: 'node', args: ['x.js'] } }] },
 }
 
-function withAuth (auth: Record<string, unknown>): unknown {
+function withAuth(auth: Record<string, unknown>): unknown {
   return { mcp: { ...minimal.mcp, policies: { mcpAuthentication: auth } } }
 }
 
@@ -24,7 +24,7 @@ const goodAuth = {
   resourceMetadata: { resource: 'https://gw.example.com/mcp', scopesSupported: ['openid', 'profile'] },
 }
 
-async function problems (data: unknown): Promise<string[]> {
+async function problems(data: unknown): Promise<string[]> {
   try {
     await validateConfig(data, builtins)
   } catch (err) {
@@ -63,29 +63,68 @@ const bad: Array<[string, unknown, RegExp]> = [
   ['missing mcp.port', { mcp: { targets: minimal.mcp.targets } }, /^mcp\.port: is required$/],
   ['port out of range', { mcp: { ...minimal.mcp, port: 70000 } }, /^mcp\.port: must be <= 65535$/],
   ['port of the wrong type', { mcp: { ...minimal.mcp, port: 'eighty' } }, /^mcp\.port: must be integer$/],
-  ['provider with zero keys', withAuth({ ...goodAuth, provider: {} }), /^mcp\.policies\.mcpAuthentication\.provider: must have exactly one of oss_idp, cloud_idp$/],
-  ['provider with two keys', withAuth({ ...goodAuth, provider: { oss_idp: {}, cloud_idp: {} } }), /^mcp\.policies\.mcpAuthentication\.provider: must have exactly one of oss_idp, cloud_idp$/],
+  [
+    'provider with zero keys',
+    withAuth({ ...goodAuth, provider: {} }),
+    /^mcp\.policies\.mcpAuthentication\.provider: must have exactly one of oss_idp, cloud_idp$/,
+  ],
+  [
+    'provider with two keys',
+    withAuth({ ...goodAuth, provider: { oss_idp: {}, cloud_idp: {} } }),
+    /^mcp\.policies\.mcpAuthentication\.provider: must have exactly one of oss_idp, cloud_idp$/,
+  ],
   ['unknown provider key', withAuth({ ...goodAuth, provider: { keycloak: {} } }), /^mcp\.policies\.mcpAuthentication\.provider\.keycloak: unknown key$/],
   ['unknown top-level key', { ...minimal, extra: 1 }, /^extra: unknown key$/],
-  ['typo in a nested key', withAuth({ ...goodAuth, audience: ['x'] }), /^mcp\.policies\.mcpAuthentication\.audience: unknown key \(did you mean "audiences"\?\)$/],
+  [
+    'typo in a nested key',
+    withAuth({ ...goodAuth, audience: ['x'] }),
+    /^mcp\.policies\.mcpAuthentication\.audience: unknown key \(did you mean "audiences"\?\)$/,
+  ],
   ['malformed issuer URL', withAuth({ ...goodAuth, issuer: 'not a url' }), /^mcp\.policies\.mcpAuthentication\.issuer: must /],
-  ['resource not ending in /mcp', withAuth({ ...goodAuth, resourceMetadata: { resource: 'https://gw.example.com/api' } }), /^mcp\.policies\.mcpAuthentication\.resourceMetadata\.resource: must be an http\(s\) URL ending in \/mcp$/],
+  [
+    'resource not ending in /mcp',
+    withAuth({ ...goodAuth, resourceMetadata: { resource: 'https://gw.example.com/api' } }),
+    /^mcp\.policies\.mcpAuthentication\.resourceMetadata\.resource: must be an http\(s\) URL ending in \/mcp$/,
+  ],
   ['empty targets', { mcp: { port: 1, targets: [] } }, /^mcp\.targets: must NOT have fewer than 1 items$/],
   ['target without a kind', { mcp: { port: 1, targets: [{ name: 'a' }] } }, /^mcp\.targets\[0\]: must have exactly one of stdio, mcp$/],
-  ['target name with an underscore', { mcp: { port: 1, targets: [{ name: 'a_b', stdio: { cmd: 'x' } }] } }, /^mcp\.targets\[0\]\.name: letters, digits and '-' only/],
+  [
+    'target name with an underscore',
+    { mcp: { port: 1, targets: [{ name: 'a_b', stdio: { cmd: 'x' } }] } },
+    /^mcp\.targets\[0\]\.name: letters, digits and '-' only/,
+  ],
   ['args of the wrong type', { mcp: { port: 1, targets: [{ name: 'a', stdio: { cmd: 'x', args: 'y' } }] } }, /^mcp\.targets\[0\]\.stdio\.args: must be array$/],
   ['bad mode', withAuth({ ...goodAuth, mode: 'lenient' }), /^mcp\.policies\.mcpAuthentication\.mode: must be one of "strict", "optional", "permissive"$/],
   ['oss_idp without clientId', withAuth({ ...goodAuth, clientId: undefined }), /^mcp\.policies\.mcpAuthentication\.clientId: is required$/],
   ['strict without audiences', withAuth({ ...goodAuth, audiences: undefined }), /^mcp\.policies\.mcpAuthentication\.audiences: is required$/],
-  ['duplicate target names', { mcp: { port: 1, targets: [{ name: 'a', stdio: { cmd: 'x' } }, { name: 'a', stdio: { cmd: 'y' } }] } }, /^mcp\.targets\[1\]\.name: duplicate target name "a"$/],
+  [
+    'duplicate target names',
+    {
+      mcp: {
+        port: 1,
+        targets: [
+          { name: 'a', stdio: { cmd: 'x' } },
+          { name: 'a', stdio: { cmd: 'y' } },
+        ],
+      },
+    },
+    /^mcp\.targets\[1\]\.name: duplicate target name "a"$/,
+  ],
   ['bad logging format', { ...minimal, logging: { format: 'xml' } }, /^logging\.format: must be one of "json", "pretty"$/],
-  ['bad bearer method', withAuth({ ...goodAuth, resourceMetadata: { resource: 'https://gw.example.com/mcp', bearerMethodsSupported: ['query'] } }), /^mcp\.policies\.mcpAuthentication\.resourceMetadata\.bearerMethodsSupported\[0\]: must be one of "header"$/],
+  [
+    'bad bearer method',
+    withAuth({ ...goodAuth, resourceMetadata: { resource: 'https://gw.example.com/mcp', bearerMethodsSupported: ['query'] } }),
+    /^mcp\.policies\.mcpAuthentication\.resourceMetadata\.bearerMethodsSupported\[0\]: must be one of "header"$/,
+  ],
 ]
 
 for (const [name, data, expected] of bad) {
   t.test(`rejects: ${name}`, async t => {
     const lines = await problems(JSON.parse(JSON.stringify(data)))
-    t.ok(lines.some(l => expected.test(l)), `expected ${expected} in:\n${lines.join('\n')}`)
+    t.ok(
+      lines.some(l => expected.test(l)),
+      `expected ${expected} in:\n${lines.join('\n')}`
+    )
   })
 }
 
@@ -96,14 +135,17 @@ t.test('all errors are reported at once', async t => {
 
 t.test('${NAME} expansion', async t => {
   const env = { HOST_A: 'idp.example.com', PORT: '8080', SECRET: 's3cr3t', EVIL: 'x\n  injected: true', FLAG: 'true' }
-  const { data, secretPaths } = parseConfigText([
-    'mcp:',
-    '  port: ${PORT}',
-    '  baseUrl: "https://${HOST_A}"',
-    '  targets:',
-    '    - name: a',
-    '      stdio: { cmd: "echo", args: ["${EVIL}", "$${LITERAL}", "pre-${SECRET}-post", "${FLAG}"] }',
-  ].join('\n'), env)
+  const { data, secretPaths } = parseConfigText(
+    [
+      'mcp:',
+      '  port: ${PORT}',
+      '  baseUrl: "https://${HOST_A}"',
+      '  targets:',
+      '    - name: a',
+      '      stdio: { cmd: "echo", args: ["${EVIL}", "$${LITERAL}", "pre-${SECRET}-post", "${FLAG}"] }',
+    ].join('\n'),
+    env
+  )
   const d = data as { mcp: { port: unknown; baseUrl: string; targets: Array<{ stdio: { args: unknown[] } }> } }
   t.equal(d.mcp.port, 8080, 'a whole plain reference may become a number')
   t.equal(d.mcp.baseUrl, 'https://idp.example.com')
@@ -142,5 +184,7 @@ t.test('loadConfig freezes the result and records its directory', async t => {
   const loaded = await loadConfig(file, {})
   t.equal(loaded.baseDir, dir)
   t.ok(Object.isFrozen(loaded.config.mcp.targets[0]))
-  t.throws(() => { (loaded.config.mcp as { port: number }).port = 1 })
+  t.throws(() => {
+    ;(loaded.config.mcp as { port: number }).port = 1
+  })
 })

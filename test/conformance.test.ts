@@ -41,7 +41,7 @@ import { freePort } from './helpers/cli.ts'
 import { Reruns, resolveSuite, type Suite } from './helpers/conformance-suite.ts'
 
 const REVISIONS = ['2025-11-25', '2026-07-28'] as const
-type Revision = typeof REVISIONS[number]
+type Revision = (typeof REVISIONS)[number]
 type Path = 'direct' | 'http' | 'stdio' | 'rule'
 const PATHS: Path[] = ['direct', 'http', 'stdio', 'rule']
 
@@ -54,7 +54,11 @@ const KNOWN_GAPS: Partial<Record<Revision, Record<string, { paths: Path[]; why: 
   '2026-07-28': {},
 }
 
-interface Check { id: string; status: string; errorMessage?: string }
+interface Check {
+  id: string
+  status: string
+  errorMessage?: string
+}
 type Results = Map<string, Check[]>
 
 // Whole-file budget: the runs go in
@@ -63,7 +67,7 @@ type Results = Map<string, Check[]>
 t.setTimeout(600_000)
 
 /** The environment without the test runner's: tap's NODE_OPTIONS loader and TAP variables would load into (and slow down) every child. */
-function cleanEnv (extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+function cleanEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {}
   for (const [k, v] of Object.entries(process.env)) {
     if (k === 'NODE_OPTIONS' || k === 'TAP' || k.startsWith('TAP_') || k.startsWith('_TAPJS_')) continue
@@ -72,7 +76,7 @@ function cleanEnv (extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   return { ...env, ...extra }
 }
 
-function stop (child: ChildProcess): Promise<void> {
+function stop(child: ChildProcess): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve()
   return new Promise(resolve => {
     child.once('exit', () => resolve())
@@ -82,7 +86,7 @@ function stop (child: ChildProcess): Promise<void> {
 }
 
 /** The server in its own streamable-HTTP mode on a free port (it reads PORT). Retries when the port was taken meanwhile. */
-async function startDirect (t: Test, args: string[]): Promise<string> {
+async function startDirect(t: Test, args: string[]): Promise<string> {
   for (let attempt = 0; ; attempt++) {
     const port = await freePort()
     const child = spawn(process.execPath, args, { env: cleanEnv({ PORT: String(port) }), stdio: ['ignore', 'ignore', 'pipe'] })
@@ -109,7 +113,7 @@ async function startDirect (t: Test, args: string[]): Promise<string> {
  * policy, which is how the gateway validates Origin (MCP transports, security warning), so the
  * port is chosen first; dns-rebinding-protection is in both requirement sets.
  */
-async function startGateway (t: Test, targets: TargetConfig[], policies: Record<string, unknown> = {}, mcp: Record<string, unknown> = {}): Promise<string> {
+async function startGateway(t: Test, targets: TargetConfig[], policies: Record<string, unknown> = {}, mcp: Record<string, unknown> = {}): Promise<string> {
   for (let attempt = 0; ; attempt++) {
     const port = await freePort()
     try {
@@ -128,17 +132,26 @@ async function startGateway (t: Test, targets: TargetConfig[], policies: Record<
   }
 }
 
-function exec (cmd: string, args: string[], timeoutMs: number): Promise<{ code: number | null; output: string }> {
+function exec(cmd: string, args: string[], timeoutMs: number): Promise<{ code: number | null; output: string }> {
   const child = spawn(cmd, args, { cwd: ROOT, env: cleanEnv({ NO_COLOR: '1', npm_config_update_notifier: 'false' }), stdio: ['ignore', 'pipe', 'pipe'] })
   let output = ''
-  child.stdout!.setEncoding('utf8').on('data', (d: string) => { output += d })
-  child.stderr!.setEncoding('utf8').on('data', (d: string) => { output += d })
+  child.stdout!.setEncoding('utf8').on('data', (d: string) => {
+    output += d
+  })
+  child.stderr!.setEncoding('utf8').on('data', (d: string) => {
+    output += d
+  })
   const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs)
-  return new Promise(resolve => child.once('close', code => { clearTimeout(timer); resolve({ code, output }) }))
+  return new Promise(resolve =>
+    child.once('close', code => {
+      clearTimeout(timer)
+      resolve({ code, output })
+    })
+  )
 }
 
 /** Runs `conformance server --url <url> [args]` and reads the per-scenario checks it saves. */
-async function runSuite (suite: Suite, url: string, args: string[]): Promise<{ results: Results; output: string }> {
+async function runSuite(suite: Suite, url: string, args: string[]): Promise<{ results: Results; output: string }> {
   const outDir = await mkdtemp(join(tmpdir(), 'mcp-conformance-'))
   try {
     const { output } = await exec(suite.node, [suite.bin, 'server', '--url', url, '-o', outDir, ...args], 300_000)
@@ -147,7 +160,10 @@ async function runSuite (suite: Suite, url: string, args: string[]): Promise<{ r
       // <outDir>/server-<scenario>-<ISO timestamp with - for :>/checks.json
       const scenario = dir.replace(/^server-/, '').replace(/-\d{4}-\d{2}-\d{2}T[\d-]+Z$/, '')
       // A run cut short by its timeout leaves the scenario it was in without checks.
-      const checks = await readFile(join(outDir, dir, 'checks.json'), 'utf8').then(s => JSON.parse(s) as Check[], () => [])
+      const checks = await readFile(join(outDir, dir, 'checks.json'), 'utf8').then(
+        s => JSON.parse(s) as Check[],
+        () => []
+      )
       results.set(scenario, checks)
     }
     return { results, output }
@@ -157,7 +173,7 @@ async function runSuite (suite: Suite, url: string, args: string[]): Promise<{ r
 }
 
 /** Runs `jobs` with at most `parallel` at a time. */
-async function pool<T> (jobs: Array<() => Promise<T>>, parallel: number): Promise<T[]> {
+async function pool<T>(jobs: Array<() => Promise<T>>, parallel: number): Promise<T[]> {
   const out: T[] = new Array(jobs.length)
   let next = 0
   const worker = async (): Promise<void> => {
@@ -168,28 +184,31 @@ async function pool<T> (jobs: Array<() => Promise<T>>, parallel: number): Promis
 }
 
 /** A scenario passes when it has checks and none of them failed (warnings and infos do not fail it). */
-function passed (checks: Check[] | undefined): boolean {
+function passed(checks: Check[] | undefined): boolean {
   return checks !== undefined && checks.length > 0 && checks.every(c => c.status !== 'FAILURE')
 }
 
-function successes (checks: Check[] | undefined): Set<string> {
+function successes(checks: Check[] | undefined): Set<string> {
   return new Set((checks ?? []).filter(c => c.status === 'SUCCESS').map(c => c.id))
 }
 
 /** True when the scenario passes directly (or has a check that does) but not through the gateway. */
-function lost (direct: Check[] | undefined, through: Check[] | undefined): boolean {
+function lost(direct: Check[] | undefined, through: Check[] | undefined): boolean {
   const ok = successes(through)
   return (passed(direct) && !passed(through)) || [...successes(direct)].some(id => !ok.has(id))
 }
 
-function regressions (direct: Results, gateway: Results): string[] {
+function regressions(direct: Results, gateway: Results): string[] {
   return [...direct].filter(([scenario, checks]) => lost(checks, gateway.get(scenario))).map(([scenario]) => scenario)
 }
 
-function mark (c: Check[] | undefined): string {
+function mark(c: Check[] | undefined): string {
   if (c === undefined) return 'not run'
   if (passed(c)) return 'pass'
-  return `fail (${c.filter(x => x.status === 'FAILURE').map(x => x.id).join(', ')})`
+  return `fail (${c
+    .filter(x => x.status === 'FAILURE')
+    .map(x => x.id)
+    .join(', ')})`
 }
 
 const FIXTURE = join(ROOT, 'test/fixtures/conformance-server.mjs')
@@ -210,7 +229,12 @@ t.test('conformance, both requirement sets: what passes directly passes through 
     // server-sse-polling's test_reconnection (100 ms) is then closed mid-call by the gateway and resumed.
     stdio: await startGateway(t, [fixtureStdio], {}, POLLING),
     // A rule on mcp.* holds for every real item; its presence takes the HTTP target off the proxy path.
-    rule: await startGateway(t, [{ name: 'conformance', mcp: { url: ruleUpstream!, headers: {} } }], { authorization: { rules: ['mcp.tool.name != "no_such_tool"'] } }, POLLING),
+    rule: await startGateway(
+      t,
+      [{ name: 'conformance', mcp: { url: ruleUpstream!, headers: {} } }],
+      { authorization: { rules: ['mcp.tool.name != "no_such_tool"'] } },
+      POLLING
+    ),
   }
 
   // server-everything (as issue 3 asked), 2025-11-25 over stdio: it lacks most tools the suite names,
@@ -230,20 +254,30 @@ t.test('conformance, both requirement sets: what passes directly passes through 
     const { results, output } = await runSuite(suite, everything[path], everythingArgs)
     return { revision: 'everything' as Revision | 'everything', path: path as Path, results, output }
   })
-  const results = await pool([...everythingRuns, ...runs.map(({ revision, path }) => async () => {
-    const at = Date.now()
-    const { results, output } = await runSuite(suite, urls[path], ['--requirements', revision])
-    t.comment(`${revision} ${path}: ${Date.now() - at} ms`)
-    return { revision, path, results, output }
-  })], 3)
+  const results = await pool(
+    [
+      ...everythingRuns,
+      ...runs.map(({ revision, path }) => async () => {
+        const at = Date.now()
+        const { results, output } = await runSuite(suite, urls[path], ['--requirements', revision])
+        t.comment(`${revision} ${path}: ${Date.now() - at} ms`)
+        return { revision, path, results, output }
+      }),
+    ],
+    3
+  )
   t.comment(`${runs.length + everythingRuns.length} suite runs: ${Date.now() - started} ms`)
-  const get = (revision: Revision | 'everything', path: Path): { results: Results; output: string } => results.find(r => r.revision === revision && r.path === path)!
+  const get = (revision: Revision | 'everything', path: Path): { results: Results; output: string } =>
+    results.find(r => r.revision === revision && r.path === path)!
 
   {
     const direct = get('everything', 'direct')
     const through = get('everything', 'stdio')
     for (const s of ['server-initialize', 'tools-list', 'tools-call-simple-text']) {
-      t.ok(passed(direct.results.get(s)), `server-everything: ${s} passes directly (the baseline is meaningful)`, { checks: direct.results.get(s), output: direct.output.slice(-2000) })
+      t.ok(passed(direct.results.get(s)), `server-everything: ${s} passes directly (the baseline is meaningful)`, {
+        checks: direct.results.get(s),
+        output: direct.output.slice(-2000),
+      })
     }
     for (let round = 0; round < Reruns.PER_SCENARIO; round++) {
       for (const s of regressions(direct.results, through.results).filter(s => KNOWN_GAPS['2025-11-25']?.[s] === undefined)) {
@@ -252,13 +286,20 @@ t.test('conformance, both requirement sets: what passes directly passes through 
         for (const [k, v] of r) through.results.set(k, v)
       }
     }
-    t.comment('\nserver-everything, 2025-11-25\n' + [...direct.results.keys()].map(s => `${s}: direct ${mark(direct.results.get(s))}, stdio ${mark(through.results.get(s))}`).join('\n'))
+    t.comment(
+      '\nserver-everything, 2025-11-25\n' +
+        [...direct.results.keys()].map(s => `${s}: direct ${mark(direct.results.get(s))}, stdio ${mark(through.results.get(s))}`).join('\n')
+    )
     for (const [scenario, checks] of direct.results) {
       const gap = KNOWN_GAPS['2025-11-25']?.[scenario]
       if (gap?.paths.includes('stdio') === true) continue
-      if (passed(checks)) t.ok(passed(through.results.get(scenario)), `server-everything: ${scenario} passes directly and through the gateway`, { checks: through.results.get(scenario) })
+      if (passed(checks))
+        t.ok(passed(through.results.get(scenario)), `server-everything: ${scenario} passes directly and through the gateway`, {
+          checks: through.results.get(scenario),
+        })
       const ok = successes(through.results.get(scenario))
-      for (const id of successes(checks)) t.ok(ok.has(id), `server-everything: ${scenario}/${id} passes directly and through the gateway`, { checks: through.results.get(scenario) })
+      for (const id of successes(checks))
+        t.ok(ok.has(id), `server-everything: ${scenario}/${id} passes directly and through the gateway`, { checks: through.results.get(scenario) })
     }
   }
 
@@ -278,8 +319,13 @@ t.test('conformance, both requirement sets: what passes directly passes through 
         scenarios = scenarios.filter(s => !passed(results.get(s)) || lost(base.results.get(s), results.get(s)))
       }
     }
-    await again('direct', base.results, [...scored].filter(s => !passed(base.results.get(s))))
-    for (const s of scored) t.ok(passed(base.results.get(s)), `${revision}: ${s} (scored) passes directly, so the parity rule covers it`, { checks: base.results.get(s) })
+    await again(
+      'direct',
+      base.results,
+      [...scored].filter(s => !passed(base.results.get(s)))
+    )
+    for (const s of scored)
+      t.ok(passed(base.results.get(s)), `${revision}: ${s} (scored) passes directly, so the parity rule covers it`, { checks: base.results.get(s) })
 
     // A scenario that regressed is run once more through the gateway, so that a timing hiccup of the
     // suite or the host cannot fail the build; a real regression fails twice.
@@ -294,7 +340,8 @@ t.test('conformance, both requirement sets: what passes directly passes through 
     }
 
     const lines = [`| ${revision} scenario | scored | ${PATHS.join(' | ')} |`, `|---|---|${PATHS.map(() => '---').join('|')}|`]
-    for (const s of base.results.keys()) lines.push(`| ${s} | ${scored.has(s) ? 'yes' : 'no'} | ${PATHS.map(p => mark(get(revision, p).results.get(s))).join(' | ')} |`)
+    for (const s of base.results.keys())
+      lines.push(`| ${s} | ${scored.has(s) ? 'yes' : 'no'} | ${PATHS.map(p => mark(get(revision, p).results.get(s))).join(' | ')} |`)
     const total = (path: Path, only: boolean): string => {
       const names = [...base.results.keys()].filter(s => scored.has(s) === only)
       return `${names.filter(s => passed(get(revision, path).results.get(s))).length}/${names.length}`
@@ -305,16 +352,25 @@ t.test('conformance, both requirement sets: what passes directly passes through 
 
     for (const path of PATHS.slice(1)) {
       const through = get(revision, path)
-      t.same([...through.results.keys()].sort(), [...base.results.keys()].sort(), `${revision} ${path}: the same scenarios ran`, { output: through.output.slice(-2000) })
+      t.same([...through.results.keys()].sort(), [...base.results.keys()].sort(), `${revision} ${path}: the same scenarios ran`, {
+        output: through.output.slice(-2000),
+      })
       for (const [scenario, checks] of base.results) {
         const gap = KNOWN_GAPS[revision]?.[scenario]
         if (gap?.paths.includes(path) === true) {
-          t.ok(lost(checks, through.results.get(scenario)), `${revision} ${path}: ${scenario} is a known gap (${gap.why}); remove it from KNOWN_GAPS once it passes`)
+          t.ok(
+            lost(checks, through.results.get(scenario)),
+            `${revision} ${path}: ${scenario} is a known gap (${gap.why}); remove it from KNOWN_GAPS once it passes`
+          )
           continue
         }
-        if (passed(checks)) t.ok(passed(through.results.get(scenario)), `${revision} ${path}: ${scenario} passes directly and through the gateway`, { checks: through.results.get(scenario) })
+        if (passed(checks))
+          t.ok(passed(through.results.get(scenario)), `${revision} ${path}: ${scenario} passes directly and through the gateway`, {
+            checks: through.results.get(scenario),
+          })
         const ok = successes(through.results.get(scenario))
-        for (const id of successes(checks)) t.ok(ok.has(id), `${revision} ${path}: ${scenario}/${id} passes directly and through the gateway`, { checks: through.results.get(scenario) })
+        for (const id of successes(checks))
+          t.ok(ok.has(id), `${revision} ${path}: ${scenario}/${id} passes directly and through the gateway`, { checks: through.results.get(scenario) })
       }
     }
   }

@@ -107,7 +107,7 @@ const TREE: Record<string, string[]> = {
   'core/targets/types.ts': [],
   'core/targets/http.ts': ["import 'jose' // targets-are-transports", "import '../errors.ts'", "import type { Shape } from './types.ts'"],
   'plugins/index.ts': ["import './cors/index.ts'", "import './registration/index.ts'"],
-  'plugins/cors/provided.ts': ["export type Shape = string"],
+  'plugins/cors/provided.ts': ['export type Shape = string'],
   'plugins/cors/index.ts': [
     "import '../../core/plugin-api.ts'",
     "import '../../core/errors.ts' // plugins-use-the-public-contract",
@@ -144,18 +144,27 @@ const TREE: Record<string, string[]> = {
 t.test('dependency rules: each forbidden import is flagged by its rule, the allowed ones are not', async t => {
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-deps-'))
   t.teardown(() => rm(dir, { recursive: true, force: true }))
-  await writeFile(join(dir, 'package.json'), JSON.stringify({
-    name: 'fixture', type: 'module', dependencies: { jose: '*' }, devDependencies: { 'oidc-provider': '*' },
-  }))
+  await writeFile(
+    join(dir, 'package.json'),
+    JSON.stringify({
+      name: 'fixture',
+      type: 'module',
+      dependencies: { jose: '*' },
+      devDependencies: { 'oidc-provider': '*' },
+    })
+  )
   // Stand-ins for a production dependency (jose) and a development one (oidc-provider).
   for (const name of ['jose', 'oidc-provider']) {
     await mkdir(join(dir, 'node_modules', name), { recursive: true })
     await writeFile(join(dir, 'node_modules', name, 'package.json'), JSON.stringify({ name, type: 'module', exports: './index.js' }))
     await writeFile(join(dir, 'node_modules', name, 'index.js'), 'export {}\n')
   }
-  await writeFile(join(dir, 'tsconfig.json'), JSON.stringify({
-    compilerOptions: { module: 'nodenext', moduleResolution: 'nodenext', allowImportingTsExtensions: true, noEmit: true },
-  }))
+  await writeFile(
+    join(dir, 'tsconfig.json'),
+    JSON.stringify({
+      compilerOptions: { module: 'nodenext', moduleResolution: 'nodenext', allowImportingTsExtensions: true, noEmit: true },
+    })
+  )
   const expected: string[] = []
   for (const [file, lines] of Object.entries(TREE)) {
     await mkdir(join(dir, dirname(file)), { recursive: true })

@@ -34,7 +34,12 @@ import { ROOT } from './helpers/cli.ts'
 
 // The operator package exports its models, not their schema validators: take the
 // validator file beside its entry point.
-const { validate: validatePodMonitor } = await import(new URL('./_schemas/ComGithubPrometheusOperatorPrometheusOperatorPkgApisMonitoringV1PodMonitor.js', import.meta.resolve('@kubernetes-models/prometheus-operator')).href) as { validate: Validate }
+const { validate: validatePodMonitor } = (await import(
+  new URL(
+    './_schemas/ComGithubPrometheusOperatorPrometheusOperatorPkgApisMonitoringV1PodMonitor.js',
+    import.meta.resolve('@kubernetes-models/prometheus-operator')
+  ).href
+)) as { validate: Validate }
 
 type Validate = ((data: unknown) => boolean) & { errors?: { instancePath: string; keyword: string; params: object }[] | null }
 const SCHEMAS: Record<string, Validate> = {
@@ -55,18 +60,21 @@ const SCHEMAS: Record<string, Validate> = {
  * labels), so a field they never touched is one Kubernetes would reject under
  * strict field validation: the data goes through a Proxy that records reads.
  */
-function strictErrors (validate: Validate, doc: unknown): string[] {
+function strictErrors(validate: Validate, doc: unknown): string[] {
   const touched = new Map<object, Set<PropertyKey> | 'all'>()
   const wrap = (value: unknown): unknown => {
     if (value === null || typeof value !== 'object') return value
     const target = value
     return new Proxy(target, {
-      get (o, key) {
+      get(o, key) {
         const seen = touched.get(o)
         if (seen !== 'all') touched.set(o, (seen ?? new Set()).add(key))
         return wrap(Reflect.get(o, key))
       },
-      ownKeys (o) { touched.set(o, 'all'); return Reflect.ownKeys(o) },
+      ownKeys(o) {
+        touched.set(o, 'all')
+        return Reflect.ownKeys(o)
+      },
     })
   }
   const errors = validate(wrap(doc)) ? [] : (validate.errors ?? []).map(e => `${e.instancePath || '/'}: ${e.keyword} ${JSON.stringify(e.params)}`)
@@ -82,24 +90,43 @@ function strictErrors (validate: Validate, doc: unknown): string[] {
   return errors
 }
 
-interface K8sObject { apiVersion: string; kind: string; metadata: { name: string; labels?: Record<string, string> }; [k: string]: unknown }
-interface Probe { exec?: { command: string[] }; httpGet?: { path: string; port: string | number } }
+interface K8sObject {
+  apiVersion: string
+  kind: string
+  metadata: { name: string; labels?: Record<string, string> }
+  [k: string]: unknown
+}
+interface Probe {
+  exec?: { command: string[] }
+  httpGet?: { path: string; port: string | number }
+}
 interface Container {
-  name: string; image: string; args?: string[]; ports?: { name?: string; containerPort: number }[]
+  name: string
+  image: string
+  args?: string[]
+  ports?: { name?: string; containerPort: number }[]
   env?: { name: string; value?: string; valueFrom?: { secretKeyRef?: { name: string; key: string }; fieldRef?: { fieldPath: string } } }[]
   envFrom?: { configMapRef?: { name: string } }[]
-  readinessProbe?: Probe; livenessProbe?: Probe; startupProbe?: Probe
+  readinessProbe?: Probe
+  livenessProbe?: Probe
+  startupProbe?: Probe
   resources?: { requests?: Record<string, string>; limits?: Record<string, string> }
   securityContext?: { allowPrivilegeEscalation?: boolean; readOnlyRootFilesystem?: boolean; runAsNonRoot?: boolean; capabilities?: { drop?: string[] } }
   volumeMounts?: { name: string; mountPath: string; readOnly?: boolean }[]
 }
 interface Deployment extends K8sObject {
-  spec: { selector: { matchLabels: Record<string, string> }; template: { metadata: { labels: Record<string, string> }; spec: {
-    securityContext?: { runAsNonRoot?: boolean; runAsUser?: number }
-    terminationGracePeriodSeconds?: number
-    containers: Container[]
-    volumes?: { name: string; configMap?: { name: string }; emptyDir?: object }[]
-  } } }
+  spec: {
+    selector: { matchLabels: Record<string, string> }
+    template: {
+      metadata: { labels: Record<string, string> }
+      spec: {
+        securityContext?: { runAsNonRoot?: boolean; runAsUser?: number }
+        terminationGracePeriodSeconds?: number
+        containers: Container[]
+        volumes?: { name: string; configMap?: { name: string }; emptyDir?: object }[]
+      }
+    }
+  }
 }
 
 const dir = join(ROOT, 'deploy/kubernetes')
@@ -109,21 +136,28 @@ const run = promisify(execFile)
 const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { version: string }
 
 /** `kubectl kustomize` of a folder; `with` adds components (as a user's overlay would). */
-async function render (folder: string, withComponents: string[] = []): Promise<K8sObject[]> {
+async function render(folder: string, withComponents: string[] = []): Promise<K8sObject[]> {
   let target = folder
   let tmp: string | undefined
   if (withComponents.length > 0) {
     tmp = await mkdtemp(join(dir, '.render-'))
-    await writeFile(join(tmp, 'kustomization.yaml'), [
-      'apiVersion: kustomize.config.k8s.io/v1beta1', 'kind: Kustomization',
-      `resources: [${relative(tmp, folder)}]`,
-      `components: [${withComponents.map(c => relative(tmp!, join(dir, 'components', c))).join(', ')}]`, '',
-    ].join('\n'))
+    await writeFile(
+      join(tmp, 'kustomization.yaml'),
+      [
+        'apiVersion: kustomize.config.k8s.io/v1beta1',
+        'kind: Kustomization',
+        `resources: [${relative(tmp, folder)}]`,
+        `components: [${withComponents.map(c => relative(tmp!, join(dir, 'components', c))).join(', ')}]`,
+        '',
+      ].join('\n')
+    )
     target = tmp
   }
   try {
     const { stdout } = await run('kubectl', ['kustomize', target], { maxBuffer: 16 << 20 })
-    return parseAllDocuments(stdout).map(d => d.toJS() as K8sObject).filter(o => o !== null)
+    return parseAllDocuments(stdout)
+      .map(d => d.toJS() as K8sObject)
+      .filter(o => o !== null)
   } finally {
     if (tmp !== undefined) await rm(tmp, { recursive: true, force: true })
   }
@@ -131,14 +165,26 @@ async function render (folder: string, withComponents: string[] = []): Promise<K
 
 t.test('the strict validator rejects a wrong type and an unknown field', async t => {
   const bad = {
-    apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name: 'x', labels: { a: 'b' } },
-    spec: { selector: { matchLabels: { a: 'b' } }, template: { metadata: { labels: { a: 'b' } }, spec: { containers: [{ name: 'c', image: 'i', securityContext: { runAsNonRoot: 'yes', readOnlyRootFileSystem: true } }] } } },
+    apiVersion: 'apps/v1',
+    kind: 'Deployment',
+    metadata: { name: 'x', labels: { a: 'b' } },
+    spec: {
+      selector: { matchLabels: { a: 'b' } },
+      template: {
+        metadata: { labels: { a: 'b' } },
+        spec: { containers: [{ name: 'c', image: 'i', securityContext: { runAsNonRoot: 'yes', readOnlyRootFileSystem: true } }] },
+      },
+    },
   }
   t.same(strictErrors(validateDeployment, bad).sort(), [
     '/spec/template/spec/containers/0/securityContext/readOnlyRootFileSystem is not a known field',
     '/spec/template/spec/containers/0/securityContext/runAsNonRoot: type {"type":"boolean"}',
   ])
-  t.same(strictErrors(validateDeployment, { ...bad, spec: { ...bad.spec, template: { ...bad.spec.template, spec: { containers: [{ name: 'c', image: 'i' }] } } } }), [], 'labels are a map: any key is fine')
+  t.same(
+    strictErrors(validateDeployment, { ...bad, spec: { ...bad.spec, template: { ...bad.spec.template, spec: { containers: [{ name: 'c', image: 'i' }] } } } }),
+    [],
+    'labels are a map: any key is fine'
+  )
 })
 
 t.test('the three shapes and the optional parts are there', async t => {
@@ -147,15 +193,20 @@ t.test('the three shapes and the optional parts are there', async t => {
 })
 
 t.test('no Secret with a value in any file: secrets are created out of band', async t => {
-  const walk = async (folder: string): Promise<string[]> => (await Promise.all((await readdir(folder, { withFileTypes: true }))
-    .map(e => e.isDirectory() ? walk(join(folder, e.name)) : [join(folder, e.name)]))).flat()
+  const walk = async (folder: string): Promise<string[]> =>
+    (
+      await Promise.all((await readdir(folder, { withFileTypes: true })).map(e => (e.isDirectory() ? walk(join(folder, e.name)) : [join(folder, e.name)])))
+    ).flat()
   for (const file of (await walk(dir)).filter(f => f.endsWith('.yaml'))) {
     const text = await readFile(file, 'utf8')
     t.notMatch(text, /^kind: Secret$/m, `${relative(dir, file)}: no Secret object`)
     t.notMatch(text, /secretGenerator/, `${relative(dir, file)}: no generated Secret`)
   }
   for (const overlay of overlays) {
-    t.notOk((await render(join(dir, 'overlays', overlay))).some(o => o.kind === 'Secret'), `${overlay}: renders no Secret`)
+    t.notOk(
+      (await render(join(dir, 'overlays', overlay))).some(o => o.kind === 'Secret'),
+      `${overlay}: renders no Secret`
+    )
   }
 })
 
@@ -163,13 +214,15 @@ t.test('a config change renames the mounted ConfigMap, so the pods roll', async 
   const copy = await mkdtemp(join(tmpdir(), 'mcpp-k8s-roll-'))
   t.teardown(() => rm(copy, { recursive: true, force: true }))
   await cp(dir, copy, { recursive: true })
-  const mounted = (objects: K8sObject[]): string | undefined => (objects.find(o => o.kind === 'Deployment') as Deployment | undefined)
-    ?.spec.template.spec.volumes?.find(v => v.name === 'config')?.configMap?.name
+  const mounted = (objects: K8sObject[]): string | undefined =>
+    (objects.find(o => o.kind === 'Deployment') as Deployment | undefined)?.spec.template.spec.volumes?.find(v => v.name === 'config')?.configMap?.name
   for (const overlay of overlays) {
     const before = mounted(await render(join(copy, 'overlays', overlay)))
     t.match(before, /^mcp-proxy-config-[a-z0-9]+$/, `${overlay}: the ConfigMap's name carries a hash of its content`)
   }
-  const edit = async (file: string): Promise<void> => { await writeFile(file, `${await readFile(file, 'utf8')}\n# changed\n`) }
+  const edit = async (file: string): Promise<void> => {
+    await writeFile(file, `${await readFile(file, 'utf8')}\n# changed\n`)
+  }
   await edit(join(copy, 'base/config.yaml'))
   await edit(join(copy, 'overlays/replicas-redis/config.yaml'))
   for (const overlay of overlays) {
@@ -205,8 +258,15 @@ for (const shape of shapes) {
     t.equal(pod.securityContext?.runAsNonRoot, true, 'pod runs as non-root')
     t.equal(pod.securityContext?.runAsUser, 1000, 'as the image user')
     for (const c of pod.containers) {
-      t.same(c.securityContext, { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, runAsNonRoot: true, capabilities: { drop: ['ALL'] } }, `${c.name}: locked down`)
-      t.ok(c.resources?.requests?.cpu !== undefined && c.resources.requests.memory !== undefined && c.resources.limits?.memory !== undefined, `${c.name}: resources`)
+      t.same(
+        c.securityContext,
+        { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, runAsNonRoot: true, capabilities: { drop: ['ALL'] } },
+        `${c.name}: locked down`
+      )
+      t.ok(
+        c.resources?.requests?.cpu !== undefined && c.resources.requests.memory !== undefined && c.resources.limits?.memory !== undefined,
+        `${c.name}: resources`
+      )
     }
 
     const gateway = pod.containers.find(c => c.image.startsWith('mcp-idp-gateway:'))
@@ -218,7 +278,11 @@ for (const shape of shapes) {
     t.same(gateway.readinessProbe?.httpGet, { path: '/readyz', port: 'probes' })
     t.same(gateway.livenessProbe?.httpGet, { path: '/healthz', port: 'probes' })
     t.same(gateway.startupProbe?.httpGet, { path: '/healthz', port: 'probes' })
-    t.same(pod.containers.filter(c => (c.ports ?? []).length > 0).map(c => c.name), [gateway.name], 'only the gateway exposes a port')
+    t.same(
+      pod.containers.filter(c => (c.ports ?? []).length > 0).map(c => c.name),
+      [gateway.name],
+      'only the gateway exposes a port'
+    )
     t.same(gateway.volumeMounts?.map(m => m.mountPath).sort(), ['/etc/mcp-proxy', '/tmp'])
     const tmpVolume = gateway.volumeMounts?.find(m => m.mountPath === '/tmp')?.name
     t.ok(pod.volumes?.find(v => v.name === tmpVolume)?.emptyDir, '/tmp is an emptyDir (HOME and TMPDIR of the image)')
@@ -227,7 +291,11 @@ for (const shape of shapes) {
     t.equal(services.length, 1, 'one Service')
     for (const s of services) {
       t.ok(selects(s.spec.selector), `${s.metadata.name} selects the pods`)
-      t.same(s.spec.ports.map(p => p.targetPort), [gateway.ports![0]!.name], 'the Service reaches the gateway port only')
+      t.same(
+        s.spec.ports.map(p => p.targetPort),
+        [gateway.ports![0]!.name],
+        'the Service reaches the gateway port only'
+      )
     }
     for (const kind of ['PodDisruptionBudget', 'PodMonitor']) {
       for (const o of of<K8sObject & { spec: { selector: { matchLabels: Record<string, string> } } }>(kind)) {
@@ -235,7 +303,9 @@ for (const shape of shapes) {
       }
     }
     t.equal(of('PodDisruptionBudget').length, 1, 'a PodDisruptionBudget')
-    for (const np of of<K8sObject & { spec: { podSelector: { matchLabels: Record<string, string> }; ingress: { ports: { port: string }[] }[] } }>('NetworkPolicy')) {
+    for (const np of of<K8sObject & { spec: { podSelector: { matchLabels: Record<string, string> }; ingress: { ports: { port: string }[] }[] } }>(
+      'NetworkPolicy'
+    )) {
       t.ok(selects(np.spec.podSelector.matchLabels), `NetworkPolicy ${np.metadata.name} covers the pods`)
       t.same(np.spec.ingress.flatMap(r => r.ports.map(p => p.port)).sort(), ['mcp', 'probes'], 'only the MCP and probe ports take connections')
     }
@@ -244,10 +314,19 @@ for (const shape of shapes) {
       t.same(hpa.spec.scaleTargetRef, { apiVersion: 'apps/v1', kind: 'Deployment', name: deployment.metadata.name }, 'the HPA scales the Deployment')
       t.equal((deployment.spec as { replicas?: number }).replicas, undefined, 'the HPA owns the replica count')
     }
-    for (const ingress of of<K8sObject & { metadata: { annotations?: Record<string, string> }; spec: { tls: unknown[]; rules: { http: { paths: { backend: { service: { name: string; port: { name: string } } } }[] } }[] } }>('Ingress')) {
+    for (const ingress of of<
+      K8sObject & {
+        metadata: { annotations?: Record<string, string> }
+        spec: { tls: unknown[]; rules: { http: { paths: { backend: { service: { name: string; port: { name: string } } } }[] } }[] }
+      }
+    >('Ingress')) {
       t.ok(ingress.metadata.annotations?.['cert-manager.io/cluster-issuer'], 'TLS from cert-manager')
       t.ok(ingress.spec.tls.length > 0, 'TLS terminated')
-      t.same(ingress.spec.rules.flatMap(r => r.http.paths.map(p => p.backend.service)), [{ name: services[0]?.metadata.name, port: { name: 'mcp' } }], 'to the Service\'s MCP port')
+      t.same(
+        ingress.spec.rules.flatMap(r => r.http.paths.map(p => p.backend.service)),
+        [{ name: services[0]?.metadata.name, port: { name: 'mcp' } }],
+        "to the Service's MCP port"
+      )
     }
 
     // The ConfigMap mounted at /etc/mcp-proxy passes the gateway's own checks
@@ -279,12 +358,22 @@ for (const shape of shapes) {
     const configFile = join(tmp, 'config.yaml')
     await writeFile(configFile, configMap?.data['config.yaml'] ?? '')
     const loaded = await loadConfig(configFile, env, builtins)
-    await loadPlugins({ config: loaded.config, baseDir: loaded.baseDir, registry: builtins, env: { log: memoryLogger().log, config: loaded.config as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
+    await loadPlugins({
+      config: loaded.config,
+      baseDir: loaded.baseDir,
+      registry: builtins,
+      env: { log: memoryLogger().log, config: loaded.config as never, baseUrl: '', metrics: new Metrics() },
+      dryRun: true,
+    })
     t.equal(loaded.config.mcp.port, gateway.ports![0]!.containerPort, 'mcp.port is the container port')
     t.equal(loaded.config.admin.host, '127.0.0.1', 'the admin listener stays on loopback')
     t.equal(loaded.config.probes?.port, gateway.ports!.find(p => p.name === 'probes')?.containerPort, 'probes.port is the container port the probes call')
-    t.ok((pod.terminationGracePeriodSeconds ?? 30) * 1000 > (loaded.config.probes?.shutdownDelayMs ?? 0) + loaded.config.mcp.limits.shutdownGraceMs, 'the grace period covers the shutdown delay and the drain')
-    if (loaded.config.cluster !== undefined) t.equal(loaded.config.cluster.advertiseUrl, `http://10.0.0.7:${loaded.config.mcp.port}`, 'replicas relay to the pod IP')
+    t.ok(
+      (pod.terminationGracePeriodSeconds ?? 30) * 1000 > (loaded.config.probes?.shutdownDelayMs ?? 0) + loaded.config.mcp.limits.shutdownGraceMs,
+      'the grace period covers the shutdown delay and the drain'
+    )
+    if (loaded.config.cluster !== undefined)
+      t.equal(loaded.config.cluster.advertiseUrl, `http://10.0.0.7:${loaded.config.mcp.port}`, 'replicas relay to the pod IP')
     t.equal(loaded.config.admin.port, 15000, 'on the port mcp-proxy-healthcheck calls by default')
   })
 }

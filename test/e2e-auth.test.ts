@@ -17,7 +17,7 @@ import { BASE, ossOptions } from './helpers/idp.ts'
 // {base_url} (BASE) is deliberately not the listen address: it comes from resourceMetadata.resource, never from Host.
 const PRM = `${BASE}/.well-known/oauth-protected-resource/mcp`
 
-async function sdkClient (t: Test, url: string, token: string): Promise<{ client: Client; transport: StreamableHTTPClientTransport }> {
+async function sdkClient(t: Test, url: string, token: string): Promise<{ client: Client; transport: StreamableHTTPClientTransport }> {
   const client = new Client({ name: 'e2e-auth', version: '1.0.0' })
   const transport = new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers: { Authorization: `Bearer ${token}` } } })
   await client.connect(transport)
@@ -25,16 +25,21 @@ async function sdkClient (t: Test, url: string, token: string): Promise<{ client
   return { client, transport }
 }
 
-function textOf (result: unknown): string {
-  return ((result as { content: Array<{ type: string; text?: string }> }).content).map(c => c.text ?? '').join('\n')
+function textOf(result: unknown): string {
+  return (result as { content: Array<{ type: string; text?: string }> }).content.map(c => c.text ?? '').join('\n')
 }
 
-async function post (url: string, body: unknown, headers: Record<string, string>): Promise<{ status: number; headers: Headers; text: string }> {
+async function post(url: string, body: unknown, headers: Record<string, string>): Promise<{ status: number; headers: Headers; text: string }> {
   const res = await fetch(url, { method: 'POST', headers: { ...INIT_HEADERS, ...headers }, body: JSON.stringify(body) })
   return { status: res.status, headers: res.headers, text: await res.text() }
 }
 
-const initialize = { jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }
+const initialize = {
+  jsonrpc: '2.0',
+  id: 1,
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+}
 
 let idp: DevIdp
 let gw: FullGateway
@@ -55,7 +60,10 @@ t.test('a valid token from the IdP: the SDK client connects, lists and calls ech
   t.match(client.getServerVersion(), { name: 'mcp-servers/everything' }, 'initialize reached server-everything')
   t.type(transport.sessionId, 'string')
   const { tools } = await client.listTools()
-  t.ok(tools.some(x => x.name === 'echo'), 'tools/list through the gateway')
+  t.ok(
+    tools.some(x => x.name === 'echo'),
+    'tools/list through the gateway'
+  )
   t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'authenticated hello' } })), 'Echo: authenticated hello')
   const sessions = gw.gw.endpoint.sessions()
   t.equal(sessions.length, 1)
@@ -95,7 +103,7 @@ t.test('a session is bound to the subject of the token that opened it', async t 
 
   const asBob = { authorization: `Bearer ${bob}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' }
   const stolen = await post(gw.url, { jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name: 'echo', arguments: { message: 'bob' } } }, asBob)
-  t.equal(stolen.status, 404, "another subject presenting the session id gets 404")
+  t.equal(stolen.status, 404, 'another subject presenting the session id gets 404')
   t.match(JSON.parse(stolen.text), { jsonrpc: '2.0', id: 7, error: { code: -32001, message: 'Session not found' } })
   const get = await fetch(gw.url, { headers: { ...asBob, accept: 'text/event-stream' } })
   await get.body?.cancel()
@@ -112,7 +120,11 @@ t.test('a session is bound to the subject of the token that opened it', async t 
   // The same subject with a fresh token (e.g. after a refresh) keeps using its session.
   const alice2 = await idp.mintToken({ sub: 'alice', groups: ['mcp-users'], jti: 'second' })
   t.not(alice2, alice)
-  const again = await post(gw.url, { jsonrpc: '2.0', id: 9, method: 'ping' }, { authorization: `Bearer ${alice2}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' })
+  const again = await post(
+    gw.url,
+    { jsonrpc: '2.0', id: 9, method: 'ping' },
+    { authorization: `Bearer ${alice2}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' }
+  )
   t.equal(again.status, 200)
   t.match(sseMessages(again.text), [{ id: 9, result: {} }])
 })
@@ -120,7 +132,9 @@ t.test('a session is bound to the subject of the token that opened it', async t 
 t.test('no token reaches the upstream: the stdio child environment never holds it', async t => {
   // The secret-looking variable is in the gateway's own environment while the child starts.
   process.env.E2E_GATEWAY_SECRET = 'gateway-own-secret-value'
-  t.teardown(() => { delete process.env.E2E_GATEWAY_SECRET })
+  t.teardown(() => {
+    delete process.env.E2E_GATEWAY_SECRET
+  })
   const faulty = await fullGateway(t, { targets: [faultyTarget()], policies: { mcpAuthentication: ossOptions(idp) } }, 'debug')
   const token = await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password')
   const { client } = await sdkClient(t, faulty.url, token)
@@ -129,7 +143,10 @@ t.test('no token reaches the upstream: the stdio child environment never holds i
   const dump = JSON.stringify(env)
   t.notOk(dump.includes(token), 'the token is not in the child environment')
   t.notOk(dump.includes(token.split('.')[2]!), 'nor its signature')
-  t.notOk(Object.keys(env).some(k => /authorization|token|bearer/i.test(k)), 'no authorization-like variable')
+  t.notOk(
+    Object.keys(env).some(k => /authorization|token|bearer/i.test(k)),
+    'no authorization-like variable'
+  )
   t.notOk(/Bearer /i.test(dump), 'no Bearer value')
   t.notOk(dump.includes('gateway-own-secret-value'), "the gateway's own secrets stay out too")
   t.notOk(faulty.logText().includes(token), 'the token is never logged')
@@ -148,9 +165,20 @@ t.test('tokens without sub never share a session through the client id (issue 13
   const opened = await post(byOid.url, initialize, { authorization: `Bearer ${a}` })
   t.equal(opened.status, 200)
   const sessionId = opened.headers.get('mcp-session-id')!
-  const asB = await post(byOid.url, { jsonrpc: '2.0', id: 2, method: 'ping' }, { authorization: `Bearer ${b}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' })
+  const asB = await post(
+    byOid.url,
+    { jsonrpc: '2.0', id: 2, method: 'ping' },
+    { authorization: `Bearer ${b}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' }
+  )
   t.equal(asB.status, 404, "user B with user A's session id does not reach it")
-  const asA = await post(byOid.url, { jsonrpc: '2.0', id: 3, method: 'ping' }, { authorization: `Bearer ${a}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' })
+  const asA = await post(
+    byOid.url,
+    { jsonrpc: '2.0', id: 3, method: 'ping' },
+    { authorization: `Bearer ${a}`, 'mcp-session-id': sessionId, 'mcp-protocol-version': '2025-06-18' }
+  )
   t.equal(asA.status, 200)
-  t.same(byOid.gw.endpoint.sessions().map(s => s.subject), ['user-a'])
+  t.same(
+    byOid.gw.endpoint.sessions().map(s => s.subject),
+    ['user-a']
+  )
 })

@@ -21,11 +21,7 @@ import { outcome } from './helpers/outcome.ts'
 
 const BASE = 'https://gateway.example.test'
 
-const RULES = [
-  '"mcp-users" in jwt.groups',
-  'mcp.tool.name != "echo" || "admins" in jwt.groups',
-  'mcp.tool.target != "memory" || "memory-users" in jwt.groups',
-]
+const RULES = ['"mcp-users" in jwt.groups', 'mcp.tool.name != "echo" || "admins" in jwt.groups', 'mcp.tool.target != "memory" || "memory-users" in jwt.groups']
 
 const ACCOUNTS = {
   'admin-svc': { password: 'admin-svc-password', groups: ['mcp-users', 'admins', 'memory-users'] },
@@ -48,7 +44,11 @@ t.before(async () => {
     targets: [everythingTarget('everything'), { ...memory, stdio: { ...memory.stdio, env: { MEMORY_FILE_PATH: memoryFile } } }],
     policies: {
       mcpAuthentication: {
-        mode: 'strict', issuer: idp.issuer, audiences: [idp.clientId], provider: { oss_idp: {} }, clientId: idp.clientId,
+        mode: 'strict',
+        issuer: idp.issuer,
+        audiences: [idp.clientId],
+        provider: { oss_idp: {} },
+        clientId: idp.clientId,
         resourceMetadata: { resource: `${BASE}/mcp`, scopesSupported: ['openid', 'profile'] },
       },
       authorization: { rules: RULES },
@@ -61,22 +61,27 @@ t.teardown(async () => {
 })
 
 /** A token from the IdP's token endpoint (client_credentials + service-account credentials); `profile` puts `groups` in it. */
-function token (account: Account, scope = 'openid profile'): Promise<string> {
+function token(account: Account, scope = 'openid profile'): Promise<string> {
   return idp.clientCredentialsToken(account, ACCOUNTS[account].password, scope)
 }
 
-async function connect (t: Test, account: Account): Promise<Client> {
+async function connect(t: Test, account: Account): Promise<Client> {
   const client = new Client({ name: `e2e-authz-${account}`, version: '1.0.0' })
   await client.connect(new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: { Authorization: `Bearer ${await token(account)}` } } }))
   t.teardown(() => client.close())
   return client
 }
 
-async function initialize (bearer: string): Promise<{ status: number; text: string; sessionId: string | null }> {
+async function initialize(bearer: string): Promise<{ status: number; text: string; sessionId: string | null }> {
   const res = await fetch(gw.url, {
     method: 'POST',
     headers: { ...INIT_HEADERS, authorization: `Bearer ${bearer}` },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }),
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+    }),
   })
   const text = await res.text()
   const sessionId = res.headers.get('mcp-session-id')
@@ -84,12 +89,15 @@ async function initialize (bearer: string): Promise<{ status: number; text: stri
   return { status: res.status, text, sessionId }
 }
 
-function textOf (result: unknown): string {
-  return ((result as { content: Array<{ type: string; text?: string }> }).content).map(c => c.text ?? '').join('\n')
+function textOf(result: unknown): string {
+  return (result as { content: Array<{ type: string; text?: string }> }).content.map(c => c.text ?? '').join('\n')
 }
 
-async function callError (client: Client, name: string): Promise<McpError> {
-  const err = await client.callTool({ name, arguments: { message: 'x' } }).then(() => undefined, (e: unknown) => e)
+async function callError(client: Client, name: string): Promise<McpError> {
+  const err = await client.callTool({ name, arguments: { message: 'x' } }).then(
+    () => undefined,
+    (e: unknown) => e
+  )
   if (!(err instanceof McpError)) throw new Error(`expected a JSON-RPC error for ${name}, got ${String(err)}`)
   return err
 }
@@ -116,8 +124,13 @@ t.test('endpoint rule: group present -> 200, group absent -> 403 with the docume
   t.same(JSON.parse(missing.text), FORBIDDEN)
 
   const client = new Client({ name: 'e2e-authz', version: '1.0.0' })
-  await t.rejects(client.connect(new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: { Authorization: `Bearer ${await token('outsider-svc')}` } } })),
-    /access denied by authorization policy/, 'the SDK client of a denied caller cannot connect')
+  await t.rejects(
+    client.connect(
+      new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: { Authorization: `Bearer ${await token('outsider-svc')}` } } })
+    ),
+    /access denied by authorization policy/,
+    'the SDK client of a denied caller cannot connect'
+  )
 })
 
 t.test('per-operation rules: tools/list is filtered per caller, across two targets', async t => {
@@ -131,7 +144,10 @@ t.test('per-operation rules: tools/list is filtered per caller, across two targe
   t.ok(admin.includes('everything_get-sum'))
 
   t.notOk(user.includes('everything_echo'), 'echo is hidden from non-admins')
-  t.notOk(user.some(n => n.startsWith('memory_')), 'every memory tool is hidden from non-members of memory-users')
+  t.notOk(
+    user.some(n => n.startsWith('memory_')),
+    'every memory tool is hidden from non-members of memory-users'
+  )
   t.ok(user.includes('everything_get-sum'), 'tools no rule restricts stay visible')
   t.same(user.sort(), admin.filter(n => n !== 'everything_echo' && !n.startsWith('memory_')).sort(), 'exactly the restricted tools are removed')
 
@@ -151,7 +167,10 @@ t.test('per-operation rules: a refused call is indistinguishable from a call to 
   // Refused and nonexistent tools of the same target get the very same answer (the upstream's own answer to
   // an unknown name), so a caller cannot tell that a refused tool exists.
   const refused = await outcome(() => user.callTool({ name: 'everything_echo', arguments: { message: 'x' } }), ['everything_echo', 'echo'])
-  const missing = await outcome(() => user.callTool({ name: 'everything_no-such-tool', arguments: { message: 'x' } }), ['everything_no-such-tool', 'no-such-tool'])
+  const missing = await outcome(
+    () => user.callTool({ name: 'everything_no-such-tool', arguments: { message: 'x' } }),
+    ['everything_no-such-tool', 'no-such-tool']
+  )
   t.equal(refused, missing, 'a refused call is answered exactly like a call to a tool that does not exist')
   t.match(refused, /<name>/, 'the answer names the tool the caller asked for')
   const refusedMemory = await outcome(() => user.callTool({ name: 'memory_read_graph', arguments: {} }), ['memory_read_graph', 'read_graph'])
@@ -159,7 +178,7 @@ t.test('per-operation rules: a refused call is indistinguishable from a call to 
   t.equal(refusedMemory, missingMemory, 'the same on the second target')
   t.notMatch(refused + refusedMemory, /denied|forbidden|admins|rule|policy|mcp-proxy-denied/i, 'nothing hints at a rule or at the stand-in name')
   const unknownTarget = await callError(user, 'nosuchtarget_echo')
-  t.equal(unknownTarget.code, -32602, 'an unknown target prefix is the gateway\'s own namespace')
+  t.equal(unknownTarget.code, -32602, "an unknown target prefix is the gateway's own namespace")
   t.match(unknownTarget.message, /Unknown tool: nosuchtarget_echo$/)
 
   t.match(textOf(await user.callTool({ name: 'everything_get-sum', arguments: { a: 1, b: 2 } })), /3/, 'allowed tools still work for the same caller')

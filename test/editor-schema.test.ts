@@ -51,7 +51,8 @@ t.test('every property has a description, and a default unless it is required or
       const p = `${at}.${k}`
       const description = typeof v.description === 'string' ? v.description : ''
       if (description === '') missing.push(`${rel} ${p}: no description`)
-      else if (v.default === undefined && !required.includes(k) && !/Unset|Default|Required|Exactly one of|Without it/.test(description)) missing.push(`${rel} ${p}: no default`)
+      else if (v.default === undefined && !required.includes(k) && !/Unset|Default|Required|Exactly one of|Without it/.test(description))
+        missing.push(`${rel} ${p}: no default`)
       walk(rel, v, p)
       if (typeof v.items === 'object') walk(rel, v.items as Schema, `${p}[]`)
     }
@@ -61,12 +62,15 @@ t.test('every property has a description, and a default unless it is required or
 })
 
 t.test('every example and every README and docs/*.md YAML block starts with the modeline; the examples are valid configs', async t => {
-  const files = (await readdir(packagePath('examples'))).filter(f => f.endsWith('.yaml')).map(f => `examples/${f}`).concat('examples/demo/config.yaml', 'examples/demo/facade.yaml')
+  const files = (await readdir(packagePath('examples')))
+    .filter(f => f.endsWith('.yaml'))
+    .map(f => `examples/${f}`)
+    .concat('examples/demo/config.yaml', 'examples/demo/facade.yaml')
   for (const rel of files) {
     const text = await readFile(packagePath(rel), 'utf8')
     const depth = rel.split('/').length - 1
     t.equal(text.split('\n')[0], `# yaml-language-server: $schema=${'../'.repeat(depth)}schemas/editor.schema.json`, rel)
-    const env = new Proxy({}, { get: (_t, k) => typeof k === 'string' && /ISSUER/.test(k) ? 'https://idp.example/app/' : 'x' })
+    const env = new Proxy({}, { get: (_t, k) => (typeof k === 'string' && /ISSUER/.test(k) ? 'https://idp.example/app/' : 'x') })
     await t.resolves(validateConfig(parseConfigText(text, env as NodeJS.ProcessEnv).data, builtins), rel)
   }
   const docs = (await readdir(packagePath('docs'))).filter(f => f.endsWith('.md')).map(f => `docs/${f}`)
@@ -77,17 +81,25 @@ t.test('every example and every README and docs/*.md YAML block starts with the 
 })
 
 /** A minimal LSP client over stdio (Content-Length framing, JSON-RPC 2.0). */
-function startLanguageServer (): { request: (method: string, params: unknown) => Promise<unknown>, notify: (method: string, params: unknown) => void, diagnostics: (uri: string, ok: (d: Diagnostic[]) => boolean) => Promise<Diagnostic[]>, close: () => void } {
+function startLanguageServer(): {
+  request: (method: string, params: unknown) => Promise<unknown>
+  notify: (method: string, params: unknown) => void
+  diagnostics: (uri: string, ok: (d: Diagnostic[]) => boolean) => Promise<Diagnostic[]>
+  close: () => void
+} {
   // The package's server module itself: its extensionless bin/ script is loaded as
   // CommonJS-detected ESM, which tap's process tracking (it wraps spawn) turns into a require cycle.
   const server = join(createRequire(import.meta.url).resolve('yaml-language-server/package.json'), '..', 'out', 'src', 'server.js')
-  const child = spawn(process.execPath, [server, '--stdio'], { env: { ...process.env, YAML_LANGUAGE_SERVER_VERSION: 'test' }, stdio: ['pipe', 'pipe', 'ignore'] })
+  const child = spawn(process.execPath, [server, '--stdio'], {
+    env: { ...process.env, YAML_LANGUAGE_SERVER_VERSION: 'test' },
+    stdio: ['pipe', 'pipe', 'ignore'],
+  })
   let nextId = 1
   const pending = new Map<number, (v: unknown) => void>()
   const published = new Map<string, Diagnostic[]>()
   const waiters: Array<() => void> = []
   const send = (msg: unknown): void => {
-    const body = Buffer.from(JSON.stringify({ jsonrpc: '2.0', ...msg as object }))
+    const body = Buffer.from(JSON.stringify({ jsonrpc: '2.0', ...(msg as object) }))
     child.stdin.write(`Content-Length: ${body.length}\r\n\r\n`)
     child.stdin.write(body)
   }
@@ -99,7 +111,12 @@ function startLanguageServer (): { request: (method: string, params: unknown) =>
       if (end < 0) return
       const len = Number(/Content-Length: (\d+)/i.exec(buf.subarray(0, end).toString())?.[1])
       if (buf.length < end + 4 + len) return
-      const msg = JSON.parse(buf.subarray(end + 4, end + 4 + len).toString()) as { id?: number, method?: string, params?: { uri: string, diagnostics: Diagnostic[], items?: unknown[] }, result?: unknown }
+      const msg = JSON.parse(buf.subarray(end + 4, end + 4 + len).toString()) as {
+        id?: number
+        method?: string
+        params?: { uri: string; diagnostics: Diagnostic[]; items?: unknown[] }
+        result?: unknown
+      }
       buf = buf.subarray(end + 4 + len)
       if (msg.method !== undefined && msg.id !== undefined) {
         // Server requests: workspace/configuration wants one settings object per item.
@@ -115,7 +132,12 @@ function startLanguageServer (): { request: (method: string, params: unknown) =>
     }
   })
   return {
-    request: (method, params) => new Promise(resolve => { const id = nextId++; pending.set(id, resolve); send({ id, method, params }) }),
+    request: (method, params) =>
+      new Promise(resolve => {
+        const id = nextId++
+        pending.set(id, resolve)
+        send({ id, method, params })
+      }),
     notify: (method, params) => send({ method, params }),
     diagnostics: async (uri, ok) => {
       // A failure guard only: the server publishes within a second or two.
@@ -124,14 +146,22 @@ function startLanguageServer (): { request: (method: string, params: unknown) =>
         const d = published.get(uri)
         if (d !== undefined && ok(d)) return d
         if (Date.now() > giveUp) throw new Error(`no matching diagnostics for ${uri}; last: ${JSON.stringify(d)}`)
-        await new Promise<void>(resolve => { waiters.push(resolve); setTimeout(resolve, 1000).unref() })
+        await new Promise<void>(resolve => {
+          waiters.push(resolve)
+          setTimeout(resolve, 1000).unref()
+        })
       }
     },
-    close: () => { child.kill() },
+    close: () => {
+      child.kill()
+    },
   }
 }
 
-interface Diagnostic { range: { start: { line: number } }, message: string }
+interface Diagnostic {
+  range: { start: { line: number } }
+  message: string
+}
 const SETTINGS = { yaml: { validate: true, completion: true, hover: true, schemaStore: { enable: false }, schemas: {} } }
 
 t.test('yaml-language-server validates and completes with the modeline', async t => {
@@ -174,14 +204,19 @@ t.test('yaml-language-server validates and completes with the modeline', async t
   open(example, await readFile(packagePath('examples/cloud-idp.yaml'), 'utf8'))
   t.same(await lsp.diagnostics(example, () => true), [], 'cloud-idp.yaml has no diagnostics')
   const refs = pathToFileURL(packagePath('examples/refs.yaml')).href
-  open(refs, '# yaml-language-server: $schema=../schemas/editor.schema.json\nmcp:\n  port: ${PORT}\n  baseUrl: ${BASE_URL}\n  targets:\n    - name: a\n      mcp: { url: "${UPSTREAM}" }\n')
+  open(
+    refs,
+    '# yaml-language-server: $schema=../schemas/editor.schema.json\nmcp:\n  port: ${PORT}\n  baseUrl: ${BASE_URL}\n  targets:\n    - name: a\n      mcp: { url: "${UPSTREAM}" }\n'
+  )
   t.same(await lsp.diagnostics(refs, () => true), [], '${…} where an integer or a URI is expected passes')
 
   // Completion of mcp. keys, and of the built-in policy blocks.
   const completing = pathToFileURL(packagePath('examples/completing.yaml')).href
   open(completing, '# yaml-language-server: $schema=../schemas/editor.schema.json\nmcp:\n  \n  policies:\n    \n')
   const labels = async (line: number, character: number): Promise<string[]> => {
-    const r = await lsp.request('textDocument/completion', { textDocument: { uri: completing }, position: { line, character } }) as { items: Array<{ label: string }> } | Array<{ label: string }>
+    const r = (await lsp.request('textDocument/completion', { textDocument: { uri: completing }, position: { line, character } })) as
+      | { items: Array<{ label: string }> }
+      | Array<{ label: string }>
     return (Array.isArray(r) ? r : r.items).map(i => i.label)
   }
   const mcpKeys = await labels(2, 2)

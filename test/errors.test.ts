@@ -17,7 +17,11 @@ t.test('every error code is documented in the error table of docs/errors.md (lin
     t.match(row?.[1], String(e.statusCode), `${e.code}: docs/errors.md gives its declared status ${e.statusCode}`)
   }
   const documented = [...readme.matchAll(/\| `(MCPP_ERR_[A-Z_]+)` \|/g)].map(m => m[1])
-  t.same(documented.filter(c => !allCodes.includes(c!)), [], 'docs/errors.md documents no code that does not exist')
+  t.same(
+    documented.filter(c => !allCodes.includes(c!)),
+    [],
+    'docs/errors.md documents no code that does not exist'
+  )
 })
 
 t.test('createError binds a code to its status in one place', async t => {

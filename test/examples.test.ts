@@ -9,14 +9,27 @@ import { memoryLogger } from './helpers/logger.ts'
 import { builtins } from '../plugins/index.ts'
 
 const dir = fileURLToPath(new URL('../examples', import.meta.url))
-const env = { AUTHENTIK_CLIENT_ID: 'client-1', TENANT_ID: 'tenant-1', CLIENT_ID: 'client-1', CLIENT_SECRET: 'secret', UPSTREAM_API_KEY: 'k', DEMO_IDP_ISSUER: 'http://127.0.0.1:9400/application/o/mcp/' }
+const env = {
+  AUTHENTIK_CLIENT_ID: 'client-1',
+  TENANT_ID: 'tenant-1',
+  CLIENT_ID: 'client-1',
+  CLIENT_SECRET: 'secret',
+  UPSTREAM_API_KEY: 'k',
+  DEMO_IDP_ISSUER: 'http://127.0.0.1:9400/application/o/mcp/',
+}
 
 t.test('every bundled example config is valid and its pipeline checks out', async t => {
   const files = [...(await readdir(dir)).filter(f => f.endsWith('.yaml')).map(f => join(dir, f)), join(dir, 'demo/config.yaml'), join(dir, 'demo/facade.yaml')]
   t.ok(files.length >= 5)
   for (const file of files) {
     const loaded = await loadConfig(file, env, builtins)
-    const plugins = await loadPlugins({ config: loaded.config, baseDir: loaded.baseDir, registry: builtins, env: { log: memoryLogger().log, config: loaded.config as never, baseUrl: '', metrics: new Metrics() }, dryRun: true })
+    const plugins = await loadPlugins({
+      config: loaded.config,
+      baseDir: loaded.baseDir,
+      registry: builtins,
+      env: { log: memoryLogger().log, config: loaded.config as never, baseUrl: '', metrics: new Metrics() },
+      dryRun: true,
+    })
     t.ok(loaded.config.mcp.targets.length > 0, file)
     if ((loaded.config.mcp.policies.mcpAuthentication as { facade?: unknown } | undefined)?.facade !== undefined) {
       t.same(plugins.map(p => p.name).slice(-1), ['oauthFacade'], `${file}: the facade instead of the bridge plugins`)
@@ -27,7 +40,7 @@ t.test('every bundled example config is valid and its pipeline checks out', asyn
 })
 
 /** What a shipped example (examples/*.yaml, in the package) may not rely on: a clone's layout or a download at run time. */
-function portabilityProblems (text: string, stdio: ReadonlyArray<{ cmd: string; args?: readonly string[]; cwd?: string }>): string[] {
+function portabilityProblems(text: string, stdio: ReadonlyArray<{ cmd: string; args?: readonly string[]; cwd?: string }>): string[] {
   const problems: string[] = []
   if (/\bnpx\b/.test(text)) problems.push('mentions npx (a download at run time)')
   if (text.includes('node_modules/')) problems.push('names a node_modules/ path (exists only in a clone)')
@@ -45,7 +58,7 @@ t.test('the shipped examples work wherever the package is installed: no npx, no 
   for (const f of files) {
     const text = await readFile(join(dir, f), 'utf8')
     const { config } = await loadConfig(join(dir, f), env, builtins)
-    const stdio = config.mcp.targets.flatMap(x => x.stdio === undefined ? [] : [x.stdio])
+    const stdio = config.mcp.targets.flatMap(x => (x.stdio === undefined ? [] : [x.stdio]))
     t.same(portabilityProblems(text, stdio), [], f)
     if (config.mcp.host !== '0.0.0.0') {
       // Loopback is unreachable from outside a container: only an example without authentication binds it, and says why.

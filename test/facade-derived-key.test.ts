@@ -22,10 +22,12 @@ t.setTimeout(300_000)
 const FLOWS = 4
 
 /** fetch over a new TCP connection each time (so the primary hands it to the next worker), every Set-Cookie kept apart. */
-function fresh (url: string, init: RequestInit = {}): Promise<Response> {
+function fresh(url: string, init: RequestInit = {}): Promise<Response> {
   return new Promise((resolve, reject) => {
     const headers: Record<string, string> = {}
-    new Headers(init.headers).forEach((v, k) => { headers[k] = v })
+    new Headers(init.headers).forEach((v, k) => {
+      headers[k] = v
+    })
     const req = httpRequest(url, { method: init.method ?? 'GET', headers, agent: false }, res => {
       const h = new Headers()
       for (const [k, v] of Object.entries(res.headers)) {
@@ -33,7 +35,7 @@ function fresh (url: string, init: RequestInit = {}): Promise<Response> {
         for (const one of Array.isArray(v) ? v : [v]) h.append(k, one)
       }
       const empty = res.statusCode === 204 || res.statusCode === 304
-      resolve(new Response(empty ? null : Readable.toWeb(res) as ReadableStream, { status: res.statusCode, headers: h }))
+      resolve(new Response(empty ? null : (Readable.toWeb(res) as ReadableStream), { status: res.statusCode, headers: h }))
     })
     req.on('error', reject)
     req.end(typeof init.body === 'string' ? init.body : undefined)
@@ -42,10 +44,10 @@ function fresh (url: string, init: RequestInit = {}): Promise<Response> {
 
 /** The browser stand-in of helpers/facade.ts, each of its requests on a fresh connection. */
 class FreshAgent extends Agent {
-  override async fetch (url: string, init: RequestInit = {}): Promise<Response> {
+  override async fetch(url: string, init: RequestInit = {}): Promise<Response> {
     const target = this.route(url)
     const cookie = this.cookieHeader(target)
-    const res = await fresh(target, { ...init, headers: { ...(init.headers as Record<string, string> ?? {}), ...(cookie !== undefined ? { cookie } : {}) } })
+    const res = await fresh(target, { ...init, headers: { ...((init.headers as Record<string, string>) ?? {}), ...(cookie !== undefined ? { cookie } : {}) } })
     this.keep(target, res)
     return res
   }
@@ -56,22 +58,26 @@ class BalancedAgent extends Agent {
   #n = 0
   readonly publicBase: string
   readonly other: string
-  constructor (publicBase: string, other: string) {
+  constructor(publicBase: string, other: string) {
     super()
     this.publicBase = publicBase
     this.other = other
   }
-  override async fetch (url: string, init: RequestInit = {}): Promise<Response> {
+  override async fetch(url: string, init: RequestInit = {}): Promise<Response> {
     const target = url.startsWith(this.publicBase) && this.#n++ % 2 === 0 ? this.other + url.slice(this.publicBase.length) : url
     const cookie = this.cookieHeader(url)
-    const res = await fetch(target, { ...init, redirect: 'manual', headers: { ...(init.headers as Record<string, string> ?? {}), ...(cookie !== undefined ? { cookie } : {}) } })
+    const res = await fetch(target, {
+      ...init,
+      redirect: 'manual',
+      headers: { ...((init.headers as Record<string, string>) ?? {}), ...(cookie !== undefined ? { cookie } : {}) },
+    })
     this.keep(url, res)
     return res
   }
 }
 
 /** `mcp_proxy_requests_total` of the OAuth routes, summed per worker, from the primary's probe listener. */
-async function oauthRequestsPerWorker (probes: number): Promise<Record<string, number>> {
+async function oauthRequestsPerWorker(probes: number): Promise<Record<string, number>> {
   const text = await (await fresh(`http://127.0.0.1:${probes}/metrics`)).text()
   const out: Record<string, number> = {}
   for (const line of text.split('\n')) {
@@ -85,18 +91,28 @@ t.test('workers: 2 with facade: {}: register, authorize, IdP login, consent, tok
   const [port, probes] = await Promise.all([freePort(), freePort()])
   const base = `http://127.0.0.1:${port}`
   const idp = await devIdpFor(t, () => [`${base}/oauth/callback`])
-  const file = await configFile([
-    'mcp:', '  host: 127.0.0.1', `  port: ${port}`,
-    '  policies:', '    mcpAuthentication:', '      mode: strict',
-    `      issuer: ${idp.issuer}`, `      audiences: [${idp.clientId}]`, `      clientId: ${idp.clientId}`,
-    '      provider: { oss_idp: {} }',
-    `      resourceMetadata: { resource: "${base}/mcp", scopesSupported: [openid, profile] }`,
-    '      facade: {}',
-    '  targets:', `    - { name: everything, stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] } }`,
-    'admin: { enabled: false }',
-    `probes: { host: 127.0.0.1, port: ${probes}, shutdownDelayMs: 0 }`,
-    'workers: 2',
-  ].join('\n'), 'mcpp-facade-workers-')
+  const file = await configFile(
+    [
+      'mcp:',
+      '  host: 127.0.0.1',
+      `  port: ${port}`,
+      '  policies:',
+      '    mcpAuthentication:',
+      '      mode: strict',
+      `      issuer: ${idp.issuer}`,
+      `      audiences: [${idp.clientId}]`,
+      `      clientId: ${idp.clientId}`,
+      '      provider: { oss_idp: {} }',
+      `      resourceMetadata: { resource: "${base}/mcp", scopesSupported: [openid, profile] }`,
+      '      facade: {}',
+      '  targets:',
+      `    - { name: everything, stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] } }`,
+      'admin: { enabled: false }',
+      `probes: { host: 127.0.0.1, port: ${probes}, shutdownDelayMs: 0 }`,
+      'workers: 2',
+    ].join('\n'),
+    'mcpp-facade-workers-'
+  )
   const cli = spawnCli(['-f', file])
   t.teardown(async () => {
     if (cli.child.exitCode !== null || cli.child.signalCode !== null) return
@@ -110,10 +126,11 @@ t.test('workers: 2 with facade: {}: register, authorize, IdP login, consent, tok
   for (let i = 0; i < FLOWS; i++) {
     const step = async (): Promise<string> => {
       const reg = await fresh(`${base}/.well-known/oauth-authorization-server/client-registration`, {
-        method: 'POST', headers: { 'content-type': 'application/json' },
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
         body: JSON.stringify({ client_name: `flow ${i}`, redirect_uris: [CALLBACK], token_endpoint_auth_method: 'none' }),
       })
-      const regBody = await reg.json() as { client_id?: string }
+      const regBody = (await reg.json()) as { client_id?: string }
       if (reg.status !== 201 || regBody.client_id === undefined) return `registration ${reg.status}: ${JSON.stringify(regBody)}`
       const { verifier, challenge } = pkce()
       let callback: URL
@@ -125,15 +142,27 @@ t.test('workers: 2 with facade: {}: register, authorize, IdP login, consent, tok
       const code = callback.searchParams.get('code')
       if (code === null) return `no code: ${callback.search}`
       const tok = await fresh(`${base}/oauth/token`, {
-        method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' },
-        body: new URLSearchParams({ grant_type: 'authorization_code', code, client_id: regBody.client_id, redirect_uri: CALLBACK, code_verifier: verifier }).toString(),
+        method: 'POST',
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({
+          grant_type: 'authorization_code',
+          code,
+          client_id: regBody.client_id,
+          redirect_uri: CALLBACK,
+          code_verifier: verifier,
+        }).toString(),
       })
-      const tokBody = await tok.json() as { access_token?: string }
+      const tokBody = (await tok.json()) as { access_token?: string }
       if (tok.status !== 200 || tokBody.access_token === undefined) return `token ${tok.status}: ${JSON.stringify(tokBody)}`
       const init = await fresh(`${base}/mcp`, {
         method: 'POST',
         headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${tokBody.access_token}` },
-        body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: `flow ${i}`, version: '1' } } }),
+        body: JSON.stringify({
+          jsonrpc: '2.0',
+          id: 1,
+          method: 'initialize',
+          params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: `flow ${i}`, version: '1' } },
+        }),
       })
       const text = await init.text()
       return init.status === 200 && text.includes('"serverInfo"') ? 'ok' : `initialize ${init.status}: ${text.slice(0, 200)}`
@@ -143,7 +172,10 @@ t.test('workers: 2 with facade: {}: register, authorize, IdP login, consent, tok
   t.same(outcomes, Array(FLOWS).fill('ok'), 'every flow ends in an MCP session')
   const perWorker = await oauthRequestsPerWorker(probes)
   t.equal(Object.keys(perWorker).length, 2, `both workers served steps of the flows: ${JSON.stringify(perWorker)}`)
-  t.ok(Object.values(perWorker).every(n => n > 0), 'each of them more than none')
+  t.ok(
+    Object.values(perWorker).every(n => n > 0),
+    'each of them more than none'
+  )
 })
 
 t.test('two replicas with one cluster.secret and facade: {}: a flow whose steps alternate between them ends in an MCP session', async t => {
@@ -166,7 +198,12 @@ t.test('two replicas with one cluster.secret and facade: {}: a flow whose steps 
   const init = await fetch(`${a.base}/mcp`, {
     method: 'POST',
     headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${String(tok.body.access_token)}` },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'replicas', version: '1' } } }),
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'replicas', version: '1' } },
+    }),
   })
   t.equal(init.status, 200, 'and the token opens a session on A')
   await init.text()

@@ -22,7 +22,11 @@ import { CLI, ROOT, freePort } from './helpers/cli.ts'
 /** Longest any exchange here may take before the test counts it as hung (a failure guard, not a measurement). */
 const GUARD_MS = 8000
 
-interface RawResponse { status: number; headers: Record<string, string>; body: string }
+interface RawResponse {
+  status: number
+  headers: Record<string, string>
+  body: string
+}
 
 interface RawClient {
   readonly socket: Socket
@@ -32,7 +36,7 @@ interface RawClient {
   readonly response: Promise<RawResponse>
 }
 
-function parseResponse (text: string): RawResponse | undefined {
+function parseResponse(text: string): RawResponse | undefined {
   const end = text.indexOf('\r\n\r\n')
   if (end === -1) return undefined
   const [statusLine, ...lines] = text.slice(0, end).split('\r\n')
@@ -48,7 +52,7 @@ function parseResponse (text: string): RawResponse | undefined {
 }
 
 /** `p`, or a rejection naming what did not happen once GUARD_MS passed. */
-function withinGuard<T> (p: Promise<T>, what: () => string, guardMs = GUARD_MS): Promise<T> {
+function withinGuard<T>(p: Promise<T>, what: () => string, guardMs = GUARD_MS): Promise<T> {
   let timer: NodeJS.Timeout | undefined
   const timeout = new Promise<never>((_resolve, reject) => {
     timer = setTimeout(() => reject(new Error(what())), guardMs)
@@ -57,20 +61,36 @@ function withinGuard<T> (p: Promise<T>, what: () => string, guardMs = GUARD_MS):
 }
 
 /** A raw TCP client to 127.0.0.1:`port`, its socket destroyed in teardown; `guardMs`: the hang guard. */
-function rawClient (t: Test, port: number, guardMs = GUARD_MS): RawClient {
+function rawClient(t: Test, port: number, guardMs = GUARD_MS): RawClient {
   const socket = connect(port, '127.0.0.1')
-  t.teardown(() => { socket.destroy() })
+  t.teardown(() => {
+    socket.destroy()
+  })
   let received = ''
   let onData: (() => void) | undefined
-  socket.on('data', d => { received += d.toString('latin1'); onData?.() })
+  socket.on('data', d => {
+    received += d.toString('latin1')
+    onData?.()
+  })
   // A reset after the server closed (we kept writing) is an end like any other.
   socket.on('error', () => {})
-  const guard = <T>(what: string, p: Promise<T>): Promise<T> => withinGuard(p, () => `${what} did not happen within the guard; received: ${JSON.stringify(received.slice(0, 300))}`, guardMs)
+  const guard = <T>(what: string, p: Promise<T>): Promise<T> =>
+    withinGuard(p, () => `${what} did not happen within the guard; received: ${JSON.stringify(received.slice(0, 300))}`, guardMs)
   const closed = guard('server closing the connection', new Promise<string>(resolve => socket.once('close', () => resolve(received))))
-  const response = guard('a response', new Promise<RawResponse>((resolve, reject) => {
-    onData = () => { const r = parseResponse(received); if (r !== undefined) resolve(r) }
-    socket.once('close', () => { const r = parseResponse(received); if (r !== undefined) resolve(r); else reject(new Error(`closed without a response: ${JSON.stringify(received.slice(0, 300))}`)) })
-  }))
+  const response = guard(
+    'a response',
+    new Promise<RawResponse>((resolve, reject) => {
+      onData = () => {
+        const r = parseResponse(received)
+        if (r !== undefined) resolve(r)
+      }
+      socket.once('close', () => {
+        const r = parseResponse(received)
+        if (r !== undefined) resolve(r)
+        else reject(new Error(`closed without a response: ${JSON.stringify(received.slice(0, 300))}`))
+      })
+    })
+  )
   // Neither may be left unhandled when a test only awaits one of them.
   closed.catch(() => {})
   response.catch(() => {})
@@ -78,7 +98,7 @@ function rawClient (t: Test, port: number, guardMs = GUARD_MS): RawClient {
 }
 
 /** Writes one byte now and then until the socket closes: a client that never finishes its body. */
-function trickle (socket: Socket, everyMs = 50): void {
+function trickle(socket: Socket, everyMs = 50): void {
   const timer = setInterval(() => {
     if (socket.destroyed || !socket.writable) clearInterval(timer)
     else socket.write('x')
@@ -86,14 +106,21 @@ function trickle (socket: Socket, everyMs = 50): void {
   socket.once('close', () => clearInterval(timer))
 }
 
-const INIT_BODY = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } })
+const INIT_BODY = JSON.stringify({
+  jsonrpc: '2.0',
+  id: 1,
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+})
 
-function postHead (extra: string, contentLength: number): string {
-  return 'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n' +
+function postHead(extra: string, contentLength: number): string {
+  return (
+    'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n' +
     `${extra}Content-Length: ${contentLength}\r\n\r\n`
+  )
 }
 
-function portOf (url: string): number {
+function portOf(url: string): number {
   return Number(new URL(url).port)
 }
 
@@ -107,7 +134,7 @@ t.before(async () => {
   mallory = await idp.mintToken({ sub: 'mallory' })
 })
 
-t.test('item 6: more header fields than mcp.limits.maxHeaders is 431, so a second Authorization cannot hide past Node\'s count', async t => {
+t.test("item 6: more header fields than mcp.limits.maxHeaders is 431, so a second Authorization cannot hide past Node's count", async t => {
   const gw = await fullGateway(t, { targets: [everythingTarget()], policies: { mcpAuthentication: ossOptions(idp) } })
   // Short fillers keep the head under maxHeaderSize: only the count is over.
   const fillers = 'a:1\r\n'.repeat(2100)
@@ -123,16 +150,20 @@ t.test('item 6: more header fields than mcp.limits.maxHeaders is 431, so a secon
 
   // Within the limit the duplicate is seen wherever it stands.
   const near = rawClient(t, portOf(gw.url))
-  near.socket.write(postHead(`Authorization: Bearer ${alice}\r\n${'a:1\r\n'.repeat(90)}authorization: Bearer ${mallory}\r\n`, Buffer.byteLength(INIT_BODY)) + INIT_BODY)
+  near.socket.write(
+    postHead(`Authorization: Bearer ${alice}\r\n${'a:1\r\n'.repeat(90)}authorization: Bearer ${mallory}\r\n`, Buffer.byteLength(INIT_BODY)) + INIT_BODY
+  )
   const dup = await near.response
   t.equal(dup.status, 400)
   t.same(JSON.parse(dup.body), { error: 'invalid_request', error_description: 'more than one Authorization header' })
 })
 
-t.test('item 6: with maxHeaders raised past Node\'s default 2000, the second Authorization after 2100 fields is still 400', async t => {
+t.test("item 6: with maxHeaders raised past Node's default 2000, the second Authorization after 2100 fields is still 400", async t => {
   const gw = await fullGateway(t, { targets: [everythingTarget()], policies: { mcpAuthentication: ossOptions(idp) }, limits: { maxHeaders: 3000 } })
   const c = rawClient(t, portOf(gw.url))
-  c.socket.write(postHead(`Authorization: Bearer ${alice}\r\n${'a:1\r\n'.repeat(2100)}Authorization: Bearer ${mallory}\r\n`, Buffer.byteLength(INIT_BODY)) + INIT_BODY)
+  c.socket.write(
+    postHead(`Authorization: Bearer ${alice}\r\n${'a:1\r\n'.repeat(2100)}Authorization: Bearer ${mallory}\r\n`, Buffer.byteLength(INIT_BODY)) + INIT_BODY
+  )
   const res = await c.response
   t.equal(res.status, 400, 'the duplicate is seen: Node keeps every field up to the configured count')
   t.same(JSON.parse(res.body), { error: 'invalid_request', error_description: 'more than one Authorization header' })
@@ -173,7 +204,11 @@ t.test('item 7: request bodies have a deadline; an unauthenticated request is an
     t.teardown(() => client.close())
     const progress: number[] = []
     // Longer than several deadlines: the POST's SSE answer and the session's GET stream stay open throughout.
-    const long = await client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 1.2, steps: 4 } }, undefined, { onprogress: p => { progress.push(p.progress) } })
+    const long = await client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 1.2, steps: 4 } }, undefined, {
+      onprogress: p => {
+        progress.push(p.progress)
+      },
+    })
     t.same(progress, [1, 2, 3, 4], 'every progress event arrived')
     t.match(JSON.stringify(long), /Long running operation completed/)
     t.equal(gw.gw.endpoint.sessions()[0]?.getStream, true, 'the GET stream is still open')
@@ -182,14 +217,23 @@ t.test('item 7: request bodies have a deadline; an unauthenticated request is an
 
 t.test('item 7: the body deadline also holds when the body is piped to an HTTP target, and the upstream request is ended', async t => {
   let upstreamSaw: ((complete: boolean) => void) | undefined
-  const upstreamEnded = new Promise<boolean>(resolve => { upstreamSaw = resolve })
+  const upstreamEnded = new Promise<boolean>(resolve => {
+    upstreamSaw = resolve
+  })
   const upstream = createServer((req, res) => {
     req.resume()
-    req.once('close', () => { upstreamSaw!(req.complete) })
-    req.once('end', () => { res.writeHead(202).end() })
+    req.once('close', () => {
+      upstreamSaw!(req.complete)
+    })
+    req.once('end', () => {
+      res.writeHead(202).end()
+    })
   })
   await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => { upstream.closeAllConnections(); upstream.close() })
+  t.teardown(() => {
+    upstream.closeAllConnections()
+    upstream.close()
+  })
   const upstreamPort = (upstream.address() as AddressInfo).port
   const gw = await fullGateway(t, { targets: [{ name: 'remote', mcp: { url: `http://127.0.0.1:${upstreamPort}/mcp` } }], limits: { bodyTimeoutMs: 300 } })
   const c = rawClient(t, portOf(gw.url))
@@ -256,22 +300,32 @@ t.test('item 9: two Mcp-Session-Id headers, or an id with space, tab or non-ASCI
   t.equal((await ok.response).status, 200, 'the same session id, once and intact, still works')
 })
 
-t.test('item 21 (real CLI): a slowloris is cut at headersTimeoutMs, not at Node\'s 30 s check, and answered 408', async t => {
+t.test("item 21 (real CLI): a slowloris is cut at headersTimeoutMs, not at Node's 30 s check, and answered 408", async t => {
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-edge-'))
   const file = join(dir, 'config.yaml')
   const port = await freePort()
-  await writeFile(file, `mcp:\n  port: ${port}\n  host: 127.0.0.1\n  limits:\n    headersTimeoutMs: 1000\n  targets:\n    - name: everything\n      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] }\nadmin: { enabled: false }\nlogging: { level: info }\n`)
+  await writeFile(
+    file,
+    `mcp:\n  port: ${port}\n  host: 127.0.0.1\n  limits:\n    headersTimeoutMs: 1000\n  targets:\n    - name: everything\n      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(EVERYTHING)}, stdio] }\nadmin: { enabled: false }\nlogging: { level: info }\n`
+  )
   const child = spawn(process.execPath, ['--import', 'tsx', CLI, '-f', file], { cwd: ROOT, stdio: ['ignore', 'pipe', 'ignore'] })
   let log = ''
-  child.stdout!.setEncoding('utf8').on('data', (d: string) => { log += d })
-  t.teardown(() => { child.kill('SIGKILL') })
+  child.stdout!.setEncoding('utf8').on('data', (d: string) => {
+    log += d
+  })
+  t.teardown(() => {
+    child.kill('SIGKILL')
+  })
   // Talk as soon as the port accepts.
   let socket: Socket | undefined
   for (let i = 0; i < 400 && socket === undefined; i++) {
     socket = await new Promise<Socket | undefined>(resolve => {
       const s = connect(port, '127.0.0.1')
       s.once('connect', () => resolve(s))
-      s.once('error', () => { s.destroy(); setTimeout(() => resolve(undefined), 25) })
+      s.once('error', () => {
+        s.destroy()
+        setTimeout(() => resolve(undefined), 25)
+      })
     })
   }
   t.ok(socket !== undefined, 'the CLI listens')
@@ -281,7 +335,9 @@ t.test('item 21 (real CLI): a slowloris is cut at headersTimeoutMs, not at Node\
   c.socket.write('POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n')
   // One header line every 200 ms of the client's own pacing: the head never ends.
   let n = 0
-  const timer = setInterval(() => { if (c.socket.writable) c.socket.write(`X-Slow-${n++}: 1\r\n`) }, 200)
+  const timer = setInterval(() => {
+    if (c.socket.writable) c.socket.write(`X-Slow-${n++}: 1\r\n`)
+  }, 200)
   t.teardown(() => clearInterval(timer))
   const res = await c.response
   const linesIn = n

@@ -20,7 +20,9 @@ t.test('a request stream closed early by the upstream is resumed with Last-Event
 
   const up = new HttpUpstream({ target: 'fixture', url, headers: {}, log })
   const waiting = new Map<unknown, (m: JsonRpcMessage) => void>()
-  up.onMessage = m => { if (m.method === undefined) waiting.get(m.id)?.(m) }
+  up.onMessage = m => {
+    if (m.method === undefined) waiting.get(m.id)?.(m)
+  }
   const request = (id: number, method: string, params: Record<string, unknown>): Promise<JsonRpcMessage> => {
     const answered = new Promise<JsonRpcMessage>(resolve => waiting.set(id, resolve))
     up.send({ jsonrpc: '2.0', id, method, params })
@@ -34,5 +36,9 @@ t.test('a request stream closed early by the upstream is resumed with Last-Event
 
   const res = await request(2, 'tools/call', { name: 'test_reconnection', arguments: {} })
   t.equal(res.error, undefined, 'the call is not failed when the upstream closes its stream early', { res })
-  t.match((res.result as { content?: Array<{ text?: string }> } | undefined)?.content?.[0]?.text, /Reconnection test completed/, 'its answer arrives on the resumed stream')
+  t.match(
+    (res.result as { content?: Array<{ text?: string }> } | undefined)?.content?.[0]?.text,
+    /Reconnection test completed/,
+    'its answer arrives on the resumed stream'
+  )
 })

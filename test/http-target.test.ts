@@ -38,13 +38,15 @@ interface Upstream {
   close: () => Promise<void>
 }
 
-async function startUpstream (t: Test, opts: { json?: boolean } = {}): Promise<Upstream> {
+async function startUpstream(t: Test, opts: { json?: boolean } = {}): Promise<Upstream> {
   const seen: Upstream['seen'] = []
   const sessions: Upstream['sessions'] = new Map()
   let releaseSlow: () => void = () => {}
-  let slowGate = new Promise<void>(resolve => { releaseSlow = resolve })
+  let slowGate = new Promise<void>(resolve => {
+    releaseSlow = resolve
+  })
 
-  function makeServer (): Server {
+  function makeServer(): Server {
     const server = new Server({ name: 'upstream', version: '1.0.0' }, { capabilities: { tools: { listChanged: true } } })
     server.setRequestHandler(ListToolsRequestSchema, async () => ({
       tools: [
@@ -58,7 +60,9 @@ async function startUpstream (t: Test, opts: { json?: boolean } = {}): Promise<U
       if (token !== undefined) await extra.sendNotification({ method: 'notifications/progress', params: { progressToken: token, progress: 1, total: 2 } })
       // Only a streamed (unbuffered) progress event lets the client release us.
       const released = await Promise.race([slowGate.then(() => 'released'), new Promise(resolve => setTimeout(resolve, 5000, 'not released'))])
-      slowGate = new Promise<void>(resolve => { releaseSlow = resolve })
+      slowGate = new Promise<void>(resolve => {
+        releaseSlow = resolve
+      })
       return { content: [{ type: 'text', text: String(released) }] }
     })
     return server
@@ -66,12 +70,18 @@ async function startUpstream (t: Test, opts: { json?: boolean } = {}): Promise<U
 
   const http = createServer((req, res) => {
     seen.push({ method: req.method ?? '', headers: { ...req.headers } })
-    if (req.url === '/fail') { res.writeHead(500).end('boom'); return }
+    if (req.url === '/fail') {
+      res.writeHead(500).end('boom')
+      return
+    }
     void (async () => {
       const sid = req.headers['mcp-session-id']
       if (typeof sid === 'string') {
         const s = sessions.get(sid)
-        if (s === undefined) { res.writeHead(404, { 'content-type': 'application/json' }).end('{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"Session not found"}}'); return }
+        if (s === undefined) {
+          res.writeHead(404, { 'content-type': 'application/json' }).end('{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"Session not found"}}')
+          return
+        }
         await s.transport.handleRequest(req, res)
         return
       }
@@ -79,12 +89,18 @@ async function startUpstream (t: Test, opts: { json?: boolean } = {}): Promise<U
       const transport: StreamableHTTPServerTransport = new StreamableHTTPServerTransport({
         sessionIdGenerator: () => randomUUID(),
         enableJsonResponse: opts.json === true,
-        onsessioninitialized: id => { sessions.set(id, { transport, server }) },
+        onsessioninitialized: id => {
+          sessions.set(id, { transport, server })
+        },
       })
-      transport.onclose = () => { if (transport.sessionId !== undefined) sessions.delete(transport.sessionId) }
+      transport.onclose = () => {
+        if (transport.sessionId !== undefined) sessions.delete(transport.sessionId)
+      }
       await server.connect(transport)
       await transport.handleRequest(req, res)
-    })().catch(err => { res.destroy(err as Error) })
+    })().catch(err => {
+      res.destroy(err as Error)
+    })
   })
   await new Promise<void>(resolve => http.listen(0, '127.0.0.1', resolve))
   const url = `http://127.0.0.1:${(http.address() as AddressInfo).port}/mcp`
@@ -97,7 +113,7 @@ async function startUpstream (t: Test, opts: { json?: boolean } = {}): Promise<U
   return { url, seen, sessions, release: () => releaseSlow(), close }
 }
 
-async function until (fn: () => boolean, tries = 200, stepMs = 25): Promise<boolean> {
+async function until(fn: () => boolean, tries = 200, stepMs = 25): Promise<boolean> {
   for (let i = 0; i < tries; i++) {
     if (fn()) return true
     await new Promise(resolve => setTimeout(resolve, stepMs))
@@ -107,19 +123,27 @@ async function until (fn: () => boolean, tries = 200, stepMs = 25): Promise<bool
 
 const INIT = { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'test', version: '1' } }
 
-function client (t: Test, url: string, headers: Record<string, string> = {}, maxReconnects?: number) {
+function client(t: Test, url: string, headers: Record<string, string> = {}, maxReconnects?: number) {
   const up = new HttpUpstream({ target: 'remote', url, headers, log, maxReconnects })
   const messages: JsonRpcMessage[] = []
   const waiting = new Map<unknown, (m: JsonRpcMessage) => void>()
   let closeErr: (e: Error | undefined) => void = () => {}
   let closeCalls = 0
-  const closed = new Promise<Error | undefined>(resolve => { closeErr = resolve })
+  const closed = new Promise<Error | undefined>(resolve => {
+    closeErr = resolve
+  })
   up.onMessage = m => {
     messages.push(m)
     const w = waiting.get(m.id)
-    if (w !== undefined && m.method === undefined) { waiting.delete(m.id); w(m) }
+    if (w !== undefined && m.method === undefined) {
+      waiting.delete(m.id)
+      w(m)
+    }
   }
-  up.onClose = e => { closeCalls++; closeErr(e) }
+  up.onClose = e => {
+    closeCalls++
+    closeErr(e)
+  }
   t.teardown(() => up.close())
   let next = 1
   return {
@@ -127,7 +151,7 @@ function client (t: Test, url: string, headers: Record<string, string> = {}, max
     messages,
     closed,
     closeCalls: () => closeCalls,
-    request (method: string, params: Record<string, unknown> = {}): Promise<JsonRpcMessage> {
+    request(method: string, params: Record<string, unknown> = {}): Promise<JsonRpcMessage> {
       const id = next++
       const p = new Promise<JsonRpcMessage>(resolve => waiting.set(id, resolve))
       up.send({ jsonrpc: '2.0', id, method, params })
@@ -164,14 +188,29 @@ for (const json of [false, true]) {
     t.equal(c.up.protocolVersion, '2025-06-18')
     c.up.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
     const list = await c.request('tools/list')
-    t.same((list.result as { tools: Array<{ name: string }> }).tools.map(x => x.name), ['echo', 'slow'])
+    t.same(
+      (list.result as { tools: Array<{ name: string }> }).tools.map(x => x.name),
+      ['echo', 'slow']
+    )
     const echo = await c.request('tools/call', { name: 'echo', arguments: { message: 'hi' } })
     t.same(echo.result, { content: [{ type: 'text', text: 'echo: hi' }] })
     const after = u.seen.filter(s => s.method === 'POST').slice(1)
-    t.ok(after.every(s => s.headers['mcp-session-id'] === c.up.upstreamSessionId), 'session id on every later request')
-    t.ok(after.every(s => s.headers['mcp-protocol-version'] === '2025-06-18'), 'protocol version on every later request')
-    t.ok(u.seen.every(s => s.headers['x-upstream-key'] === 'k1'), 'static headers sent')
-    t.ok(u.seen.every(s => s.headers.authorization === undefined), 'no authorization header')
+    t.ok(
+      after.every(s => s.headers['mcp-session-id'] === c.up.upstreamSessionId),
+      'session id on every later request'
+    )
+    t.ok(
+      after.every(s => s.headers['mcp-protocol-version'] === '2025-06-18'),
+      'protocol version on every later request'
+    )
+    t.ok(
+      u.seen.every(s => s.headers['x-upstream-key'] === 'k1'),
+      'static headers sent'
+    )
+    t.ok(
+      u.seen.every(s => s.headers.authorization === undefined),
+      'no authorization header'
+    )
 
     // The server-to-client GET stream opens after notifications/initialized.
     t.ok(await until(() => u.seen.some(s => s.method === 'GET')), 'GET stream opened')
@@ -195,7 +234,10 @@ for (const json of [false, true]) {
     await c.up.close()
     t.equal(await c.closed, undefined)
     t.equal(c.closeCalls(), 1)
-    t.ok(u.seen.some(x => x.method === 'DELETE' && x.headers['mcp-session-id'] === sid), 'DELETE sent on close')
+    t.ok(
+      u.seen.some(x => x.method === 'DELETE' && x.headers['mcp-session-id'] === sid),
+      'DELETE sent on close'
+    )
     t.ok(await until(() => !u.sessions.has(sid)), 'upstream session ended')
     t.throws(() => c.up.send({ jsonrpc: '2.0', id: 99, method: 'ping' }), { code: 'MCPP_ERR_UPSTREAM' })
   })
@@ -244,7 +286,9 @@ t.test('createUpstreamFactory builds HTTP upstreams', async t => {
   t.equal(f.kind, 'http')
   const up = f.create()
   t.equal(up.kind, 'http')
-  const got = new Promise<JsonRpcMessage>(resolve => { up.onMessage = resolve })
+  const got = new Promise<JsonRpcMessage>(resolve => {
+    up.onMessage = resolve
+  })
   await up.start()
   up.send({ jsonrpc: '2.0', id: 1, method: 'initialize', params: INIT })
   t.equal(((await got).result as { serverInfo: { name: string } }).serverInfo.name, 'upstream')
@@ -252,7 +296,7 @@ t.test('createUpstreamFactory builds HTTP upstreams', async t => {
 })
 
 /** A gateway in front of one remote target; `auth`: behind real authentication (mcpAuthentication, dev IdP tokens). */
-async function startGateway (t: Test, upstreamUrl: string, auth?: RealAuth): Promise<{ url: string; passthrough: ReturnType<typeof createHttpPassthrough> }> {
+async function startGateway(t: Test, upstreamUrl: string, auth?: RealAuth): Promise<{ url: string; passthrough: ReturnType<typeof createHttpPassthrough> }> {
   const metrics = new Metrics()
   const passthrough = createHttpPassthrough({ name: 'remote', mcp: { url: upstreamUrl, headers: { 'x-upstream-key': 'gw-key' } } }, { log, metrics })
   const gw = new GatewayServer({
@@ -264,7 +308,10 @@ async function startGateway (t: Test, upstreamUrl: string, auth?: RealAuth): Pro
     limits: { maxBodyBytes: 1 << 20, headersTimeoutMs: 10000, requestTimeoutMs: 0, keepAliveTimeoutMs: 5000 },
   })
   const { port } = await gw.listen(0, '127.0.0.1')
-  t.teardown(async () => { await passthrough.close(); await gw.close(0) })
+  t.teardown(async () => {
+    await passthrough.close()
+    await gw.close(0)
+  })
   return { url: `http://127.0.0.1:${port}/mcp`, passthrough }
 }
 
@@ -287,32 +334,62 @@ t.test('passthrough: the SDK client through the gateway to a remote server', asy
   const upstreamId = [...u.sessions.keys()][0]!
 
   const tools = await mcp.listTools()
-  t.same(tools.tools.map(x => x.name), ['echo', 'slow'])
+  t.same(
+    tools.tools.map(x => x.name),
+    ['echo', 'slow']
+  )
   const echo = await mcp.callTool({ name: 'echo', arguments: { message: 'through' } })
   t.same(echo.content, [{ type: 'text', text: 'echo: through' }])
 
   // SSE is streamed: the tool only finishes after the client saw its progress.
   const order: string[] = []
   const slow = await mcp.callTool({ name: 'slow', arguments: {} }, undefined, {
-    onprogress: () => { order.push('progress'); u.release() },
+    onprogress: () => {
+      order.push('progress')
+      u.release()
+    },
   })
   order.push('result')
   t.same(order, ['progress', 'result'])
   t.same(slow.content, [{ type: 'text', text: 'released' }])
 
   t.ok(u.seen.length > 0)
-  t.ok(u.seen.every(s => s.headers.authorization === undefined), 'no Authorization header reached the upstream')
+  t.ok(
+    u.seen.every(s => s.headers.authorization === undefined),
+    'no Authorization header reached the upstream'
+  )
   const signature = (await auth.token('alice')).split('.')[2]!
-  t.notOk(u.seen.some(s => JSON.stringify(s.headers).includes(signature)), 'the client\'s token is in no upstream header')
-  t.ok(u.seen.every(s => s.headers.cookie === undefined), 'no Cookie header reached the upstream')
-  t.ok(u.seen.every(s => s.headers['x-upstream-key'] === 'gw-key'), 'target static header added')
-  t.ok(u.seen.slice(1).every(s => s.headers['mcp-session-id'] === upstreamId), 'upstream sees its own session id')
-  t.same(gw.passthrough.sessions().map(s => [s.id, s.subject]), [[gatewayId.slice(0, 8), 'alice']])
+  t.notOk(
+    u.seen.some(s => JSON.stringify(s.headers).includes(signature)),
+    "the client's token is in no upstream header"
+  )
+  t.ok(
+    u.seen.every(s => s.headers.cookie === undefined),
+    'no Cookie header reached the upstream'
+  )
+  t.ok(
+    u.seen.every(s => s.headers['x-upstream-key'] === 'gw-key'),
+    'target static header added'
+  )
+  t.ok(
+    u.seen.slice(1).every(s => s.headers['mcp-session-id'] === upstreamId),
+    'upstream sees its own session id'
+  )
+  t.same(
+    gw.passthrough.sessions().map(s => [s.id, s.subject]),
+    [[gatewayId.slice(0, 8), 'alice']]
+  )
 
   // Another subject presenting alice's id gets 404; alice is untouched.
   const stolen = await fetch(gw.url, {
     method: 'POST',
-    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-session-id': gatewayId, 'mcp-protocol-version': '2025-06-18', ...await auth.as('mallory') },
+    headers: {
+      'content-type': 'application/json',
+      accept: 'application/json, text/event-stream',
+      'mcp-session-id': gatewayId,
+      'mcp-protocol-version': '2025-06-18',
+      ...(await auth.as('mallory')),
+    },
     body: JSON.stringify({ jsonrpc: '2.0', id: 5, method: 'tools/list' }),
   })
   t.equal(stolen.status, 404)
@@ -339,15 +416,27 @@ t.test('passthrough: the SDK client through the gateway to a remote server', asy
 
 t.test('passthrough: a body already read by a plugin is replayed upstream', async t => {
   const u = await startUpstream(t)
-  const reader: Plugin = { name: 'reader', async onRequest (ctx) { if (ctx.method === 'POST') await ctx.readMcpMessage() } }
+  const reader: Plugin = {
+    name: 'reader',
+    async onRequest(ctx) {
+      if (ctx.method === 'POST') await ctx.readMcpMessage()
+    },
+  }
   const metrics = new Metrics()
   const passthrough = createHttpPassthrough({ name: 'remote', mcp: { url: u.url, headers: {} } }, { log, metrics })
   const gw = new GatewayServer({
-    pipeline: new Pipeline([reader]), routes: new RouteTable([]), mcp: passthrough, log, metrics,
+    pipeline: new Pipeline([reader]),
+    routes: new RouteTable([]),
+    mcp: passthrough,
+    log,
+    metrics,
     limits: { maxBodyBytes: 1 << 20, headersTimeoutMs: 10000, requestTimeoutMs: 0, keepAliveTimeoutMs: 5000 },
   })
   const { port } = await gw.listen(0, '127.0.0.1')
-  t.teardown(async () => { await passthrough.close(); await gw.close(0) })
+  t.teardown(async () => {
+    await passthrough.close()
+    await gw.close(0)
+  })
   const mcp = new Client({ name: 'sdk-client', version: '1.0.0' })
   await mcp.connect(new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${port}/mcp`)))
   t.teardown(() => mcp.close())
@@ -383,17 +472,33 @@ t.test('passthrough: proxyTimeout bounds the wait for the head, not a silent SSE
     })
   }) as HttpServer
   await new Promise<void>(resolve => slow.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { slow.closeAllConnections(); slow.close(() => resolve()) }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        slow.closeAllConnections()
+        slow.close(() => resolve())
+      })
+  )
   const port = (slow.address() as AddressInfo).port
-  async function gatewayTo (path: string): Promise<string> {
+  async function gatewayTo(path: string): Promise<string> {
     const metrics = new Metrics()
-    const passthrough = createHttpPassthrough({ name: 'remote', mcp: { url: `http://127.0.0.1:${port}${path}`, headers: {} } }, { log, metrics, proxyTimeoutMs: 300 })
+    const passthrough = createHttpPassthrough(
+      { name: 'remote', mcp: { url: `http://127.0.0.1:${port}${path}`, headers: {} } },
+      { log, metrics, proxyTimeoutMs: 300 }
+    )
     const gw = new GatewayServer({
-      pipeline: new Pipeline([]), routes: new RouteTable([]), mcp: passthrough, log, metrics,
+      pipeline: new Pipeline([]),
+      routes: new RouteTable([]),
+      mcp: passthrough,
+      log,
+      metrics,
       limits: { maxBodyBytes: 1 << 20, headersTimeoutMs: 10000, requestTimeoutMs: 0, keepAliveTimeoutMs: 5000 },
     })
     const { port: gwPort } = await gw.listen(0, '127.0.0.1')
-    t.teardown(async () => { await gw.close(0); await passthrough.close() })
+    t.teardown(async () => {
+      await gw.close(0)
+      await passthrough.close()
+    })
     return `http://127.0.0.1:${gwPort}/mcp`
   }
   const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list' })

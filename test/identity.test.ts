@@ -25,17 +25,31 @@ t.test('one parse of a cloud issuer gives the key set, the discovery document an
   t.equal(identityOf({ issuer: 'https://idp.example/' }).family, undefined)
 })
 
-async function check (auth: Record<string, unknown>): Promise<unknown> {
+async function check(auth: Record<string, unknown>): Promise<unknown> {
   const policies = { mcpAuthentication: { mode: 'strict', audiences: ['c1'], resourceMetadata: { resource: 'https://gw.example/mcp' }, ...auth } }
   const config = await validateConfig({ mcp: { port: 0, policies, targets: [{ name: 'a', stdio: { cmd: 'node' } }] } }, builtins)
-  return loadPlugins({ config, baseDir: '.', registry: builtins, dryRun: true, env: { log: memoryLogger().log, config: config as never, baseUrl: '', metrics: new Metrics() } })
-    .then(() => undefined, (e: unknown) => e)
+  return loadPlugins({
+    config,
+    baseDir: '.',
+    registry: builtins,
+    dryRun: true,
+    env: { log: memoryLogger().log, config: config as never, baseUrl: '', metrics: new Metrics() },
+  }).then(
+    () => undefined,
+    (e: unknown) => e
+  )
 }
 
 t.test('cross-field checks belong to mcpAuthentication and name the path, in --check as at start-up', async t => {
   t.equal(await check(cloud), undefined)
-  t.match(await check({ ...cloud, clientId: undefined }), { code: 'MCPP_ERR_CONFIG', message: /^mcp\.policies\.mcpAuthentication\.clientId: is required for cloud_idp$/ })
-  t.match(await check({ ...cloud, provider: { oss_idp: {} }, clientSecret: 's3cr3t-value' }), { code: 'MCPP_ERR_CONFIG', message: /^mcp\.policies\.mcpAuthentication\.clientSecret: is only used with provider cloud_idp$/ })
-  const bad = await check({ ...cloud, issuer: 'https://login.microsoftonline.com/a/b/v2.0' }) as Error
+  t.match(await check({ ...cloud, clientId: undefined }), {
+    code: 'MCPP_ERR_CONFIG',
+    message: /^mcp\.policies\.mcpAuthentication\.clientId: is required for cloud_idp$/,
+  })
+  t.match(await check({ ...cloud, provider: { oss_idp: {} }, clientSecret: 's3cr3t-value' }), {
+    code: 'MCPP_ERR_CONFIG',
+    message: /^mcp\.policies\.mcpAuthentication\.clientSecret: is only used with provider cloud_idp$/,
+  })
+  const bad = (await check({ ...cloud, issuer: 'https://login.microsoftonline.com/a/b/v2.0' })) as Error
   t.match(bad, { code: 'MCPP_ERR_CONFIG', message: /^mcp\.policies\.mcpAuthentication\.issuer: cloud_idp needs / })
 })

@@ -18,7 +18,11 @@ import { until } from './helpers/gateway-harness.ts'
 const PRM_URL = `${BASE}/.well-known/oauth-protected-resource/mcp`
 const CHALLENGE = `Bearer resource_metadata="${PRM_URL}", scope="openid profile"`
 
-async function call (url: string, token?: string, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; body: Record<string, unknown>; text: string }> {
+async function call(
+  url: string,
+  token?: string,
+  headers: Record<string, string> = {}
+): Promise<{ status: number; headers: Headers; body: Record<string, unknown>; text: string }> {
   const res = await fetch(url, {
     method: 'POST',
     headers: { 'content-type': 'application/json', ...(token === undefined ? {} : { authorization: `Bearer ${token}` }), ...headers },
@@ -26,19 +30,23 @@ async function call (url: string, token?: string, headers: Record<string, string
   })
   const text = await res.text()
   let body: Record<string, unknown> = {}
-  try { body = JSON.parse(text) as Record<string, unknown> } catch {}
+  try {
+    body = JSON.parse(text) as Record<string, unknown>
+  } catch {}
   return { status: res.status, headers: res.headers, body, text }
 }
 
 /** A raw request that can send the same header twice. */
-function rawPost (url: string, rawHeaders: string[]): Promise<{ status: number; body: string }> {
+function rawPost(url: string, rawHeaders: string[]): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
     const body = '{"jsonrpc":"2.0","id":1,"method":"ping"}'
     const headers = ['host', new URL(url).host, 'content-type', 'application/json', 'content-length', String(body.length), ...rawHeaders]
     const req = httpRequest(url, { method: 'POST', headers: headers as unknown as Record<string, string> }, res => {
       let text = ''
       res.setEncoding('utf8')
-      res.on('data', c => { text += c })
+      res.on('data', c => {
+        text += c
+      })
       res.on('end', () => resolve({ status: res.statusCode ?? 0, body: text }))
     })
     req.on('error', reject)
@@ -48,13 +56,18 @@ function rawPost (url: string, rawHeaders: string[]): Promise<{ status: number; 
 
 const b64 = (v: unknown): string => Buffer.from(JSON.stringify(v)).toString('base64url')
 
-async function authCodeToken (idp: Awaited<ReturnType<typeof devIdp>>): Promise<string> {
+async function authCodeToken(idp: Awaited<ReturnType<typeof devIdp>>): Promise<string> {
   const verifier = randomBytes(32).toString('base64url')
   const redirect = 'http://127.0.0.1:1/callback'
   const u = new URL(idp.authorizationEndpoint)
   u.search = new URLSearchParams({
-    response_type: 'code', client_id: idp.clientId, redirect_uri: redirect, scope: 'openid profile', state: 's1',
-    code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256',
+    response_type: 'code',
+    client_id: idp.clientId,
+    redirect_uri: redirect,
+    scope: 'openid profile',
+    state: 's1',
+    code_challenge: createHash('sha256').update(verifier).digest('base64url'),
+    code_challenge_method: 'S256',
     resource: `${BASE}/mcp`,
   }).toString()
   const res = await fetch(u, { redirect: 'manual' })
@@ -66,7 +79,7 @@ async function authCodeToken (idp: Awaited<ReturnType<typeof devIdp>>): Promise<
     headers: { 'content-type': 'application/x-www-form-urlencoded' },
     body: new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri: redirect, client_id: idp.clientId, code_verifier: verifier }),
   })
-  const body = await tok.json() as { access_token: string }
+  const body = (await tok.json()) as { access_token: string }
   return body.access_token
 }
 
@@ -104,7 +117,10 @@ t.test('strict mode against the dev IdP', async t => {
   })
 
   t.test('every bad token gets 401 invalid_token without echoing the token', async t => {
-    const jku = createServer((_req, res) => { jkuHits++; res.end('{"keys":[]}') })
+    const jku = createServer((_req, res) => {
+      jkuHits++
+      res.end('{"keys":[]}')
+    })
     let jkuHits = 0
     await new Promise<void>(resolve => jku.listen(0, '127.0.0.1', resolve))
     t.teardown(() => new Promise<void>(resolve => jku.close(() => resolve())))
@@ -112,7 +128,7 @@ t.test('strict mode against the dev IdP', async t => {
 
     const attacker = await generateKeyPair('RS256', { extractable: true })
     const attackerJwk: JWK = await exportJWK(attacker.publicKey)
-    const jwks = await (await fetch(idp.jwksUrl)).json() as { keys: JWK[] }
+    const jwks = (await (await fetch(idp.jwksUrl)).json()) as { keys: JWK[] }
     const pem = createPublicKey({ key: jwks.keys[0] as never, format: 'jwk' }).export({ type: 'spki', format: 'pem' }) as string
     const good = { sub: 'u1' }
     const payload = b64({ iss: idp.issuer, aud: idp.clientId, sub: 'u1', exp: now + 600 })
@@ -146,7 +162,11 @@ t.test('strict mode against the dev IdP', async t => {
       t.equal(r.status, 401, `${name}: 401`)
       t.equal(r.body.error, 'invalid_token', `${name}: invalid_token`)
       if (description !== undefined) t.equal(r.body.error_description, description, `${name}: description`)
-      t.equal(r.headers.get('www-authenticate'), `${CHALLENGE}, error="invalid_token", error_description="${r.body.error_description as string}"`, `${name}: challenge`)
+      t.equal(
+        r.headers.get('www-authenticate'),
+        `${CHALLENGE}, error="invalid_token", error_description="${r.body.error_description as string}"`,
+        `${name}: challenge`
+      )
       t.notOk(r.text.includes(token.slice(0, 40)) && token.length > 20, `${name}: token not echoed`)
     }
     t.equal(jkuHits, 0, 'no request ever went to the jku/x5u URL')
@@ -289,8 +309,9 @@ t.test('key set drills', async t => {
     t.equal(idp.jwksRequests, start + 1, 'exactly one refetch')
     t.ok((gw.auth.describe?.() as { keySet: { kids: string[] } }).keySet.kids.includes(kid))
     const attacker = await generateKeyPair('RS256')
-    const flood = await Promise.all(Array.from({ length: 40 }, async () =>
-      (await call(gw.url, await idp.mintToken({ sub: 'f' }, { key: attacker.privateKey, kid: randomUUID() }))).status))
+    const flood = await Promise.all(
+      Array.from({ length: 40 }, async () => (await call(gw.url, await idp.mintToken({ sub: 'f' }, { key: attacker.privateKey, kid: randomUUID() }))).status)
+    )
     t.ok(flood.every(s => s === 401))
     t.equal(idp.jwksRequests, start + 1, 'no fetch for random kids within the cooldown')
   })
@@ -300,7 +321,9 @@ t.test('token cache, per-connection memo: same token on the same connection, sam
   const realNow = Date.now
   let now = realNow()
   Date.now = () => now
-  t.teardown(() => { Date.now = realNow })
+  t.teardown(() => {
+    Date.now = realNow
+  })
   const cache = new TokenCache(10, 300)
   const conn = {}
   const other = {}
@@ -340,15 +363,16 @@ t.test('token cache: a keep-alive connection repeating its token is verified onc
   const token = await idp.mintToken({ sub: 'memo' })
   const agent = new Agent({ keepAlive: true, maxSockets: 1 })
   t.teardown(() => agent.destroy())
-  const post = (tok: string): Promise<number> => new Promise((resolve, reject) => {
-    const body = '{"jsonrpc":"2.0","id":1,"method":"ping"}'
-    const req = httpRequest(gw.url, { method: 'POST', agent, headers: { 'content-type': 'application/json', authorization: `Bearer ${tok}` } }, res => {
-      res.resume()
-      res.on('end', () => resolve(res.statusCode ?? 0))
+  const post = (tok: string): Promise<number> =>
+    new Promise((resolve, reject) => {
+      const body = '{"jsonrpc":"2.0","id":1,"method":"ping"}'
+      const req = httpRequest(gw.url, { method: 'POST', agent, headers: { 'content-type': 'application/json', authorization: `Bearer ${tok}` } }, res => {
+        res.resume()
+        res.on('end', () => resolve(res.statusCode ?? 0))
+      })
+      req.on('error', reject)
+      req.end(body)
     })
-    req.on('error', reject)
-    req.end(body)
-  })
   const before = gw.auth.describe?.() as { verifications: number; tokenCache: { hits: number } }
   for (let i = 0; i < 3; i++) t.equal(await post(token), 200)
   const after = gw.auth.describe?.() as { verifications: number; tokenCache: { hits: number } }
@@ -377,12 +401,12 @@ interface OwnKeys {
   setAvailable: (up: boolean) => void
 }
 
-async function ownKeys (t: Tap.Test, issuer: string, audience: string): Promise<OwnKeys> {
+async function ownKeys(t: Tap.Test, issuer: string, audience: string): Promise<OwnKeys> {
   const keys: Array<{ kid: string; privateKey: CryptoKey; jwk: JWK }> = []
   const add = async (): Promise<string> => {
     const { privateKey, publicKey } = await generateKeyPair('RS256', { extractable: true })
     const kid = randomUUID()
-    keys.push({ kid, privateKey, jwk: { ...await exportJWK(publicKey), kid, alg: 'RS256', use: 'sig' } })
+    keys.push({ kid, privateKey, jwk: { ...(await exportJWK(publicKey)), kid, alg: 'RS256', use: 'sig' } })
     return kid
   }
   await add()
@@ -390,11 +414,20 @@ async function ownKeys (t: Tap.Test, issuer: string, audience: string): Promise<
   let fetches = 0
   const server = createServer((_req, res) => {
     fetches++
-    if (!up) { res.writeHead(503).end(); return }
+    if (!up) {
+      res.writeHead(503).end()
+      return
+    }
     res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ keys: keys.map(k => k.jwk) }))
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        server.close(() => resolve())
+        server.closeAllConnections()
+      })
+  )
   const signRaw = (payload: string, kid?: string): Promise<string> => {
     const k = keys[keys.length - 1]!
     return new CompactSign(new TextEncoder().encode(payload)).setProtectedHeader({ alg: 'RS256', typ: 'at+jwt', kid: kid ?? k.kid }).sign(k.privateKey)
@@ -408,7 +441,9 @@ async function ownKeys (t: Tap.Test, issuer: string, audience: string): Promise<
       return signRaw(JSON.stringify({ iss: issuer, aud: audience, iat: now, exp: now + 600, client_id: audience, ...claims }), kid)
     },
     rotate: add,
-    setAvailable: v => { up = v },
+    setAvailable: v => {
+      up = v
+    },
   }
 }
 
@@ -422,20 +457,37 @@ t.test('issue 13 item 2: an ID token is not an access token', async t => {
     t.equal(r.status, 401, 'the ID token (same iss, aud and sub) is refused')
     t.equal(r.body.error, 'invalid_token')
     t.equal(r.body.error_description, 'token is not an access token')
-    t.equal((await call(gw.url, await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password'))).status, 200, 'client-credentials tokens still pass')
+    t.equal(
+      (await call(gw.url, await idp.clientCredentialsToken('mcp-service', 'mcp-service-dev-password'))).status,
+      200,
+      'client-credentials tokens still pass'
+    )
     // An Authentik access token is its ID token plus azp and uid: azp tells them apart.
-    t.equal((await call(gw.url, await idp.mintToken({ sub: 'u1', azp: idp.clientId, uid: 'x' }, { header: { typ: 'JWT' } }))).status, 200, 'Authentik-shaped access token')
-    t.equal((await call(gw.url, await idp.mintToken({ sub: 'u1', nonce: 'n', at_hash: 'h', azp: undefined }))).status, 401, 'an ID-token-shaped token is refused')
+    t.equal(
+      (await call(gw.url, await idp.mintToken({ sub: 'u1', azp: idp.clientId, uid: 'x' }, { header: { typ: 'JWT' } }))).status,
+      200,
+      'Authentik-shaped access token'
+    )
+    t.equal(
+      (await call(gw.url, await idp.mintToken({ sub: 'u1', nonce: 'n', at_hash: 'h', azp: undefined }))).status,
+      401,
+      'an ID-token-shaped token is refused'
+    )
     const off = await authGateway(t, ossOptions(idp, { rejectIdTokens: false }))
     t.equal((await call(off.url, idToken)).status, 200, 'rejectIdTokens: false turns the check off')
   })
 
-  t.test('cloud_idp: the ID token for the gateway\'s own client gets 401; access tokens need scp or roles', async t => {
+  t.test("cloud_idp: the ID token for the gateway's own client gets 401; access tokens need scp or roles", async t => {
     const emu = await startEntraEmulator()
     t.teardown(() => emu.close())
     const gw = await authGateway(t, {
-      mode: 'strict', issuer: emu.issuerV2, audiences: [emu.clientId, `api://${emu.clientId}`], provider: { cloud_idp: {} }, clientId: emu.clientId,
-      jwks: emu.jwksUrl, resourceMetadata: { resource: `${BASE}/mcp`, scopesSupported: emu.apiScopes as string[] },
+      mode: 'strict',
+      issuer: emu.issuerV2,
+      audiences: [emu.clientId, `api://${emu.clientId}`],
+      provider: { cloud_idp: {} },
+      clientId: emu.clientId,
+      jwks: emu.jwksUrl,
+      resourceMetadata: { resource: `${BASE}/mcp`, scopesSupported: emu.apiScopes as string[] },
     })
     const tokens = await entraCodeTokens(emu)
     t.ok(tokens.id_token !== undefined, 'the emulator issued an ID token')
@@ -447,13 +499,20 @@ t.test('issue 13 item 2: an ID token is not an access token', async t => {
   })
 })
 
-async function authCodeTokens (idp: Awaited<ReturnType<typeof devIdp>>): Promise<{ accessToken: string; idToken: string }> {
+async function authCodeTokens(idp: Awaited<ReturnType<typeof devIdp>>): Promise<{ accessToken: string; idToken: string }> {
   const verifier = randomBytes(32).toString('base64url')
   const redirect = 'http://127.0.0.1:1/callback'
   const u = new URL(idp.authorizationEndpoint)
   u.search = new URLSearchParams({
-    response_type: 'code', client_id: idp.clientId, redirect_uri: redirect, scope: 'openid profile', state: 's1', nonce: 'n1',
-    code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256', resource: `${BASE}/mcp`,
+    response_type: 'code',
+    client_id: idp.clientId,
+    redirect_uri: redirect,
+    scope: 'openid profile',
+    state: 's1',
+    nonce: 'n1',
+    code_challenge: createHash('sha256').update(verifier).digest('base64url'),
+    code_challenge_method: 'S256',
+    resource: `${BASE}/mcp`,
   }).toString()
   const code = new URL((await fetch(u, { redirect: 'manual' })).headers.get('location') ?? '').searchParams.get('code') ?? ''
   const tok = await fetch(idp.tokenEndpoint, {
@@ -461,25 +520,37 @@ async function authCodeTokens (idp: Awaited<ReturnType<typeof devIdp>>): Promise
     headers: { 'content-type': 'application/x-www-form-urlencoded' },
     body: new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri: redirect, client_id: idp.clientId, code_verifier: verifier }),
   })
-  const body = await tok.json() as { access_token: string; id_token: string }
+  const body = (await tok.json()) as { access_token: string; id_token: string }
   return { accessToken: body.access_token, idToken: body.id_token }
 }
 
-async function entraCodeTokens (emu: EntraEmulator): Promise<{ access_token: string; id_token: string }> {
+async function entraCodeTokens(emu: EntraEmulator): Promise<{ access_token: string; id_token: string }> {
   const verifier = randomBytes(32).toString('base64url')
   const redirect = 'http://127.0.0.1:1/callback'
   const u = new URL(emu.authorizeUrl)
   u.search = new URLSearchParams({
-    response_type: 'code', client_id: emu.clientId, redirect_uri: redirect, scope: `openid ${emu.apiScopes.join(' ')}`, state: 's',
-    code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256',
+    response_type: 'code',
+    client_id: emu.clientId,
+    redirect_uri: redirect,
+    scope: `openid ${emu.apiScopes.join(' ')}`,
+    state: 's',
+    code_challenge: createHash('sha256').update(verifier).digest('base64url'),
+    code_challenge_method: 'S256',
   }).toString()
   const code = new URL((await fetch(u, { redirect: 'manual' })).headers.get('location') ?? '').searchParams.get('code') ?? ''
   const tok = await fetch(emu.tokenUrl, {
     method: 'POST',
     headers: { 'content-type': 'application/x-www-form-urlencoded' },
-    body: new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri: redirect, client_id: emu.clientId, code_verifier: verifier, scope: `openid ${emu.apiScopes.join(' ')}` }),
+    body: new URLSearchParams({
+      grant_type: 'authorization_code',
+      code,
+      redirect_uri: redirect,
+      client_id: emu.clientId,
+      code_verifier: verifier,
+      scope: `openid ${emu.apiScopes.join(' ')}`,
+    }),
   })
-  return await tok.json() as { access_token: string; id_token: string }
+  return (await tok.json()) as { access_token: string; id_token: string }
 }
 
 t.test('issue 13 item 3: the subject is sub or the configured claim, never the client id', async t => {
@@ -554,7 +625,13 @@ t.test('issue 13 items 19 and 20: key rotation while the IdP is down, and under 
   t.test('an unknown kid while the key set cannot be refreshed: 503 + Retry-After, then accepted', async t => {
     const keys = await ownKeys(t, ownIssuer, 'rot-client')
     let now = 1_000_000
-    const gw = await authGateway(t, { ...ossOptions(idp), issuer: ownIssuer, audiences: ['rot-client'], clientId: 'rot-client', jwks: keys.url }, undefined, undefined, { now: () => now })
+    const gw = await authGateway(
+      t,
+      { ...ossOptions(idp), issuer: ownIssuer, audiences: ['rot-client'], clientId: 'rot-client', jwks: keys.url },
+      undefined,
+      undefined,
+      { now: () => now }
+    )
     t.equal((await call(gw.url, await keys.sign({ sub: 'u' }))).status, 200)
     keys.setAvailable(false)
     await keys.rotate()
@@ -573,7 +650,13 @@ t.test('issue 13 items 19 and 20: key rotation while the IdP is down, and under 
     // Default keySet settings: the point is what an operator gets without tuning. The key set's
     // clock stands still (PluginEnv.now): however long the flood runs, the next on-demand fetch is
     // one cooldown (3 s) away, so a request for a new kid waits for that one shared slot.
-    const gw = await authGateway(t, { ...ossOptions(idp), issuer: ownIssuer, audiences: ['rot-client'], clientId: 'rot-client', jwks: keys.url }, undefined, undefined, { now: () => 1_000_000 })
+    const gw = await authGateway(
+      t,
+      { ...ossOptions(idp), issuer: ownIssuer, audiences: ['rot-client'], clientId: 'rot-client', jwks: keys.url },
+      undefined,
+      undefined,
+      { now: () => 1_000_000 }
+    )
     let flooding = true
     let bogus = 0
     const flood = Array.from({ length: 8 }, async () => {
@@ -595,9 +678,17 @@ t.test('issue 13 items 19 and 20: key rotation while the IdP is down, and under 
   })
 })
 
-t.test('without the OAuth facade\'s schema, a facade block is a config error naming it, never passed on unchecked', async t => {
+t.test("without the OAuth facade's schema, a facade block is a config error naming it, never passed on unchecked", async t => {
   const bare = mcpAuthenticationModule()
-  t.throws(() => bare.check?.({ mode: 'strict', issuer: 'https://idp.example.test/', resourceMetadata: { resource: `${BASE}/mcp` }, facade: {} }, 'mcp.policies.mcpAuthentication'), {
-    code: 'MCPP_ERR_CONFIG', message: /^mcp\.policies\.mcpAuthentication\.facade: the OAuth facade is not among the available plugins$/,
-  })
+  t.throws(
+    () =>
+      bare.check?.(
+        { mode: 'strict', issuer: 'https://idp.example.test/', resourceMetadata: { resource: `${BASE}/mcp` }, facade: {} },
+        'mcp.policies.mcpAuthentication'
+      ),
+    {
+      code: 'MCPP_ERR_CONFIG',
+      message: /^mcp\.policies\.mcpAuthentication\.facade: the OAuth facade is not among the available plugins$/,
+    }
+  )
 })

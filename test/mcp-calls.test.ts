@@ -11,7 +11,10 @@ import type { JsonRpcMessage } from '../core/targets/types.ts'
 const req = (method: string, params?: Record<string, unknown>): JsonRpcMessage => ({ jsonrpc: '2.0', method, params })
 const res = (id: unknown, result: unknown = {}): JsonRpcMessage => ({ jsonrpc: '2.0', id: id as number, result })
 
-interface Call { readonly id: number; readonly label: string }
+interface Call {
+  readonly id: number
+  readonly label: string
+}
 
 t.test('fresh ids per table; a response takes its call out once', async t => {
   const a = new UpstreamCalls<Call>()

@@ -20,16 +20,19 @@ import { realAuth, type RealAuth } from './helpers/real-auth.ts'
 const GATED = ['get-roots-list', 'trigger-elicitation-request', 'trigger-sampling-request']
 
 /** An SDK client of alice's (a real token from the dev IdP) declaring `capabilities`. */
-async function connect (t: Test, gw: GatewayHarness, auth: RealAuth, capabilities: Record<string, unknown>): Promise<Client> {
+async function connect(t: Test, gw: GatewayHarness, auth: RealAuth, capabilities: Record<string, unknown>): Promise<Client> {
   const client = new Client({ name: 'caps', version: '1.0.0' }, { capabilities })
   await client.connect(new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: await auth.as('alice') } }))
   t.teardown(() => client.close())
   return client
 }
 
-async function gated (client: Client): Promise<string[]> {
+async function gated(client: Client): Promise<string[]> {
   const { tools } = await client.listTools()
-  return tools.map(x => x.name).filter(n => GATED.includes(n)).sort()
+  return tools
+    .map(x => x.name)
+    .filter(n => GATED.includes(n))
+    .sort()
 }
 
 const paths: Record<string, TargetConfig> = {

@@ -32,7 +32,7 @@ t.test('alone: no secret, no relay, memory state that never expires a slot', asy
   solo.close()
 })
 
-t.test('a worker: its primary\'s secret and store, a loopback relay listener of its own', async t => {
+t.test("a worker: its primary's secret and store, a loopback relay listener of its own", async t => {
   const { log } = memoryLogger()
   const primaryStore = { ...createMemoryState(), kind: 'primary' as const }
   const worker = { slot: 2, secret: SECRET, shared: primaryStore }
@@ -42,10 +42,13 @@ t.test('a worker: its primary\'s secret and store, a loopback relay listener of 
   t.not(node.clientRelay, undefined)
   t.equal(node.internalToken, sibling.internalToken, 'the same internal token in every worker of a run')
   const shared = await node.openSharedState()
-  t.equal(shared.state, primaryStore, 'the primary\'s store')
+  t.equal(shared.state, primaryStore, "the primary's store")
   t.equal(shared.leaseMs, 60_000)
   let accepted = 0
-  const relay = await node.openForward(socket => { accepted++; socket.destroy() })
+  const relay = await node.openForward(socket => {
+    accepted++
+    socket.destroy()
+  })
   t.not(relay, undefined)
   t.teardown(() => relay?.close())
   const id = relay!.newSessionId()
@@ -56,30 +59,40 @@ t.test('a worker: its primary\'s secret and store, a loopback relay listener of 
   t.match(mcp.newSessionId!(), /^[A-Za-z0-9_-]+$/, 'owner ids are visible ASCII')
   t.not(id, mcp.newSessionId!(), 'each id is new')
   // Each worker's relay listener is on loopback, on a port of its own: its ids name it as their owner.
-  const siblingRelay = await sibling.openForward(socket => { socket.destroy() })
+  const siblingRelay = await sibling.openForward(socket => {
+    socket.destroy()
+  })
   t.teardown(() => siblingRelay?.close())
   const owner = relay!.remoteOwner({ req: { headers: {} } } as never, siblingRelay!.newSessionId())
-  t.match(owner, /^http:\/\/127\.0\.0\.1:\d+$/, 'a sibling\'s id names its loopback relay listener')
-  t.equal(relay!.remoteOwner({ req: { headers: {} } } as never, id), undefined, 'an id of this worker\'s own is served here')
+  t.match(owner, /^http:\/\/127\.0\.0\.1:\d+$/, "a sibling's id names its loopback relay listener")
+  t.equal(relay!.remoteOwner({ req: { headers: {} } } as never, id), undefined, "an id of this worker's own is served here")
   await new Promise<void>((resolve, reject) => {
-    const c = createConnection(Number(new URL(owner!).port), '127.0.0.1', () => { c.destroy(); resolve() })
+    const c = createConnection(Number(new URL(owner!).port), '127.0.0.1', () => {
+      c.destroy()
+      resolve()
+    })
     c.once('error', reject)
   })
   await sibling.closeRelayListener()
   await node.closeRelayListener()
-  t.equal(accepted, 0, 'this node\'s listener saw no connection meant for the sibling')
+  t.equal(accepted, 0, "this node's listener saw no connection meant for the sibling")
 })
 
-t.test('sealed passthrough sessions: bound to the target and the caller\'s key', async t => {
+t.test("sealed passthrough sessions: bound to the target and the caller's key", async t => {
   const { log } = memoryLogger()
-  const node = new ClusterNode({ cluster: { secret: SECRET, advertiseUrl: 'http://10.0.0.1:8080', forwardTimeoutMs: 1000 }, mcpHost: '0.0.0.0', worker: undefined, log })
+  const node = new ClusterNode({
+    cluster: { secret: SECRET, advertiseUrl: 'http://10.0.0.1:8080', forwardTimeoutMs: 1000 },
+    mcpHost: '0.0.0.0',
+    worker: undefined,
+    log,
+  })
   const relay = await node.openForward(() => {})
   t.teardown(() => relay?.close())
   const mcp = createMcpCluster({ relay, secret: node.secret })
   const sealed = mcp.sealedSessions('docs')!
   const id = sealed.seal('alice', 'upstream-1')!
   t.equal(sealed.open('alice', id), 'upstream-1')
-  t.equal(sealed.open('bob', id), undefined, 'another caller\'s id is unknown')
-  t.equal(mcp.sealedSessions('other')!.open('alice', id), undefined, 'another target\'s id is unknown')
+  t.equal(sealed.open('bob', id), undefined, "another caller's id is unknown")
+  t.equal(mcp.sealedSessions('other')!.open('alice', id), undefined, "another target's id is unknown")
   t.equal(node.closeRelayListener(), undefined, 'a replica relays through its advertised MCP listener, no listener of its own')
 })

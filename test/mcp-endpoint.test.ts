@@ -12,14 +12,19 @@ import { memoryFactory } from './helpers/memory-upstream.ts'
 import { realAuth, type RealAuth } from './helpers/real-auth.ts'
 
 /** `auth`: the real mcpAuthentication plugin (dev IdP tokens) where a test tells subjects apart; else anonymous. */
-async function gateway (t: Test, session: Record<string, number> = {}, auth?: RealAuth) {
+async function gateway(t: Test, session: Record<string, number> = {}, auth?: RealAuth) {
   return startGateway(t, { targets: [], factories: [memoryFactory('a')], plugins: auth === undefined ? [] : [auth.plugin], session })
 }
 
-async function send (url: string, body: unknown, headers: Record<string, string> = {}, method = 'POST'): Promise<{ status: number; json: Record<string, unknown> | undefined; res: Response; text: string }> {
+async function send(
+  url: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+  method = 'POST'
+): Promise<{ status: number; json: Record<string, unknown> | undefined; res: Response; text: string }> {
   const res = await fetch(url, { method, headers: { ...INIT_HEADERS, ...headers }, body: method === 'POST' ? JSON.stringify(body) : undefined })
   const text = await res.text()
-  const json = res.headers.get('content-type')?.startsWith('application/json') === true ? JSON.parse(text) as Record<string, unknown> : undefined
+  const json = res.headers.get('content-type')?.startsWith('application/json') === true ? (JSON.parse(text) as Record<string, unknown>) : undefined
   return { status: res.status, json, res, text }
 }
 
@@ -29,7 +34,11 @@ t.test('transport rules: Accept, Content-Type, methods', async t => {
   const gw = await gateway(t)
   const accept = await send(gw.url, list, { accept: 'application/json' })
   t.equal(accept.status, 406)
-  t.match(accept.json, { jsonrpc: '2.0', id: null, error: { code: -32600, message: /Accept must list application\/json and text\/event-stream/ } }, 'refused before the body is read: id null')
+  t.match(
+    accept.json,
+    { jsonrpc: '2.0', id: null, error: { code: -32600, message: /Accept must list application\/json and text\/event-stream/ } },
+    'refused before the body is read: id null'
+  )
   const ct = await send(gw.url, list, { 'content-type': 'text/plain' })
   t.equal(ct.status, 415)
   const put = await send(gw.url, undefined, {}, 'PUT')
@@ -40,7 +49,7 @@ t.test('transport rules: Accept, Content-Type, methods', async t => {
   t.equal(get.status, 400, 'a GET without a session id')
 })
 
-t.test('sessions: initialize mints an id; requests need it; another subject\'s id is not found', async t => {
+t.test("sessions: initialize mints an id; requests need it; another subject's id is not found", async t => {
   const auth = await realAuth(t, ['alice', 'bob'])
   const gw = await gateway(t, {}, auth)
   const [alice, bob] = [await auth.as('alice'), await auth.as('bob')]
@@ -56,7 +65,7 @@ t.test('sessions: initialize mints an id; requests need it; another subject\'s i
   t.equal(ok.status, 200)
   t.match(sseMessages(ok.text)[0], { id: 2, result: { tools: [{ name: 'echo' }, { name: 'hang' }] } })
   const stolen = await send(gw.url, list, { ...bob, 'mcp-session-id': sid })
-  t.equal(stolen.status, 404, 'bob cannot use alice\'s session')
+  t.equal(stolen.status, 404, "bob cannot use alice's session")
   t.match(stolen.json, { error: { code: -32001, message: 'Session not found' } })
   const version = await send(gw.url, list, { ...alice, 'mcp-session-id': sid, 'mcp-protocol-version': '1999-01-01' })
   t.equal(version.status, 400)
@@ -64,7 +73,11 @@ t.test('sessions: initialize mints an id; requests need it; another subject\'s i
   t.equal(reinit.status, 400, 'initialize must not carry a session id')
   const notification = await send(gw.url, { jsonrpc: '2.0', method: 'notifications/initialized' }, { ...alice, 'mcp-session-id': sid })
   t.equal(notification.status, 202)
-  t.same(gw.endpoint.sessions().map(s => ({ id: s.id, subject: s.subject, targets: s.targets })), [{ id: sid.slice(0, 8), subject: 'alice', targets: ['a'] }], 'the admin sees 8 characters of the id')
+  t.same(
+    gw.endpoint.sessions().map(s => ({ id: s.id, subject: s.subject, targets: s.targets })),
+    [{ id: sid.slice(0, 8), subject: 'alice', targets: ['a'] }],
+    'the admin sees 8 characters of the id'
+  )
   const del = await send(gw.url, undefined, { ...alice, 'mcp-session-id': sid }, 'DELETE')
   t.equal(del.status, 200)
   t.equal((await send(gw.url, list, { ...alice, 'mcp-session-id': sid })).status, 404, 'gone after DELETE')
@@ -75,7 +88,10 @@ t.test('batches: only in 2025-03-26, never with initialize', async t => {
   const old = await rawInitialize(gw.url, '2025-03-26')
   const batch = await send(gw.url, [list, { ...list, id: 3 }], { 'mcp-session-id': old.sessionId! })
   t.equal(batch.status, 200)
-  t.same(sseMessages(batch.text).map(m => m.id), [2, 3])
+  t.same(
+    sseMessages(batch.text).map(m => m.id),
+    [2, 3]
+  )
   const recent = await rawInitialize(gw.url, '2025-06-18')
   const refused = await send(gw.url, [list], { 'mcp-session-id': recent.sessionId! })
   t.equal(refused.status, 400)
@@ -117,15 +133,39 @@ t.test('caps: per subject 429, in total and while draining 503, with Retry-After
 t.test('era dispatch: 2026-07-28 requests go to the stateless handler on the same endpoint', async t => {
   const gw = await gateway(t)
   const meta = { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {} }
-  const r = await send(gw.url, { jsonrpc: '2.0', id: 9, method: 'tools/list', params: { _meta: meta } }, { 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/list' })
+  const r = await send(
+    gw.url,
+    { jsonrpc: '2.0', id: 9, method: 'tools/list', params: { _meta: meta } },
+    { 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/list' }
+  )
   t.equal(r.status, 200)
   t.match(r.json, { id: 9, result: { resultType: 'complete', tools: [{ name: 'echo' }] } })
-  const mismatch = await send(gw.url, { jsonrpc: '2.0', id: 10, method: 'tools/list', params: { _meta: meta } }, { 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'prompts/list' })
+  const mismatch = await send(
+    gw.url,
+    { jsonrpc: '2.0', id: 10, method: 'tools/list', params: { _meta: meta } },
+    { 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'prompts/list' }
+  )
   t.equal(mismatch.status, 400)
-  t.same(mismatch.json, { jsonrpc: '2.0', id: 10, error: { code: -32020, message: "Header mismatch: Mcp-Method header value 'prompts/list' does not match body value 'tools/list'" } }, 'the ProxyError written by the one error writer')
-  const version = await send(gw.url, { jsonrpc: '2.0', id: 11, method: 'tools/list', params: { _meta: { ...meta, 'io.modelcontextprotocol/protocolVersion': '2030-01-01' } } }, { 'mcp-protocol-version': '2030-01-01', 'mcp-method': 'tools/list' })
+  t.same(
+    mismatch.json,
+    {
+      jsonrpc: '2.0',
+      id: 10,
+      error: { code: -32020, message: "Header mismatch: Mcp-Method header value 'prompts/list' does not match body value 'tools/list'" },
+    },
+    'the ProxyError written by the one error writer'
+  )
+  const version = await send(
+    gw.url,
+    { jsonrpc: '2.0', id: 11, method: 'tools/list', params: { _meta: { ...meta, 'io.modelcontextprotocol/protocolVersion': '2030-01-01' } } },
+    { 'mcp-protocol-version': '2030-01-01', 'mcp-method': 'tools/list' }
+  )
   t.equal(version.status, 400)
-  t.match(version.json, { id: 11, error: { code: -32022, message: 'Unsupported protocol version', data: { requested: '2030-01-01', supported: ['2026-07-28'] } } }, 'the JSON-RPC error carries data')
+  t.match(
+    version.json,
+    { id: 11, error: { code: -32022, message: 'Unsupported protocol version', data: { requested: '2030-01-01', supported: ['2026-07-28'] } } },
+    'the JSON-RPC error carries data'
+  )
   t.equal(version.res.headers.get('cache-control'), 'no-store')
   const del = await send(gw.url, undefined, { 'mcp-protocol-version': '2026-07-28' }, 'DELETE')
   t.equal(del.status, 405)

@@ -38,7 +38,11 @@ t.test('isJsonRpcMessage refuses what JSON-RPC 2.0 does not allow', async t => {
 
 t.test('parseMcpBody: one message or a batch, method of the first request', async t => {
   t.same(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/list' })), { body: { jsonrpc: '2.0', id: 1, method: 'tools/list' }, method: 'tools/list' })
-  const batch = [{ jsonrpc: '2.0', id: 1, result: {} }, { jsonrpc: '2.0', method: 'notifications/progress', params: {} }, { jsonrpc: '2.0', id: 2, method: 'ping' }]
+  const batch = [
+    { jsonrpc: '2.0', id: 1, result: {} },
+    { jsonrpc: '2.0', method: 'notifications/progress', params: {} },
+    { jsonrpc: '2.0', id: 2, method: 'ping' },
+  ]
   const info = parseMcpBody(buf(batch))
   t.same(info.body, batch)
   t.equal(info.method, 'notifications/progress', 'the first message that has a method names the batch')
@@ -46,7 +50,11 @@ t.test('parseMcpBody: one message or a batch, method of the first request', asyn
   // For the access log: the tool, prompt or URI a request names, nothing else.
   t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'x' } })).name, 'x')
   t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'resources/read', params: { uri: 'test://a' } })).name, 'test://a')
-  t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/list', params: { name: 'x' } })).name, undefined, 'only for tools/call, prompts/get and resources/*')
+  t.equal(
+    parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/list', params: { name: 'x' } })).name,
+    undefined,
+    'only for tools/call, prompts/get and resources/*'
+  )
   t.equal(parseMcpBody(buf({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 7 } })).name, undefined)
 })
 
@@ -60,7 +68,11 @@ t.test('parseMcpBody: -32700 for invalid JSON, -32600 for anything else that is 
   ]
   for (const [text, code, rpcCode] of cases) {
     let err: unknown
-    try { parseMcpBody(buf(text)) } catch (e) { err = e }
+    try {
+      parseMcpBody(buf(text))
+    } catch (e) {
+      err = e
+    }
     t.ok(ProxyError.is(err), `${JSON.stringify(text)} throws a ProxyError`)
     t.match(err, { code, statusCode: 400, rpcCode }, JSON.stringify(text))
   }

@@ -14,36 +14,62 @@ import { call } from './helpers/conformance-fixture.ts'
 const SERVER_INFO = 'io.modelcontextprotocol/serverInfo'
 
 /** A session-era HTTP upstream: each `initialize` gets the next version; `slow` answers when released. */
-async function rollingUpstream (t: Test): Promise<{ url: string; release: () => void; slowArrived: Promise<void> }> {
+async function rollingUpstream(t: Test): Promise<{ url: string; release: () => void; slowArrived: Promise<void> }> {
   let version = 0
   let held: (() => void) | undefined
   let arrived!: () => void
-  const slowArrived = new Promise<void>(resolve => { arrived = resolve })
+  const slowArrived = new Promise<void>(resolve => {
+    arrived = resolve
+  })
   const server = createServer((req, res) => {
-    if (req.method !== 'POST') { res.writeHead(req.method === 'DELETE' ? 200 : 405).end(); return }
+    if (req.method !== 'POST') {
+      res.writeHead(req.method === 'DELETE' ? 200 : 405).end()
+      return
+    }
     let raw = ''
-    req.setEncoding('utf8').on('data', (d: string) => { raw += d }).on('end', () => {
-      const body = JSON.parse(raw)
-      const reply = (out: ServerResponse, result: unknown, headers: Record<string, string> = {}): void => {
-        out.writeHead(200, { 'content-type': 'application/json', ...headers }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result }))
-      }
-      if (body.id === undefined) { res.writeHead(202).end(); return }
-      if (body.method === 'initialize') {
-        version++
-        reply(res, { protocolVersion: body.params.protocolVersion, capabilities: { tools: {} }, serverInfo: { name: 'rolling', version: String(version) } }, { 'mcp-session-id': 'session-' + version })
-        return
-      }
-      if (body.method === 'tools/call' && body.params.name === 'slow') {
-        held = () => reply(res, { content: [{ type: 'text', text: 'slow done' }] })
-        arrived()
-        return
-      }
-      if (body.method === 'tools/call') { reply(res, { content: [{ type: 'text', text: 'fast done' }] }); return }
-      reply(res, {})
-    })
+    req
+      .setEncoding('utf8')
+      .on('data', (d: string) => {
+        raw += d
+      })
+      .on('end', () => {
+        const body = JSON.parse(raw)
+        const reply = (out: ServerResponse, result: unknown, headers: Record<string, string> = {}): void => {
+          out.writeHead(200, { 'content-type': 'application/json', ...headers }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result }))
+        }
+        if (body.id === undefined) {
+          res.writeHead(202).end()
+          return
+        }
+        if (body.method === 'initialize') {
+          version++
+          reply(
+            res,
+            { protocolVersion: body.params.protocolVersion, capabilities: { tools: {} }, serverInfo: { name: 'rolling', version: String(version) } },
+            { 'mcp-session-id': 'session-' + version }
+          )
+          return
+        }
+        if (body.method === 'tools/call' && body.params.name === 'slow') {
+          held = () => reply(res, { content: [{ type: 'text', text: 'slow done' }] })
+          arrived()
+          return
+        }
+        if (body.method === 'tools/call') {
+          reply(res, { content: [{ type: 'text', text: 'fast done' }] })
+          return
+        }
+        reply(res, {})
+      })
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { server.closeAllConnections(); server.close(() => resolve()) }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        server.closeAllConnections()
+        server.close(() => resolve())
+      })
+  )
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/mcp`, release: () => held?.(), slowArrived }
 }
 

@@ -19,7 +19,7 @@ const TASKS = 'io.modelcontextprotocol/tasks'
 const WITH_TASKS = { elicitation: {}, extensions: { [TASKS]: {} } }
 
 /** tasks/get until the task's status is one of `want` (a failure guard bounds the wait). */
-async function until (url: string, taskId: string, want: string[], extra: Record<string, string> = {}): Promise<Answer> {
+async function until(url: string, taskId: string, want: string[], extra: Record<string, string> = {}): Promise<Answer> {
   for (let i = 0; ; i++) {
     const r = await call(url, 'tasks/get', { taskId }, WITH_TASKS, extra)
     if (want.includes(r.json.result?.status) || r.json.error !== undefined || i >= 100) return r
@@ -28,7 +28,7 @@ async function until (url: string, taskId: string, want: string[], extra: Record
 }
 
 /** A task's whole life through `url`, its tools named with `prefix`: ids as the client sees them. */
-async function lifecycle (t: Test, url: string, prefix: string): Promise<void> {
+async function lifecycle(t: Test, url: string, prefix: string): Promise<void> {
   const discover = await call(url, 'server/discover', {}, WITH_TASKS)
   t.ok(discover.json.result?.capabilities?.extensions?.[TASKS], 'the extension advertised as the target does', { got: discover.json })
   t.notOk(discover.json.result?.capabilities?.tasks, 'no session-era tasks capability')
@@ -44,7 +44,12 @@ async function lifecycle (t: Test, url: string, prefix: string): Promise<void> {
   const input = await call(url, 'tools/call', { name: prefix + 'confirm_delete', arguments: { filename: 'x.txt' } }, WITH_TASKS)
   const parked = await until(url, input.json.result?.taskId, ['input_required'])
   t.same(Object.keys(parked.json.result?.inputRequests ?? {}), ['confirm'], 'input requests with their keys', { got: parked.json })
-  const ack = await call(url, 'tasks/update', { taskId: input.json.result?.taskId, inputResponses: { confirm: { action: 'accept', content: { confirm: true } } } }, WITH_TASKS)
+  const ack = await call(
+    url,
+    'tasks/update',
+    { taskId: input.json.result?.taskId, inputResponses: { confirm: { action: 'accept', content: { confirm: true } } } },
+    WITH_TASKS
+  )
   t.same(ack.json.result?.resultType, 'complete', 'tasks/update acknowledged', { got: ack.json })
   const deleted = await until(url, input.json.result?.taskId, ['completed'])
   t.equal(deleted.json.result?.result?.content?.[0]?.text, 'deleted x.txt', 'the task resumed with the answer')
@@ -82,7 +87,7 @@ t.test('two native targets: task ids named <target>_<taskId>, routed back by tha
   await lifecycle(t, url, 'fixture_')
 })
 
-t.test('a task is its creator\'s: another subject, or a tool the rules deny, finds no such task; the limit holds per subject', async t => {
+t.test("a task is its creator's: another subject, or a tool the rules deny, finds no such task; the limit holds per subject", async t => {
   const idp = await startDevIdp()
   t.teardown(() => idp.close())
   const upstream = await fixtureHttp(t)
@@ -93,13 +98,19 @@ t.test('a task is its creator\'s: another subject, or a tool the rules deny, fin
     limits: { maxTasksPerSession: 2 },
     policies: {
       mcpAuthentication: {
-        mode: 'strict', issuer: idp.issuer, audiences: [idp.clientId], provider: { oss_idp: {} }, clientId: idp.clientId,
+        mode: 'strict',
+        issuer: idp.issuer,
+        audiences: [idp.clientId],
+        provider: { oss_idp: {} },
+        clientId: idp.clientId,
         resourceMetadata: { resource: `http://127.0.0.1:${port}/mcp` },
       },
       authorization: { rules: ['mcp.tool.name != "confirm_delete" || "deleters" in jwt.groups'] },
     },
   })
-  const as = async (sub: string, groups: string[] = []): Promise<Record<string, string>> => ({ authorization: `Bearer ${await idp.mintToken({ sub, groups })}` })
+  const as = async (sub: string, groups: string[] = []): Promise<Record<string, string>> => ({
+    authorization: `Bearer ${await idp.mintToken({ sub, groups })}`,
+  })
   const alice = await as('alice', ['deleters'])
   const bob = await as('bob', ['deleters'])
 
@@ -110,7 +121,11 @@ t.test('a task is its creator\'s: another subject, or a tool the rules deny, fin
     const other = await call(url, method, method === 'tasks/update' ? { taskId, inputResponses: {} } : { taskId }, WITH_TASKS, bob)
     t.equal(other.json.error?.code, -32602, `bob: ${method} of alice's task is an unknown task`, { got: other.json })
   }
-  t.equal((await call(url, 'tasks/get', { taskId }, WITH_TASKS, alice)).json.result?.status, 'working', 'alice\'s task still runs (bob\'s cancel never reached it)')
+  t.equal(
+    (await call(url, 'tasks/get', { taskId }, WITH_TASKS, alice)).json.result?.status,
+    'working',
+    "alice's task still runs (bob's cancel never reached it)"
+  )
 
   // Rules hold for the task's tool: alice loses the group that allows confirm_delete.
   const asking = await call(url, 'tools/call', { name: 'confirm_delete', arguments: { filename: 'y' } }, WITH_TASKS, alice)
@@ -123,7 +138,11 @@ t.test('a task is its creator\'s: another subject, or a tool the rules deny, fin
   const third = await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, alice)
   t.match(third.json.error, { code: -32000, message: /Too many tasks/ }, 'past the limit: -32000', { got: third.json })
   t.match(logText(), /too many unfinished tasks/, 'and a warning')
-  t.equal((await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, bob)).json.result?.resultType, 'task', 'bob is not counted with alice')
+  t.equal(
+    (await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, bob)).json.result?.resultType,
+    'task',
+    'bob is not counted with alice'
+  )
   await call(url, 'tasks/cancel', { taskId }, WITH_TASKS, alice)
   t.equal((await until(url, taskId, ['cancelled'], alice)).json.result?.status, 'cancelled', 'a cancelled task ends')
   const freed = await call(url, 'tools/call', { name: 'slow_compute', arguments: { seconds: 60 } }, WITH_TASKS, alice)
@@ -133,29 +152,47 @@ t.test('a task is its creator\'s: another subject, or a tool the rules deny, fin
   t.equal(sync.json.result?.content?.[0]?.text, 'Hello, A!', 'at the limit, a call that creates no task is served')
 })
 
-t.test('past the limit the server\'s new task is cancelled upstream; a task whose ttlMs passed is forgotten and frees its slot', async t => {
+t.test("past the limit the server's new task is cancelled upstream; a task whose ttlMs passed is forgotten and frees its slot", async t => {
   let n = 0
   const cancelled: string[] = []
   const upstream = createServer((req, res) => {
     let raw = ''
-    req.setEncoding('utf8').on('data', (d: string) => { raw += d }).on('end', () => {
-      const body = JSON.parse(raw)
-      const reply = (result: unknown): void => { res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result })) }
-      const now = new Date().toISOString()
-      if (body.method === 'server/discover') reply({ resultType: 'complete', supportedVersions: ['2026-07-28'], capabilities: { tools: {}, extensions: { [TASKS]: {} } } })
-      else if (body.method === 'tools/call') reply({ resultType: 'task', taskId: `t${++n}`, status: 'working', createdAt: now, lastUpdatedAt: now, ttlMs: 100 })
-      else if (body.method === 'tasks/cancel') { cancelled.push(body.params.taskId); reply({ resultType: 'complete' }) }
-      else if (body.method === 'tasks/get') reply({ resultType: 'complete', taskId: body.params.taskId, status: 'working', createdAt: now, lastUpdatedAt: now, ttlMs: 100 })
-      else reply({ resultType: 'complete', tools: [] })
-    })
+    req
+      .setEncoding('utf8')
+      .on('data', (d: string) => {
+        raw += d
+      })
+      .on('end', () => {
+        const body = JSON.parse(raw)
+        const reply = (result: unknown): void => {
+          res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: body.id, result }))
+        }
+        const now = new Date().toISOString()
+        if (body.method === 'server/discover')
+          reply({ resultType: 'complete', supportedVersions: ['2026-07-28'], capabilities: { tools: {}, extensions: { [TASKS]: {} } } })
+        else if (body.method === 'tools/call')
+          reply({ resultType: 'task', taskId: `t${++n}`, status: 'working', createdAt: now, lastUpdatedAt: now, ttlMs: 100 })
+        else if (body.method === 'tasks/cancel') {
+          cancelled.push(body.params.taskId)
+          reply({ resultType: 'complete' })
+        } else if (body.method === 'tasks/get')
+          reply({ resultType: 'complete', taskId: body.params.taskId, status: 'working', createdAt: now, lastUpdatedAt: now, ttlMs: 100 })
+        else reply({ resultType: 'complete', tools: [] })
+      })
   })
   await new Promise<void>(resolve => upstream.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { upstream.closeAllConnections(); upstream.close(() => resolve()) }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        upstream.closeAllConnections()
+        upstream.close(() => resolve())
+      })
+  )
   const port = (upstream.address() as AddressInfo).port
   const { url } = await fullGateway(t, { targets: [{ name: 'raw', mcp: { url: `http://127.0.0.1:${port}/mcp` } }], limits: { maxTasksPerSession: 1 } })
   const first = await call(url, 'tools/call', { name: 'job', arguments: {} }, WITH_TASKS)
   t.equal(first.json.result?.status, 'working', 'the first task', { got: first.json })
-  t.not(first.json.result?.taskId, 't1', 'under a sealed id, not the upstream\'s')
+  t.not(first.json.result?.taskId, 't1', "under a sealed id, not the upstream's")
   const second = await call(url, 'tools/call', { name: 'job', arguments: {} }, WITH_TASKS)
   t.match(second.json.error, { code: -32000, message: /Too many tasks/ }, 'past the limit', { got: second.json })
   // Failure guards only: the gateway's cancel is sent in the background, the TTL runs out on its own.
@@ -167,7 +204,7 @@ t.test('past the limit the server\'s new task is cancelled upstream; a task whos
     const r = await call(url, 'tools/call', { name: 'job', arguments: {} }, WITH_TASKS)
     if (r.json.result?.resultType === 'task') accepted = r
   }
-  t.ok(accepted, 'after t1\'s ttlMs a new task is accepted')
+  t.ok(accepted, "after t1's ttlMs a new task is accepted")
   t.equal((await call(url, 'tasks/get', { taskId: first.json.result?.taskId }, WITH_TASKS)).json.error?.code, -32602, 'the expired task is forgotten')
-  t.equal((await call(url, 'tasks/get', { taskId: 't1' }, WITH_TASKS)).json.error?.code, -32602, 'the upstream\'s own id is no id of the gateway')
+  t.equal((await call(url, 'tasks/get', { taskId: 't1' }, WITH_TASKS)).json.error?.code, -32602, "the upstream's own id is no id of the gateway")
 })

@@ -23,10 +23,13 @@ t.test('resource URIs: mcp-proxy://<target>/<original>, the original verbatim', 
 })
 
 t.test('mergeCapabilities: nested objects merged, booleans OR-ed, first scalar kept', async t => {
-  t.same(mergeCapabilities([
-    { tools: { listChanged: false }, logging: {}, experimental: { a: 1 } },
-    { tools: { listChanged: true }, resources: { subscribe: true }, experimental: { a: 2, b: 3 } },
-  ]), { tools: { listChanged: true }, logging: {}, experimental: { a: 1, b: 3 }, resources: { subscribe: true } })
+  t.same(
+    mergeCapabilities([
+      { tools: { listChanged: false }, logging: {}, experimental: { a: 1 } },
+      { tools: { listChanged: true }, resources: { subscribe: true }, experimental: { a: 2, b: 3 } },
+    ]),
+    { tools: { listChanged: true }, logging: {}, experimental: { a: 1, b: 3 }, resources: { subscribe: true } }
+  )
   t.same(mergeCapabilities([]), {})
 })
 

@@ -16,7 +16,7 @@ import { fullGateway } from './helpers/full-gateway.ts'
 const MODERN = '2026-07-28'
 const FIXTURE = join(ROOT, 'test/fixtures/conformance-server.mjs')
 
-function call (name: string, args: Record<string, unknown>, id: number): Record<string, unknown> {
+function call(name: string, args: Record<string, unknown>, id: number): Record<string, unknown> {
   return {
     jsonrpc: '2.0',
     id,
@@ -64,7 +64,12 @@ t.test('Mcp-Param-* headers are validated against the body (2026-07-28)', async 
 
   await accepted('plain value equal to the body', { region: 'us-west1' }, { 'mcp-param-region': 'us-west1' }, 'region=us-west1')
   await accepted('header name in any case', { region: 'us-west1' }, { 'MCP-PARAM-REGION': 'us-west1' }, 'region=us-west1')
-  await accepted('Base64-wrapped value decoded before comparing', { region: 'Hello, 世界' }, { 'mcp-param-region': `=?base64?${Buffer.from('Hello, 世界').toString('base64')}?=` }, 'region=Hello, 世界')
+  await accepted(
+    'Base64-wrapped value decoded before comparing',
+    { region: 'Hello, 世界' },
+    { 'mcp-param-region': `=?base64?${Buffer.from('Hello, 世界').toString('base64')}?=` },
+    'region=Hello, 世界'
+  )
   await accepted('no wrapper suffix: a literal', { region: '=?base64?SGVsbG8=' }, { 'mcp-param-region': '=?base64?SGVsbG8=' }, 'region==?base64?SGVsbG8=')
   await accepted('no argument, no header', {}, {}, 'region=<none>')
   const nul = await post({ region: null }, {})
@@ -74,7 +79,12 @@ t.test('Mcp-Param-* headers are validated against the body (2026-07-28)', async 
   await refused('header differs from the body', { region: 'us-west1' }, { 'mcp-param-region': 'eu-west1' }, /Mcp-Param-Region.*does not match/)
   await refused('header missing while the body has the value', { region: 'us-west1' }, {}, /Mcp-Param-Region header is missing/)
   await refused('Base64 with bad padding', { region: 'Hello' }, { 'mcp-param-region': '=?base64?SGVsbG8?=' }, /Mcp-Param-Region.*Base64/)
-  await refused('Base64 with characters outside the alphabet', { region: 'Hello' }, { 'mcp-param-region': '=?base64?SGVs!!!bG8=?=' }, /Mcp-Param-Region.*Base64/)
+  await refused(
+    'Base64 with characters outside the alphabet',
+    { region: 'Hello' },
+    { 'mcp-param-region': '=?base64?SGVs!!!bG8=?=' },
+    /Mcp-Param-Region.*Base64/
+  )
   await refused('header without a body value', {}, { 'mcp-param-region': 'us-west1' }, /Mcp-Param-Region.*does not match/)
   t.match(logText(), /Mcp-Param-Region/, 'refusals are logged')
 })

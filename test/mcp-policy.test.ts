@@ -8,8 +8,14 @@ import { allowOperation, filterListItems, deniedStandIn } from '../core/mcp/rout
 
 const ctx = {} as RequestContext
 
-function checker (name: string, allow: (op: McpOperation) => boolean, seen: McpOperation[] = []): Plugin {
-  return { name, allowMcpOperation (_c, op) { seen.push(op); return allow(op) } }
+function checker(name: string, allow: (op: McpOperation) => boolean, seen: McpOperation[] = []): Plugin {
+  return {
+    name,
+    allowMcpOperation(_c, op) {
+      seen.push(op)
+      return allow(op)
+    },
+  }
 }
 
 t.test('allowOperation: every checker must allow; none means always', async t => {
@@ -20,11 +26,15 @@ t.test('allowOperation: every checker must allow; none means always', async t =>
   t.ok(allowOperation([yes], ctx, 'tools/call', 'tool', 'echo', 'a'))
   t.notOk(allowOperation([yes, no], ctx, 'prompts/get', 'prompt', 'p', 'a'))
   allowOperation([yes], ctx, 'resources/read', 'resource', 'x://1', 'b')
-  t.same(seen, [
-    { method: 'tools/call', tool: { name: 'echo', target: 'a' } },
-    { method: 'prompts/get', prompt: { name: 'p', target: 'a' } },
-    { method: 'resources/read', resource: { uri: 'x://1', target: 'b' } },
-  ], 'the operation names the kind, the upstream name and the target')
+  t.same(
+    seen,
+    [
+      { method: 'tools/call', tool: { name: 'echo', target: 'a' } },
+      { method: 'prompts/get', prompt: { name: 'p', target: 'a' } },
+      { method: 'resources/read', resource: { uri: 'x://1', target: 'b' } },
+    ],
+    'the operation names the kind, the upstream name and the target'
+  )
 })
 
 t.test('filterListItems: list items are checked as the call that would use them', async t => {
@@ -35,8 +45,15 @@ t.test('filterListItems: list items are checked as the call that would use them'
   // Resources are checked as a read would see them (resource-uri.ts): normalized; one a read would refuse is not listed.
   t.same(filterListItems([noSecret], ctx, 'resources/list', [{ uri: 'S://h/x/../secret' }, { uri: 's://h/x' }, { uri: 'no uri' }], 't'), [{ uri: 's://h/x' }])
   t.same(filterListItems([noSecret], ctx, 'resources/templates/list', [{ uriTemplate: 'secret' }], 't'), [])
-  t.same(seen.map(o => o.method), ['tools/call', 'tools/call', 'prompts/get', 'resources/read', 'resources/read', 'resources/read'])
-  t.same(seen.slice(3, 5).map(o => o.resource?.uri), ['s://h/secret', 's://h/x'], 'the rules saw the normalized URIs')
+  t.same(
+    seen.map(o => o.method),
+    ['tools/call', 'tools/call', 'prompts/get', 'resources/read', 'resources/read', 'resources/read']
+  )
+  t.same(
+    seen.slice(3, 5).map(o => o.resource?.uri),
+    ['s://h/secret', 's://h/x'],
+    'the rules saw the normalized URIs'
+  )
   const items = [{ name: 'secret' }]
   t.equal(filterListItems([], ctx, 'tools/list', items, 't'), items, 'no checkers: the same array')
 })

@@ -11,16 +11,18 @@ import type { JsonRpcMessage } from '../core/targets/types.ts'
 import { readFileSync } from 'node:fs'
 import { memoryLogger } from './helpers/logger.ts'
 
-interface T { readonly target: string }
+interface T {
+  readonly target: string
+}
 const a: T = { target: 'alpha' }
 const b: T = { target: 'beta' }
 const ctx = {} as RequestContext
 
 /** Refuses every item named `secret` (any kind), records what it was asked. */
-function refuser (seen: McpOperation[] = []): Plugin {
+function refuser(seen: McpOperation[] = []): Plugin {
   return {
     name: 'refuser',
-    allowMcpOperation (_ctx, op) {
+    allowMcpOperation(_ctx, op) {
       seen.push(op)
       return (op.tool?.name ?? op.prompt?.name ?? op.resource?.uri) !== 'secret'
     },
@@ -34,7 +36,8 @@ t.test('the tables and the gateway name', async t => {
   // Written out from the MCP method list (a paginated list; a request naming one item), not read back from the tables.
   for (const m of ['tools/list', 'prompts/list', 'resources/list', 'resources/templates/list']) t.ok(isListMethod(m), `${m} is a list`)
   for (const m of ['tools/call', 'prompts/get', 'resources/read', 'resources/subscribe', 'resources/unsubscribe']) t.ok(isNamedMethod(m), `${m} names an item`)
-  for (const m of ['completion/complete', 'logging/setLevel', 'ping', 'tasks/list', 'roots/list']) t.notOk(isListMethod(m) || isNamedMethod(m), `${m} is neither`)
+  for (const m of ['completion/complete', 'logging/setLevel', 'ping', 'tasks/list', 'roots/list'])
+    t.notOk(isListMethod(m) || isNamedMethod(m), `${m} is neither`)
   for (const m of ['tools/call', 'constructor', 'toString', '__proto__', 'hasOwnProperty', '']) t.notOk(isListMethod(m), `${m} is no list`)
   for (const m of ['tools/list', 'constructor', 'toString', '__proto__', 'valueOf', '']) t.notOk(isNamedMethod(m), `${m} names no item`)
   const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
@@ -98,7 +101,11 @@ t.test('refuse: undefined when allowed; a stand-in that restores the name when n
   t.ok(standIn !== undefined)
   t.notMatch(standIn!.value, /secret/, 'the stand-in does not carry the name')
   const upstreamAnswer: JsonRpcMessage = { jsonrpc: '2.0', id: 3, error: { code: -32002, message: `Resource ${standIn!.value} not found` } }
-  t.same(standIn!.restore(upstreamAnswer), { jsonrpc: '2.0', id: 3, error: { code: -32002, message: 'Resource secret not found' } }, 'the answer names what the caller asked for')
+  t.same(
+    standIn!.restore(upstreamAnswer),
+    { jsonrpc: '2.0', id: 3, error: { code: -32002, message: 'Resource secret not found' } },
+    'the answer names what the caller asked for'
+  )
   t.ok(new Router([a], []).allows(ctx, 'resources/read', 'resource', 'secret', 'alpha'), 'no checkers: all allowed')
   t.notOk(r.allows(ctx, 'resources/read', 'resource', 'secret', 'alpha'))
 })
@@ -115,7 +122,7 @@ t.test('filterResult drops what the caller may not see, in place', async t => {
 })
 
 /** Pages of each target's list, by cursor. */
-function pages (byTarget: Record<string, Record<string, JsonRpcMessage>>) {
+function pages(byTarget: Record<string, Record<string, JsonRpcMessage>>) {
   const asked: string[] = []
   return {
     asked,
@@ -140,7 +147,11 @@ t.test('mergeLists follows every cursor, filters, renames, keeps config order', 
   })
   const { log } = memoryLogger()
   const merged = await r.mergeLists(ctx, 'tools/list', fetch, () => false, log, false)
-  t.same(merged, { jsonrpc: '2.0', result: { tools: [{ name: 'alpha_one' }, { name: 'alpha_two' }, { name: 'beta_three' }] } }, 'no nextCursor: the merged list is whole')
+  t.same(
+    merged,
+    { jsonrpc: '2.0', result: { tools: [{ name: 'alpha_one' }, { name: 'alpha_two' }, { name: 'beta_three' }] } },
+    'no nextCursor: the merged list is whole'
+  )
   t.same(asked.sort(), ['alpha:', 'alpha:p2', 'beta:'])
 })
 
@@ -182,7 +193,11 @@ t.test('mergeLists: a failing target is left out and logged, or fails the list f
 })
 
 t.test('instructions: marked per target with several, as they are with one', async t => {
-  const live = [{ target: 'alpha', initResult: { instructions: 'use alpha' } }, { target: 'beta', initResult: {} }, { target: 'gamma', initResult: { instructions: 'use gamma' } }]
+  const live = [
+    { target: 'alpha', initResult: { instructions: 'use alpha' } },
+    { target: 'beta', initResult: {} },
+    { target: 'gamma', initResult: { instructions: 'use gamma' } },
+  ]
   t.equal(new Router([a, b], []).instructions(live), '[alpha] use alpha\n\n[gamma] use gamma')
   t.equal(new Router([a], []).instructions([live[0]!]), 'use alpha')
   t.equal(new Router([a], []).instructions([{ target: 'alpha', initResult: undefined }]), undefined)

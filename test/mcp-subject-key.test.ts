@@ -5,7 +5,7 @@ import t from 'tap'
 import type { RequestContext } from '../core/context.ts'
 import { subjectKeyOf } from '../core/mcp/routing/subject-key.ts'
 
-function ctx (subject: string | undefined, clientAddress: string | undefined): RequestContext {
+function ctx(subject: string | undefined, clientAddress: string | undefined): RequestContext {
   return { auth: subject === undefined ? undefined : { subject, claims: {} }, clientAddress: clientAddress ?? '' } as unknown as RequestContext
 }
 

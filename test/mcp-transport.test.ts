@@ -12,14 +12,28 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js'
 import type { Plugin } from '../core/plugin.ts'
 import {
-  startGateway, everythingTarget, memoryTarget, faultyTarget, processGone, until, sseMessages, rawInitialize, INIT_HEADERS,
+  startGateway,
+  everythingTarget,
+  memoryTarget,
+  faultyTarget,
+  processGone,
+  until,
+  sseMessages,
+  rawInitialize,
+  INIT_HEADERS,
 } from './helpers/gateway-harness.ts'
 import { outcome } from './helpers/outcome.ts'
 import { realAuth } from './helpers/real-auth.ts'
 
 type Msg = Record<string, any> // eslint-disable-line @typescript-eslint/no-explicit-any
 
-async function rawPost (url: string, sessionId: string | null, body: unknown, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<{ status: number; headers: Headers; text: string; messages: Msg[] }> {
+async function rawPost(
+  url: string,
+  sessionId: string | null,
+  body: unknown,
+  headers: Record<string, string> = {},
+  signal?: AbortSignal
+): Promise<{ status: number; headers: Headers; text: string; messages: Msg[] }> {
   const res = await fetch(url, {
     method: 'POST',
     headers: { ...INIT_HEADERS, ...(sessionId === null ? {} : { 'mcp-session-id': sessionId }), ...headers },
@@ -32,30 +46,32 @@ async function rawPost (url: string, sessionId: string | null, body: unknown, he
   return { status: res.status, headers: res.headers, text, messages }
 }
 
-function ping (id: number): Msg {
+function ping(id: number): Msg {
   return { jsonrpc: '2.0', id, method: 'ping' }
 }
 
-function textOf (result: unknown): string {
-  return ((result as { content: Array<{ type: string; text?: string }> }).content).map(c => c.text ?? '').join('\n')
+function textOf(result: unknown): string {
+  return (result as { content: Array<{ type: string; text?: string }> }).content.map(c => c.text ?? '').join('\n')
 }
 
 /** Denies one tool of each target and one prompt; rules see upstream names and the target. */
 const denyPlugin: Plugin = {
   name: 'deny-some',
-  allowMcpOperation (_ctx, op) {
-    if (op.tool !== undefined) return !((op.tool.target === 'everything' && op.tool.name === 'get-env') || (op.tool.target === 'memory' && op.tool.name === 'delete_entities'))
+  allowMcpOperation(_ctx, op) {
+    if (op.tool !== undefined)
+      return !((op.tool.target === 'everything' && op.tool.name === 'get-env') || (op.tool.target === 'memory' && op.tool.name === 'delete_entities'))
     if (op.prompt !== undefined) return op.prompt.name !== 'args-prompt'
     return true
   },
 }
 
-
 t.test('SDK client through the gateway to server-everything (one target)', async t => {
   const gw = await startGateway(t, { targets: [everythingTarget()], plugins: [denyPlugin] })
   const client = new Client({ name: 'transport-test', version: '1.0.0' }, { capabilities: { sampling: {}, elicitation: {}, roots: { listChanged: true } } })
-  client.setRequestHandler(CreateMessageRequestSchema, async (req) => ({
-    model: 'test-model', role: 'assistant', content: { type: 'text', text: `sampled: ${(req.params.messages[0]!.content as { text: string }).text.slice(-10)}` },
+  client.setRequestHandler(CreateMessageRequestSchema, async req => ({
+    model: 'test-model',
+    role: 'assistant',
+    content: { type: 'text', text: `sampled: ${(req.params.messages[0]!.content as { text: string }).text.slice(-10)}` },
   }))
   client.setRequestHandler(ElicitRequestSchema, async () => ({ action: 'accept', content: { name: 'Ada Lovelace' } }))
   client.setRequestHandler(ListRootsRequestSchema, async () => ({ roots: [{ uri: 'file:///tmp/gateway-root', name: 'gateway-root' }] }))
@@ -74,14 +90,19 @@ t.test('SDK client through the gateway to server-everything (one target)', async
   t.notOk(names.includes('get-env'), 'a denied tool is filtered out of tools/list')
   t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: 'hello gateway' } })), 'Echo: hello gateway')
   t.match(textOf(await client.callTool({ name: 'get-sum', arguments: { a: 2, b: 40 } })), /is 42/)
-  t.equal(await outcome(() => client.callTool({ name: 'get-env', arguments: {} }), ['get-env']),
+  t.equal(
+    await outcome(() => client.callTool({ name: 'get-env', arguments: {} }), ['get-env']),
     await outcome(() => client.callTool({ name: 'no-such-tool', arguments: {} }), ['no-such-tool']),
-    'a denied call is answered exactly like a call to a tool that does not exist')
+    'a denied call is answered exactly like a call to a tool that does not exist'
+  )
 
   const progress: number[] = []
   let resultSeen = false
   const long = await client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 0.3, steps: 3 } }, undefined, {
-    onprogress: (p) => { t.notOk(resultSeen, 'progress arrives before the result'); progress.push(p.progress) },
+    onprogress: p => {
+      t.notOk(resultSeen, 'progress arrives before the result')
+      progress.push(p.progress)
+    },
   })
   resultSeen = true
   t.same(progress, [1, 2, 3], 'every progress notification arrived on the request stream')
@@ -98,13 +119,21 @@ t.test('SDK client through the gateway to server-everything (one target)', async
   t.same(await client.unsubscribeResource({ uri: first.uri }), {}, 'unsubscribe answered')
 
   const { prompts } = await client.listPrompts()
-  t.ok(prompts.some(p => p.name === 'simple-prompt'), 'prompts listed')
-  t.notOk(prompts.some(p => p.name === 'args-prompt'), 'a denied prompt is filtered out')
+  t.ok(
+    prompts.some(p => p.name === 'simple-prompt'),
+    'prompts listed'
+  )
+  t.notOk(
+    prompts.some(p => p.name === 'args-prompt'),
+    'a denied prompt is filtered out'
+  )
   const prompt = await client.getPrompt({ name: 'simple-prompt' })
   t.ok(prompt.messages.length > 0, 'prompt fetched')
-  t.equal(await outcome(() => client.getPrompt({ name: 'args-prompt', arguments: { city: 'x' } }), ['args-prompt']),
+  t.equal(
+    await outcome(() => client.getPrompt({ name: 'args-prompt', arguments: { city: 'x' } }), ['args-prompt']),
     await outcome(() => client.getPrompt({ name: 'no-such-prompt', arguments: { city: 'x' } }), ['no-such-prompt']),
-    'a denied prompt is answered exactly like a prompt that does not exist')
+    'a denied prompt is answered exactly like a prompt that does not exist'
+  )
 
   // Conditional tools are registered once the upstream saw the client's capabilities.
   const sampled = await client.callTool({ name: 'trigger-sampling-request', arguments: { prompt: 'ping-pong', maxTokens: 5 } })
@@ -125,7 +154,11 @@ t.test('raw HTTP: negotiation, transport rules, batches, DELETE', async t => {
   t.match(old.response.headers.get('content-type'), /^text\/event-stream/)
   t.ok(old.sessionId !== null, 'mcp-session-id header')
   const [oldResult] = sseMessages(old.body)
-  t.match(oldResult, { jsonrpc: '2.0', id: 1, result: { protocolVersion: '2024-11-05', serverInfo: { name: 'faulty-server' } } }, '2024-11-05 is answered with 2024-11-05')
+  t.match(
+    oldResult,
+    { jsonrpc: '2.0', id: 1, result: { protocolVersion: '2024-11-05', serverInfo: { name: 'faulty-server' } } },
+    '2024-11-05 is answered with 2024-11-05'
+  )
   const unknown = await rawInitialize(url, '1999-01-01')
   t.equal((sseMessages(unknown.body)[0] as Msg).result.protocolVersion, '2025-11-25', 'an unknown revision gets our latest')
   t.not(unknown.sessionId, old.sessionId, 'a new session per initialize')
@@ -148,7 +181,12 @@ t.test('raw HTTP: negotiation, transport rules, batches, DELETE', async t => {
   r = await rawPost(url, 'no-such-session', ping(8))
   t.equal(r.status, 404, 'unknown session -> 404')
   t.match(r.messages[0], { id: 8, error: { code: -32001, message: 'Session not found' } })
-  r = await rawPost(url, old.sessionId, { jsonrpc: '2.0', id: 2, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } } })
+  r = await rawPost(url, old.sessionId, {
+    jsonrpc: '2.0',
+    id: 2,
+    method: 'initialize',
+    params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } },
+  })
   t.equal(r.status, 400, 'initialize with a session id -> 400')
   r = await rawPost(url, null, { jsonrpc: '2.0', method: 'notifications/initialized' })
   t.equal(r.status, 400, 'a notification without a session id -> 400')
@@ -162,7 +200,7 @@ t.test('raw HTTP: negotiation, transport rules, batches, DELETE', async t => {
   t.equal(r.status, 400, 'unsupported MCP-Protocol-Version -> 400')
   r = await rawPost(url, sid, ping(3), { 'mcp-protocol-version': '2026-07-28' })
   // The 2026-07-28 header selects the stateless revision (test/mcp-modern.test.ts); without its _meta the body is invalid.
-  t.equal(r.status, 400, 'a 2026-07-28 request without the revision\'s _meta -> 400')
+  t.equal(r.status, 400, "a 2026-07-28 request without the revision's _meta -> 400")
   t.equal(r.messages[0]!.error.code, -32602)
   r = await rawPost(url, sid, ping(4), { 'mcp-protocol-version': '2024-11-05' })
   t.equal(r.status, 200)
@@ -176,7 +214,11 @@ t.test('raw HTTP: negotiation, transport rules, batches, DELETE', async t => {
   // 2025-03-26 allows batches.
   const b = await rawInitialize(url, '2025-03-26')
   const bsid = b.sessionId!
-  r = await rawPost(url, bsid, [{ jsonrpc: '2.0', method: 'notifications/initialized' }, ping(10), { jsonrpc: '2.0', id: 11, method: 'tools/call', params: { name: 'echo', arguments: { message: 'b' } } }])
+  r = await rawPost(url, bsid, [
+    { jsonrpc: '2.0', method: 'notifications/initialized' },
+    ping(10),
+    { jsonrpc: '2.0', id: 11, method: 'tools/call', params: { name: 'echo', arguments: { message: 'b' } } },
+  ])
   t.equal(r.status, 200)
   t.same(r.messages.map(m => m.id).sort(), [10, 11], 'every request of the batch answered on one stream')
   r = await rawPost(url, bsid, [{ jsonrpc: '2.0', method: 'notifications/roots/list_changed' }])
@@ -257,7 +299,12 @@ t.test('session caps and subject binding (subjects from real dev-IdP tokens)', a
 })
 
 /** A raw POST sent from a given loopback address (Linux routes all of 127.0.0.0/8 to lo). */
-function postFrom (url: string, localAddress: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; sessionId: string | undefined }> {
+function postFrom(
+  url: string,
+  localAddress: string,
+  body: unknown,
+  headers: Record<string, string> = {}
+): Promise<{ status: number; sessionId: string | undefined }> {
   return new Promise((resolve, reject) => {
     const req = httpRequest(url, { method: 'POST', localAddress, headers: { ...INIT_HEADERS, ...headers } }, res => {
       res.resume()
@@ -270,18 +317,27 @@ function postFrom (url: string, localAddress: string, body: unknown, headers: Re
 
 t.test('without authentication, anonymous callers are one subject per client address (issue 13 item 24)', async t => {
   const gw = await startGateway(t, { targets: [faultyTarget()], session: { maxSessions: 4, maxSessionsPerSubject: 1 } })
-  const init = { jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'anon', version: '1' } } }
+  const init = {
+    jsonrpc: '2.0',
+    id: 1,
+    method: 'initialize',
+    params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'anon', version: '1' } },
+  }
   const a = await postFrom(gw.url, '127.0.0.2', init)
   t.equal(a.status, 200)
   const b = await postFrom(gw.url, '127.0.0.3', init)
-  t.equal(b.status, 200, 'another caller is not counted against the first one\'s cap')
+  t.equal(b.status, 200, "another caller is not counted against the first one's cap")
   const a2 = await postFrom(gw.url, '127.0.0.2', init)
   t.equal(a2.status, 429, 'the per-subject cap holds per client address')
   const stolen = await postFrom(gw.url, '127.0.0.3', ping(2), { 'mcp-session-id': a.sessionId!, 'mcp-protocol-version': '2025-06-18' })
   t.equal(stolen.status, 404, 'a session is bound to the address that opened it')
   const mine = await postFrom(gw.url, '127.0.0.2', ping(3), { 'mcp-session-id': a.sessionId!, 'mcp-protocol-version': '2025-06-18' })
   t.equal(mine.status, 200)
-  t.same(gw.endpoint.sessions().map(s => s.subject), [undefined, undefined], 'anonymous sessions show no subject')
+  t.same(
+    gw.endpoint.sessions().map(s => s.subject),
+    [undefined, undefined],
+    'anonymous sessions show no subject'
+  )
 })
 
 t.test('idle sessions expire', async t => {
@@ -306,7 +362,13 @@ t.test('upstream faults: crash mid-request, timeout, client disconnect', async t
   t.match(timedOut.messages, [{ id: 20, error: { code: -32001, message: 'Request timed out' } }], 'a hung request times out with a JSON-RPC error')
 
   const ac = new AbortController()
-  const abandoned = rawPost(gw.url, sid, { jsonrpc: '2.0', id: 21, method: 'tools/call', params: { name: 'hang', arguments: { tag: 'abandoned' } } }, {}, ac.signal).catch(() => undefined)
+  const abandoned = rawPost(
+    gw.url,
+    sid,
+    { jsonrpc: '2.0', id: 21, method: 'tools/call', params: { name: 'hang', arguments: { tag: 'abandoned' } } },
+    {},
+    ac.signal
+  ).catch(() => undefined)
   t.ok(await until(() => gw.endpoint.sessions()[0]?.inFlight === 1), 'request in flight')
   ac.abort()
   await abandoned
@@ -314,8 +376,11 @@ t.test('upstream faults: crash mid-request, timeout, client disconnect', async t
   // The fixture writes every notifications/cancelled it receives on stderr (logged by the gateway) in
   // the order they came down its stdin: a cancel for the disconnect would come before the timeout's.
   t.ok(await until(() => /cancelled abandoned /.test(gw.logText())), 'the server was told when the call timed out')
-  t.same([...gw.logText().matchAll(/cancelled abandoned reason=([^"\\]*)/g)].map(m => m[1]), ['request timed out'],
-    'the only cancellation the server got is the timeout\'s: the client disconnect did not cancel the call upstream')
+  t.same(
+    [...gw.logText().matchAll(/cancelled abandoned reason=([^"\\]*)/g)].map(m => m[1]),
+    ['request timed out'],
+    "the only cancellation the server got is the timeout's: the client disconnect did not cancel the call upstream"
+  )
   t.ok(await until(() => gw.endpoint.sessions()[0]?.inFlight === 0), 'the request ended at its timeout')
 
   const [pid] = gw.endpoint.sessions()[0]!.pids
@@ -335,7 +400,9 @@ t.test('two targets multiplexed: everything + memory', async t => {
   const gw = await startGateway(t, { targets: [everythingTarget(), memory], plugins: [denyPlugin] })
   const client = new Client({ name: 'multi-test', version: '1.0.0' }, { capabilities: {} })
   const updates: string[] = []
-  client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => { updates.push(n.params.uri) })
+  client.setNotificationHandler(ResourceUpdatedNotificationSchema, n => {
+    updates.push(n.params.uri)
+  })
   const transport = new StreamableHTTPClientTransport(new URL(gw.url))
   await client.connect(transport)
   t.teardown(() => client.close())
@@ -348,18 +415,36 @@ t.test('two targets multiplexed: everything + memory', async t => {
   const names = (await client.listTools()).tools.map(x => x.name)
   t.ok(names.includes('everything_echo') && names.includes('memory_read_graph') && names.includes('memory_create_entities'), 'prefixed names from both targets')
   t.notOk(names.includes('everything_get-env') || names.includes('memory_delete_entities'), 'denied tools filtered per target')
-  t.notOk(names.some(n => !n.startsWith('everything_') && !n.startsWith('memory_')), 'every name is prefixed')
+  t.notOk(
+    names.some(n => !n.startsWith('everything_') && !n.startsWith('memory_')),
+    'every name is prefixed'
+  )
   t.equal(textOf(await client.callTool({ name: 'everything_echo', arguments: { message: 'routed' } })), 'Echo: routed')
-  await client.callTool({ name: 'memory_create_entities', arguments: { entities: [{ name: 'gateway', entityType: 'software', observations: ['multiplexes'] }] } })
+  await client.callTool({
+    name: 'memory_create_entities',
+    arguments: { entities: [{ name: 'gateway', entityType: 'software', observations: ['multiplexes'] }] },
+  })
   const graph = await client.callTool({ name: 'memory_read_graph', arguments: {} })
   t.match(JSON.stringify(graph), /multiplexes/, 'calls routed to the memory target')
-  t.equal(await outcome(() => client.callTool({ name: 'memory_delete_entities', arguments: { entityNames: ['gateway'] } }), ['memory_delete_entities', 'delete_entities']),
+  t.equal(
+    await outcome(
+      () => client.callTool({ name: 'memory_delete_entities', arguments: { entityNames: ['gateway'] } }),
+      ['memory_delete_entities', 'delete_entities']
+    ),
     await outcome(() => client.callTool({ name: 'memory_no_such_tool', arguments: { entityNames: ['gateway'] } }), ['memory_no_such_tool', 'no_such_tool']),
-    'a denied tool of one target is answered like a missing tool of that target')
+    'a denied tool of one target is answered like a missing tool of that target'
+  )
   await t.rejects(client.callTool({ name: 'nosuch_echo', arguments: {} }), /Unknown tool: nosuch_echo/)
 
   const { resources } = await client.listResources()
-  t.ok(resources.length > 0 && resources.every(r => /^mcp-proxy:\/\/(everything|memory)\//.test(r.uri)), 'resource URIs carry the target marker: ' + resources.filter(r => !r.uri.startsWith('mcp-proxy://everything/')).map(r => r.uri).join())
+  t.ok(
+    resources.length > 0 && resources.every(r => /^mcp-proxy:\/\/(everything|memory)\//.test(r.uri)),
+    'resource URIs carry the target marker: ' +
+      resources
+        .filter(r => !r.uri.startsWith('mcp-proxy://everything/'))
+        .map(r => r.uri)
+        .join()
+  )
   const read = await client.readResource({ uri: resources[0]!.uri })
   t.equal(read.contents[0]!.uri, resources[0]!.uri, 'read by marked URI; contents marked back')
   const { resourceTemplates } = await client.listResourceTemplates()
@@ -389,12 +474,20 @@ t.test('several targets: one failing target does not take the others down unless
   const m = await rawInitialize(two.url, '2025-11-25')
   const crash = await rawPost(two.url, m.sessionId, { jsonrpc: '2.0', id: 4, method: 'tools/call', params: { name: 'one_crash', arguments: {} } })
   t.match(crash.messages[0], { id: 4, error: { code: -32000, message: 'upstream one closed' } })
-  const still = await rawPost(two.url, m.sessionId, { jsonrpc: '2.0', id: 5, method: 'tools/call', params: { name: 'two_echo', arguments: { message: 'alive' } } })
+  const still = await rawPost(two.url, m.sessionId, {
+    jsonrpc: '2.0',
+    id: 5,
+    method: 'tools/call',
+    params: { name: 'two_echo', arguments: { message: 'alive' } },
+  })
   t.match(still.messages[0], { id: 5, result: { content: [{ text: 'alive' }] } }, 'the other target keeps serving')
   const gone = await rawPost(two.url, m.sessionId, { jsonrpc: '2.0', id: 6, method: 'tools/call', params: { name: 'one_echo', arguments: {} } })
   t.match(gone.messages[0], { id: 6, error: { code: -32000, message: 'upstream one unavailable' } })
   const list = await rawPost(two.url, m.sessionId, { jsonrpc: '2.0', id: 7, method: 'tools/list' })
-  t.ok((list.messages[0]!.result.tools as Array<{ name: string }>).every(x => x.name.startsWith('two_')), 'lists omit the crashed target')
+  t.ok(
+    (list.messages[0]!.result.tools as Array<{ name: string }>).every(x => x.name.startsWith('two_')),
+    'lists omit the crashed target'
+  )
 
   const closed = await startGateway(t, { targets: [faultyTarget(), broken], failClosed: true })
   const c = await rawInitialize(closed.url, '2025-06-18')

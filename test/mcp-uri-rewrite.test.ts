@@ -11,7 +11,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { startGateway, everythingTarget } from './helpers/gateway-harness.ts'
 
-async function connect (t: Test, url: string): Promise<Client> {
+async function connect(t: Test, url: string): Promise<Client> {
   const client = new Client({ name: 'uri-rewrite', version: '1.0.0' })
   await client.connect(new StreamableHTTPClientTransport(new URL(url)))
   t.teardown(() => client.close())
@@ -20,7 +20,7 @@ async function connect (t: Test, url: string): Promise<Client> {
 
 type Block = { type: string; uri?: string; resource?: { uri: string; text?: string } }
 
-t.test('several targets: URIs in tool results and prompt messages are the gateway\'s, and resources/read takes them', async t => {
+t.test("several targets: URIs in tool results and prompt messages are the gateway's, and resources/read takes them", async t => {
   const gw = await startGateway(t, { targets: [everythingTarget('a'), everythingTarget('b')] })
   const client = await connect(t, gw.url)
 

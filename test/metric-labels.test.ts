@@ -13,7 +13,7 @@ import { rawInitialize } from './helpers/gateway-harness.ts'
 
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
 
-function seriesCount (text: string): number {
+function seriesCount(text: string): number {
   let n = 0
   for (const f of parsePrometheus(text).values()) n += f.samples.length
   return n
@@ -38,7 +38,7 @@ t.test('2000 made-up method names leave /metrics bounded', async t => {
   for (let i = 0; i < 2000; i++) names.push(`x-${randomBytes(6).toString('hex')}/${i}`)
   const statuses = new Map<number, number>()
   let next = 0
-  async function worker (): Promise<void> {
+  async function worker(): Promise<void> {
     while (next < names.length) {
       const i = next++
       const method = names[i]!
@@ -67,13 +67,17 @@ t.test('2000 made-up method names leave /metrics bounded', async t => {
   const text = await (await g.call('/metrics')).text()
   const after = seriesCount(text)
   t.ok(after - baseline < 100, `series grew by ${after - baseline} (from ${baseline})`)
-  t.notOk(names.some(n => text.includes(n)), 'no made-up method name is a label value')
+  t.notOk(
+    names.some(n => text.includes(n)),
+    'no made-up method name is a label value'
+  )
   const families = parsePrometheus(text)
   const methods = new Set<string>()
-  for (const f of families.values()) for (const s of f.samples) {
-    if (s.labels.mcp_method !== undefined) methods.add(s.labels.mcp_method)
-    if (s.labels.method !== undefined) methods.add(s.labels.method)
-  }
+  for (const f of families.values())
+    for (const s of f.samples) {
+      if (s.labels.mcp_method !== undefined) methods.add(s.labels.mcp_method)
+      if (s.labels.method !== undefined) methods.add(s.labels.method)
+    }
   t.ok(methods.has('other'), 'made-up methods are counted as other')
   t.ok(methods.has('ping') && methods.has('tools/list'), 'MCP methods keep their name')
 })
@@ -88,5 +92,8 @@ t.test('AdvertisedNames: only advertised names, at most max, 1-128 characters; t
   t.equal(names.add(''), false)
   t.equal(names.add('add'), true)
   t.equal(names.add('third'), false, 'past the cap')
-  t.same(['echo', 'add', 'third', 'x'.repeat(129)].map(n => names.label(n)), ['echo', 'add', 'other', 'other'])
+  t.same(
+    ['echo', 'add', 'third', 'x'.repeat(129)].map(n => names.label(n)),
+    ['echo', 'add', 'other', 'other']
+  )
 })

@@ -14,7 +14,7 @@ import { adminGateway, parsePrometheus, sampleSum, type Family } from './helpers
 import { rawInitialize, ROOT, INIT_HEADERS, sseMessages } from './helpers/gateway-harness.ts'
 
 /** Metric names in the first column of the "Metrics (`GET /metrics`)" table (docs/admin-and-observability.md, linked from the README). */
-async function readmeMetricNames (): Promise<Set<string>> {
+async function readmeMetricNames(): Promise<Set<string>> {
   const text = await readFile(join(ROOT, 'docs', 'admin-and-observability.md'), 'utf8')
   const start = text.indexOf('### Metrics (`GET /metrics`)')
   const table = text.slice(start, text.indexOf('\n## ', start))
@@ -27,7 +27,7 @@ async function readmeMetricNames (): Promise<Set<string>> {
   return names
 }
 
-function series (families: Map<string, Family>, name: string): Array<Record<string, string>> {
+function series(families: Map<string, Family>, name: string): Array<Record<string, string>> {
   const out: Array<Record<string, string>> = []
   for (const f of families.values()) for (const s of f.samples) if (s.name === name) out.push(s.labels)
   return out
@@ -50,7 +50,9 @@ t.test('a fresh gateway: documented table = scraped names, series at 0 before th
   t.same([...documented].filter(n => !scraped.has(n) && !NOT_IN_THIS_CONFIG.has(n)).sort(), [], 'every documented metric is scraped')
 
   const zero = (name: string, labels: Record<string, string>, what: string): void => {
-    const hit = families.get(name.replace(/_(bucket|sum|count)$/, ''))?.samples.find(s => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v))
+    const hit = families
+      .get(name.replace(/_(bucket|sum|count)$/, ''))
+      ?.samples.find(s => s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v))
     t.equal(hit?.value, 0, what)
   }
   for (const reason of ['missing', 'expired', 'signature', 'audience', 'issuer', 'keys_unavailable', 'unknown_key']) {
@@ -71,8 +73,16 @@ t.test('a fresh gateway: documented table = scraped names, series at 0 before th
   t.ok(sampleSum(families, 'process_resident_memory_bytes') > 10e6, 'resident memory')
   t.ok(sampleSum(families, 'process_start_time_seconds') > 1.7e9, 'start time in seconds since the epoch')
   t.ok(sampleSum(families, 'nodejs_heap_size_used_bytes') > 0, 'heap used')
-  t.ok(series(families, 'nodejs_heap_space_size_used_bytes').some(l => l.space === 'old'), 'heap spaces by name')
-  t.same(series(families, 'nodejs_gc_duration_seconds_count').map(l => l.kind).sort(), ['incremental', 'major', 'minor', 'weakcb'])
+  t.ok(
+    series(families, 'nodejs_heap_space_size_used_bytes').some(l => l.space === 'old'),
+    'heap spaces by name'
+  )
+  t.same(
+    series(families, 'nodejs_gc_duration_seconds_count')
+      .map(l => l.kind)
+      .sort(),
+    ['incremental', 'major', 'minor', 'weakcb']
+  )
   t.ok(series(families, 'nodejs_version_info')[0]?.version === process.version)
   t.ok(sampleSum(families, 'nodejs_active_resources_total') > 0, 'active resources')
   if (process.platform === 'linux') {
@@ -102,7 +112,7 @@ t.test('per-tool calls and latency: advertised names, anything else is other', a
   t.equal(sampleSum(m, 'mcp_proxy_tool_calls_total', { tool: 'other', outcome: 'ok' }), 1, 'a call before tools/list counts as other')
 
   const list = await rpc('tools/list', {})
-  const advertised = ((list?.result as { tools: Array<{ name: string }> }).tools).map(x => x.name)
+  const advertised = (list?.result as { tools: Array<{ name: string }> }).tools.map(x => x.name)
   t.ok(advertised.includes('echo'))
   m = await scrape()
   const toolLabels = new Set(series(m, 'mcp_proxy_tool_calls_total').map(l => l.tool))
@@ -122,5 +132,8 @@ t.test('per-tool calls and latency: advertised names, anything else is other', a
   const other = sampleSum(m, 'mcp_proxy_tool_calls_total', { tool: 'other' })
   t.equal(other, 301, 'the early call and 300 made-up names, all under other')
   t.same(new Set(series(m, 'mcp_proxy_tool_calls_total').map(l => l.tool)), toolLabels, 'no new label value')
-  t.notOk(made.some(n => text.includes(n)), 'no made-up name reaches /metrics')
+  t.notOk(
+    made.some(n => text.includes(n)),
+    'no made-up name reaches /metrics'
+  )
 })

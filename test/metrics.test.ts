@@ -60,7 +60,9 @@ t.test('init() makes a series at 0 (once), collect() reads kept-elsewhere counte
   const cpu = m.counter('cpu_seconds_total', 'cpu')
   let value = 1.5
   cpu.collect = () => [[undefined, value]]
-  m.beforeScrape(async () => { value = 2.5 })
+  m.beforeScrape(async () => {
+    value = 2.5
+  })
   await m.collect()
   const text = m.render()
   t.ok(text.includes('c_total{reason="a"} 2\n'), 'init keeps a value already counted')

@@ -22,22 +22,28 @@ const WITH_TASKS = { elicitation: {}, extensions: { [TASKS]: {} } }
 const LIMIT = 2
 
 /** The CLI with `workers: 2` in front of `targets` (YAML lines); its /mcp URL once the port accepts. */
-async function twoWorkers (t: Test, targets: string[], extra: string[] = []): Promise<{ url: string; pid: number }> {
+async function twoWorkers(t: Test, targets: string[], extra: string[] = []): Promise<{ url: string; pid: number }> {
   const port = await freePort()
-  const file = await configFile([
-    'mcp:',
-    '  host: 127.0.0.1',
-    `  port: ${port}`,
-    '  targets:',
-    ...targets.map(l => '    ' + l),
-    ...extra,
-    'workers: 2',
-    // No admin listener: test files run in parallel, and two CLIs on the default admin.port (15000) refuse to start.
-    'admin: { enabled: false }',
-  ].join('\n'), 'mcpp-anyproc-')
+  const file = await configFile(
+    [
+      'mcp:',
+      '  host: 127.0.0.1',
+      `  port: ${port}`,
+      '  targets:',
+      ...targets.map(l => '    ' + l),
+      ...extra,
+      'workers: 2',
+      // No admin listener: test files run in parallel, and two CLIs on the default admin.port (15000) refuse to start.
+      'admin: { enabled: false }',
+    ].join('\n'),
+    'mcpp-anyproc-'
+  )
   const cli = spawnCli(['-f', file])
   // SIGKILL: the primary's workers and children go with it (workers.test.ts checks that); nothing here is about shutdown.
-  t.teardown(async () => { if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL'); await cli.exited })
+  t.teardown(async () => {
+    if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL')
+    await cli.exited
+  })
   const giveUp = Promise.race([cli.exited, new Promise(resolve => setTimeout(resolve, 60_000).unref())])
   await waitForPort(port, giveUp)
   // Both workers up (a failure guard bounds the wait): round-robin then alternates between them.
@@ -97,7 +103,7 @@ t.test('workers: 2: a parked translated call is resumed by a retry on the other 
     const { key, state } = await park()
     const done = await call(url, 'tools/call', { ...params, requestState: state, inputResponses: { [key]: { action: 'decline' } } }, caps, {}, fresh)
     t.equal(done.json.result?.resultType, 'complete', `round ${round}: the retry completes the call`, { got: done.json })
-    t.match(JSON.stringify(done.json.result?.content), /decline/i, 'with the client\'s answer')
+    t.match(JSON.stringify(done.json.result?.content), /decline/i, "with the client's answer")
   }
 
   // Both workers killed: the primary starts new ones; the parked call's owner is gone.
@@ -113,11 +119,15 @@ t.test('workers: 2: a parked translated call is resumed by a retry on the other 
   let gone: Awaited<ReturnType<typeof call>> | undefined
   // A new worker may still be starting (503, a failure guard bounds the wait).
   for (let i = 0; i < 400 && (gone === undefined || gone.status === 503); i++) {
-    gone = await call(url, 'tools/call', { ...params, requestState: state, inputResponses: { [key]: { action: 'decline' } } }, caps, {}, fresh).catch(() => undefined)
+    gone = await call(url, 'tools/call', { ...params, requestState: state, inputResponses: { [key]: { action: 'decline' } } }, caps, {}, fresh).catch(
+      () => undefined
+    )
     if (gone === undefined || gone.status === 503) await new Promise(resolve => setTimeout(resolve, 50))
   }
   t.equal(gone?.status, 200, 'answered')
-  t.same(gone?.json.error, { code: -32602, message: 'Invalid params: unknown or expired requestState' }, 'the owner gone: an unknown requestState', { got: gone?.json })
+  t.same(gone?.json.error, { code: -32602, message: 'Invalid params: unknown or expired requestState' }, 'the owner gone: an unknown requestState', {
+    got: gone?.json,
+  })
 })
 
 t.test('two replicas sharing cluster.secret: a task and a parked call created on one are served through the other', async t => {
@@ -143,7 +153,11 @@ t.test('two replicas sharing cluster.secret: a task and a parked call created on
   const park = async (): Promise<Record<string, unknown>> => {
     const first = await call(a.url, 'tools/call', params, caps)
     t.equal(first.json.result?.resultType, 'input_required', 'parked on A', { got: first.json })
-    return { ...params, requestState: first.json.result?.requestState, inputResponses: { [Object.keys(first.json.result?.inputRequests ?? {})[0]!]: { action: 'decline' } } }
+    return {
+      ...params,
+      requestState: first.json.result?.requestState,
+      inputResponses: { [Object.keys(first.json.result?.inputRequests ?? {})[0]!]: { action: 'decline' } },
+    }
   }
   const done = await call(b.url, 'tools/call', await park(), caps)
   t.equal(done.json.result?.resultType, 'complete', 'the retry through B completes the call on A', { got: done.json })

@@ -24,7 +24,12 @@ import { join } from 'node:path'
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { UnauthorizedError as Unauthorized1, type OAuthClientProvider as Provider1 } from '@modelcontextprotocol/sdk/client/auth.js'
-import { Client as Client2, StreamableHTTPClientTransport as Transport2, UnauthorizedError as Unauthorized2, type OAuthClientProvider as Provider2 } from '@modelcontextprotocol/client'
+import {
+  Client as Client2,
+  StreamableHTTPClientTransport as Transport2,
+  UnauthorizedError as Unauthorized2,
+  type OAuthClientProvider as Provider2,
+} from '@modelcontextprotocol/client'
 import { startDevIdp } from '../bin/dev-idp.ts'
 import { CLI, ROOT, freePort } from './helpers/cli.ts'
 import { EVERYTHING } from './helpers/gateway-harness.ts'
@@ -35,15 +40,25 @@ const SECRET = 'multi-replica-cluster-secret-0123456789'
 const MODERN = '2026-07-28'
 const CAP = 3
 
-function accepts (port: number, host = '127.0.0.1'): Promise<boolean> {
+function accepts(port: number, host = '127.0.0.1'): Promise<boolean> {
   return new Promise(resolve => {
     const s = connect(port, host)
-    s.once('connect', () => { s.destroy(); resolve(true) })
+    s.once('connect', () => {
+      s.destroy()
+      resolve(true)
+    })
     s.once('error', () => resolve(false))
   })
 }
 
-interface Replica { child: ChildProcess; host: string; port: number; adminPort: number; probePort: number; output: () => string }
+interface Replica {
+  child: ChildProcess
+  host: string
+  port: number
+  adminPort: number
+  probePort: number
+  output: () => string
+}
 
 /**
  * Where the replicas run. With network namespaces (root or CAP_SYS_ADMIN,
@@ -66,12 +81,12 @@ interface Topology {
 
 const LOOPBACK: Topology = { kind: 'loopback', hostIp: '127.0.0.1', replicaIp: () => '127.0.0.1', exec: () => [] }
 
-function ip (args: string[]): string {
+function ip(args: string[]): string {
   return execFileSync('ip', args, { stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8' })
 }
 
 /** Creates the namespaces, or says why it cannot (then the replicas run on loopback). Cleans up in teardown and on exit. */
-function namespaces (t: Test, count: number): Topology | string {
+function namespaces(t: Test, count: number): Topology | string {
   if (process.platform !== 'linux') return 'not Linux'
   if (process.getuid?.() !== 0) return 'not root (network namespaces need CAP_SYS_ADMIN)'
   const tag = randomBytes(2).toString('hex')
@@ -83,7 +98,13 @@ function namespaces (t: Test, count: number): Topology | string {
     if (cleaned) return
     cleaned = true
     // Deleting a namespace destroys its end of the veth pair, and with it the other end.
-    for (const undo of created.reverse()) { try { undo() } catch { /* gone already */ } }
+    for (const undo of created.reverse()) {
+      try {
+        undo()
+      } catch {
+        /* gone already */
+      }
+    }
   }
   t.teardown(cleanup)
   process.once('exit', cleanup)
@@ -113,64 +134,92 @@ function namespaces (t: Test, count: number): Topology | string {
 }
 
 /** A TCP relay on `host`:`port` to 127.0.0.1:`to` in the test's namespace (the dev IdP for the replicas). */
-async function relayTo (t: Test, host: string, to: number): Promise<number> {
+async function relayTo(t: Test, host: string, to: number): Promise<number> {
   const server = createNetServer(c => {
     const u = connect(to, '127.0.0.1')
     c.pipe(u).pipe(c)
     c.on('error', () => u.destroy())
     u.on('error', () => c.destroy())
   })
-  await new Promise<void>((resolve, reject) => { server.once('error', reject); server.listen(0, host, resolve) })
-  t.teardown(() => new Promise<void>(resolve => { server.close(() => resolve()); server.unref() }))
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(0, host, resolve)
+  })
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        server.close(() => resolve())
+        server.unref()
+      })
+  )
   return (server.address() as import('node:net').AddressInfo).port
 }
 
 /** Inside namespace `exec`: 127.0.0.1:`port` leads to `host`:`relay` (so the issuer URL works there as here). */
-async function forwarderIn (t: Test, exec: string[], port: number, host: string, relay: number): Promise<void> {
+async function forwarderIn(t: Test, exec: string[], port: number, host: string, relay: number): Promise<void> {
   const code = `require('node:net').createServer(c => { const u = require('node:net').connect(${relay}, '${host}'); c.pipe(u).pipe(c); c.on('error', () => u.destroy()); u.on('error', () => c.destroy()) }).listen(${port}, '127.0.0.1', () => process.stdout.write('ok\\n'))`
   const child = spawn(exec[0]!, [...exec.slice(1), process.execPath, '-e', code], { stdio: ['ignore', 'pipe', 'inherit'] })
   const exited = new Promise<void>(resolve => child.once('exit', () => resolve()))
-  t.teardown(async () => { child.kill('SIGKILL'); await exited })
+  t.teardown(async () => {
+    child.kill('SIGKILL')
+    await exited
+  })
   await new Promise<void>((resolve, reject) => {
     child.stdout!.once('data', () => resolve())
     child.once('exit', code => reject(new Error(`IdP forwarder exited ${code}`)))
   })
 }
 
-async function startReplica (t: Test, dir: string, i: number, publicUrl: string, idp: { issuer: string; clientId: string }, redisUrl: string, net: Topology): Promise<Replica> {
+async function startReplica(
+  t: Test,
+  dir: string,
+  i: number,
+  publicUrl: string,
+  idp: { issuer: string; clientId: string },
+  redisUrl: string,
+  net: Topology
+): Promise<Replica> {
   const [port, adminPort, probePort] = await Promise.all([freePort(), freePort(), freePort()])
   const host = net.replicaIp(i)
   const file = join(dir, `replica-${i}.yaml`)
-  await writeFile(file, [
-    'mcp:',
-    `  host: ${host}`,
-    `  port: ${port}`,
-    '  targets:',
-    // The real server-everything (issue 22 item 15): a happy path on a real MCP server, not the fault fixture.
-    `    - { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`,
-    `  session: { maxSessionsPerSubject: ${CAP} }`,
-    '  policies:',
-    '    mcpAuthentication:',
-    '      mode: strict',
-    `      issuer: "${idp.issuer}"`,
-    `      audiences: ["${idp.clientId}"]`,
-    '      provider: { oss_idp: {} }',
-    `      clientId: "${idp.clientId}"`,
-    `      resourceMetadata: { resource: "${publicUrl}", scopesSupported: [openid, profile] }`,
-    `admin: { host: ${host}, port: ${adminPort} }`,
-    `probes: { host: ${host}, port: ${probePort} }`,
-    'cluster:',
-    `  secret: ${SECRET}`,
-    `  advertiseUrl: "http://${host}:${port}"`,
-    `  redis: { url: "${redisUrl}", keyPrefix: "mr:" }`,
-    'logging: { level: debug }', '',
-  ].join('\n'))
+  await writeFile(
+    file,
+    [
+      'mcp:',
+      `  host: ${host}`,
+      `  port: ${port}`,
+      '  targets:',
+      // The real server-everything (issue 22 item 15): a happy path on a real MCP server, not the fault fixture.
+      `    - { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`,
+      `  session: { maxSessionsPerSubject: ${CAP} }`,
+      '  policies:',
+      '    mcpAuthentication:',
+      '      mode: strict',
+      `      issuer: "${idp.issuer}"`,
+      `      audiences: ["${idp.clientId}"]`,
+      '      provider: { oss_idp: {} }',
+      `      clientId: "${idp.clientId}"`,
+      `      resourceMetadata: { resource: "${publicUrl}", scopesSupported: [openid, profile] }`,
+      `admin: { host: ${host}, port: ${adminPort} }`,
+      `probes: { host: ${host}, port: ${probePort} }`,
+      'cluster:',
+      `  secret: ${SECRET}`,
+      `  advertiseUrl: "http://${host}:${port}"`,
+      `  redis: { url: "${redisUrl}", keyPrefix: "mr:" }`,
+      'logging: { level: debug }',
+      '',
+    ].join('\n')
+  )
   // `ip netns exec` execs the command: the child's pid is the replica's.
   const argv = [...net.exec(i), process.execPath, '--import', 'tsx', CLI, '-f', file]
   const child = spawn(argv[0]!, argv.slice(1), { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
-  child.stdout!.on('data', d => { out += d })
-  child.stderr!.on('data', d => { out += d })
+  child.stdout!.on('data', d => {
+    out += d
+  })
+  child.stderr!.on('data', d => {
+    out += d
+  })
   const exited = new Promise<void>(resolve => child.once('exit', () => resolve()))
   t.teardown(async () => {
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM')
@@ -179,7 +228,7 @@ async function startReplica (t: Test, dir: string, i: number, publicUrl: string,
   return { child, host, port, adminPort, probePort, output: () => out }
 }
 
-async function untilReady (r: Replica): Promise<void> {
+async function untilReady(r: Replica): Promise<void> {
   // Guard only: a tsx child starts in seconds; the probes answer from the first accepted connection.
   for (let i = 0; i < 600; i++) {
     if (r.child.exitCode !== null) throw new Error(`replica exited ${r.child.exitCode}:\n${r.output()}`)
@@ -193,9 +242,11 @@ async function untilReady (r: Replica): Promise<void> {
   throw new Error(`replica never ready:\n${r.output()}`)
 }
 
-async function startNginx (t: Test, dir: string, port: number, upstreams: ReadonlyArray<{ host: string; port: number }>): Promise<void> {
+async function startNginx(t: Test, dir: string, port: number, upstreams: ReadonlyArray<{ host: string; port: number }>): Promise<void> {
   const conf = join(dir, 'nginx.conf')
-  await writeFile(conf, `
+  await writeFile(
+    conf,
+    `
 daemon off;
 master_process off;
 worker_processes 1;
@@ -224,12 +275,15 @@ ${upstreams.map(u => `    server ${u.host}:${u.port};`).join('\n')}
     }
   }
 }
-`)
+`
+  )
   // Debian puts nginx in /usr/sbin, which a non-root PATH may lack.
   const nginx = existsSync('/usr/sbin/nginx') ? '/usr/sbin/nginx' : 'nginx'
   const child = spawn(nginx, ['-p', dir, '-c', conf, '-e', join(dir, 'error.log')], { stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
-  child.stderr!.on('data', d => { out += d })
+  child.stderr!.on('data', d => {
+    out += d
+  })
   const exited = new Promise<void>(resolve => child.once('exit', () => resolve()))
   t.teardown(async () => {
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM')
@@ -241,11 +295,11 @@ ${upstreams.map(u => `    server ${u.host}:${u.port};`).join('\n')}
   }
 }
 
-function textOf (result: unknown): string {
-  return ((result as { content: Array<{ text?: string }> }).content).map(c => c.text ?? '').join('')
+function textOf(result: unknown): string {
+  return (result as { content: Array<{ text?: string }> }).content.map(c => c.text ?? '').join('')
 }
 
-async function requestsServed (r: Replica): Promise<number> {
+async function requestsServed(r: Replica): Promise<number> {
   const res = await fetch(`http://${r.host}:${r.probePort}/metrics`)
   const body = await res.text()
   let n = 0
@@ -253,9 +307,9 @@ async function requestsServed (r: Replica): Promise<number> {
   return n
 }
 
-async function sessionHandles (r: Replica): Promise<string[]> {
+async function sessionHandles(r: Replica): Promise<string[]> {
   const res = await fetch(`http://${r.host}:${r.adminPort}/api/sessions`)
-  return (await res.json() as Array<{ id: string }>).map(s => s.id)
+  return ((await res.json()) as Array<{ id: string }>).map(s => s.id)
 }
 
 t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and 2.x clients, a cap across replicas, a replica killed', async t => {
@@ -297,7 +351,12 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
     const res = await fetch(url, {
       method: 'POST',
       headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${capped}` },
-      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'cap', version: '1' } } }),
+      body: JSON.stringify({
+        jsonrpc: '2.0',
+        id: 1,
+        method: 'initialize',
+        params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'cap', version: '1' } },
+      }),
     })
     await res.text()
     statuses.push(res.status)
@@ -322,7 +381,12 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
   // The full OAuth flow through the balancer: metadata, registration, authorization code + PKCE at the dev IdP.
   {
     const provider = new HeadlessProvider()
-    const first = await new Client1({ name: 'sdk1-oauth', version: '1.0.0' }).connect(new Transport1(url, { authProvider: provider as unknown as Provider1 })).then(() => undefined, (e: unknown) => e)
+    const first = await new Client1({ name: 'sdk1-oauth', version: '1.0.0' })
+      .connect(new Transport1(url, { authProvider: provider as unknown as Provider1 }))
+      .then(
+        () => undefined,
+        (e: unknown) => e
+      )
     t.ok(first instanceof Unauthorized1, 'sdk1: the first connect asks for authorization')
     const transport = new Transport1(url, { authProvider: provider as unknown as Provider1 })
     await transport.finishAuth(provider.code())
@@ -335,7 +399,12 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
   const modern: Client2[] = []
   {
     const provider = new HeadlessProvider()
-    const first = await new Client2({ name: 'sdk2-oauth', version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } } }).connect(new Transport2(url, { authProvider: provider as unknown as Provider2 })).then(() => undefined, (e: unknown) => e)
+    const first = await new Client2({ name: 'sdk2-oauth', version: '2.0.0' }, { versionNegotiation: { mode: { pin: MODERN } } })
+      .connect(new Transport2(url, { authProvider: provider as unknown as Provider2 }))
+      .then(
+        () => undefined,
+        (e: unknown) => e
+      )
     t.ok(first instanceof Unauthorized2, 'sdk2: the first connect asks for authorization')
     const transport = new Transport2(url, { authProvider: provider as unknown as Provider2 })
     await transport.finishAuth(provider.callback!.searchParams)
@@ -354,27 +423,42 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
     await Promise.all([
       ...legacy.map(async ({ client, sub }) => {
         const { tools } = await client.listTools()
-        t.ok(tools.some(x => x.name === 'echo'), `${tag}: ${sub} lists tools`)
+        t.ok(
+          tools.some(x => x.name === 'echo'),
+          `${tag}: ${sub} lists tools`
+        )
         for (let i = 0; i < 3; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `${sub}-${i}` } })), `Echo: ${sub}-${i}`)
       }),
       ...modern.map(async (client, n) => {
         const { tools } = await client.listTools()
-        t.ok(tools.some(x => x.name === 'echo'), `${tag}: sdk2 client ${n} lists tools`)
+        t.ok(
+          tools.some(x => x.name === 'echo'),
+          `${tag}: sdk2 client ${n} lists tools`
+        )
         t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `m${n}` } })), `Echo: m${n}`)
       }),
     ])
   }
   await round('before')
   const served = await Promise.all(replicas.map(requestsServed))
-  t.ok(served.every(n => n > 5), `every replica served requests (${served.join(', ')})`)
-  t.ok(replicas.some(r => r.output().includes('forwarded to the session owner')), 'requests reached sessions on other replicas')
+  t.ok(
+    served.every(n => n > 5),
+    `every replica served requests (${served.join(', ')})`
+  )
+  t.ok(
+    replicas.some(r => r.output().includes('forwarded to the session owner')),
+    'requests reached sessions on other replicas'
+  )
   for (const { transport, sub } of legacy) t.ok(transport.sessionId, `${sub} has a session`)
 
   // Kill the replica that holds u1's session (a crash: SIGKILL, no drain).
   const handles = await Promise.all(replicas.map(sessionHandles))
   const victim = handles.findIndex(h => h.includes(legacy[0]!.transport.sessionId!.slice(0, 8)))
-  t.ok(victim >= 0, 'u1\'s session has an owner')
-  t.ok(handles.filter((h, i) => i !== victim && legacy.some(l => h.includes(l.transport.sessionId!.slice(0, 8)))).length > 0, 'other replicas hold sessions too')
+  t.ok(victim >= 0, "u1's session has an owner")
+  t.ok(
+    handles.filter((h, i) => i !== victim && legacy.some(l => h.includes(l.transport.sessionId!.slice(0, 8)))).length > 0,
+    'other replicas hold sessions too'
+  )
   const lost = new Set(legacy.filter(l => handles[victim]!.includes(l.transport.sessionId!.slice(0, 8))).map(l => l.sub))
   const dead = replicas[victim]!
   const died = new Promise(resolve => dead.child.once('exit', resolve))
@@ -382,24 +466,27 @@ t.test('three replicas behind nginx round-robin, Redis, the dev IdP: SDK 1.x and
   await died
 
   const failed = new Set<string>()
-  await Promise.all(legacy.map(async (l, i) => {
-    try {
-      t.equal(textOf(await l.client.callTool({ name: 'echo', arguments: { message: `after-${l.sub}` } })), `Echo: after-${l.sub}`)
-    } catch (err) {
-      failed.add(l.sub)
-      t.equal((err as { code?: number }).code, 404, `${l.sub}: its session is gone (404)`)
-      // As the spec asks of a client that gets 404: a new session.
-      await l.client.close().catch(() => {})
-      const transport = l.provider !== undefined
-        ? new Transport1(url, { authProvider: l.provider as unknown as Provider1 })
-        : new Transport1(url, { requestInit: { headers: { authorization: `Bearer ${await token(l.sub)}` } } })
-      const client = new Client1({ name: `sdk1-${l.sub}-again`, version: '1.0.0' })
-      t.teardown(() => client.close().catch(() => {}))
-      await client.connect(transport)
-      legacy[i] = { ...l, client, transport }
-      t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `again-${l.sub}` } })), `Echo: again-${l.sub}`, `${l.sub} re-initialized`)
-    }
-  }))
+  await Promise.all(
+    legacy.map(async (l, i) => {
+      try {
+        t.equal(textOf(await l.client.callTool({ name: 'echo', arguments: { message: `after-${l.sub}` } })), `Echo: after-${l.sub}`)
+      } catch (err) {
+        failed.add(l.sub)
+        t.equal((err as { code?: number }).code, 404, `${l.sub}: its session is gone (404)`)
+        // As the spec asks of a client that gets 404: a new session.
+        await l.client.close().catch(() => {})
+        const transport =
+          l.provider !== undefined
+            ? new Transport1(url, { authProvider: l.provider as unknown as Provider1 })
+            : new Transport1(url, { requestInit: { headers: { authorization: `Bearer ${await token(l.sub)}` } } })
+        const client = new Client1({ name: `sdk1-${l.sub}-again`, version: '1.0.0' })
+        t.teardown(() => client.close().catch(() => {}))
+        await client.connect(transport)
+        legacy[i] = { ...l, client, transport }
+        t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `again-${l.sub}` } })), `Echo: again-${l.sub}`, `${l.sub} re-initialized`)
+      }
+    })
+  )
   t.same([...failed].sort(), [...lost].sort(), 'exactly the clients whose sessions the killed replica held saw 404')
   await round('after')
 })

@@ -16,12 +16,21 @@ import { facadeGateway, devIdpFor, ossAuth, ossSetup, Agent, cimdServer, FACADE_
 
 t.test('attacks', async t => {
   const cimd = await cimdServer(t)
-  const { g } = await ossSetup(t, { keys: [FACADE_KEY], cimd: { testOnlyAllowLoopback: true, testOnlyCa: cimd.cert, timeoutMs: 500, maxBytes: 1024, maxFetchesPerAddress: 50 } })
+  const { g } = await ossSetup(t, {
+    keys: [FACADE_KEY],
+    cimd: { testOnlyAllowLoopback: true, testOnlyCa: cimd.cert, timeoutMs: 500, maxBytes: 1024, maxFetchesPerAddress: 50 },
+  })
   const clientId = await register(g.base)
   const { verifier, challenge } = pkce()
 
   t.test('unregistered or altered redirect_uri: an error page, never a redirect', async t => {
-    for (const redirect of ['https://evil.example/callback', `${CALLBACK}/../evil`, 'http://127.0.0.1.evil.example/callback', `${CALLBACK}?x=1`, 'javascript:alert(1)']) {
+    for (const redirect of [
+      'https://evil.example/callback',
+      `${CALLBACK}/../evil`,
+      'http://127.0.0.1.evil.example/callback',
+      `${CALLBACK}?x=1`,
+      'javascript:alert(1)',
+    ]) {
       const res = await fetch(authorizeUrl(g.base, clientId, challenge, { redirect_uri: redirect }), { redirect: 'manual' })
       t.equal(res.status, 400, redirect)
       t.equal(res.headers.get('location'), null)
@@ -57,10 +66,12 @@ t.test('attacks', async t => {
     }
   })
 
-  t.test('callback with another issuer\'s iss (RFC 9207 mix-up): the IdP code is not redeemed', async t => {
+  t.test("callback with another issuer's iss (RFC 9207 mix-up): the IdP code is not redeemed", async t => {
     const res = await fetch(authorizeUrl(g.base, clientId, challenge), { redirect: 'manual' })
     const state = new URL(res.headers.get('location')!).searchParams.get('state')!
-    const cb = await fetch(`${g.base}/oauth/callback?code=abc&state=${encodeURIComponent(state)}&iss=${encodeURIComponent('https://evil.example/')}`, { redirect: 'manual' })
+    const cb = await fetch(`${g.base}/oauth/callback?code=abc&state=${encodeURIComponent(state)}&iss=${encodeURIComponent('https://evil.example/')}`, {
+      redirect: 'manual',
+    })
     t.equal(cb.status, 302)
     const loc = new URL(cb.headers.get('location')!)
     t.equal(loc.origin + loc.pathname, CALLBACK)
@@ -71,7 +82,8 @@ t.test('attacks', async t => {
 
   t.test('token endpoint: client credentials are refused (public clients only), unknown grants too', async t => {
     const basic = await fetch(`${g.base}/oauth/token`, {
-      method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: 'Basic ' + Buffer.from('a:b').toString('base64') },
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: 'Basic ' + Buffer.from('a:b').toString('base64') },
       body: new URLSearchParams({ grant_type: 'authorization_code', code: 'x', client_id: clientId }).toString(),
     })
     t.equal(basic.status, 401)
@@ -85,11 +97,29 @@ t.test('attacks', async t => {
     const cb = await agent.follow(authorizeUrl(g.base, clientId, challenge), CALLBACK)
     t.equal(cb.searchParams.get('state'), 'client-state-1')
     const code = cb.searchParams.get('code')!
-    const wrongPkce = await redeem(g.base, { grant_type: 'authorization_code', code, client_id: clientId, redirect_uri: CALLBACK, code_verifier: pkce().verifier })
+    const wrongPkce = await redeem(g.base, {
+      grant_type: 'authorization_code',
+      code,
+      client_id: clientId,
+      redirect_uri: CALLBACK,
+      code_verifier: pkce().verifier,
+    })
     t.equal(wrongPkce.body.error, 'invalid_grant', 'PKCE mismatch')
-    const otherRedirect = await redeem(g.base, { grant_type: 'authorization_code', code, client_id: clientId, redirect_uri: 'http://127.0.0.1:53682/other', code_verifier: verifier })
+    const otherRedirect = await redeem(g.base, {
+      grant_type: 'authorization_code',
+      code,
+      client_id: clientId,
+      redirect_uri: 'http://127.0.0.1:53682/other',
+      code_verifier: verifier,
+    })
     t.equal(otherRedirect.body.error, 'invalid_grant', 'redirect_uri mismatch')
-    const otherClient = await redeem(g.base, { grant_type: 'authorization_code', code, client_id: await register(g.base), code_verifier: verifier, redirect_uri: CALLBACK })
+    const otherClient = await redeem(g.base, {
+      grant_type: 'authorization_code',
+      code,
+      client_id: await register(g.base),
+      code_verifier: verifier,
+      redirect_uri: CALLBACK,
+    })
     t.equal(otherClient.body.error, 'invalid_grant', 'code of another client')
     const ok = await redeem(g.base, { grant_type: 'authorization_code', code, client_id: clientId, redirect_uri: CALLBACK, code_verifier: verifier })
     t.equal(ok.status, 200)
@@ -97,7 +127,13 @@ t.test('attacks', async t => {
     const replay = await redeem(g.base, { grant_type: 'authorization_code', code, client_id: clientId, redirect_uri: CALLBACK, code_verifier: verifier })
     t.equal(replay.status, 400)
     t.equal(replay.body.error, 'invalid_grant', 'a code is single-use')
-    const tampered = await redeem(g.base, { grant_type: 'authorization_code', code: code.slice(0, -3) + 'xyz', client_id: clientId, redirect_uri: CALLBACK, code_verifier: verifier })
+    const tampered = await redeem(g.base, {
+      grant_type: 'authorization_code',
+      code: code.slice(0, -3) + 'xyz',
+      client_id: clientId,
+      redirect_uri: CALLBACK,
+      code_verifier: verifier,
+    })
     t.equal(tampered.body.error, 'invalid_grant', 'tampered code')
   })
 
@@ -111,14 +147,20 @@ t.test('attacks', async t => {
     for (let i = 0; i < 8; i++) {
       const res = await agent.fetch(next)
       const loc = res.headers.get('location')
-      if (loc === null) { html = await res.text(); break }
+      if (loc === null) {
+        html = await res.text()
+        break
+      }
       next = new URL(loc, next).href
     }
     const tx = /name="tx" value="([^"]+)"/.exec(html)![1]!
     const csrf = /name="csrf" value="([^"]+)"/.exec(html)![1]!
-    const post = (body: Record<string, string>, withCookie: boolean) => (withCookie ? agent.fetch.bind(agent) : (u: string, i: RequestInit) => fetch(u, { ...i, redirect: 'manual' }))(`${g.base}/oauth/consent`, {
-      method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: new URLSearchParams(body).toString(),
-    })
+    const post = (body: Record<string, string>, withCookie: boolean) =>
+      (withCookie ? agent.fetch.bind(agent) : (u: string, i: RequestInit) => fetch(u, { ...i, redirect: 'manual' }))(`${g.base}/oauth/consent`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams(body).toString(),
+      })
     for (const [name, res] of [
       ['no token', await post({ tx, decision: 'approve' }, true)],
       ['wrong token', await post({ tx, csrf: 'x'.repeat(32), decision: 'approve' }, true)],
@@ -179,60 +221,74 @@ t.test('two replicas with the same keys and no shared memory: a flow started on 
   const { verifier, challenge } = pkce()
   const agent = new Agent()
   // The load balancer sends the IdP's callback and the consent POST to B.
-  agent.route = u => u.startsWith(`${publicBase}/oauth/callback`) || u.startsWith(`${publicBase}/oauth/consent`) ? u.replace(publicBase, b.base) : u.replace(publicBase, a.base)
+  agent.route = u =>
+    u.startsWith(`${publicBase}/oauth/callback`) || u.startsWith(`${publicBase}/oauth/consent`) ? u.replace(publicBase, b.base) : u.replace(publicBase, a.base)
   const cb = await agent.follow(authorizeUrl(publicBase, clientId, challenge), CALLBACK)
   const code = cb.searchParams.get('code')!
   const tokens = await redeem(b.base, { grant_type: 'authorization_code', code, client_id: clientId, redirect_uri: CALLBACK, code_verifier: verifier })
-  t.equal(tokens.status, 200, 'B redeems the code A\'s flow produced')
+  t.equal(tokens.status, 200, "B redeems the code A's flow produced")
   const refreshed = await redeem(a.base, { grant_type: 'refresh_token', refresh_token: tokens.body.refresh_token as string, client_id: clientId })
   t.equal(refreshed.status, 200, 'A refreshes what B issued')
 })
 
 for (const via of ['facade.redis', 'cluster.redis'] as const) {
-t.test(`two replicas with redis (${via}): a code redeemed on one is refused on the other; redis down fails closed`, async t => {
-  const redisPort = await freePort()
-  const redis = spawn('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' })
-  t.teardown(() => { if (redis.exitCode === null) redis.kill('SIGKILL') })
-  await eventually(() => new Promise<boolean>(resolve => {
-    const s = connect(redisPort, '127.0.0.1', () => { s.end(); resolve(true) })
-    s.on('error', () => resolve(false))
-  }), ok => ok)
-  const port = await freePort()
-  const publicBase = `http://127.0.0.1:${port}`
-  const idp = await devIdpFor(t, () => [`${publicBase}/oauth/callback`])
-  const redisUrl = `redis://127.0.0.1:${redisPort}/0`
-  const facade = via === 'facade.redis' ? { keys: [FACADE_KEY], redis: { url: redisUrl, timeoutMs: 500 } } : { keys: [FACADE_KEY] }
-  // cluster.redis alone (no facade.redis): the facade keeps its codes in the gateway's shared state.
-  const cluster = (advertiseUrl: string) => via === 'cluster.redis' ? { secret: 'facade-attacks-cluster-0123456789abcdef', advertiseUrl, redis: { url: redisUrl } } : undefined
-  const bPort = await freePort()
-  const a = await facadeGateway(t, ossAuth(idp, facade), { port, cluster: cluster(publicBase) })
-  const b = await facadeGateway(t, ossAuth(idp, facade), { port: bPort, publicBase, cluster: cluster(`http://127.0.0.1:${bPort}`) })
-  t.match(a.logText(), via === 'facade.redis' ? /remembered in redis \(single-use/ : /"store":"redis"[^\n]*remembered in the gateway's shared state/)
-  const clientId = await register(a.base)
-  const codeFor = async (): Promise<{ code: string; verifier: string }> => {
-    const { verifier, challenge } = pkce()
-    const cb = await new Agent().follow(authorizeUrl(publicBase, clientId, challenge), CALLBACK)
-    return { code: cb.searchParams.get('code')!, verifier }
-  }
-  const first = await codeFor()
-  const form = { grant_type: 'authorization_code', code: first.code, client_id: clientId, redirect_uri: CALLBACK, code_verifier: first.verifier }
-  t.equal((await redeem(b.base, form)).status, 200, 'redeemed on B')
-  const replay = await redeem(a.base, form)
-  t.equal(replay.status, 400)
-  t.equal(replay.body.error, 'invalid_grant', 'the same code on A: already used')
-  const second = await codeFor()
-  redis.kill('SIGKILL')
-  await new Promise(resolve => redis.once('exit', resolve))
-  const down = await redeem(a.base, { ...form, code: second.code, code_verifier: second.verifier })
-  t.equal(down.status, 503, 'redis down: refused, never accepted unchecked')
-  t.equal(down.body.error, 'temporarily_unavailable')
-})
+  t.test(`two replicas with redis (${via}): a code redeemed on one is refused on the other; redis down fails closed`, async t => {
+    const redisPort = await freePort()
+    const redis = spawn('redis-server', ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' })
+    t.teardown(() => {
+      if (redis.exitCode === null) redis.kill('SIGKILL')
+    })
+    await eventually(
+      () =>
+        new Promise<boolean>(resolve => {
+          const s = connect(redisPort, '127.0.0.1', () => {
+            s.end()
+            resolve(true)
+          })
+          s.on('error', () => resolve(false))
+        }),
+      ok => ok
+    )
+    const port = await freePort()
+    const publicBase = `http://127.0.0.1:${port}`
+    const idp = await devIdpFor(t, () => [`${publicBase}/oauth/callback`])
+    const redisUrl = `redis://127.0.0.1:${redisPort}/0`
+    const facade = via === 'facade.redis' ? { keys: [FACADE_KEY], redis: { url: redisUrl, timeoutMs: 500 } } : { keys: [FACADE_KEY] }
+    // cluster.redis alone (no facade.redis): the facade keeps its codes in the gateway's shared state.
+    const cluster = (advertiseUrl: string) =>
+      via === 'cluster.redis' ? { secret: 'facade-attacks-cluster-0123456789abcdef', advertiseUrl, redis: { url: redisUrl } } : undefined
+    const bPort = await freePort()
+    const a = await facadeGateway(t, ossAuth(idp, facade), { port, cluster: cluster(publicBase) })
+    const b = await facadeGateway(t, ossAuth(idp, facade), { port: bPort, publicBase, cluster: cluster(`http://127.0.0.1:${bPort}`) })
+    t.match(a.logText(), via === 'facade.redis' ? /remembered in redis \(single-use/ : /"store":"redis"[^\n]*remembered in the gateway's shared state/)
+    const clientId = await register(a.base)
+    const codeFor = async (): Promise<{ code: string; verifier: string }> => {
+      const { verifier, challenge } = pkce()
+      const cb = await new Agent().follow(authorizeUrl(publicBase, clientId, challenge), CALLBACK)
+      return { code: cb.searchParams.get('code')!, verifier }
+    }
+    const first = await codeFor()
+    const form = { grant_type: 'authorization_code', code: first.code, client_id: clientId, redirect_uri: CALLBACK, code_verifier: first.verifier }
+    t.equal((await redeem(b.base, form)).status, 200, 'redeemed on B')
+    const replay = await redeem(a.base, form)
+    t.equal(replay.status, 400)
+    t.equal(replay.body.error, 'invalid_grant', 'the same code on A: already used')
+    const second = await codeFor()
+    redis.kill('SIGKILL')
+    await new Promise(resolve => redis.once('exit', resolve))
+    const down = await redeem(a.base, { ...form, code: second.code, code_verifier: second.verifier })
+    t.equal(down.status, 503, 'redis down: refused, never accepted unchecked')
+    t.equal(down.body.error, 'temporarily_unavailable')
+  })
 }
 
 t.test('IdP unreachable: the facade starts, and authorize answers 503 temporarily_unavailable (no redirect)', async t => {
   const deadPort = await freePort()
   const g = await facadeGateway(t, base => ({
-    issuer: `http://127.0.0.1:${deadPort}/application/o/mcp/`, audiences: ['c1'], clientId: 'c1', provider: { oss_idp: {} },
+    issuer: `http://127.0.0.1:${deadPort}/application/o/mcp/`,
+    audiences: ['c1'],
+    clientId: 'c1',
+    provider: { oss_idp: {} },
     resourceMetadata: { resource: `${base}/mcp`, scopesSupported: ['openid'] },
     discovery: { timeoutMs: 300 },
     facade: { keys: [FACADE_KEY], clients: [{ clientId: 'cli', redirectUris: ['http://127.0.0.1/callback'] }] },
@@ -248,7 +304,9 @@ t.test('config: facade options are checked with the path named (--check, real CL
   t.teardown(() => rm(dir, { recursive: true, force: true }))
   const write = async (name: string, auth: string): Promise<string> => {
     const file = join(dir, name)
-    await writeFile(file, `mcp:
+    await writeFile(
+      file,
+      `mcp:
   port: 3000
   policies:
     mcpAuthentication:
@@ -261,24 +319,51 @@ ${auth}
   targets:
     - name: t
       stdio: { cmd: node }
-`)
+`
+    )
     return file
   }
-  const bad = await runCli(['-f', await write('bad.yaml', '      clientId: c1\n      facade: { codeTtlSeconds: 1, keys: [{ kid: k1, secret: short }] }'), '--check'])
+  const bad = await runCli([
+    '-f',
+    await write('bad.yaml', '      clientId: c1\n      facade: { codeTtlSeconds: 1, keys: [{ kid: k1, secret: short }] }'),
+    '--check',
+  ])
   t.equal(bad.code, 1)
   t.match(bad.stderr + bad.stdout, /mcp\.policies\.mcpAuthentication\.facade\.codeTtlSeconds/)
   t.match(bad.stderr + bad.stdout, /mcp\.policies\.mcpAuthentication\.facade\.keys\[0\]\.secret/)
-  const redirect = await runCli(['-f', await write('redirect.yaml', '      clientId: c1\n      facade: { clients: [{ clientId: a, redirectUris: ["http://evil.example/cb"] }] }'), '--check'])
+  const redirect = await runCli([
+    '-f',
+    await write('redirect.yaml', '      clientId: c1\n      facade: { clients: [{ clientId: a, redirectUris: ["http://evil.example/cb"] }] }'),
+    '--check',
+  ])
   t.equal(redirect.code, 1)
   t.match(redirect.stderr + redirect.stdout, /facade\.clients\[0\]\.redirectUris\[0\]: may use http only on a loopback address/)
   // A pre-registered private-use redirect needs its scheme listed; javascript can never be listed.
-  const scheme = await runCli(['-f', await write('scheme.yaml', '      clientId: c1\n      facade: { clients: [{ clientId: a, redirectUris: ["cursor://x/cb"] }] }'), '--check'])
+  const scheme = await runCli([
+    '-f',
+    await write('scheme.yaml', '      clientId: c1\n      facade: { clients: [{ clientId: a, redirectUris: ["cursor://x/cb"] }] }'),
+    '--check',
+  ])
   t.equal(scheme.code, 1)
   t.match(scheme.stderr + scheme.stdout, /facade\.clients\[0\]\.redirectUris\[0\]: must use https, or http on a loopback address \(not cursor\)/)
-  const never = await runCli(['-f', await write('never.yaml', '      clientId: c1\n      facade: { allowedRedirectSchemes: [cursor, JavaScript], clients: [{ clientId: a, redirectUris: ["cursor://x/cb"] }] }'), '--check'])
+  const never = await runCli([
+    '-f',
+    await write(
+      'never.yaml',
+      '      clientId: c1\n      facade: { allowedRedirectSchemes: [cursor, JavaScript], clients: [{ clientId: a, redirectUris: ["cursor://x/cb"] }] }'
+    ),
+    '--check',
+  ])
   t.equal(never.code, 1)
   t.match(never.stderr + never.stdout, /mcp\.policies\.mcpAuthentication\.facade\.allowedRedirectSchemes\[1\]: a private-use URI scheme/)
-  const listed = await runCli(['-f', await write('listed.yaml', '      clientId: c1\n      facade: { allowedRedirectSchemes: [cursor], clients: [{ clientId: a, redirectUris: ["cursor://x/cb"] }] }'), '--check'])
+  const listed = await runCli([
+    '-f',
+    await write(
+      'listed.yaml',
+      '      clientId: c1\n      facade: { allowedRedirectSchemes: [cursor], clients: [{ clientId: a, redirectUris: ["cursor://x/cb"] }] }'
+    ),
+    '--check',
+  ])
   t.equal(listed.code, 0, listed.stderr)
   const ok = await runCli(['-f', await write('ok.yaml', '      clientId: c1\n      facade: {}'), '--check'])
   t.equal(ok.code, 0, ok.stderr)

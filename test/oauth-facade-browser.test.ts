@@ -11,7 +11,15 @@ import type { AddressInfo } from 'node:net'
 import { chromium, type Browser } from 'playwright-core'
 import { ossSetup, cimdServer, FACADE_KEY, pkce, register, authorizeUrl, redeem } from './helpers/facade.ts'
 
-const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync']
+const CHROMIUM_ARGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--no-first-run',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+]
 
 t.test('consent in chromium', async t => {
   const cimd = await cimdServer(t)
@@ -21,9 +29,17 @@ t.test('consent in chromium', async t => {
     cimd: { testOnlyAllowLoopback: true, testOnlyCa: cimd.cert },
   })
   // The client's redirect URI: a loopback page that shows what it got.
-  const app = createServer((req, res) => { res.writeHead(200, { 'content-type': 'text/plain' }).end(`client got ${req.url}`) })
+  const app = createServer((req, res) => {
+    res.writeHead(200, { 'content-type': 'text/plain' }).end(`client got ${req.url}`)
+  })
   await new Promise<void>(resolve => app.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { app.closeAllConnections(); app.close(() => resolve()) }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        app.closeAllConnections()
+        app.close(() => resolve())
+      })
+  )
   const redirect = `http://127.0.0.1:${(app.address() as AddressInfo).port}/callback`
   const clientId = await register(g.base, [redirect])
 
@@ -40,7 +56,7 @@ t.test('consent in chromium', async t => {
   t.equal(new URL(page.url()).pathname, '/oauth/callback', 'the consent page is served at the callback, after the IdP login')
   t.equal(await page.textContent('#client-name'), 'manual client')
   t.equal(await page.textContent('#redirect-host'), new URL(redirect).host)
-  t.match(await page.textContent('#scopes') ?? '', /openid/)
+  t.match((await page.textContent('#scopes')) ?? '', /openid/)
   await page.click('#deny')
   await page.waitForURL(u => u.href.startsWith(redirect))
   const denied = new URL(page.url())

@@ -16,7 +16,7 @@ import { ROOT } from './helpers/gateway-harness.ts'
 import { ossSetup, Agent, FACADE_KEY } from './helpers/facade.ts'
 import { resolveSuite } from './helpers/conformance-suite.ts'
 
-function env (): NodeJS.ProcessEnv {
+function env(): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, NO_COLOR: '1', npm_config_update_notifier: 'false' }
 }
 
@@ -29,11 +29,20 @@ t.test('conformance authorization: metadata endpoint and authorization code gran
   const port = await freePort()
   const outDir = await mkdtemp(join(tmpdir(), 'facade-conformance-'))
   t.teardown(() => rm(outDir, { recursive: true, force: true }))
-  const child = spawn(suite.node, [suite.bin, 'authorization', '--url', `${g.base}/mcp`, '--client-id', 'conformance-client', '-p', String(port), '-o', outDir], {
-    cwd: ROOT, env: env(), stdio: ['ignore', 'pipe', 'pipe'],
-  })
+  const child = spawn(
+    suite.node,
+    [suite.bin, 'authorization', '--url', `${g.base}/mcp`, '--client-id', 'conformance-client', '-p', String(port), '-o', outDir],
+    {
+      cwd: ROOT,
+      env: env(),
+      stdio: ['ignore', 'pipe', 'pipe'],
+    }
+  )
   const guard = setTimeout(() => child.kill('SIGKILL'), 120_000)
-  t.teardown(() => { clearTimeout(guard); if (child.exitCode === null) child.kill('SIGKILL') })
+  t.teardown(() => {
+    clearTimeout(guard)
+    if (child.exitCode === null) child.kill('SIGKILL')
+  })
   let output = ''
   let browsed: Promise<void> | undefined
   const agent = new Agent()
@@ -42,7 +51,9 @@ t.test('conformance authorization: metadata endpoint and authorization code gran
     const m = new RegExp(`^(${g.base.replace(/[.]/g, '\\.')}/oauth/authorize\\?\\S+)$`, 'm').exec(output)
     if (m !== null && browsed === undefined) {
       // The "browser": IdP login, consent, then the suite's callback.
-      browsed = agent.follow(m[1]!, `http://127.0.0.1:${port}/callback`).then(async cb => { await fetch(cb) })
+      browsed = agent.follow(m[1]!, `http://127.0.0.1:${port}/callback`).then(async cb => {
+        await fetch(cb)
+      })
     }
   }
   child.stdout.setEncoding('utf8').on('data', onData)
@@ -60,7 +71,11 @@ t.test('conformance authorization: metadata endpoint and authorization code gran
   for (const id of ['authorization-server-metadata', 'authorization-code-grant']) {
     const checks = [...results.entries()].filter(([k]) => k.startsWith(id)).flatMap(([, v]) => v)
     t.ok(checks.length > 0, `${id}: checks ran`)
-    t.same(checks.filter(c => c.status === 'FAILURE'), [], `${id}: no failure`)
+    t.same(
+      checks.filter(c => c.status === 'FAILURE'),
+      [],
+      `${id}: no failure`
+    )
   }
   if (code !== 0) t.comment(output.slice(-3000))
   t.equal(code, 0, 'the suite exits 0')

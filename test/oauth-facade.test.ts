@@ -11,7 +11,9 @@ import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { UnauthorizedError as Unauthorized1, type OAuthClientProvider as Provider1 } from '@modelcontextprotocol/sdk/client/auth.js'
 import {
-  Client as Client2, StreamableHTTPClientTransport as Transport2, UnauthorizedError as Unauthorized2,
+  Client as Client2,
+  StreamableHTTPClientTransport as Transport2,
+  UnauthorizedError as Unauthorized2,
   type OAuthClientProvider as Provider2,
 } from '@modelcontextprotocol/client'
 import { startEntraEmulator } from './helpers/entra-emulator.ts'
@@ -19,13 +21,32 @@ import { freePort } from './helpers/cli.ts'
 import { Sealer } from '../plugins/oauth-facade/seal.ts'
 import { addressAllowed, cacheSeconds, cimdUrlProblem } from '../plugins/oauth-facade/cimd.ts'
 import { redirectMatches, domainTrusted } from '../plugins/oauth-facade/index.ts'
-import { facadeGateway, ossSetup, FacadeProvider, Agent, cimdServer, FACADE_KEY, CALLBACK, redeem, pkce, authorizeUrl, devIdpFor, ossAuth, register, FACADE_COOKIE, cookieProblems } from './helpers/facade.ts'
+import {
+  facadeGateway,
+  ossSetup,
+  FacadeProvider,
+  Agent,
+  cimdServer,
+  FACADE_KEY,
+  CALLBACK,
+  redeem,
+  pkce,
+  authorizeUrl,
+  devIdpFor,
+  ossAuth,
+  register,
+  FACADE_COOKIE,
+  cookieProblems,
+} from './helpers/facade.ts'
 
 const SECRET = 'entra-app-secret-value'
 
-interface Flow { tools: string[]; echo: string }
+interface Flow {
+  tools: string[]
+  echo: string
+}
 
-async function sdk1 (url: URL, provider: FacadeProvider): Promise<Flow> {
+async function sdk1(url: URL, provider: FacadeProvider): Promise<Flow> {
   let unauthorized = false
   try {
     await new Client1({ name: 'sdk1', version: '1.0.0' }).connect(new Transport1(url, { authProvider: provider as unknown as Provider1 }))
@@ -42,11 +63,13 @@ async function sdk1 (url: URL, provider: FacadeProvider): Promise<Flow> {
     const tools = (await client.listTools()).tools.map(x => x.name)
     const res = await client.callTool({ name: 'echo', arguments: { message: 'hello sdk1' } })
     return { tools, echo: (res.content as Array<{ text?: string }>)[0]?.text ?? '' }
-  } finally { await client.close() }
+  } finally {
+    await client.close()
+  }
 }
 
 /** finishAuth with the callback's parameters: the 2.x SDK checks RFC 9207 `iss` against the discovered issuer. */
-async function sdk2 (url: URL, provider: FacadeProvider): Promise<Flow> {
+async function sdk2(url: URL, provider: FacadeProvider): Promise<Flow> {
   let unauthorized = false
   try {
     await new Client2({ name: 'sdk2', version: '2.0.0' }).connect(new Transport2(url, { authProvider: provider as unknown as Provider2 }))
@@ -63,10 +86,12 @@ async function sdk2 (url: URL, provider: FacadeProvider): Promise<Flow> {
     const tools = (await client.listTools()).tools.map(x => x.name)
     const res = await client.callTool({ name: 'echo', arguments: { message: 'hello sdk2' } })
     return { tools, echo: (res.content as Array<{ text?: string }>)[0]?.text ?? '' }
-  } finally { await client.close() }
+  } finally {
+    await client.close()
+  }
 }
 
-function claimsOf (jwt: string): Record<string, unknown> {
+function claimsOf(jwt: string): Record<string, unknown> {
   return JSON.parse(Buffer.from(jwt.split('.')[1]!, 'base64url').toString()) as Record<string, unknown>
 }
 
@@ -89,7 +114,23 @@ t.test('sealing: purposes, expiry, tampering, key rotation', async t => {
 })
 
 t.test('CIMD and redirect checks', async t => {
-  for (const a of ['10.1.2.3', '172.16.0.1', '192.168.1.1', '127.0.0.1', '169.254.169.254', '100.64.0.1', '0.0.0.0', '::1', 'fd00::1', 'fe80::1', '::ffff:10.0.0.1', '::ffff:127.0.0.1', '::ffff:a00:1', '::ffff:7f00:1', '224.0.0.1']) {
+  for (const a of [
+    '10.1.2.3',
+    '172.16.0.1',
+    '192.168.1.1',
+    '127.0.0.1',
+    '169.254.169.254',
+    '100.64.0.1',
+    '0.0.0.0',
+    '::1',
+    'fd00::1',
+    'fe80::1',
+    '::ffff:10.0.0.1',
+    '::ffff:127.0.0.1',
+    '::ffff:a00:1',
+    '::ffff:7f00:1',
+    '224.0.0.1',
+  ]) {
     t.notOk(addressAllowed(a, false), `${a} refused`)
   }
   for (const a of ['93.184.216.34', '2606:4700::1111']) t.ok(addressAllowed(a, false), `${a} allowed`)
@@ -113,8 +154,8 @@ t.test('CIMD and redirect checks', async t => {
 
 t.test('metadata: the gateway is the authorization server (root and path-aware, RFC 9207)', async t => {
   const { g } = await ossSetup(t)
-  const root = await (await fetch(`${g.base}/.well-known/oauth-authorization-server`)).json() as Record<string, unknown>
-  const mcp = await (await fetch(`${g.base}/.well-known/oauth-authorization-server/mcp`)).json() as Record<string, unknown>
+  const root = (await (await fetch(`${g.base}/.well-known/oauth-authorization-server`)).json()) as Record<string, unknown>
+  const mcp = (await (await fetch(`${g.base}/.well-known/oauth-authorization-server/mcp`)).json()) as Record<string, unknown>
   t.equal(root.issuer, g.base)
   t.equal(mcp.issuer, `${g.base}/mcp`)
   for (const doc of [root, mcp]) {
@@ -126,12 +167,15 @@ t.test('metadata: the gateway is the authorization server (root and path-aware, 
     t.same(doc.code_challenge_methods_supported, ['S256'])
     t.equal(doc.authorization_response_iss_parameter_supported, true)
   }
-  const prm = await (await fetch(`${g.base}/.well-known/oauth-protected-resource/mcp`)).json() as Record<string, unknown>
+  const prm = (await (await fetch(`${g.base}/.well-known/oauth-protected-resource/mcp`)).json()) as Record<string, unknown>
   t.same(prm.authorization_servers, [`${g.base}/mcp`])
 })
 
 t.test('oss_idp: SDK 1.x and 2.x, each with DCR and with a pre-registered client, after consent', async t => {
-  const { idp, g } = await ossSetup(t, { keys: [FACADE_KEY], clients: [{ clientId: 'vscode-like', clientName: 'Pre-registered editor', redirectUris: ['http://127.0.0.1/callback'] }] })
+  const { idp, g } = await ossSetup(t, {
+    keys: [FACADE_KEY],
+    clients: [{ clientId: 'vscode-like', clientName: 'Pre-registered editor', redirectUris: ['http://127.0.0.1/callback'] }],
+  })
   const agent = new Agent()
   const p1 = new FacadeProvider({ agent })
   const f1 = await sdk1(g.url, p1)
@@ -142,7 +186,10 @@ t.test('oss_idp: SDK 1.x and 2.x, each with DCR and with a pre-registered client
   t.match(agent.lastConsent!.html, /facade test client/)
   t.match(agent.lastConsent!.html, /registered itself/)
   t.equal(p1.callback!.searchParams.get('iss'), `${g.base}/mcp`, 'RFC 9207 iss sent')
-  t.ok(p1.agent.hops.some(h => h.startsWith(idp.authorizationEndpoint)), 'went to the IdP')
+  t.ok(
+    p1.agent.hops.some(h => h.startsWith(idp.authorizationEndpoint)),
+    'went to the IdP'
+  )
   const idpHop = new URL(p1.agent.hops.find(h => h.startsWith(idp.authorizationEndpoint))!)
   t.equal(idpHop.searchParams.get('client_id'), idp.clientId, 'one client at the IdP')
   t.equal(idpHop.searchParams.get('redirect_uri'), `${g.base}/oauth/callback`, 'one redirect URI at the IdP: the gateway callback')
@@ -177,7 +224,6 @@ t.test('oss_idp: SDK 1.x and 2.x, each with DCR and with a pre-registered client
   await sdk1(g.url, again)
   t.equal(agent.consentPages, 1, 'consent remembered for this user and client')
   t.notOk(/eyJ[\w-]+\.eyJ/.test(g.logText()), 'no tokens in the gateway log')
-
 })
 
 t.test('CIMD: SDK 2.x with a client ID metadata document served by the test', async t => {
@@ -203,12 +249,19 @@ t.test('cloud_idp: SDK 1.x with DCR and 2.x pre-registered against the Entra emu
   const port = await freePort()
   const emu = await startEntraEmulator({ clientSecret: SECRET, redirectUris: [`http://127.0.0.1:${port}/oauth/callback`] })
   t.teardown(() => emu.close())
-  const g = await facadeGateway(t, base => ({
-    issuer: emu.issuerV2, audiences: [`api://${emu.clientId}`, emu.clientId], clientId: emu.clientId, clientSecret: SECRET,
-    provider: { cloud_idp: {} },
-    resourceMetadata: { resource: `${base}/mcp`, scopesSupported: [...emu.apiScopes] },
-    facade: { keys: [FACADE_KEY], clients: [{ clientId: 'cli', redirectUris: ['http://127.0.0.1/callback'] }] },
-  }), { port })
+  const g = await facadeGateway(
+    t,
+    base => ({
+      issuer: emu.issuerV2,
+      audiences: [`api://${emu.clientId}`, emu.clientId],
+      clientId: emu.clientId,
+      clientSecret: SECRET,
+      provider: { cloud_idp: {} },
+      resourceMetadata: { resource: `${base}/mcp`, scopesSupported: [...emu.apiScopes] },
+      facade: { keys: [FACADE_KEY], clients: [{ clientId: 'cli', redirectUris: ['http://127.0.0.1/callback'] }] },
+    }),
+    { port }
+  )
   const p = new FacadeProvider()
   const f = await sdk1(new URL(`http://127.0.0.1:${port}/mcp`), p)
   t.match(f.echo, /hello sdk1/)
@@ -225,7 +278,11 @@ t.test('cloud_idp: SDK 1.x with DCR and 2.x pre-registered against the Entra emu
   for (const r of emu.requests.filter(r => r.path.endsWith('/oauth2/v2.0/authorize'))) t.notOk(new Map(r.params).has('resource'))
   t.notOk(JSON.stringify(p.tokens()).includes(SECRET), 'the client never sees the secret')
   t.notOk(g.logText().includes(SECRET), 'secret never logged')
-  const refreshed = await redeem(`http://127.0.0.1:${port}`, { grant_type: 'refresh_token', refresh_token: p.refreshToken!, client_id: p.registered!.client_id })
+  const refreshed = await redeem(`http://127.0.0.1:${port}`, {
+    grant_type: 'refresh_token',
+    refresh_token: p.refreshToken!,
+    client_id: p.registered!.client_id,
+  })
   t.equal(refreshed.status, 200, 'refresh through the gateway with the secret added')
   const p2 = new FacadeProvider({ clientId: 'cli' })
   t.match((await sdk2(new URL(`http://127.0.0.1:${port}/mcp`), p2)).echo, /hello sdk2/, 'sdk2 with a pre-registered client, iss checked')
@@ -239,40 +296,60 @@ t.test('facade: {} alone starts with an ephemeral key and says so', async t => {
   t.equal(res.status, 200)
 })
 
-t.test('private-use redirect schemes (RFC 8252 §7.1): refused by default; when listed, registration, pre-registered clients and the whole flow take them', async t => {
-  const cursor = 'cursor://anysphere.cursor-retrieval/oauth/user-mcp/callback'
-  const register = (base: string, uris: string[]): Promise<Response> => fetch(`${base}/.well-known/oauth-authorization-server/client-registration`, {
-    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ client_name: 'Cursor-like', redirect_uris: uris }),
-  })
+t.test(
+  'private-use redirect schemes (RFC 8252 §7.1): refused by default; when listed, registration, pre-registered clients and the whole flow take them',
+  async t => {
+    const cursor = 'cursor://anysphere.cursor-retrieval/oauth/user-mcp/callback'
+    const register = (base: string, uris: string[]): Promise<Response> =>
+      fetch(`${base}/.well-known/oauth-authorization-server/client-registration`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ client_name: 'Cursor-like', redirect_uris: uris }),
+      })
 
-  const { g: plain } = await ossSetup(t, { keys: [FACADE_KEY] })
-  const refused = await register(plain.base, [CALLBACK, cursor])
-  t.equal(refused.status, 400, 'default: registration refuses the scheme')
-  t.same(await refused.json(), { error: 'invalid_redirect_uri', error_description: 'redirect_uris[1] must use https, or http on a loopback address (not cursor)' })
+    const { g: plain } = await ossSetup(t, { keys: [FACADE_KEY] })
+    const refused = await register(plain.base, [CALLBACK, cursor])
+    t.equal(refused.status, 400, 'default: registration refuses the scheme')
+    t.same(await refused.json(), {
+      error: 'invalid_redirect_uri',
+      error_description: 'redirect_uris[1] must use https, or http on a loopback address (not cursor)',
+    })
 
-  const { g } = await ossSetup(t, {
-    keys: [FACADE_KEY], allowedRedirectSchemes: ['cursor'],
-    clients: [{ clientId: 'cursor-like', clientName: 'Desktop editor', redirectUris: [cursor] }],
-  })
-  t.equal((await register(g.base, [CALLBACK, cursor])).status, 201, 'listed: registration takes it')
-  t.equal((await register(g.base, ['vscode://vscode.github-authentication/cb'])).status, 400, 'an unlisted scheme is still refused')
-  for (const bad of [`${cursor}#x`, 'cursor://user@anysphere.cursor-retrieval/cb']) {
-    const res = await fetch(authorizeUrl(g.base, 'cursor-like', pkce().challenge, { redirect_uri: bad }), { redirect: 'manual' })
-    t.equal(res.status, 400, bad)
-    t.equal(res.headers.get('location'), null, `${bad}: never a redirect`)
+    const { g } = await ossSetup(t, {
+      keys: [FACADE_KEY],
+      allowedRedirectSchemes: ['cursor'],
+      clients: [{ clientId: 'cursor-like', clientName: 'Desktop editor', redirectUris: [cursor] }],
+    })
+    t.equal((await register(g.base, [CALLBACK, cursor])).status, 201, 'listed: registration takes it')
+    t.equal((await register(g.base, ['vscode://vscode.github-authentication/cb'])).status, 400, 'an unlisted scheme is still refused')
+    for (const bad of [`${cursor}#x`, 'cursor://user@anysphere.cursor-retrieval/cb']) {
+      const res = await fetch(authorizeUrl(g.base, 'cursor-like', pkce().challenge, { redirect_uri: bad }), { redirect: 'manual' })
+      t.equal(res.status, 400, bad)
+      t.equal(res.headers.get('location'), null, `${bad}: never a redirect`)
+    }
+
+    const { verifier, challenge } = pkce()
+    const agent = new Agent()
+    const back = await agent.follow(authorizeUrl(g.base, 'cursor-like', challenge, { redirect_uri: cursor }), cursor)
+    t.equal(agent.consentPages, 1)
+    t.match(
+      agent.lastConsent!.html,
+      /<strong id="redirect-host">cursor:\/\/anysphere\.cursor-retrieval \(an application on this device\)<\/strong>/,
+      'the consent page names the app, not a web host'
+    )
+    t.equal(back.protocol + '//' + back.host + back.pathname, cursor, 'the code goes to the app')
+    t.equal(back.searchParams.get('state'), 'client-state-1')
+    const tokens = await redeem(g.base, {
+      grant_type: 'authorization_code',
+      code: back.searchParams.get('code')!,
+      client_id: 'cursor-like',
+      redirect_uri: cursor,
+      code_verifier: verifier,
+    })
+    t.equal(tokens.status, 200, 'and is redeemed')
+    t.type(tokens.body.access_token, 'string')
   }
-
-  const { verifier, challenge } = pkce()
-  const agent = new Agent()
-  const back = await agent.follow(authorizeUrl(g.base, 'cursor-like', challenge, { redirect_uri: cursor }), cursor)
-  t.equal(agent.consentPages, 1)
-  t.match(agent.lastConsent!.html, /<strong id="redirect-host">cursor:\/\/anysphere\.cursor-retrieval \(an application on this device\)<\/strong>/, 'the consent page names the app, not a web host')
-  t.equal(back.protocol + '//' + back.host + back.pathname, cursor, 'the code goes to the app')
-  t.equal(back.searchParams.get('state'), 'client-state-1')
-  const tokens = await redeem(g.base, { grant_type: 'authorization_code', code: back.searchParams.get('code')!, client_id: 'cursor-like', redirect_uri: cursor, code_verifier: verifier })
-  t.equal(tokens.status, 200, 'and is redeemed')
-  t.type(tokens.body.access_token, 'string')
-})
+)
 
 // Issue 22 item 15: the agent keeps every cookie attribute, so the attributes a browser acts on are
 // asserted: HttpOnly and SameSite always, Secure exactly when the public URL is https (here a
@@ -289,9 +366,13 @@ for (const scheme of ['http', 'https'] as const) {
     const cb = await agent.follow(authorizeUrl(publicBase, clientId, pkce().challenge), CALLBACK)
     t.match(cb.searchParams.get('code'), /\S/, 'the flow reached the client with a code')
     const facade = agent.setCookies.filter(c => FACADE_COOKIE.test(c.name))
-    t.same([...new Set(facade.map(c => c.name.replace(/^__Host-/, '')))].sort(), ['mcp_facade_consent', 'mcp_facade_csrf'], 'the consent CSRF and remembered-consent cookies were set')
+    t.same(
+      [...new Set(facade.map(c => c.name.replace(/^__Host-/, '')))].sort(),
+      ['mcp_facade_consent', 'mcp_facade_csrf'],
+      'the consent CSRF and remembered-consent cookies were set'
+    )
     for (const c of facade) {
-      const attrs = [...c.attributes].map(([k, v]) => v === '' ? k : `${k}=${v}`).join('; ')
+      const attrs = [...c.attributes].map(([k, v]) => (v === '' ? k : `${k}=${v}`)).join('; ')
       t.same(cookieProblems(c), [], `${c.name} set on ${new URL(c.url).pathname}: ${attrs}`)
       t.ok(c.attributes.has('httponly'), `${c.name}: HttpOnly`)
       t.match(c.attributes.get('samesite'), /^(Lax|Strict)$/i, `${c.name}: SameSite`)

@@ -14,7 +14,9 @@ import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { UnauthorizedError as Unauthorized1, type OAuthClientProvider as Provider1 } from '@modelcontextprotocol/sdk/client/auth.js'
 import {
-  Client as Client2, StreamableHTTPClientTransport as Transport2, UnauthorizedError as Unauthorized2,
+  Client as Client2,
+  StreamableHTTPClientTransport as Transport2,
+  UnauthorizedError as Unauthorized2,
   type OAuthClientProvider as Provider2,
 } from '@modelcontextprotocol/client'
 import { validateConfig, deepFreeze, type LoadedConfig } from '../core/config.ts'
@@ -29,22 +31,31 @@ import { HeadlessProvider } from './helpers/oauth-client.ts'
 const EVERYTHING = fileURLToPath(new URL('../node_modules/@modelcontextprotocol/server-everything/dist/index.js', import.meta.url))
 const SECRET = 'entra-app-secret-value'
 
-async function gateway (t: Test, auth: (base: string) => Record<string, unknown>, rules?: string[]): Promise<{ gw: RunningGateway; url: URL; logText: () => string }> {
+async function gateway(
+  t: Test,
+  auth: (base: string) => Record<string, unknown>,
+  rules?: string[]
+): Promise<{ gw: RunningGateway; url: URL; logText: () => string }> {
   // The resource (and so {base_url}) contains the port: pick one first.
   const port = await freePort()
   const base = `http://127.0.0.1:${port}`
-  const config = deepFreeze(await validateConfig({
-    mcp: {
-      host: '127.0.0.1',
-      port,
-      targets: [{ name: 'everything', stdio: { cmd: process.execPath, args: [EVERYTHING, 'stdio'] } }],
-      policies: {
-        mcpAuthentication: { mode: 'strict', ...auth(base) },
-        ...(rules !== undefined ? { authorization: { rules } } : {}),
+  const config = deepFreeze(
+    await validateConfig(
+      {
+        mcp: {
+          host: '127.0.0.1',
+          port,
+          targets: [{ name: 'everything', stdio: { cmd: process.execPath, args: [EVERYTHING, 'stdio'] } }],
+          policies: {
+            mcpAuthentication: { mode: 'strict', ...auth(base) },
+            ...(rules !== undefined ? { authorization: { rules } } : {}),
+          },
+        },
+        admin: { enabled: false },
       },
-    },
-    admin: { enabled: false },
-  }, builtins))
+      builtins
+    )
+  )
   const loaded: LoadedConfig = { config, baseDir: process.cwd(), secretPaths: new Set() }
   const mem = memoryLogger('info')
   const gw = await startGateway(loaded, { log: mem.log, registry: builtins })
@@ -56,9 +67,13 @@ async function gateway (t: Test, auth: (base: string) => Record<string, unknown>
  * Headless OAuthClientProvider: keeps everything in memory and "opens the
  * browser" by following the authorize redirects until the redirect URI.
  */
-interface Flow { tools: string[]; echo: string; provider: HeadlessProvider }
+interface Flow {
+  tools: string[]
+  echo: string
+  provider: HeadlessProvider
+}
 
-async function flowSdk1 (url: URL, provider: HeadlessProvider): Promise<Flow> {
+async function flowSdk1(url: URL, provider: HeadlessProvider): Promise<Flow> {
   const first = new Client1({ name: 'sdk1', version: '1.0.0' })
   let unauthorized = false
   try {
@@ -89,7 +104,7 @@ async function flowSdk1 (url: URL, provider: HeadlessProvider): Promise<Flow> {
  * it, since that redirect does not pass through the gateway; like Authentik,
  * the dev IdP sends none (see README, "Identity providers").
  */
-async function flowSdk2 (url: URL, provider: HeadlessProvider, callback: 'params' | 'code' = 'params'): Promise<Flow> {
+async function flowSdk2(url: URL, provider: HeadlessProvider, callback: 'params' | 'code' = 'params'): Promise<Flow> {
   const first = new Client2({ name: 'sdk2', version: '2.0.0' })
   let unauthorized = false
   try {
@@ -114,7 +129,7 @@ async function flowSdk2 (url: URL, provider: HeadlessProvider, callback: 'params
   }
 }
 
-function checkFlow (t: Test, f: Flow, expected: { clientId: string; authorizeVia: string; sdk: string }): void {
+function checkFlow(t: Test, f: Flow, expected: { clientId: string; authorizeVia: string; sdk: string }): void {
   t.ok(f.tools.includes('echo'), `${expected.sdk}: tools listed through the gateway`)
   t.match(f.echo, new RegExp(`hello ${expected.sdk}`), `${expected.sdk}: tool called`)
   t.equal(f.provider.registered?.client_id, expected.clientId, `${expected.sdk}: registered with the configured client id`)
@@ -125,11 +140,22 @@ function checkFlow (t: Test, f: Flow, expected: { clientId: string; authorizeVia
 t.test('oss_idp: both SDK clients against the development OpenID provider', async t => {
   const idp = await startDevIdp()
   t.teardown(() => idp.close())
-  const { url, logText } = await gateway(t, base => ({
-    issuer: idp.issuer, audiences: [idp.clientId], clientId: idp.clientId, provider: { oss_idp: {} },
-    resourceMetadata: { resource: `${base}/mcp`, scopesSupported: ['openid', 'profile'] },
-  }), ['"mcp-users" in jwt.groups'])
-  const unauth = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' })
+  const { url, logText } = await gateway(
+    t,
+    base => ({
+      issuer: idp.issuer,
+      audiences: [idp.clientId],
+      clientId: idp.clientId,
+      provider: { oss_idp: {} },
+      resourceMetadata: { resource: `${base}/mcp`, scopesSupported: ['openid', 'profile'] },
+    }),
+    ['"mcp-users" in jwt.groups']
+  )
+  const unauth = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: '{"jsonrpc":"2.0","id":1,"method":"ping"}',
+  })
   t.equal(unauth.status, 401)
 
   const f1 = await flowSdk1(url, new HeadlessProvider())
@@ -143,13 +169,20 @@ t.test('oss_idp: both SDK clients against the development OpenID provider', asyn
   t.notOk(/"access_token"|eyJ[\w-]+\.eyJ/.test(logText()), 'no tokens in the gateway log')
 })
 
-async function entraGateway (t: Test, emu: EntraEmulator, issuer: string, extra: Record<string, unknown> = {}) {
-  return gateway(t, base => ({
-    issuer, audiences: [`api://${emu.clientId}`, emu.clientId], clientId: emu.clientId, clientSecret: SECRET,
-    provider: { cloud_idp: {} },
-    resourceMetadata: { resource: `${base}/mcp`, scopesSupported: [...emu.apiScopes] },
-    ...extra,
-  }), ['"mcp.admin" in jwt.roles'])
+async function entraGateway(t: Test, emu: EntraEmulator, issuer: string, extra: Record<string, unknown> = {}) {
+  return gateway(
+    t,
+    base => ({
+      issuer,
+      audiences: [`api://${emu.clientId}`, emu.clientId],
+      clientId: emu.clientId,
+      clientSecret: SECRET,
+      provider: { cloud_idp: {} },
+      resourceMetadata: { resource: `${base}/mcp`, scopesSupported: [...emu.apiScopes] },
+      ...extra,
+    }),
+    ['"mcp.admin" in jwt.roles']
+  )
 }
 
 t.test('cloud_idp (v2 tokens): both SDK clients against the Entra emulator', async t => {
@@ -157,7 +190,10 @@ t.test('cloud_idp (v2 tokens): both SDK clients against the Entra emulator', asy
   t.teardown(() => emu.close())
   const { url, logText } = await entraGateway(t, emu, emu.issuerV2)
   const base = url.origin
-  for (const [sdk, run] of [['sdk1', flowSdk1], ['sdk2', flowSdk2]] as const) {
+  for (const [sdk, run] of [
+    ['sdk1', flowSdk1],
+    ['sdk2', flowSdk2],
+  ] as const) {
     const f = await run(url, new HeadlessProvider())
     checkFlow(t, f, { clientId: emu.clientId, authorizeVia: `${base}/oauth2/authorize`, sdk })
     t.notOk(f.provider.callback!.searchParams.has('iss'), 'Entra sends no iss: the full callback form works')
@@ -194,7 +230,10 @@ t.test('cloud_idp: a user without the app role is refused after a successful log
   const emu = await startEntraEmulator({ clientSecret: SECRET, user: { roles: [] } })
   t.teardown(() => emu.close())
   const { url } = await entraGateway(t, emu, emu.issuerV2)
-  const err = await flowSdk1(url, new HeadlessProvider()).then(() => undefined, (e: unknown) => e as Error)
+  const err = await flowSdk1(url, new HeadlessProvider()).then(
+    () => undefined,
+    (e: unknown) => e as Error
+  )
   t.ok(err, 'the flow fails')
   t.match(String(err), /403|Forbidden|forbidden|not allowed|denied/i)
 })

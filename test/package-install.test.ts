@@ -58,7 +58,10 @@ t.teardown(() => rm(work, { recursive: true, force: true }))
 // fails the install instead of silently coming from the registry.
 const npmEnv = { ...process.env, NPM_CONFIG_OFFLINE: 'true', NPM_CONFIG_UPDATE_NOTIFIER: 'false' }
 
-interface Sandboxed { child: ChildProcess; done: Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }> }
+interface Sandboxed {
+  child: ChildProcess
+  done: Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }>
+}
 
 /**
  * Runs `argv` as nobody:nogroup in its own mount namespace: `/` remounted
@@ -68,29 +71,56 @@ interface Sandboxed { child: ChildProcess; done: Promise<{ code: number | null; 
  * With `pid1`, also in a PID namespace of its own where `argv` runs as PID 1,
  * as a container's entrypoint does.
  */
-function sandboxed (argv: string[], env: Record<string, string> = {}, pid1 = false): Sandboxed {
-  const script = (pid1 ? 'mount -t proc proc /proc && ' : '') +
+function sandboxed(argv: string[], env: Record<string, string> = {}, pid1 = false): Sandboxed {
+  const script =
+    (pid1 ? 'mount -t proc proc /proc && ' : '') +
     'mount -o remount,bind,ro / && ' +
     'mount -t tmpfs -o mode=0700,uid=65534,gid=65534,size=64m tmpfs "$HOME" && ' +
     'mount -t tmpfs -o mode=1777,size=64m tmpfs "$TMPDIR" && ' +
     'exec "$@"'
   const vars = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home, TMPDIR: scratch, ...env }
-  const child = spawn('unshare', ['--mount', '--propagation', 'private', ...(pid1 ? ['--pid', '--fork'] : []), '--', 'sh', '-c', script, 'sandbox',
-    'env', '-i', ...Object.entries(vars).map(([k, v]) => `${k}=${v}`),
-    'setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups', '--no-new-privs', '--', ...argv], {
-    env: { PATH: vars.PATH, HOME: home, TMPDIR: scratch },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
+  const child = spawn(
+    'unshare',
+    [
+      '--mount',
+      '--propagation',
+      'private',
+      ...(pid1 ? ['--pid', '--fork'] : []),
+      '--',
+      'sh',
+      '-c',
+      script,
+      'sandbox',
+      'env',
+      '-i',
+      ...Object.entries(vars).map(([k, v]) => `${k}=${v}`),
+      'setpriv',
+      '--reuid=nobody',
+      '--regid=nogroup',
+      '--clear-groups',
+      '--no-new-privs',
+      '--',
+      ...argv,
+    ],
+    {
+      env: { PATH: vars.PATH, HOME: home, TMPDIR: scratch },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    }
+  )
   let out = ''
-  child.stdout!.on('data', d => { out += d })
-  child.stderr!.on('data', d => { out += d })
+  child.stdout!.on('data', d => {
+    out += d
+  })
+  child.stderr!.on('data', d => {
+    out += d
+  })
   const done = new Promise<{ code: number | null; signal: NodeJS.Signals | null; out: string }>(resolve => {
     child.on('exit', (code, signal) => resolve({ code, signal, out }))
   })
   return { child, done }
 }
 
-async function sandboxedRun (argv: string[], env: Record<string, string> = {}, guardMs = 30000): Promise<{ code: number | null; out: string }> {
+async function sandboxedRun(argv: string[], env: Record<string, string> = {}, guardMs = 30000): Promise<{ code: number | null; out: string }> {
   const s = sandboxed(argv, env)
   const guard = setTimeout(() => s.child.kill('SIGKILL'), guardMs)
   const r = await s.done
@@ -103,7 +133,7 @@ let tarball = ''
 
 // What the image runs, with its paths mapped into this test's folders.
 const dockerfile = await readFile(join(ROOT, 'Dockerfile'), 'utf8')
-function execForm (instruction: string): string[] {
+function execForm(instruction: string): string[] {
   const line = dockerfile.split('\n').find(l => l.startsWith(`${instruction} `)) ?? ''
   const argv = JSON.parse(line.slice(line.indexOf('['))) as string[]
   return argv.map(a => a.replace(/^\/opt\/mcp-proxy\//, `${app}/`).replace(/^\/etc\/mcp-proxy\//, `${etc}/`))
@@ -122,29 +152,50 @@ t.before(async () => {
   await run('sh', [join(ROOT, 'deploy/install.sh'), tarball, app, join(ROOT, 'package-lock.json')], { env: npmEnv, maxBuffer: 16 * 1024 * 1024 })
 })
 
-async function filesUnder (dir: string): Promise<string[]> {
+async function filesUnder(dir: string): Promise<string[]> {
   const entries = await readdir(dir, { recursive: true, withFileTypes: true })
   return entries.filter(e => e.isFile()).map(e => relative(dir, join(e.parentPath, e.name)))
 }
 
 t.test('the tarball ships the licence, the examples, and no dev-only script', async t => {
-  const listed = (await run('tar', ['-tzf', tarball])).stdout.split('\n').filter(Boolean).map(p => p.replace(/^package\//, ''))
+  const listed = (await run('tar', ['-tzf', tarball])).stdout
+    .split('\n')
+    .filter(Boolean)
+    .map(p => p.replace(/^package\//, ''))
   t.ok(listed.includes('LICENSE'), 'LICENSE is shipped')
   const license = await readFile(join(app, 'LICENSE'), 'utf8').catch(() => '')
   t.match(license, /Apache License\s+Version 2\.0, January 2004/)
   t.match(license, /TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION/)
   t.match(license, /END OF TERMS AND CONDITIONS/)
-  for (const f of ['examples/oss-idp.yaml', 'examples/cloud-idp.yaml', 'examples/multi-target.yaml', 'examples/http-target.yaml', 'examples/plugins/rate-limit.js']) {
+  for (const f of [
+    'examples/oss-idp.yaml',
+    'examples/cloud-idp.yaml',
+    'examples/multi-target.yaml',
+    'examples/http-target.yaml',
+    'examples/plugins/rate-limit.js',
+  ]) {
     t.ok(listed.includes(f), `${f} is shipped`)
   }
-  t.same(listed.filter(f => /^dist\/bin\/(demo|dev-idp)\./.test(f) || f.startsWith('examples/demo/')), [], 'the demo and the development IdP stay in the repository')
-  t.same(listed.filter(f => /^(test|bench|deploy|\.ci)\//.test(f)), [], 'no tests, benchmarks or CI files')
+  t.same(
+    listed.filter(f => /^dist\/bin\/(demo|dev-idp)\./.test(f) || f.startsWith('examples/demo/')),
+    [],
+    'the demo and the development IdP stay in the repository'
+  )
+  t.same(
+    listed.filter(f => /^(test|bench|deploy|\.ci)\//.test(f)),
+    [],
+    'no tests, benchmarks or CI files'
+  )
   const installed = JSON.parse(await readFile(join(app, 'package.json'), 'utf8')) as { scripts?: Record<string, string>; bin: Record<string, string> }
   // npm warns consumers about (and may refuse) packages with these scripts.
   // `prepare` builds dist/ so that `npm ci` in a clone leaves a runnable gateway.
   // npm lists it among a tarball's install scripts (allowScripts): in an installed
   // package, which ships no tsconfig.build.json, it does nothing and succeeds.
-  t.same(Object.keys(installed.scripts ?? {}).filter(s => ['preinstall', 'install', 'postinstall'].includes(s)), [], 'no install-time script')
+  t.same(
+    Object.keys(installed.scripts ?? {}).filter(s => ['preinstall', 'install', 'postinstall'].includes(s)),
+    [],
+    'no install-time script'
+  )
   if (installed.scripts?.prepare !== undefined) {
     const before = await readFile(join(app, 'dist/bin/mcp-proxy.js'), 'utf8')
     await run('sh', ['-c', installed.scripts.prepare], { cwd: app, env: npmEnv })
@@ -155,7 +206,10 @@ t.test('the tarball ships the licence, the examples, and no dev-only script', as
 
 t.test('deploy/install.sh refuses bad arguments with a clear message', async t => {
   const install = (...args: string[]): Promise<{ code: number; stderr: string }> =>
-    run('sh', [join(ROOT, 'deploy/install.sh'), ...args], { env: npmEnv }).then(() => ({ code: 0, stderr: '' }), (e: { code: number; stderr: string }) => ({ code: e.code, stderr: e.stderr }))
+    run('sh', [join(ROOT, 'deploy/install.sh'), ...args], { env: npmEnv }).then(
+      () => ({ code: 0, stderr: '' }),
+      (e: { code: number; stderr: string }) => ({ code: e.code, stderr: e.stderr })
+    )
   t.match(await install(), { code: 2, stderr: /usage: .*install\.sh <package\.tgz> <dir> \[package-lock\.json\]/ })
   t.match(await install(join(work, 'missing.tgz'), join(work, 'x')), { code: 2, stderr: /tarball not found: .*missing\.tgz/ })
   t.match(await install(tarball, join(work, 'y'), join(work, 'missing-lock.json')), { code: 2, stderr: /lockfile not found/ })
@@ -175,7 +229,11 @@ t.test('every shipped source map carries the source it maps to', async t => {
 })
 
 t.test('the install holds production dependencies only', async t => {
-  const present = async (name: string): Promise<boolean> => access(join(app, 'node_modules', name, 'package.json')).then(() => true, () => false)
+  const present = async (name: string): Promise<boolean> =>
+    access(join(app, 'node_modules', name, 'package.json')).then(
+      () => true,
+      () => false
+    )
   for (const dep of Object.keys(pkg.dependencies)) t.ok(await present(dep), `${dep} installed`)
   const dev: string[] = []
   for (const dep of Object.keys(pkg.devDependencies)) if (await present(dep)) dev.push(dep)
@@ -201,48 +259,77 @@ t.test('--check passes on every shipped example', async t => {
     // Installed, the package has no clone around it: nothing may point into one or download at run time.
     t.notMatch(text, /\bnpx\b|node_modules\/|["\s[,]-y\b|--yes\b/, `${f}: no npx, no -y download, no node_modules/ path`)
     const referenced = [...text.matchAll(/\$\{([A-Za-z_][A-Za-z0-9_]*)\}/g)].map(m => m[1]!)
-    t.same(referenced.filter(name => EXAMPLE_ENV[name] === undefined), [], `${f}: every variable it references has a test value`)
+    t.same(
+      referenced.filter(name => EXAMPLE_ENV[name] === undefined),
+      [],
+      `${f}: every variable it references has a test value`
+    )
     const r = await sandboxedRun([process.execPath, cli, '-f', file, '--check'], EXAMPLE_ENV)
     t.equal(r.code, 0, `${f}: ${r.out}`)
     t.match(r.out, /^config OK: /m, f)
   }
 })
 
-const accepts = (port: number): Promise<boolean> => new Promise(resolve => {
-  const s = connect(port, '127.0.0.1')
-  s.once('connect', () => { s.destroy(); resolve(true) })
-  s.once('error', () => resolve(false))
-})
+const accepts = (port: number): Promise<boolean> =>
+  new Promise(resolve => {
+    const s = connect(port, '127.0.0.1')
+    s.once('connect', () => {
+      s.destroy()
+      resolve(true)
+    })
+    s.once('error', () => resolve(false))
+  })
 
 t.test('the image entrypoint (tini as PID 1) serves a real MCP call to a stdio target, answers the HEALTHCHECK, and stops on SIGTERM', async t => {
   const [port, adminPort] = [await freePort(), await freePort()]
   const config = join(etc, 'config.yaml')
   // server-everything is a devDependency: the test reaches it in the repository by path.
-  await writeFile(config, [
-    'mcp:',
-    '  host: 127.0.0.1',
-    `  port: ${port}`,
-    '  targets:',
-    '    - name: everything',
-    '      stdio:',
-    `        cmd: ${JSON.stringify(process.execPath)}`,
-    `        args: [${JSON.stringify(EVERYTHING)}, stdio]`,
-    'admin:',
-    '  host: 127.0.0.1',
-    `  port: ${adminPort}`,
-    '',
-  ].join('\n'))
+  await writeFile(
+    config,
+    [
+      'mcp:',
+      '  host: 127.0.0.1',
+      `  port: ${port}`,
+      '  targets:',
+      '    - name: everything',
+      '      stdio:',
+      `        cmd: ${JSON.stringify(process.execPath)}`,
+      `        args: [${JSON.stringify(EVERYTHING)}, stdio]`,
+      'admin:',
+      '  host: 127.0.0.1',
+      `  port: ${adminPort}`,
+      '',
+    ].join('\n')
+  )
   // ENTRYPOINT + CMD: tini -- node <app>/dist/bin/mcp-proxy.js -f <etc>/config.yaml
   const gw = sandboxed([...execForm('ENTRYPOINT'), ...execForm('CMD')], {}, true)
   let exited = false
-  void gw.done.then(() => { exited = true })
-  t.teardown(() => { if (!exited) gw.child.kill('SIGKILL') })
+  void gw.done.then(() => {
+    exited = true
+  })
+  t.teardown(() => {
+    if (!exited) gw.child.kill('SIGKILL')
+  })
   // The namespace's PID 1 (tini) is unshare's child; `docker stop` signals it from outside.
-  const init = await eventually(async () => {
-    try { return Number((await run('ps', ['-o', 'pid=', '--ppid', String(gw.child.pid)])).stdout.trim()) } catch { return 0 }
-  }, pid => pid > 0 || exited, 100, 50)
+  const init = await eventually(
+    async () => {
+      try {
+        return Number((await run('ps', ['-o', 'pid=', '--ppid', String(gw.child.pid)])).stdout.trim())
+      } catch {
+        return 0
+      }
+    },
+    pid => pid > 0 || exited,
+    100,
+    50
+  )
 
-  const up = await eventually(() => exited ? false : accepts(port), ok => ok || exited, 300, 50)
+  const up = await eventually(
+    () => (exited ? false : accepts(port)),
+    ok => ok || exited,
+    300,
+    50
+  )
   t.ok(up, 'the MCP port accepts')
   if (!up) return t.fail((await gw.done).out)
 

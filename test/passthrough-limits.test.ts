@@ -12,14 +12,19 @@ import { join } from 'node:path'
 import { spawnCli, waitForPort, freePort, eventually } from './helpers/cli.ts'
 import { fixtureHttp } from './helpers/conformance-fixture.ts'
 
-interface Cli { mcp: string; lines: () => Array<Record<string, unknown>> }
+interface Cli {
+  mcp: string
+  lines: () => Array<Record<string, unknown>>
+}
 
-async function startCli (t: Test, upstream: string, session: string): Promise<Cli> {
+async function startCli(t: Test, upstream: string, session: string): Promise<Cli> {
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-passthrough-limits-'))
   t.teardown(() => rm(dir, { recursive: true, force: true }))
   const port = await freePort()
   const file = join(dir, 'config.yaml')
-  await writeFile(file, `mcp:
+  await writeFile(
+    file,
+    `mcp:
   port: ${port}
   host: 127.0.0.1
   session: ${session}
@@ -27,27 +32,37 @@ async function startCli (t: Test, upstream: string, session: string): Promise<Cl
     - name: remote
       mcp: { url: ${JSON.stringify(upstream)} }
 admin: { enabled: false }
-`)
+`
+  )
   const cli = spawnCli(['-f', file])
   t.teardown(async () => {
     cli.child.kill('SIGTERM')
     await cli.exited
   })
   await waitForPort(port, cli.exited)
-  const lines = (): Array<Record<string, unknown>> => cli.output().split('\n').filter(l => l.startsWith('{')).map(l => JSON.parse(l) as Record<string, unknown>)
+  const lines = (): Array<Record<string, unknown>> =>
+    cli
+      .output()
+      .split('\n')
+      .filter(l => l.startsWith('{'))
+      .map(l => JSON.parse(l) as Record<string, unknown>)
   return { mcp: `http://127.0.0.1:${port}/mcp`, lines }
 }
 
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
 const INIT = { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'passthrough-limits', version: '1' } }
 
-async function initialize (url: string): Promise<{ status: number; sid: string | null; retryAfter: string | null; body: string }> {
+async function initialize(url: string): Promise<{ status: number; sid: string | null; retryAfter: string | null; body: string }> {
   const res = await fetch(url, { method: 'POST', headers: HEADERS, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: INIT }) })
   return { status: res.status, sid: res.headers.get('mcp-session-id'), retryAfter: res.headers.get('retry-after'), body: await res.text() }
 }
 
-async function ping (url: string, sid: string): Promise<number> {
-  const res = await fetch(url, { method: 'POST', headers: { ...HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-06-18' }, body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'ping' }) })
+async function ping(url: string, sid: string): Promise<number> {
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { ...HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-06-18' },
+    body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'ping' }),
+  })
   await res.arrayBuffer()
   return res.status
 }
@@ -63,14 +78,17 @@ t.test('passthrough: maxSessions caps initialize (503 MCPP_ERR_SESSION_LIMIT); D
   t.ok(second.retryAfter, 'Retry-After')
   // The passthrough pipes bodies and never parses one: its refusals carry id null, as its 404 does.
   t.same(JSON.parse(second.body), { jsonrpc: '2.0', id: null, error: { code: -32000, message: 'Service Unavailable: session limit reached' } })
-  const line = await eventually(() => cli.lines().find(l => l.msg === 'request' && l.status === 503), l => l !== undefined)
+  const line = await eventually(
+    () => cli.lines().find(l => l.msg === 'request' && l.status === 503),
+    l => l !== undefined
+  )
   t.equal(line!.denial, 'MCPP_ERR_SESSION_LIMIT', 'the access log names the code')
   t.equal(await ping(cli.mcp, first.sid!), 200, 'the first session keeps working')
   const del = await fetch(cli.mcp, { method: 'DELETE', headers: { 'mcp-session-id': first.sid!, 'mcp-protocol-version': '2025-06-18' } })
   await del.arrayBuffer()
   t.equal(del.status, 200)
   const third = await initialize(cli.mcp)
-  t.equal(third.status, 200, 'the deleted session\'s slot is free again')
+  t.equal(third.status, 200, "the deleted session's slot is free again")
   t.ok(third.sid)
 })
 
@@ -80,7 +98,12 @@ t.test('passthrough: a session idle for idleTimeoutSeconds is gone (404)', async
   t.equal(status, 200)
   t.equal(await ping(cli.mcp, sid!), 200, 'known while in use')
   // Each probe of a live session renews it: probes further apart than the timeout let it expire.
-  const after = await eventually(() => ping(cli.mcp, sid!), s => s === 404, 10, 1500)
+  const after = await eventually(
+    () => ping(cli.mcp, sid!),
+    s => s === 404,
+    10,
+    1500
+  )
   t.equal(after, 404, 'the idle session was ended')
   const again = await initialize(cli.mcp)
   t.equal(again.status, 200, 'a new session can be made')

@@ -10,15 +10,15 @@ import { memoryLogger } from './helpers/logger.ts'
 
 const limits = { maxBodyBytes: 2048, headersTimeoutMs: 5000, requestTimeoutMs: 0, keepAliveTimeoutMs: 5000 }
 
-async function start (t: Test, plugins: Plugin[], mcp?: McpEndpoint) {
+async function start(t: Test, plugins: Plugin[], mcp?: McpEndpoint) {
   const { log, text } = memoryLogger()
   const endpoint: McpEndpoint = mcp ?? {
-    async handle (ctx) {
+    async handle(ctx) {
       const info = await ctx.readMcpMessage()
       await ctx.writeHead(200, { 'content-type': 'application/json' })
       ctx.res.end(JSON.stringify({ jsonrpc: '2.0', id: (info.body as { id: number }).id, result: { ok: true } }))
     },
-    async close () {},
+    async close() {},
   }
   const server = new GatewayServer({ pipeline: new Pipeline(plugins), routes: new RouteTable(plugins), mcp: endpoint, log, limits, metrics: new Metrics() })
   const { port } = await server.listen(0, '127.0.0.1')
@@ -32,16 +32,16 @@ const rpc = (body: unknown) => ({
   body: typeof body === 'string' ? body : JSON.stringify(body),
 })
 
-function recorder (name: string, calls: string[], opts: { reply?: boolean; throws?: unknown } = {}): Plugin {
+function recorder(name: string, calls: string[], opts: { reply?: boolean; throws?: unknown } = {}): Plugin {
   return {
     name,
-    onRequest () {
+    onRequest() {
       calls.push(`req:${name}`)
       if (opts.throws !== undefined) throw opts.throws
       if (opts.reply === true) return { status: 418, body: { by: name } }
       return undefined
     },
-    onResponse (rctx) {
+    onResponse(rctx) {
       calls.push(`res:${name}`)
       rctx.headers[`x-${name}`] = 'seen'
     },
@@ -61,8 +61,12 @@ t.test('onRequest runs in order, onResponse in reverse, then the terminal handle
 t.test('a Reply short-circuits: later hooks and the handler are skipped, onResponse still runs for those that ran', async t => {
   const calls: string[] = []
   let handled = false
-  const { url } = await start(t, [recorder('a', calls), recorder('b', calls, { reply: true }), recorder('c', calls)],
-    { async handle () { handled = true }, async close () {} })
+  const { url } = await start(t, [recorder('a', calls), recorder('b', calls, { reply: true }), recorder('c', calls)], {
+    async handle() {
+      handled = true
+    },
+    async close() {},
+  })
   const res = await fetch(`${url}/mcp`, rpc({ jsonrpc: '2.0', id: 1, method: 'ping' }))
   t.equal(res.status, 418)
   t.same(await res.json(), { by: 'b' })
@@ -74,7 +78,8 @@ t.test('a Reply short-circuits: later hooks and the handler are skipped, onRespo
 t.test('a thrown ProxyError is written by the error writer; onResponse runs for the plugins that ran', async t => {
   const calls: string[] = []
   const err = new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, 'JWT token required', {
-    oauthError: 'unauthorized', headers: { 'www-authenticate': 'Bearer resource_metadata="x"' },
+    oauthError: 'unauthorized',
+    headers: { 'www-authenticate': 'Bearer resource_metadata="x"' },
   })
   const { url } = await start(t, [recorder('a', calls), recorder('b', calls, { throws: err }), recorder('c', calls)])
   const res = await fetch(`${url}/mcp`, rpc({ jsonrpc: '2.0', id: 1, method: 'ping' }))
@@ -90,7 +95,7 @@ t.test('an unexpected error becomes a generic 500; the cause is logged, never se
   const { url, logs } = await start(t, [recorder('a', calls, { throws: new Error('db password is hunter2') })])
   const res = await fetch(`${url}/mcp`, rpc({ jsonrpc: '2.0', id: 3, method: 'ping' }))
   t.equal(res.status, 500)
-  const body = await res.json() as { error: { message: string } }
+  const body = (await res.json()) as { error: { message: string } }
   t.same(body, { jsonrpc: '2.0', id: null, error: { code: -32603, message: 'internal error' } })
   t.notMatch(JSON.stringify(body), /hunter2/)
   t.match(logs(), /hunter2/, 'the cause is in the log')
@@ -99,11 +104,11 @@ t.test('an unexpected error becomes a generic 500; the cause is logged, never se
 
 t.test('JSON-RPC errors on /mcp carry the request id', async t => {
   const { url } = await start(t, [], {
-    async handle (ctx) {
+    async handle(ctx) {
       await ctx.readMcpMessage()
       throw new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: -32001 })
     },
-    async close () {},
+    async close() {},
   })
   const res = await fetch(`${url}/mcp`, rpc({ jsonrpc: '2.0', id: 'abc', method: 'tools/list' }))
   t.equal(res.status, 404)
@@ -115,10 +120,16 @@ t.test('invalid JSON is -32700 and an invalid message -32600, both 400', async t
   let res = await fetch(`${url}/mcp`, rpc('{"jsonrpc":'))
   t.equal(res.status, 400)
   t.same(await res.json(), { jsonrpc: '2.0', id: null, error: { code: -32700, message: 'Parse error: body is not valid JSON' } })
-  for (const bad of [{ id: 1, method: 'x' }, { jsonrpc: '2.0', id: {}, method: 'x' }, { jsonrpc: '2.0', method: 5 }, [], { jsonrpc: '2.0', id: 1, result: 1, error: {} }]) {
+  for (const bad of [
+    { id: 1, method: 'x' },
+    { jsonrpc: '2.0', id: {}, method: 'x' },
+    { jsonrpc: '2.0', method: 5 },
+    [],
+    { jsonrpc: '2.0', id: 1, result: 1, error: {} },
+  ]) {
     res = await fetch(`${url}/mcp`, rpc(bad))
     t.equal(res.status, 400, JSON.stringify(bad))
-    t.equal((await res.json() as { error: { code: number } }).error.code, -32600)
+    t.equal(((await res.json()) as { error: { code: number } }).error.code, -32600)
   }
 })
 
@@ -126,7 +137,7 @@ t.test('a body over the limit gets 413', async t => {
   const { url } = await start(t, [])
   const res = await fetch(`${url}/mcp`, rpc({ jsonrpc: '2.0', id: 1, method: 'x', params: { pad: 'x'.repeat(5000) } }))
   t.equal(res.status, 413)
-  t.equal((await res.json() as { error: { code: number } }).error.code, -32600)
+  t.equal(((await res.json()) as { error: { code: number } }).error.code, -32600)
 })
 
 t.test('plugin routes: exact match, 405 with Allow, 404 elsewhere, OAuth-shaped errors', async t => {
@@ -143,21 +154,29 @@ t.test('plugin routes: exact match, 405 with Allow, 404 elsewhere, OAuth-shaped 
   res = await fetch(`${url}/.well-known/thing`, { method: 'POST' })
   t.equal(res.status, 405)
   t.equal(res.headers.get('allow'), 'GET')
-  t.equal((await res.json() as { error: string }).error, 'invalid_request')
+  t.equal(((await res.json()) as { error: string }).error, 'invalid_request')
   res = await fetch(`${url}/.well-known/thing/extra`)
   t.equal(res.status, 404)
   t.same(await res.json(), { error: 'not_found', error_description: 'no route for /.well-known/thing/extra' })
 })
 
 t.test('request ids: a sane x-request-id is kept, otherwise unique ids; one id on every line of a request', async t => {
-  const talker: Plugin = { name: 'talker', onRequest (ctx) { if (ctx.path === '/mcp' && ctx.req.headers['x-talk'] !== undefined) ctx.log.info('plugin line') } }
+  const talker: Plugin = {
+    name: 'talker',
+    onRequest(ctx) {
+      if (ctx.path === '/mcp' && ctx.req.headers['x-talk'] !== undefined) ctx.log.info('plugin line')
+    },
+  }
   const { url, logs } = await start(t, [talker])
-  const ping = (headers: Record<string, string> = {}) => fetch(`${url}/mcp`, { ...rpc({ jsonrpc: '2.0', id: 1, method: 'ping' }), headers: { ...rpc({}).headers, ...headers } })
+  const ping = (headers: Record<string, string> = {}) =>
+    fetch(`${url}/mcp`, { ...rpc({ jsonrpc: '2.0', id: 1, method: 'ping' }), headers: { ...rpc({}).headers, ...headers } })
   await ping({ 'x-request-id': 'abc-123.x<script>' })
   await ping()
   await ping()
   await ping({ 'x-talk': '1' })
-  const raw = logs().split('\n').filter(l => l !== '')
+  const raw = logs()
+    .split('\n')
+    .filter(l => l !== '')
   const lines = raw.map(l => JSON.parse(l) as { msg: string; reqId?: string })
   const access = lines.filter(l => l.msg === 'request')
   t.equal(access.length, 4)
@@ -172,14 +191,26 @@ t.test('request ids: a sane x-request-id is kept, otherwise unique ids; one id o
 
 t.test('two plugins cannot claim the same route, nor /mcp', async t => {
   const r = { methods: ['GET'], path: '/x', handler: () => ({ status: 200 }) }
-  t.throws(() => new RouteTable([{ name: 'a', routes: [r] }, { name: 'b', routes: [r] }]), /already taken/)
+  t.throws(
+    () =>
+      new RouteTable([
+        { name: 'a', routes: [r] },
+        { name: 'b', routes: [r] },
+      ]),
+    /already taken/
+  )
   t.throws(() => new RouteTable([{ name: 'a', routes: [{ ...r, path: '/mcp' }] }]), /reserved/)
 })
 
 t.test('one access-log line per request, without the token', async t => {
   const { url, logs } = await start(t, [])
-  await fetch(`${url}/mcp`, { ...rpc({ jsonrpc: '2.0', id: 1, method: 'tools/list' }), headers: { ...rpc({}).headers, authorization: 'Bearer sekrit-token-value' } })
-  const lines = logs().split('\n').filter(l => l.includes('"msg":"request"'))
+  await fetch(`${url}/mcp`, {
+    ...rpc({ jsonrpc: '2.0', id: 1, method: 'tools/list' }),
+    headers: { ...rpc({}).headers, authorization: 'Bearer sekrit-token-value' },
+  })
+  const lines = logs()
+    .split('\n')
+    .filter(l => l.includes('"msg":"request"'))
   t.equal(lines.length, 1)
   const rec = JSON.parse(lines[0]!)
   t.equal(rec.method, 'POST')
@@ -194,13 +225,25 @@ t.test('one access-log line per request, without the token', async t => {
 t.test('a hook returning a non-native thenable is awaited like a promise, in onRequest and onResponse', async t => {
   const calls: string[] = []
   /** A thenable that settles later, as another promise library's would. */
-  function later<T> (value: T, what: string): PromiseLike<T> {
-    return { then (ok) { setTimeout(() => { calls.push(what); ok?.(value) }, 5); return undefined as never } }
+  function later<T>(value: T, what: string): PromiseLike<T> {
+    return {
+      then(ok) {
+        setTimeout(() => {
+          calls.push(what)
+          ok?.(value)
+        }, 5)
+        return undefined as never
+      },
+    }
   }
   const slow: Plugin = {
     name: 'slow',
-    onRequest () { return later(undefined, 'req:slow settled') as PromiseLike<undefined> as never },
-    onResponse () { return later(undefined, 'res:slow settled') as never },
+    onRequest() {
+      return later(undefined, 'req:slow settled') as PromiseLike<undefined> as never
+    },
+    onResponse() {
+      return later(undefined, 'res:slow settled') as never
+    },
   }
   const { url } = await start(t, [recorder('a', calls), slow, recorder('c', calls)])
   const res = await fetch(`${url}/mcp`, rpc({ jsonrpc: '2.0', id: 8, method: 'ping' }))

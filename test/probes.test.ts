@@ -14,15 +14,18 @@ import { EVERYTHING } from './helpers/gateway-harness.ts'
 const ADMIN_TOKEN = 'admin-token-0123456789abcdef'
 const METRICS_TOKEN = 'metrics-token-0123456789abcdef'
 
-function accepts (port: number): Promise<boolean> {
+function accepts(port: number): Promise<boolean> {
   return new Promise(resolve => {
     const s = connect(port, '127.0.0.1')
-    s.once('connect', () => { s.destroy(); resolve(true) })
+    s.once('connect', () => {
+      s.destroy()
+      resolve(true)
+    })
     s.once('error', () => resolve(false))
   })
 }
 
-async function untilAccepts (port: number, child: { exitCode: number | null }): Promise<void> {
+async function untilAccepts(port: number, child: { exitCode: number | null }): Promise<void> {
   // Guard only: start-up of a tsx child takes a second or two.
   for (let i = 0; i < 3000 && child.exitCode === null; i++) {
     if (await accepts(port)) return
@@ -31,33 +34,54 @@ async function untilAccepts (port: number, child: { exitCode: number | null }): 
   throw new Error(`port ${port} never accepted (exit code ${child.exitCode})`)
 }
 
-const initialize = (port: number): Promise<Response> => fetch(`http://127.0.0.1:${port}/mcp`, {
-  method: 'POST',
-  headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
-  body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } }),
-})
+const initialize = (port: number): Promise<Response> =>
+  fetch(`http://127.0.0.1:${port}/mcp`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } },
+    }),
+  })
 
 t.test('probes answer without a token on a listener of their own; /metrics has its own token; SIGTERM fails readiness before the drain', async t => {
   const [port, adminPort, probePort] = await Promise.all([freePort(), freePort(), freePort()])
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-probes-'))
   const file = join(dir, 'config.yaml')
-  await writeFile(file, [
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', '    - name: everything',
-    // The real server-everything as the target (issue 22 item 15): the initialize served during the drain is a real one.
-    `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
-    `admin: { host: 127.0.0.1, port: ${adminPort}, token: ${ADMIN_TOKEN} }`,
-    // A long delay: the test must see /readyz fail and /mcp still served inside it; the guard below ends the run otherwise
-    // (60 s: server-everything starts far slower than a hand-written fixture on a loaded host).
-    `probes: { host: 127.0.0.1, port: ${probePort}, metricsToken: ${METRICS_TOKEN}, shutdownDelayMs: 1500 }`,
-    'logging: { level: info }', '',
-  ].join('\n'))
+  await writeFile(
+    file,
+    [
+      'mcp:',
+      `  port: ${port}`,
+      '  host: 127.0.0.1',
+      '  targets:',
+      '    - name: everything',
+      // The real server-everything as the target (issue 22 item 15): the initialize served during the drain is a real one.
+      `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
+      `admin: { host: 127.0.0.1, port: ${adminPort}, token: ${ADMIN_TOKEN} }`,
+      // A long delay: the test must see /readyz fail and /mcp still served inside it; the guard below ends the run otherwise
+      // (60 s: server-everything starts far slower than a hand-written fixture on a loaded host).
+      `probes: { host: 127.0.0.1, port: ${probePort}, metricsToken: ${METRICS_TOKEN}, shutdownDelayMs: 1500 }`,
+      'logging: { level: info }',
+      '',
+    ].join('\n')
+  )
   const child = spawn(process.execPath, ['--import', 'tsx', CLI, '-f', file], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
-  child.stdout.on('data', d => { out += d })
-  child.stderr.on('data', d => { out += d })
+  child.stdout.on('data', d => {
+    out += d
+  })
+  child.stderr.on('data', d => {
+    out += d
+  })
   const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
   const guard = setTimeout(() => child.kill('SIGKILL'), 60_000)
-  t.teardown(() => { clearTimeout(guard); child.kill('SIGKILL') })
+  t.teardown(() => {
+    clearTimeout(guard)
+    child.kill('SIGKILL')
+  })
 
   await untilAccepts(probePort, child)
   const probe = `http://127.0.0.1:${probePort}`
@@ -83,7 +107,7 @@ t.test('probes answer without a token on a listener of their own; /metrics has i
 
   const anon = await fetch(`${probe}/metrics`)
   t.equal(anon.status, 401, '/metrics needs the metrics token')
-  t.equal((await anon.json() as { error: string }).error, 'unauthorized')
+  t.equal(((await anon.json()) as { error: string }).error, 'unauthorized')
   const withAdmin = await fetch(`${probe}/metrics`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })
   t.equal(withAdmin.status, 401, 'the admin token is not the metrics token')
   await withAdmin.text()

@@ -31,15 +31,24 @@ const REG = `${BASE_URL}/.well-known/oauth-authorization-server/client-registrat
 const SECRET = 'operator-secret-' + randomBytes(8).toString('hex')
 
 /** A tiny IdP whose discovery answer each test controls. */
-async function fakeIdp (t: Test, handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ origin: string; hits: () => number }> {
+async function fakeIdp(t: Test, handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ origin: string; hits: () => number }> {
   let hits = 0
-  const server = createServer((req, res) => { hits++; handler(req, res) })
+  const server = createServer((req, res) => {
+    hits++
+    handler(req, res)
+  })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        server.close(() => resolve())
+        server.closeAllConnections()
+      })
+  )
   return { origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, hits: () => hits }
 }
 
-function ossDoc (issuer: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+function ossDoc(issuer: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return {
     issuer,
     authorization_endpoint: `${issuer}authorize/`,
@@ -51,7 +60,7 @@ function ossDoc (issuer: string, extra: Record<string, unknown> = {}): Record<st
   }
 }
 
-async function closedPortUrl (): Promise<string> {
+async function closedPortUrl(): Promise<string> {
   const s = createServer()
   await new Promise<void>(resolve => s.listen(0, '127.0.0.1', resolve))
   const port = (s.address() as AddressInfo).port
@@ -59,12 +68,12 @@ async function closedPortUrl (): Promise<string> {
   return `http://127.0.0.1:${port}`
 }
 
-function pkce (): { verifier: string; challenge: string } {
+function pkce(): { verifier: string; challenge: string } {
   const verifier = randomBytes(32).toString('base64url')
   return { verifier, challenge: createHash('sha256').update(verifier).digest('base64url') }
 }
 
-function cloudAuth (emu: EntraEmulator, extra: Record<string, unknown> = {}): Record<string, unknown> {
+function cloudAuth(emu: EntraEmulator, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return {
     issuer: emu.issuerV2,
     audiences: [`api://${emu.clientId}`, emu.clientId],
@@ -75,19 +84,28 @@ function cloudAuth (emu: EntraEmulator, extra: Record<string, unknown> = {}): Re
   }
 }
 
-async function withServer (t: Test, auth: Record<string, unknown> | undefined, opts: { maxBodyBytes?: number } = {}): Promise<BridgeServer> {
+async function withServer(t: Test, auth: Record<string, unknown> | undefined, opts: { maxBodyBytes?: number } = {}): Promise<BridgeServer> {
   const s = await startBridgeServer(auth, opts)
   t.teardown(() => s.close())
   return s
 }
 
 t.test('cloud_idp issuers: tenant and login origin', async t => {
-  t.same(parseCloudIssuer('https://login.microsoftonline.com/contoso.onmicrosoft.com/v2.0'),
-    { origin: 'https://login.microsoftonline.com', tenant: 'contoso.onmicrosoft.com', version: 'v2' })
-  t.same(parseCloudIssuer('https://login.microsoftonline.com/72f988bf-86f1-41af-91ab-2d7cd011db47/v2.0/'),
-    { origin: 'https://login.microsoftonline.com', tenant: '72f988bf-86f1-41af-91ab-2d7cd011db47', version: 'v2' })
-  t.same(parseCloudIssuer('https://sts.windows.net/72f988bf-86f1-41af-91ab-2d7cd011db47/'),
-    { origin: 'https://login.microsoftonline.com', tenant: '72f988bf-86f1-41af-91ab-2d7cd011db47', version: 'v1' }, 'v1 maps to the login host')
+  t.same(parseCloudIssuer('https://login.microsoftonline.com/contoso.onmicrosoft.com/v2.0'), {
+    origin: 'https://login.microsoftonline.com',
+    tenant: 'contoso.onmicrosoft.com',
+    version: 'v2',
+  })
+  t.same(parseCloudIssuer('https://login.microsoftonline.com/72f988bf-86f1-41af-91ab-2d7cd011db47/v2.0/'), {
+    origin: 'https://login.microsoftonline.com',
+    tenant: '72f988bf-86f1-41af-91ab-2d7cd011db47',
+    version: 'v2',
+  })
+  t.same(
+    parseCloudIssuer('https://sts.windows.net/72f988bf-86f1-41af-91ab-2d7cd011db47/'),
+    { origin: 'https://login.microsoftonline.com', tenant: '72f988bf-86f1-41af-91ab-2d7cd011db47', version: 'v1' },
+    'v1 maps to the login host'
+  )
   t.same(parseCloudIssuer('https://sts.chinacloudapi.cn/abc/'), { origin: 'https://login.chinacloudapi.cn', tenant: 'abc', version: 'v1' })
   t.same(parseCloudIssuer('http://127.0.0.1:4000/abc/v2.0'), { origin: 'http://127.0.0.1:4000', tenant: 'abc', version: 'v2' }, 'origin comes from the issuer')
   t.same(parseCloudIssuer('http://127.0.0.1:4000/abc/'), { origin: 'http://127.0.0.1:4000', tenant: 'abc', version: 'v1' })
@@ -97,9 +115,18 @@ t.test('cloud_idp issuers: tenant and login origin', async t => {
   t.equal(parseCloudIssuer('not a url'), undefined)
 
   t.equal(discoveryUrlFor('cloud_idp', 'https://sts.windows.net/tid/'), 'https://login.microsoftonline.com/tid/v2.0/.well-known/openid-configuration')
-  t.equal(discoveryUrlFor('cloud_idp', 'https://login.microsoftonline.com/tid/v2.0'), 'https://login.microsoftonline.com/tid/v2.0/.well-known/openid-configuration')
-  t.equal(discoveryUrlFor('oss_idp', 'https://auth.example.com/application/o/mcp/'), 'https://auth.example.com/application/o/mcp/.well-known/openid-configuration')
-  t.equal(discoveryUrlFor('oss_idp', 'https://auth.example.com/application/o/mcp'), 'https://auth.example.com/application/o/mcp/.well-known/openid-configuration')
+  t.equal(
+    discoveryUrlFor('cloud_idp', 'https://login.microsoftonline.com/tid/v2.0'),
+    'https://login.microsoftonline.com/tid/v2.0/.well-known/openid-configuration'
+  )
+  t.equal(
+    discoveryUrlFor('oss_idp', 'https://auth.example.com/application/o/mcp/'),
+    'https://auth.example.com/application/o/mcp/.well-known/openid-configuration'
+  )
+  t.equal(
+    discoveryUrlFor('oss_idp', 'https://auth.example.com/application/o/mcp'),
+    'https://auth.example.com/application/o/mcp/.well-known/openid-configuration'
+  )
   t.equal(ossJwksUri('https://auth.example.com/application/o/mcp/'), 'https://auth.example.com/application/o/mcp/jwks/')
   t.equal(ossJwksUri('https://auth.example.com/application/o/mcp'), 'https://auth.example.com/application/o/mcp/jwks/')
   t.throws(() => discoveryUrlFor('cloud_idp', 'https://login.microsoftonline.com/'), { code: 'MCPP_ERR_CONFIG' })
@@ -107,22 +134,37 @@ t.test('cloud_idp issuers: tenant and login origin', async t => {
 
 t.test('metadata document rules', async t => {
   const oss = buildAuthorizationServerMetadata({
-    kind: 'oss_idp', baseUrl: BASE_URL, issuer: 'https://idp/app/', jwksUri: 'https://idp/app/jwks/',
+    kind: 'oss_idp',
+    baseUrl: BASE_URL,
+    issuer: 'https://idp/app/',
+    jwksUri: 'https://idp/app/jwks/',
     doc: ossDoc('https://idp/app/', { authorization_response_iss_parameter_supported: true, jwks_uri: 'https://idp/app/other' }),
   })
   t.equal(oss.registration_endpoint, REG, 'null registration_endpoint replaced')
   t.equal(oss.jwks_uri, 'https://idp/app/jwks/')
   t.same(oss.code_challenge_methods_supported, ['S256'], 'S256 injected when absent')
   t.notOk('authorization_response_iss_parameter_supported' in oss)
-  t.equal(oss.authorization_endpoint, 'https://idp/app/authorize/', 'oss_idp endpoints stay the IdP\'s')
-  const plain = buildAuthorizationServerMetadata({ kind: 'oss_idp', baseUrl: BASE_URL, issuer: 'x', doc: ossDoc('x', { code_challenge_methods_supported: ['plain'] }) })
+  t.equal(oss.authorization_endpoint, 'https://idp/app/authorize/', "oss_idp endpoints stay the IdP's")
+  const plain = buildAuthorizationServerMetadata({
+    kind: 'oss_idp',
+    baseUrl: BASE_URL,
+    issuer: 'x',
+    doc: ossDoc('x', { code_challenge_methods_supported: ['plain'] }),
+  })
   t.same(plain.code_challenge_methods_supported, ['plain', 'S256'])
-  const both = buildAuthorizationServerMetadata({ kind: 'oss_idp', baseUrl: BASE_URL, issuer: 'x', doc: ossDoc('x', { code_challenge_methods_supported: ['S256', 'plain'] }) })
+  const both = buildAuthorizationServerMetadata({
+    kind: 'oss_idp',
+    baseUrl: BASE_URL,
+    issuer: 'x',
+    doc: ossDoc('x', { code_challenge_methods_supported: ['S256', 'plain'] }),
+  })
   t.same(both.code_challenge_methods_supported, ['S256', 'plain'])
   const absent = buildAuthorizationServerMetadata({ kind: 'oss_idp', baseUrl: BASE_URL, issuer: 'x', doc: { issuer: 'x' } })
   t.equal(absent.registration_endpoint, REG, 'registration_endpoint added when the IdP omits it')
   const cloud = buildAuthorizationServerMetadata({
-    kind: 'cloud_idp', baseUrl: BASE_URL, issuer: 'https://login/t/v2.0',
+    kind: 'cloud_idp',
+    baseUrl: BASE_URL,
+    issuer: 'https://login/t/v2.0',
     doc: { ...ossDoc('https://login/t/v2.0'), code_challenge_methods_supported: ['plain', 'S256'] },
   })
   t.same(cloud.code_challenge_methods_supported, ['S256'])
@@ -136,10 +178,7 @@ t.test('metadata document rules', async t => {
  * of their own" (and only when a secret is configured). Written out, not recomputed: every case of the
  * matrix below not listed here must not get the secret.
  */
-const SECRET_ADDED = new Set([
-  'authorization_code / app / own=false / secret=true',
-  'refresh_token / app / own=false / secret=true',
-])
+const SECRET_ADDED = new Set(['authorization_code / app / own=false / secret=true', 'refresh_token / app / own=false / secret=true'])
 
 t.test('secret injection rule (unit matrix)', async t => {
   const grants = ['authorization_code', 'refresh_token', 'client_credentials', 'password', 'urn:ietf:params:oauth:grant-type:device_code', undefined]
@@ -160,17 +199,49 @@ t.test('secret injection rule (unit matrix)', async t => {
 
 t.test('resource removal and repeated parameters', async t => {
   const p = parseOAuthParams('a=1&resource=x&reso%75rce=y&%72esource=z&Resource=k&resource%5B%5D=l&b=2&resource=')
-  t.same(p.entries, [['a', '1'], ['b', '2']])
-  t.same([...p.byName], [['a', '1'], ['b', '2']])
-  t.same([...parseOAuthParams('Client_ID=c&scope%5B%5D=s').byName], [['client_id', 'c'], ['scope', 's']], 'values by canonical name')
+  t.same(p.entries, [
+    ['a', '1'],
+    ['b', '2'],
+  ])
+  t.same(
+    [...p.byName],
+    [
+      ['a', '1'],
+      ['b', '2'],
+    ]
+  )
+  t.same(
+    [...parseOAuthParams('Client_ID=c&scope%5B%5D=s').byName],
+    [
+      ['client_id', 'c'],
+      ['scope', 's'],
+    ],
+    'values by canonical name'
+  )
   t.same(parseOAuthParams('Client_ID=c').entries, [['Client_ID', 'c']], 'forwarded as spelled')
-  const spellings: ReadonlyArray<readonly [string, string]> = [['RESOURCE', 'resource'], ['resource[]', 'resource'], ['resource[0]', 'resource'], ['%2572esource', 'resource'],
-    ['re\u017fource', 'resource'], ['\uff52esource', 'resource'], [' resource ', 'resource'], ['[]', '[]'], ['%zz', '%zz'], ['a%25', 'a%']]
+  const spellings: ReadonlyArray<readonly [string, string]> = [
+    ['RESOURCE', 'resource'],
+    ['resource[]', 'resource'],
+    ['resource[0]', 'resource'],
+    ['%2572esource', 'resource'],
+    ['re\u017fource', 'resource'],
+    ['\uff52esource', 'resource'],
+    [' resource ', 'resource'],
+    ['[]', '[]'],
+    ['%zz', '%zz'],
+    ['a%25', 'a%'],
+  ]
   for (const [name, canonical] of spellings) {
     t.equal(canonicalName(name), canonical, name)
   }
   for (const raw of ['a=1&a=2', 'a=1&A=2', 'a=1&a[]=2', 'a=1&%61=2']) {
-    const err = (() => { try { parseOAuthParams(raw) } catch (e) { return e } })() as ProxyError
+    const err = (() => {
+      try {
+        parseOAuthParams(raw)
+      } catch (e) {
+        return e
+      }
+    })() as ProxyError
     t.equal(err.oauthError, 'invalid_request', raw)
     t.equal(err.statusCode, 400, raw)
   }
@@ -181,12 +252,22 @@ t.test('discovery cache', async t => {
     let up = true
     let issuerVersion = 1
     const idp = await fakeIdp(t, (_req, res) => {
-      if (!up) { res.writeHead(500).end(); return }
+      if (!up) {
+        res.writeHead(500).end()
+        return
+      }
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(ossDoc(`https://idp/v${issuerVersion}/`)))
     })
     let now = 1_000_000
     const mem = memoryLogger()
-    const cache = new DiscoveryCache({ url: `${idp.origin}/.well-known/openid-configuration`, ttlMs: 60_000, timeoutMs: 2000, log: mem.log, now: () => now, retryMs: 1000 })
+    const cache = new DiscoveryCache({
+      url: `${idp.origin}/.well-known/openid-configuration`,
+      ttlMs: 60_000,
+      timeoutMs: 2000,
+      log: mem.log,
+      now: () => now,
+      retryMs: 1000,
+    })
     t.teardown(() => cache.close())
     await cache.start()
     t.equal(idp.hits(), 1)
@@ -212,7 +293,10 @@ t.test('discovery cache', async t => {
   t.test('never fetched: 503 temporarily_unavailable with Retry-After, then recovers', async t => {
     let up = false
     const idp = await fakeIdp(t, (_req, res) => {
-      if (!up) { res.writeHead(503).end(); return }
+      if (!up) {
+        res.writeHead(503).end()
+        return
+      }
       res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(ossDoc('https://idp/')))
     })
     let now = 0
@@ -220,7 +304,7 @@ t.test('discovery cache', async t => {
     const cache = new DiscoveryCache({ url: `${idp.origin}/d`, ttlMs: 60_000, timeoutMs: 2000, log: mem.log, now: () => now, retryMs: 5000 })
     t.teardown(() => cache.close())
     await cache.start()
-    const err = await cache.get().catch((e: unknown) => e) as ProxyError
+    const err = (await cache.get().catch((e: unknown) => e)) as ProxyError
     t.ok(ProxyError.is(err))
     t.equal(err.statusCode, 503)
     t.equal(err.oauthError, 'temporarily_unavailable')
@@ -236,10 +320,14 @@ t.test('discovery cache', async t => {
   })
 
   t.test('refuses oversized, redirected, invalid and slow answers', async t => {
-    const target = await fakeIdp(t, (_req, res) => { res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(ossDoc('https://idp/'))) })
+    const target = await fakeIdp(t, (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(ossDoc('https://idp/')))
+    })
     const idp = await fakeIdp(t, (req, res) => {
       switch (req.url) {
-        case '/big-declared': res.writeHead(200, { 'content-length': String(DISCOVERY_MAX_BYTES + 1) }).end(); return
+        case '/big-declared':
+          res.writeHead(200, { 'content-length': String(DISCOVERY_MAX_BYTES + 1) }).end()
+          return
         case '/big-chunked': {
           res.writeHead(200, { 'content-type': 'application/json' })
           const chunk = Buffer.alloc(64 * 1024, 0x20)
@@ -247,16 +335,30 @@ t.test('discovery cache', async t => {
           res.end('{}')
           return
         }
-        case '/redirect': res.writeHead(302, { location: `${target.origin}/d` }).end(); return
-        case '/not-json': res.writeHead(200).end('<html>'); return
-        case '/no-issuer': res.writeHead(200).end(JSON.stringify({ authorization_endpoint: 'https://a', token_endpoint: 'https://b' })); return
-        case '/array': res.writeHead(200).end('[]'); return
-        case '/slow': return // never answers
+        case '/redirect':
+          res.writeHead(302, { location: `${target.origin}/d` }).end()
+          return
+        case '/not-json':
+          res.writeHead(200).end('<html>')
+          return
+        case '/no-issuer':
+          res.writeHead(200).end(JSON.stringify({ authorization_endpoint: 'https://a', token_endpoint: 'https://b' }))
+          return
+        case '/array':
+          res.writeHead(200).end('[]')
+          return
+        case '/slow':
+          return // never answers
       }
     })
     const reasons: Record<string, RegExp> = {
-      '/big-declared': /limit/, '/big-chunked': /more than/, '/redirect': /302 \(redirects are not followed\)/,
-      '/not-json': /invalid JSON/, '/no-issuer': /issuer is missing/, '/array': /not a JSON object/, '/slow': /timed out/,
+      '/big-declared': /limit/,
+      '/big-chunked': /more than/,
+      '/redirect': /302 \(redirects are not followed\)/,
+      '/not-json': /invalid JSON/,
+      '/no-issuer': /issuer is missing/,
+      '/array': /not a JSON object/,
+      '/slow': /timed out/,
     }
     for (const [path, reason] of Object.entries(reasons)) {
       const cache = new DiscoveryCache({ url: `${idp.origin}${path}`, ttlMs: 60_000, timeoutMs: path === '/slow' ? 300 : 5000, log: memoryLogger().log })
@@ -273,18 +375,21 @@ t.test('oss_idp against the development OpenID provider', async t => {
   const idp = await startDevIdp()
   t.teardown(() => idp.close())
   const s = await withServer(t, {
-    issuer: idp.issuer, audiences: [idp.clientId], clientId: idp.clientId, provider: { oss_idp: {} },
+    issuer: idp.issuer,
+    audiences: [idp.clientId],
+    clientId: idp.clientId,
+    provider: { oss_idp: {} },
     resourceMetadata: { resource: `${BASE_URL}/mcp`, scopesSupported: ['openid', 'profile'] },
   })
-  const upstream = await (await fetch(idp.discoveryUrl)).json() as Record<string, unknown>
+  const upstream = (await (await fetch(idp.discoveryUrl)).json()) as Record<string, unknown>
   t.equal(upstream.registration_endpoint ?? null, null, 'the provider itself reports no registration endpoint')
 
   const res = await fetch(s.url + ROOT)
   t.equal(res.status, 200)
   t.equal(res.headers.get('access-control-allow-origin'), '*')
   t.match(res.headers.get('cache-control'), /max-age=\d+/)
-  const root = await res.json() as Record<string, unknown>
-  t.equal(root.issuer, idp.issuer, 'root issuer is the IdP\'s')
+  const root = (await res.json()) as Record<string, unknown>
+  t.equal(root.issuer, idp.issuer, "root issuer is the IdP's")
   t.equal(root.jwks_uri, `${idp.issuer}jwks/`)
   t.equal(root.registration_endpoint, REG)
   t.ok((root.code_challenge_methods_supported as string[]).includes('S256'))
@@ -293,12 +398,15 @@ t.test('oss_idp against the development OpenID provider', async t => {
   for (const path of MCP_METADATA_PATHS) {
     const r = await fetch(s.url + path)
     t.equal(r.status, 200, path)
-    const doc = await r.json() as Record<string, unknown>
+    const doc = (await r.json()) as Record<string, unknown>
     t.equal(doc.issuer, `${BASE_URL}/mcp`, `${path} issuer`)
     t.equal(doc.registration_endpoint, REG)
     t.equal(doc.jwks_uri, `${idp.issuer}jwks/`)
   }
-  const pre = await fetch(s.url + MCP_METADATA_PATHS[0], { method: 'OPTIONS', headers: { origin: 'http://localhost:6274', 'access-control-request-method': 'GET', 'access-control-request-headers': 'mcp-protocol-version' } })
+  const pre = await fetch(s.url + MCP_METADATA_PATHS[0], {
+    method: 'OPTIONS',
+    headers: { origin: 'http://localhost:6274', 'access-control-request-method': 'GET', 'access-control-request-headers': 'mcp-protocol-version' },
+  })
   t.equal(pre.status, 204)
   t.equal(pre.headers.get('access-control-allow-origin'), '*')
   t.equal((await fetch(s.url + '/oauth2/authorize')).status, 404, 'no proxied endpoints for oss_idp')
@@ -319,9 +427,12 @@ t.test('oss_idp: S256 injected and null registration replaced for a provider tha
     res.writeHead(200).end(JSON.stringify(ossDoc('https://auth.example.com/application/o/mcp/', { authorization_response_iss_parameter_supported: true })))
   })
   const s = await withServer(t, {
-    issuer: `${idp.origin}/application/o/mcp/`, audiences: ['c'], clientId: 'c', provider: { oss_idp: {} },
+    issuer: `${idp.origin}/application/o/mcp/`,
+    audiences: ['c'],
+    clientId: 'c',
+    provider: { oss_idp: {} },
   })
-  const doc = await (await fetch(s.url + '/.well-known/openid-configuration/mcp')).json() as Record<string, unknown>
+  const doc = (await (await fetch(s.url + '/.well-known/openid-configuration/mcp')).json()) as Record<string, unknown>
   t.same(doc.code_challenge_methods_supported, ['S256'])
   t.equal(doc.registration_endpoint, REG)
   t.equal(doc.jwks_uri, `${idp.origin}/application/o/mcp/jwks/`, 'derived from the configured issuer')
@@ -340,14 +451,18 @@ t.test('no provider: no routes', async t => {
 t.test('IdP down at start: create succeeds, metadata 503, not ready', async t => {
   const dead = await closedPortUrl()
   const s = await withServer(t, {
-    issuer: `${dead}/tenant-a/`, audiences: ['x'], clientId: 'x', provider: { cloud_idp: {} },
-    jwks: `${dead}/keys`, discovery: { timeoutMs: 500 },
+    issuer: `${dead}/tenant-a/`,
+    audiences: ['x'],
+    clientId: 'x',
+    provider: { cloud_idp: {} },
+    jwks: `${dead}/keys`,
+    discovery: { timeoutMs: 500 },
   })
   for (const path of [ROOT, ...MCP_METADATA_PATHS]) {
     const res = await fetch(s.url + path)
     t.equal(res.status, 503, path)
     t.ok(Number(res.headers.get('retry-after')) >= 1)
-    const body = await res.json() as Record<string, unknown>
+    const body = (await res.json()) as Record<string, unknown>
     t.equal(body.error, 'temporarily_unavailable')
     t.type(body.error_description, 'string')
   }
@@ -358,15 +473,22 @@ t.test('IdP down at start: create succeeds, metadata 503, not ready', async t =>
   t.match(s.logText(), /discovery document unavailable/)
   // The authorize proxy still works from the tenant's fallback endpoint.
   const { challenge } = pkce()
-  const res = await fetch(`${s.url}/oauth2/authorize?client_id=x&response_type=code&code_challenge=${challenge}&code_challenge_method=S256&redirect_uri=http%3A%2F%2F127.0.0.1%2Fcb&resource=https%3A%2F%2Fgw%2Fmcp`, { redirect: 'manual' })
+  const res = await fetch(
+    `${s.url}/oauth2/authorize?client_id=x&response_type=code&code_challenge=${challenge}&code_challenge_method=S256&redirect_uri=http%3A%2F%2F127.0.0.1%2Fcb&resource=https%3A%2F%2Fgw%2Fmcp`,
+    { redirect: 'manual' }
+  )
   t.equal(res.status, 302)
   const loc = new URL(res.headers.get('location')!)
   t.equal(loc.origin + loc.pathname, `${dead}/tenant-a/oauth2/v2.0/authorize`)
   t.notOk(loc.searchParams.has('resource'))
   // Token proxy: the IdP is unreachable -> 502 OAuth error.
-  const tok = await fetch(`${s.url}/oauth2/token`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: 'grant_type=authorization_code&code=c&client_id=x' })
+  const tok = await fetch(`${s.url}/oauth2/token`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: 'grant_type=authorization_code&code=c&client_id=x',
+  })
   t.equal(tok.status, 502)
-  t.equal((await tok.json() as { error: string }).error, 'temporarily_unavailable')
+  t.equal(((await tok.json()) as { error: string }).error, 'temporarily_unavailable')
 })
 
 t.test('cloud_idp against the Entra emulator', async t => {
@@ -377,33 +499,36 @@ t.test('cloud_idp against the Entra emulator', async t => {
 
   t.test('the emulator serves only OIDC discovery', async t => {
     t.equal((await fetch(`${emu.origin}/.well-known/oauth-authorization-server/${emu.tenant}/v2.0`)).status, 404)
-    const d = await (await fetch(emu.discoveryUrl)).json() as Record<string, unknown>
+    const d = (await (await fetch(emu.discoveryUrl)).json()) as Record<string, unknown>
     t.notOk('code_challenge_methods_supported' in d)
     t.notOk('registration_endpoint' in d)
   })
 
   t.test('metadata', async t => {
-    const root = await (await fetch(s.url + ROOT)).json() as Record<string, unknown>
+    const root = (await (await fetch(s.url + ROOT)).json()) as Record<string, unknown>
     t.equal(root.issuer, emu.issuerV2)
     t.equal(root.authorization_endpoint, `${BASE_URL}/oauth2/authorize`)
     t.equal(root.token_endpoint, `${BASE_URL}/oauth2/token`)
     t.same(root.code_challenge_methods_supported, ['S256'])
     t.equal(root.registration_endpoint, REG)
-    t.equal(root.jwks_uri, emu.jwksUrl, 'cloud_idp keeps the IdP\'s key set URL')
+    t.equal(root.jwks_uri, emu.jwksUrl, "cloud_idp keeps the IdP's key set URL")
     t.ok((root.token_endpoint_auth_methods_supported as string[]).includes('none'))
     for (const path of MCP_METADATA_PATHS) {
-      const doc = await (await fetch(s.url + path)).json() as Record<string, unknown>
+      const doc = (await (await fetch(s.url + path)).json()) as Record<string, unknown>
       t.equal(doc.issuer, `${BASE_URL}/mcp`, path)
       t.equal(doc.token_endpoint, `${BASE_URL}/oauth2/token`)
     }
     t.equal(emu.count(`/${emu.tenant}/v2.0/.well-known/openid-configuration`) >= 1, true)
   })
 
-  function authorizeUrl (params: string): string { return `${s.url}/oauth2/authorize?${params}` }
+  function authorizeUrl(params: string): string {
+    return `${s.url}/oauth2/authorize?${params}`
+  }
 
   t.test('authorize: resource stripped in every spelling, order kept', async t => {
     const { challenge } = pkce()
-    const q = `response_type=code&client_id=${emu.clientId}&resource=https%3A%2F%2Fgw%2Fmcp&code_challenge=${challenge}` +
+    const q =
+      `response_type=code&client_id=${emu.clientId}&resource=https%3A%2F%2Fgw%2Fmcp&code_challenge=${challenge}` +
       `&reso%75rce=a&code_challenge_method=S256&%72esource=b&redirect_uri=${encodeURIComponent(redirectUri)}&state=s%20t&resource=c` +
       `&scope=${encodeURIComponent(emu.apiScopes[0]! + ' offline_access')}`
     const res = await fetch(authorizeUrl(q), { redirect: 'manual' })
@@ -411,10 +536,18 @@ t.test('cloud_idp against the Entra emulator', async t => {
     t.equal(res.headers.get('cache-control'), 'no-store')
     const loc = new URL(res.headers.get('location')!)
     t.equal(loc.origin + loc.pathname, emu.authorizeUrl)
-    t.same([...loc.searchParams], [
-      ['response_type', 'code'], ['client_id', emu.clientId], ['code_challenge', challenge], ['code_challenge_method', 'S256'],
-      ['redirect_uri', redirectUri], ['state', 's t'], ['scope', `${emu.apiScopes[0]} offline_access`],
-    ])
+    t.same(
+      [...loc.searchParams],
+      [
+        ['response_type', 'code'],
+        ['client_id', emu.clientId],
+        ['code_challenge', challenge],
+        ['code_challenge_method', 'S256'],
+        ['redirect_uri', redirectUri],
+        ['state', 's t'],
+        ['scope', `${emu.apiScopes[0]} offline_access`],
+      ]
+    )
     // The emulator then issues a code (it would answer invalid_target with a resource).
     const back = await fetch(loc, { redirect: 'manual' })
     const cb = new URL(back.headers.get('location')!)
@@ -437,12 +570,16 @@ t.test('cloud_idp against the Entra emulator', async t => {
       [`${base}&code_challenge=${challenge}&code_challenge_method=S256&state=a%0D%0Ab`, 'invalid_request', 'CR/LF in a value'],
       [`${base}&code_challenge=${challenge}&code_challenge_method=S256&x%0Ay=1`, 'invalid_request', 'LF in a name'],
       [`${base}&code_challenge=${challenge}&code_challenge_method=S256&state=1&state=2`, 'invalid_request', 'repeated parameter'],
-      [`${base}&code_challenge=${challenge}&code_challenge_method=S256&scope=https%3A%2F%2Fgraph.microsoft.com%2F.default`, 'invalid_scope', 'scope of another API'],
+      [
+        `${base}&code_challenge=${challenge}&code_challenge_method=S256&scope=https%3A%2F%2Fgraph.microsoft.com%2F.default`,
+        'invalid_scope',
+        'scope of another API',
+      ],
     ]
     for (const [q, error, name] of cases) {
       const res = await fetch(authorizeUrl(q), { redirect: 'manual' })
       t.equal(res.status, 400, name)
-      t.equal((await res.json() as { error: string }).error, error, name)
+      t.equal(((await res.json()) as { error: string }).error, error, name)
     }
     t.equal((await fetch(authorizeUrl(base), { method: 'POST', redirect: 'manual' })).status, 405)
   })
@@ -451,30 +588,54 @@ t.test('cloud_idp against the Entra emulator', async t => {
     const { challenge } = pkce()
     const base = `response_type=code&client_id=${emu.clientId}&code_challenge=${challenge}&code_challenge_method=S256&state=st`
     const refused = [
-      'javascript:alert(1)', 'JavaScript:alert(document.domain)//', 'data:text/html,<script>alert(1)</script>', 'vbscript:msgbox(1)',
-      '/callback', 'callback', '//evil.example/cb', 'https://app.example.com/cb#frag', 'https://app.example.com/cb#',
-      'http://app.example.com/cb', 'http://127.0.0.1.evil.example/cb', 'http://localhost.evil.example/cb', 'http://2130706433/cb',
-      'http://0x7f.0.0.1/cb', 'http://127.1/cb', 'https://user:pw@app.example.com/cb', 'http://evil.example@127.0.0.1/cb',
-      'https:\\\\evil.example\\cb', 'https:/evil.example/cb', 'https:evil.example', 'https://', 'ftp://app.example.com/cb',
-      'file:///etc/passwd', 'cursor://anysphere.cursor-retrieval/oauth/user-mcp/callback', 'https://app.example.com/c b',
+      'javascript:alert(1)',
+      'JavaScript:alert(document.domain)//',
+      'data:text/html,<script>alert(1)</script>',
+      'vbscript:msgbox(1)',
+      '/callback',
+      'callback',
+      '//evil.example/cb',
+      'https://app.example.com/cb#frag',
+      'https://app.example.com/cb#',
+      'http://app.example.com/cb',
+      'http://127.0.0.1.evil.example/cb',
+      'http://localhost.evil.example/cb',
+      'http://2130706433/cb',
+      'http://0x7f.0.0.1/cb',
+      'http://127.1/cb',
+      'https://user:pw@app.example.com/cb',
+      'http://evil.example@127.0.0.1/cb',
+      'https:\\\\evil.example\\cb',
+      'https:/evil.example/cb',
+      'https:evil.example',
+      'https://',
+      'ftp://app.example.com/cb',
+      'file:///etc/passwd',
+      'cursor://anysphere.cursor-retrieval/oauth/user-mcp/callback',
+      'https://app.example.com/c b',
       '',
     ]
     for (const uri of refused) {
       const res = await fetch(`${s.url}/oauth2/authorize?${base}&redirect_uri=${encodeURIComponent(uri)}`, { redirect: 'manual' })
       t.equal(res.status, 400, uri)
       t.equal(res.headers.get('location'), null, `${uri}: never a redirect (RFC 6749 §4.1.2.1)`)
-      const body = await res.json() as { error: string; error_description: string }
+      const body = (await res.json()) as { error: string; error_description: string }
       t.equal(body.error, 'invalid_request', uri)
       t.match(body.error_description, /redirect_uri/, uri)
     }
     const missing = await fetch(`${s.url}/oauth2/authorize?${base}`, { redirect: 'manual' })
     t.equal(missing.status, 400, 'no redirect_uri')
-    t.match((await missing.json() as { error_description: string }).error_description, /redirect_uri/)
+    t.match(((await missing.json()) as { error_description: string }).error_description, /redirect_uri/)
     t.match(s.logText(), /redirect_uri/, 'refusals are logged')
 
     const allowed = [
-      'https://app.example.com/callback', 'https://app.example.com:8443/cb?x=1', 'HTTPS://App.Example.com/cb',
-      'http://127.0.0.1:33418/callback', 'http://127.0.0.1/callback', 'http://localhost:6274/oauth/callback', 'http://[::1]:3000/cb',
+      'https://app.example.com/callback',
+      'https://app.example.com:8443/cb?x=1',
+      'HTTPS://App.Example.com/cb',
+      'http://127.0.0.1:33418/callback',
+      'http://127.0.0.1/callback',
+      'http://localhost:6274/oauth/callback',
+      'http://[::1]:3000/cb',
     ]
     for (const uri of allowed) {
       const res = await fetch(`${s.url}/oauth2/authorize?${base}&redirect_uri=${encodeURIComponent(uri)}`, { redirect: 'manual' })
@@ -484,9 +645,17 @@ t.test('cloud_idp against the Entra emulator', async t => {
   })
 
   /** Runs authorize through the gateway and returns a code for the verifier. */
-  async function getCode (scope = `${emu.apiScopes[0]} offline_access openid`): Promise<{ code: string; verifier: string }> {
+  async function getCode(scope = `${emu.apiScopes[0]} offline_access openid`): Promise<{ code: string; verifier: string }> {
     const { verifier, challenge } = pkce()
-    const q = new URLSearchParams({ response_type: 'code', client_id: emu.clientId, redirect_uri: redirectUri, code_challenge: challenge, code_challenge_method: 'S256', scope, resource: `${BASE_URL}/mcp` })
+    const q = new URLSearchParams({
+      response_type: 'code',
+      client_id: emu.clientId,
+      redirect_uri: redirectUri,
+      code_challenge: challenge,
+      code_challenge_method: 'S256',
+      scope,
+      resource: `${BASE_URL}/mcp`,
+    })
     const res = await fetch(authorizeUrl(q.toString()), { redirect: 'manual' })
     const back = await fetch(res.headers.get('location')!, { redirect: 'manual' })
     const code = new URL(back.headers.get('location')!).searchParams.get('code')
@@ -494,7 +663,7 @@ t.test('cloud_idp against the Entra emulator', async t => {
     return { code, verifier }
   }
 
-  function token (body: string, headers: Record<string, string> = {}): Promise<Response> {
+  function token(body: string, headers: Record<string, string> = {}): Promise<Response> {
     return fetch(`${s.url}/oauth2/token`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded', ...headers }, body })
   }
 
@@ -504,20 +673,42 @@ t.test('cloud_idp against the Entra emulator', async t => {
   // names case-insensitively, PHP and Rails read `name[]`/`name[0]` as the
   // name, some stacks decode twice, trim, or fold Unicode compatibility forms.
   const RESOURCE_SPELLINGS = [
-    'resource', 'Resource', 'RESOURCE', 'ReSoUrCe', 'resource[]', 'resource%5B%5D', 'resource[0]', 'RESOURCE%5Bx%5D',
-    '%52esource', 'reso%75rce', 're%C5%BFource', '%EF%BD%92esource', '%2572esource', '%252572esource', '+resource', 'resource+', '%20Resource%20',
+    'resource',
+    'Resource',
+    'RESOURCE',
+    'ReSoUrCe',
+    'resource[]',
+    'resource%5B%5D',
+    'resource[0]',
+    'RESOURCE%5Bx%5D',
+    '%52esource',
+    'reso%75rce',
+    're%C5%BFource',
+    '%EF%BD%92esource',
+    '%2572esource',
+    '%252572esource',
+    '+resource',
+    'resource+',
+    '%20Resource%20',
   ]
   /** The test's own reading of a decoded name: would some server take it for `resource`? */
-  function readsAsResource (name: string): boolean {
+  function readsAsResource(name: string): boolean {
     let n = name
-    for (let i = 0; i < 4; i++) { try { n = decodeURIComponent(n) } catch { break } }
+    for (let i = 0; i < 4; i++) {
+      try {
+        n = decodeURIComponent(n)
+      } catch {
+        break
+      }
+    }
     return /^resource(\[|$)/.test(n.normalize('NFKC').trim().toLowerCase())
   }
   const spelled = (value: string): string => RESOURCE_SPELLINGS.map((k, i) => `${k}=${encodeURIComponent(value + i)}`).join('&')
 
   t.test('authorize and token: every spelling of resource is stripped before the IdP sees it', async t => {
     const { verifier, challenge } = pkce()
-    const q = `response_type=code&${spelled('https://gw.example/mcp')}&client_id=${emu.clientId}&code_challenge=${challenge}` +
+    const q =
+      `response_type=code&${spelled('https://gw.example/mcp')}&client_id=${emu.clientId}&code_challenge=${challenge}` +
       `&code_challenge_method=S256&redirect_uri=${encodeURIComponent(redirectUri)}&scope=${encodeURIComponent(emu.apiScopes[0]!)}`
     const res = await fetch(authorizeUrl(q), { redirect: 'manual' })
     t.equal(res.status, 302)
@@ -532,28 +723,37 @@ t.test('cloud_idp against the Entra emulator', async t => {
     const seenAuthorize = emu.requests.filter(r => r.path.endsWith('/oauth2/v2.0/authorize')).at(-1)!
     t.same(seenAuthorize.params.map(([k]) => k).filter(readsAsResource), [], 'the IdP received no resource at authorize')
 
-    const body = `grant_type=authorization_code&${spelled(`${BASE_URL}/mcp`)}&code=${encodeURIComponent(code)}&code_verifier=${verifier}` +
+    const body =
+      `grant_type=authorization_code&${spelled(`${BASE_URL}/mcp`)}&code=${encodeURIComponent(code)}&code_verifier=${verifier}` +
       `&redirect_uri=${encodeURIComponent(redirectUri)}&client_id=${emu.clientId}`
     const tok = await token(body)
     t.equal(tok.status, 200, 'the IdP issued tokens')
     const seenToken = emu.requests.filter(r => r.path.endsWith('/oauth2/v2.0/token')).at(-1)!
     t.same(seenToken.params.map(([k]) => k).filter(readsAsResource), [], 'the IdP received no resource at the token endpoint')
-    t.same(seenToken.params.map(([k]) => k), ['grant_type', 'code', 'code_verifier', 'redirect_uri', 'client_id', 'client_secret'])
+    t.same(
+      seenToken.params.map(([k]) => k),
+      ['grant_type', 'code', 'code_verifier', 'redirect_uri', 'client_id', 'client_secret']
+    )
   })
 
   t.test('a parameter repeated under another spelling is refused, not read two ways', async t => {
     const { challenge } = pkce()
     const base = `response_type=code&client_id=${emu.clientId}&code_challenge=${challenge}&code_challenge_method=S256&redirect_uri=${encodeURIComponent(redirectUri)}`
-    for (const extra of ['Client_Id=other', 'REDIRECT_URI=https%3A%2F%2Fevil.example%2Fcb', 'redirect_uri[]=https%3A%2F%2Fevil.example%2Fcb', 'scope=a&Scope=b']) {
+    for (const extra of [
+      'Client_Id=other',
+      'REDIRECT_URI=https%3A%2F%2Fevil.example%2Fcb',
+      'redirect_uri[]=https%3A%2F%2Fevil.example%2Fcb',
+      'scope=a&Scope=b',
+    ]) {
       const res = await fetch(authorizeUrl(`${base}&${extra}`), { redirect: 'manual' })
       t.equal(res.status, 400, extra)
-      t.equal((await res.json() as { error: string }).error, 'invalid_request', extra)
+      t.equal(((await res.json()) as { error: string }).error, 'invalid_request', extra)
     }
     const before = emu.requests.length
     for (const extra of ['GRANT_TYPE=client_credentials', 'Client_Id=other', 'client_id[]=other', 'Client_Secret=x&client_secret=y']) {
       const res = await token(`grant_type=authorization_code&code=a&client_id=${emu.clientId}&${extra}`)
       t.equal(res.status, 400, extra)
-      t.equal((await res.json() as { error: string }).error, 'invalid_request', extra)
+      t.equal(((await res.json()) as { error: string }).error, 'invalid_request', extra)
     }
     t.equal(emu.requests.length, before, 'none reached the IdP')
   })
@@ -565,39 +765,71 @@ t.test('cloud_idp against the Entra emulator', async t => {
     for (const name of ['Scope', 'SCOPE', 'scope[]', '%73cope']) {
       const res = await fetch(authorizeUrl(`${base}&${name}=${graph}`), { redirect: 'manual' })
       t.equal(res.status, 400, `authorize ${name}`)
-      t.equal((await res.json() as { error: string }).error, 'invalid_scope', `authorize ${name}`)
+      t.equal(((await res.json()) as { error: string }).error, 'invalid_scope', `authorize ${name}`)
       const before = emu.requests.length
       const tok = await token(`grant_type=refresh_token&refresh_token=x&client_id=${emu.clientId}&${name}=${graph}`)
       t.equal(tok.status, 400, `token ${name}`)
-      t.equal((await tok.json() as { error: string }).error, 'invalid_scope', `token ${name}`)
+      t.equal(((await tok.json()) as { error: string }).error, 'invalid_scope', `token ${name}`)
       t.equal(emu.requests.length, before, `token ${name}: the secret-bearing request never left`)
     }
   })
 
   t.test('token: code exchange with resource stripped and the secret added, then refresh', async t => {
     const { code, verifier } = await getCode()
-    const res = await token(new URLSearchParams({ grant_type: 'authorization_code', code, code_verifier: verifier, redirect_uri: redirectUri, client_id: emu.clientId, resource: `${BASE_URL}/mcp` }).toString())
+    const res = await token(
+      new URLSearchParams({
+        grant_type: 'authorization_code',
+        code,
+        code_verifier: verifier,
+        redirect_uri: redirectUri,
+        client_id: emu.clientId,
+        resource: `${BASE_URL}/mcp`,
+      }).toString()
+    )
     t.equal(res.status, 200)
     t.equal(res.headers.get('cache-control'), 'no-store')
     t.equal(res.headers.get('pragma'), 'no-cache')
-    const tokens = await res.json() as Record<string, string>
+    const tokens = (await res.json()) as Record<string, string>
     t.type(tokens.access_token, 'string')
     t.type(tokens.refresh_token, 'string')
     const sent = lastTokenRequest()
     t.notOk(sent.has('resource'), 'resource stripped')
     t.equal(sent.get('client_secret'), SECRET, 'secret added server-side')
 
-    const ok = await token(new URLSearchParams({ grant_type: 'refresh_token', refresh_token: tokens.refresh_token!, client_id: emu.clientId, scope: `${emu.apiScopes[0]} offline_access` }).toString())
+    const ok = await token(
+      new URLSearchParams({
+        grant_type: 'refresh_token',
+        refresh_token: tokens.refresh_token!,
+        client_id: emu.clientId,
+        scope: `${emu.apiScopes[0]} offline_access`,
+      }).toString()
+    )
     t.equal(ok.status, 200, 'refresh within the configured scopes')
-    const bad = await token(new URLSearchParams({ grant_type: 'refresh_token', refresh_token: tokens.refresh_token!, client_id: emu.clientId, scope: 'https://graph.microsoft.com/.default' }).toString())
+    const bad = await token(
+      new URLSearchParams({
+        grant_type: 'refresh_token',
+        refresh_token: tokens.refresh_token!,
+        client_id: emu.clientId,
+        scope: 'https://graph.microsoft.com/.default',
+      }).toString()
+    )
     t.equal(bad.status, 400)
-    t.equal((await bad.json() as { error: string }).error, 'invalid_scope')
-    const mixed = await token(new URLSearchParams({ grant_type: 'refresh_token', refresh_token: tokens.refresh_token!, client_id: emu.clientId, scope: `${emu.apiScopes[0]} User.Read` }).toString())
+    t.equal(((await bad.json()) as { error: string }).error, 'invalid_scope')
+    const mixed = await token(
+      new URLSearchParams({
+        grant_type: 'refresh_token',
+        refresh_token: tokens.refresh_token!,
+        client_id: emu.clientId,
+        scope: `${emu.apiScopes[0]} User.Read`,
+      }).toString()
+    )
     t.equal(mixed.status, 400, 'one scope outside is enough to refuse')
 
-    const reused = await token(new URLSearchParams({ grant_type: 'authorization_code', code, code_verifier: verifier, redirect_uri: redirectUri, client_id: emu.clientId }).toString())
-    t.equal(reused.status, 400, 'the IdP\'s status is passed back')
-    t.equal((await reused.json() as { error: string }).error, 'invalid_grant')
+    const reused = await token(
+      new URLSearchParams({ grant_type: 'authorization_code', code, code_verifier: verifier, redirect_uri: redirectUri, client_id: emu.clientId }).toString()
+    )
+    t.equal(reused.status, 400, "the IdP's status is passed back")
+    t.equal(((await reused.json()) as { error: string }).error, 'invalid_grant')
     t.equal(reused.headers.get('cache-control'), 'no-store')
 
     const log = s.logText()
@@ -613,9 +845,13 @@ t.test('cloud_idp against the Entra emulator', async t => {
       t.equal(res.status, 405, method)
       t.equal(res.headers.get('allow'), 'POST')
     }
-    const json = await fetch(`${s.url}/oauth2/token`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"grant_type":"authorization_code"}' })
+    const json = await fetch(`${s.url}/oauth2/token`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{"grant_type":"authorization_code"}',
+    })
     t.equal(json.status, 400)
-    t.equal((await json.json() as { error: string }).error, 'invalid_request')
+    t.equal(((await json.json()) as { error: string }).error, 'invalid_request')
     const before = emu.requests.length
     for (const body of [
       `grant_type=authorization_code&code=a&code=b&client_id=${emu.clientId}`,
@@ -625,16 +861,16 @@ t.test('cloud_idp against the Entra emulator', async t => {
     ]) {
       const res = await token(body)
       t.equal(res.status, 400, body)
-      t.equal((await res.json() as { error: string }).error, 'invalid_request')
+      t.equal(((await res.json()) as { error: string }).error, 'invalid_request')
     }
     const repeatedResource = await token(`grant_type=authorization_code&code=a&client_id=${emu.clientId}&resource=x&resource=y`)
     t.equal(repeatedResource.status, 400, 'forwarded (resource repeats are allowed and stripped); the IdP rejects the code')
-    t.equal((await repeatedResource.json() as { error: string }).error, 'invalid_grant')
+    t.equal(((await repeatedResource.json()) as { error: string }).error, 'invalid_grant')
     t.equal(emu.requests.length, before + 1, 'only the last request reached the IdP')
     for (const grant of ['client_credentials', 'password', 'urn:ietf:params:oauth:grant-type:device_code']) {
       const res = await token(`grant_type=${encodeURIComponent(grant)}&client_id=${emu.clientId}&scope=api%3A%2F%2Fx%2F.default`)
       t.equal(res.status, 400, grant)
-      t.equal((await res.json() as { error: string }).error, 'unsupported_grant_type')
+      t.equal(((await res.json()) as { error: string }).error, 'unsupported_grant_type')
     }
     const none = await token(`client_id=${emu.clientId}`)
     t.equal(none.status, 400)
@@ -646,15 +882,26 @@ t.test('cloud_idp against the Entra emulator', async t => {
   t.test('token: secret-injection matrix over HTTP (grant x client_id x own credentials)', async t => {
     const ownCreds: Record<string, (p: URLSearchParams) => Record<string, string>> = {
       none: () => ({}),
-      client_secret: p => { p.set('client_secret', 'client-own-secret'); return {} },
-      client_assertion: p => { p.set('client_assertion_type', 'urn:ietf:params:oauth:client-assertion-type:jwt-bearer'); p.set('client_assertion', 'eyJ.x.y'); return {} },
+      client_secret: p => {
+        p.set('client_secret', 'client-own-secret')
+        return {}
+      },
+      client_assertion: p => {
+        p.set('client_assertion_type', 'urn:ietf:params:oauth:client-assertion-type:jwt-bearer')
+        p.set('client_assertion', 'eyJ.x.y')
+        return {}
+      },
       basic: () => ({ authorization: 'Basic ' + Buffer.from(`${emu.clientId}:basic-own-secret`).toString('base64') }),
     }
     for (const grant of ['authorization_code', 'refresh_token', 'client_credentials']) {
       for (const cid of ['configured', 'other', 'absent']) {
         for (const [credName, addCreds] of Object.entries(ownCreds)) {
           const p = new URLSearchParams({ grant_type: grant })
-          if (grant === 'authorization_code') { p.set('code', 'not-a-code'); p.set('redirect_uri', redirectUri); p.set('code_verifier', 'v'.repeat(43)) }
+          if (grant === 'authorization_code') {
+            p.set('code', 'not-a-code')
+            p.set('redirect_uri', redirectUri)
+            p.set('code_verifier', 'v'.repeat(43))
+          }
           if (grant === 'refresh_token') p.set('refresh_token', 'not-a-refresh-token')
           if (cid === 'configured') p.set('client_id', emu.clientId)
           if (cid === 'other') p.set('client_id', '11111111-2222-3333-4444-555555555555')
@@ -683,13 +930,17 @@ t.test('cloud_idp against the Entra emulator', async t => {
   })
 })
 
-t.test('cloud_idp without clientSecret against a confidential app: the IdP\'s AADSTS7000218 passes through', async t => {
+t.test("cloud_idp without clientSecret against a confidential app: the IdP's AADSTS7000218 passes through", async t => {
   const emu = await startEntraEmulator({ clientSecret: SECRET })
   t.teardown(() => emu.close())
   const s = await withServer(t, cloudAuth(emu))
-  const res = await fetch(`${s.url}/oauth2/token`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: `grant_type=authorization_code&code=x&client_id=${emu.clientId}` })
+  const res = await fetch(`${s.url}/oauth2/token`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: `grant_type=authorization_code&code=x&client_id=${emu.clientId}`,
+  })
   t.equal(res.status, 401)
-  const body = await res.json() as { error: string; error_description: string }
+  const body = (await res.json()) as { error: string; error_description: string }
   t.equal(body.error, 'invalid_client')
   t.match(body.error_description, /^AADSTS7000218/)
   t.equal(res.headers.get('cache-control'), 'no-store')
@@ -701,13 +952,13 @@ t.test('cloud_idp v1 issuer: tenant and endpoints derived, discovery from the v2
   const s = await withServer(t, cloudAuth(emu, { issuer: emu.issuerV1, jwks: emu.jwksUrl }))
   const bridge = s.plugins[0] as ProviderBridgePlugin
   t.equal(bridge.discovery?.url, emu.discoveryUrl)
-  const root = await (await fetch(s.url + ROOT)).json() as Record<string, unknown>
+  const root = (await (await fetch(s.url + ROOT)).json()) as Record<string, unknown>
   t.equal(root.issuer, emu.issuerV2, 'issuer as reported by the IdP')
   t.equal(root.token_endpoint, `${BASE_URL}/oauth2/token`)
 })
 
 /** A cloud_idp gateway config for the real CLI: an explicit pipeline, so that the bridge can take options. */
-function cloudCliConfig (emu: EntraEmulator, port: number, bridgeOptions: string | undefined): string {
+function cloudCliConfig(emu: EntraEmulator, port: number, bridgeOptions: string | undefined): string {
   return `mcp:
   host: 127.0.0.1
   port: ${port}
@@ -731,10 +982,13 @@ admin: { enabled: false }
 `
 }
 
-async function cloudCli (t: Test, emu: EntraEmulator, bridgeOptions: string | undefined): Promise<string> {
+async function cloudCli(t: Test, emu: EntraEmulator, bridgeOptions: string | undefined): Promise<string> {
   const port = await freePort()
   const cli = spawnCli(['-f', await configFile(cloudCliConfig(emu, port, bridgeOptions), 'mcpp-schemes-')])
-  t.teardown(async () => { cli.child.kill('SIGTERM'); await cli.exited })
+  t.teardown(async () => {
+    cli.child.kill('SIGTERM')
+    await cli.exited
+  })
   await waitForPort(port, cli.exited)
   return `http://127.0.0.1:${port}`
 }
@@ -746,14 +1000,24 @@ t.test('private-use redirect schemes (RFC 8252 §7.1): refused by default, passe
   const emu = await startEntraEmulator({ redirectUris: [cursor, app, vscode, 'http://127.0.0.1/callback'] })
   t.teardown(() => emu.close())
   const { verifier, challenge } = pkce()
-  const authorize = (base: string, redirectUri: string): Promise<Response> => fetch(`${base}/oauth2/authorize?${new URLSearchParams({
-    response_type: 'code', client_id: emu.clientId, redirect_uri: redirectUri, code_challenge: challenge, code_challenge_method: 'S256',
-    scope: `${emu.apiScopes[0]} offline_access`, state: 'st', resource: `${base}/mcp`,
-  })}`, { redirect: 'manual' })
+  const authorize = (base: string, redirectUri: string): Promise<Response> =>
+    fetch(
+      `${base}/oauth2/authorize?${new URLSearchParams({
+        response_type: 'code',
+        client_id: emu.clientId,
+        redirect_uri: redirectUri,
+        code_challenge: challenge,
+        code_challenge_method: 'S256',
+        scope: `${emu.apiScopes[0]} offline_access`,
+        state: 'st',
+        resource: `${base}/mcp`,
+      })}`,
+      { redirect: 'manual' }
+    )
   const refused = async (res: Response, uri: string, name: string): Promise<void> => {
     t.equal(res.status, 400, `${name}: ${uri}`)
     t.equal(res.headers.get('location'), null, `${name}: ${uri}: never a redirect`)
-    const body = await res.json() as { error: string; error_description: string }
+    const body = (await res.json()) as { error: string; error_description: string }
     t.equal(body.error, 'invalid_request', `${name}: ${uri}`)
     // A control character is refused by the parameter parser before redirect_uri is read.
     t.match(body.error_description, /^redirect_uri |^parameters must not contain control characters/, `${name}: ${uri}`)
@@ -762,10 +1026,16 @@ t.test('private-use redirect schemes (RFC 8252 §7.1): refused by default, passe
   const plain = await cloudCli(t, emu, undefined)
   for (const uri of [cursor, app]) await refused(await authorize(plain, uri), uri, 'default')
   const first = await authorize(plain, cursor)
-  t.same(await first.json(), { error: 'invalid_request', error_description: 'redirect_uri must use https, or http on a loopback address (not cursor)' }, 'default: the existing error')
+  t.same(
+    await first.json(),
+    { error: 'invalid_request', error_description: 'redirect_uri must use https, or http on a loopback address (not cursor)' },
+    'default: the existing error'
+  )
   // Registration took private-use schemes before and still does: the authorize endpoint is what opts in.
   const reg = await fetch(`${plain}/.well-known/oauth-authorization-server/client-registration`, {
-    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ redirect_uris: [cursor, app] }),
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ redirect_uris: [cursor, app] }),
   })
   t.equal(reg.status, 201, 'registration with private-use redirect URIs')
 
@@ -784,18 +1054,29 @@ t.test('private-use redirect schemes (RFC 8252 §7.1): refused by default, passe
   t.equal(back.protocol + '//' + back.host + back.pathname, cursor, 'the IdP redirects to the app')
   const code = back.searchParams.get('code')!
   const token = await fetch(`${opted}/oauth2/token`, {
-    method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
     body: new URLSearchParams({ grant_type: 'authorization_code', code, client_id: emu.clientId, redirect_uri: cursor, code_verifier: verifier }).toString(),
   })
   t.equal(token.status, 200, 'the code is redeemed')
-  t.type((await token.json() as { access_token?: unknown }).access_token, 'string')
+  t.type(((await token.json()) as { access_token?: unknown }).access_token, 'string')
 
-  const stillRefused = [vscode, 'javascript:alert(1)', 'cursor://anysphere.cursor-retrieval/cb#frag', 'cursor://user@anysphere.cursor-retrieval/cb',
-    'cursor:', 'cursor://', 'cursor://x/c b', 'cursor://x/c\\b', 'cursor://x/\u0007', 'http://app.example.com/cb']
+  const stillRefused = [
+    vscode,
+    'javascript:alert(1)',
+    'cursor://anysphere.cursor-retrieval/cb#frag',
+    'cursor://user@anysphere.cursor-retrieval/cb',
+    'cursor:',
+    'cursor://',
+    'cursor://x/c b',
+    'cursor://x/c\\b',
+    'cursor://x/\u0007',
+    'http://app.example.com/cb',
+  ]
   for (const uri of stillRefused) await refused(await authorize(opted, uri), uri, 'listed, still refused')
 })
 
-t.test('allowedRedirectSchemes: scheme syntax (RFC 3986 §3.1), and the web\'s or dangerous schemes refused, naming the path (--check)', async t => {
+t.test("allowedRedirectSchemes: scheme syntax (RFC 3986 §3.1), and the web's or dangerous schemes refused, naming the path (--check)", async t => {
   // The schemas say what the code refuses: the same names, in any case.
   const item = (bridgeSchema.properties.allowedRedirectSchemes as { items: Record<string, unknown> }).items
   t.same((facadeSchema.properties as Record<string, { items?: unknown }>).allowedRedirectSchemes?.items, item, 'the facade takes the same list')
@@ -812,7 +1093,11 @@ t.test('allowedRedirectSchemes: scheme syntax (RFC 3986 §3.1), and the web\'s o
   const emu = await startEntraEmulator({})
   t.teardown(() => emu.close())
   const port = await freePort()
-  const bad = await runCli(['-f', await configFile(cloudCliConfig(emu, port, '{ allowedRedirectSchemes: [cursor, javascript, "vscode:"] }'), 'mcpp-schemes-'), '--check'], {}, 20000)
+  const bad = await runCli(
+    ['-f', await configFile(cloudCliConfig(emu, port, '{ allowedRedirectSchemes: [cursor, javascript, "vscode:"] }'), 'mcpp-schemes-'), '--check'],
+    {},
+    20000
+  )
   t.equal(bad.code, 1, 'exit 1')
   t.match(bad.stderr, /mcp\.plugins\[2\]\.options\.allowedRedirectSchemes\[1\]: a private-use URI scheme/, 'javascript: named by its path')
   t.match(bad.stderr, /mcp\.plugins\[2\]\.options\.allowedRedirectSchemes\[2\]: a private-use URI scheme/, 'a scheme with its colon: named by its path')

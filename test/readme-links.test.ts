@@ -12,22 +12,29 @@ import { fileURLToPath } from 'node:url'
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..')
 
 /** Lines outside fenced code blocks, where Markdown links and headings live. */
-function prose (text: string): string[] {
+function prose(text: string): string[] {
   let fence = false
   return text.split('\n').filter(line => {
-    if (line.startsWith('```')) { fence = !fence; return false }
+    if (line.startsWith('```')) {
+      fence = !fence
+      return false
+    }
     return !fence
   })
 }
 
 /** GitHub's heading anchors: lower case, punctuation dropped, spaces to '-', repeats numbered. */
-function anchors (text: string): Set<string> {
+function anchors(text: string): Set<string> {
   const seen = new Map<string, number>()
   const out = new Set<string>()
   for (const line of prose(text)) {
     const m = /^#{1,6} (.*)$/.exec(line)
     if (!m) continue
-    const base = m[1]!.trim().toLowerCase().replace(/[^\p{L}\p{N}_\- ]/gu, '').replaceAll(' ', '-')
+    const base = m[1]!
+      .trim()
+      .toLowerCase()
+      .replace(/[^\p{L}\p{N}_\- ]/gu, '')
+      .replaceAll(' ', '-')
     const n = seen.get(base) ?? 0
     seen.set(base, n + 1)
     out.add(n === 0 ? base : `${base}-${n}`)
@@ -36,12 +43,15 @@ function anchors (text: string): Set<string> {
 }
 
 /** Link targets of `[label](target)`, inline code spans removed first. */
-function links (text: string): string[] {
+function links(text: string): string[] {
   return prose(text).flatMap(line => [...line.replace(/`[^`]*`/g, '``').matchAll(/\]\(([^)\s]+)\)/g)].map(m => m[1]!))
 }
 
-async function exists (path: string): Promise<boolean> {
-  return stat(path).then(() => true, () => false)
+async function exists(path: string): Promise<boolean> {
+  return stat(path).then(
+    () => true,
+    () => false
+  )
 }
 
 const docs = (await readdir(join(ROOT, 'docs'))).filter(f => f.endsWith('.md')).map(f => join('docs', f))
@@ -56,7 +66,7 @@ t.test('relative links and #anchors in README.md and docs/*.md resolve', async t
       if (/^[a-z][a-z0-9+.-]*:/i.test(target) || target.startsWith('//')) continue
       const [path, fragment] = target.split('#', 2) as [string, string | undefined]
       const dest = path === '' ? file : relative(ROOT, join(ROOT, dirname(file), path))
-      t.ok(!dest.startsWith('..') && await exists(join(ROOT, dest)), `${file}: ${target} exists`)
+      t.ok(!dest.startsWith('..') && (await exists(join(ROOT, dest))), `${file}: ${target} exists`)
       if (fragment === undefined) continue
       const destText = texts.get(dest) ?? (dest.endsWith('.md') ? await readFile(join(ROOT, dest), 'utf8').catch(() => '') : '')
       t.ok(anchors(destText).has(fragment), `${file}: ${target} names a heading`)
@@ -78,7 +88,9 @@ t.test('the README Contents lists every section', async t => {
 })
 
 t.test('the anchor rules match GitHub on headings with code, punctuation and repeats', async t => {
-  t.same([...anchors('## Metrics (`GET /metrics`)\n### Revision 2026-07-28 (stateless)\n## A\n## A\n```\n# not a heading\n```')],
-    ['metrics-get-metrics', 'revision-2026-07-28-stateless', 'a', 'a-1'])
+  t.same(
+    [...anchors('## Metrics (`GET /metrics`)\n### Revision 2026-07-28 (stateless)\n## A\n## A\n```\n# not a heading\n```')],
+    ['metrics-get-metrics', 'revision-2026-07-28-stateless', 'a', 'a-1']
+  )
   t.same(links('see [x](a.md#b) and `[y](not-a-link)`\n```\n[z](in-code)\n```'), ['a.md#b'])
 })

@@ -19,25 +19,45 @@ import { builtins } from '../plugins/index.ts'
 const PATH = '/.well-known/oauth-authorization-server/client-registration'
 const CLIENT_ID = 'pre-registered-client'
 
-async function idpStub (t: Test): Promise<string> {
+async function idpStub(t: Test): Promise<string> {
   const server = createServer((_req, res) => {
-    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
-      issuer: 'https://idp.example/app/', authorization_endpoint: 'https://idp.example/authorize', token_endpoint: 'https://idp.example/token', registration_endpoint: null,
-    }))
+    res.writeHead(200, { 'content-type': 'application/json' }).end(
+      JSON.stringify({
+        issuer: 'https://idp.example/app/',
+        authorization_endpoint: 'https://idp.example/authorize',
+        token_endpoint: 'https://idp.example/token',
+        registration_endpoint: null,
+      })
+    )
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        server.close(() => resolve())
+        server.closeAllConnections()
+      })
+  )
   return `http://127.0.0.1:${(server.address() as AddressInfo).port}/app/`
 }
 
-async function ossServer (t: Test, maxBodyBytes?: number, registration?: Record<string, unknown>, trustedProxies?: string[], now?: () => number): Promise<BridgeServer> {
+async function ossServer(
+  t: Test,
+  maxBodyBytes?: number,
+  registration?: Record<string, unknown>,
+  trustedProxies?: string[],
+  now?: () => number
+): Promise<BridgeServer> {
   const issuer = await idpStub(t)
-  const s = await startBridgeServer({ issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } }, { maxBodyBytes, registration, trustedProxies, now })
+  const s = await startBridgeServer(
+    { issuer, audiences: [CLIENT_ID], clientId: CLIENT_ID, provider: { oss_idp: {} } },
+    { maxBodyBytes, registration, trustedProxies, now }
+  )
   t.teardown(() => s.close())
   return s
 }
 
-function register (s: BridgeServer, body: unknown, contentType = 'application/json'): Promise<Response> {
+function register(s: BridgeServer, body: unknown, contentType = 'application/json'): Promise<Response> {
   return fetch(s.url + PATH, { method: 'POST', headers: { 'content-type': contentType }, body: typeof body === 'string' ? body : JSON.stringify(body) })
 }
 
@@ -53,10 +73,18 @@ t.test('redirect URI rules', async t => {
   ]
   for (const u of good) t.equal(redirectUriProblem(u), undefined, u)
   const bad: Array<[unknown, RegExp]> = [
-    ['', /non-empty/], [42, /non-empty string/], ['/relative/callback', /absolute/], ['callback', /absolute/],
-    ['https://app.example.com/cb#frag', /fragment/], ['https://app.example.com/cb\r\nSet-Cookie: x=1', /control/],
-    ['https://app.example.com/c b', /whitespace/], ['javascript:alert(1)', /not allowed/], ['data:text/html,hi', /not allowed/],
-    ['file:///etc/passwd', /not allowed/], ['http://app.example.com/cb', /loopback/], ['https://user:pw@app.example.com/cb', /user information/],
+    ['', /non-empty/],
+    [42, /non-empty string/],
+    ['/relative/callback', /absolute/],
+    ['callback', /absolute/],
+    ['https://app.example.com/cb#frag', /fragment/],
+    ['https://app.example.com/cb\r\nSet-Cookie: x=1', /control/],
+    ['https://app.example.com/c b', /whitespace/],
+    ['javascript:alert(1)', /not allowed/],
+    ['data:text/html,hi', /not allowed/],
+    ['file:///etc/passwd', /not allowed/],
+    ['http://app.example.com/cb', /loopback/],
+    ['https://user:pw@app.example.com/cb', /user information/],
     ['https://app.example.com/' + 'a'.repeat(3000), /at most/],
   ]
   for (const [u, reason] of bad) t.match(redirectUriProblem(u), reason, String(u).slice(0, 40))
@@ -65,14 +93,17 @@ t.test('redirect URI rules', async t => {
 t.test('registration answers with the configured client id', async t => {
   const s = await ossServer(t)
   const req = {
-    client_name: 'MCP Inspector', redirect_uris: ['http://localhost:6274/oauth/callback', 'com.example.app:/cb'],
-    grant_types: ['authorization_code', 'refresh_token'], response_types: ['code'], token_endpoint_auth_method: 'client_secret_basic',
+    client_name: 'MCP Inspector',
+    redirect_uris: ['http://localhost:6274/oauth/callback', 'com.example.app:/cb'],
+    grant_types: ['authorization_code', 'refresh_token'],
+    response_types: ['code'],
+    token_endpoint_auth_method: 'client_secret_basic',
     scope: 'openid profile',
   }
   const res = await register(s, req)
   t.equal(res.status, 201)
   t.equal(res.headers.get('cache-control'), 'no-store')
-  const body = await res.json() as Record<string, unknown>
+  const body = (await res.json()) as Record<string, unknown>
   t.equal(body.client_id, CLIENT_ID)
   t.equal(body.token_endpoint_auth_method, 'none', 'public client even when another method was asked for')
   t.same(body.redirect_uris, req.redirect_uris)
@@ -86,13 +117,13 @@ t.test('registration answers with the configured client id', async t => {
 
   const minimal = await register(s, { redirect_uris: ['http://127.0.0.1:1234/cb'] }, 'application/json; charset=utf-8')
   t.equal(minimal.status, 201)
-  const m = await minimal.json() as Record<string, unknown>
+  const m = (await minimal.json()) as Record<string, unknown>
   t.same(m.grant_types, ['authorization_code', 'refresh_token'], 'defaulted')
   t.same(m.response_types, ['code'], 'defaulted')
   t.notOk('client_name' in m)
 
   const extra = await register(s, { redirect_uris: ['https://a.example/cb'], grant_types: ['authorization_code', 'client_credentials', 'urn:x'] })
-  t.same((await extra.json() as Record<string, unknown>).grant_types, ['authorization_code'], 'unsupported grants replaced (RFC 7591 §3.2.1)')
+  t.same(((await extra.json()) as Record<string, unknown>).grant_types, ['authorization_code'], 'unsupported grants replaced (RFC 7591 §3.2.1)')
 })
 
 t.test('invalid registration requests', async t => {
@@ -120,7 +151,7 @@ t.test('invalid registration requests', async t => {
   for (const [name, body, error, type] of cases) {
     const res = await register(s, body, type)
     t.equal(res.status, 400, name)
-    const b = await res.json() as Record<string, unknown>
+    const b = (await res.json()) as Record<string, unknown>
     t.equal(b.error, error, name)
     t.type(b.error_description, 'string', name)
   }
@@ -129,13 +160,16 @@ t.test('invalid registration requests', async t => {
   const get = await fetch(s.url + PATH)
   t.equal(get.status, 405)
   t.match(get.headers.get('allow'), /POST/)
-  const pre = await fetch(s.url + PATH, { method: 'OPTIONS', headers: { origin: 'http://localhost:6274', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' } })
+  const pre = await fetch(s.url + PATH, {
+    method: 'OPTIONS',
+    headers: { origin: 'http://localhost:6274', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' },
+  })
   t.equal(pre.status, 204)
   t.equal(pre.headers.get('access-control-allow-origin'), '*')
 })
 
 /** The table "Client registration limits" (Key | Default | Beyond it) of docs/security.md, parsed: the defaults as documented. */
-function readmeRegistrationDefaults (): Record<string, number> {
+function readmeRegistrationDefaults(): Record<string, number> {
   const readme = readFileSync(new URL('../docs/security.md', import.meta.url), 'utf8')
   const table = readme.slice(readme.indexOf('Client registration limits'))
   const out: Record<string, number> = {}
@@ -143,11 +177,19 @@ function readmeRegistrationDefaults (): Record<string, number> {
   return out
 }
 
-t.test('the registration defaults are the README\'s, and the OAuth facade\'s registration rate limit is the same', async t => {
+t.test("the registration defaults are the README's, and the OAuth facade's registration rate limit is the same", async t => {
   const doc = readmeRegistrationDefaults()
-  t.same(Object.keys(doc).sort(), ['maxBodyBytes', 'maxRedirectUriLength', 'maxRedirectUris', 'rateLimit.maxAddresses', 'rateLimit.requests', 'rateLimit.windowSeconds'], 'the table parsed')
+  t.same(
+    Object.keys(doc).sort(),
+    ['maxBodyBytes', 'maxRedirectUriLength', 'maxRedirectUris', 'rateLimit.maxAddresses', 'rateLimit.requests', 'rateLimit.windowSeconds'],
+    'the table parsed'
+  )
   const documented = { requests: doc['rateLimit.requests'], windowSeconds: doc['rateLimit.windowSeconds'], maxAddresses: doc['rateLimit.maxAddresses'] }
-  t.same(DEFAULT_OPTIONS, { maxBodyBytes: doc.maxBodyBytes, maxRedirectUris: doc.maxRedirectUris, maxRedirectUriLength: doc.maxRedirectUriLength, rateLimit: documented }, 'the plugin\'s defaults')
+  t.same(
+    DEFAULT_OPTIONS,
+    { maxBodyBytes: doc.maxBodyBytes, maxRedirectUris: doc.maxRedirectUris, maxRedirectUriLength: doc.maxRedirectUriLength, rateLimit: documented },
+    "the plugin's defaults"
+  )
   t.same(REGISTRATION_RATE_LIMIT, documented, 'the facade\'s (README: "registrations share the registration plugin\'s rate limit defaults")')
 })
 
@@ -160,43 +202,86 @@ t.test('configuration', async t => {
   const log = memoryLogger().log
   const { env: none } = await makeEnv({ issuer: 'https://idp.example/', audiences: ['x'] }, log)
   t.same((await registrationModule.create({}, none)).routes, [], 'no provider: no routes')
-  await t.rejects(validateConfig({
-    mcp: { port: 1, targets: [{ name: 'a', stdio: { cmd: 'node' } }], policies: { mcpAuthentication: { mode: 'strict', issuer: 'https://idp.example/app/', provider: { oss_idp: {} }, resourceMetadata: { resource: 'https://gw.example/mcp' } } } },
-  }, builtins), /clientId/, 'oss_idp without clientId is rejected at start-up, naming the field')
+  await t.rejects(
+    validateConfig(
+      {
+        mcp: {
+          port: 1,
+          targets: [{ name: 'a', stdio: { cmd: 'node' } }],
+          policies: {
+            mcpAuthentication: {
+              mode: 'strict',
+              issuer: 'https://idp.example/app/',
+              provider: { oss_idp: {} },
+              resourceMetadata: { resource: 'https://gw.example/mcp' },
+            },
+          },
+        },
+      },
+      builtins
+    ),
+    /clientId/,
+    'oss_idp without clientId is rejected at start-up, naming the field'
+  )
   // Guard in create() for configs that bypass the validator.
   const { env } = await makeEnv({ issuer: 'https://idp.example/app/', audiences: ['x'], clientId: 'x', provider: { oss_idp: {} } }, log)
   const idp = env.provided.idp as Record<string, unknown>
   const bypass = { ...env, provided: { ...env.provided, idp: { ...idp, clientId: undefined } } }
   let err: unknown
-  try { await registrationModule.create({}, bypass) } catch (e) { err = e }
+  try {
+    await registrationModule.create({}, bypass)
+  } catch (e) {
+    err = e
+  }
   t.ok(ProxyError.is(err))
   t.match((err as ProxyError).message, /clientId/)
 })
 
-interface RawAnswer { status: number; headers: Record<string, string | string[] | undefined>; body: string }
+interface RawAnswer {
+  status: number
+  headers: Record<string, string | string[] | undefined>
+  body: string
+}
 
 /**
  * POSTs from a chosen local address, the body streamed in `chunks` (chunked
  * when `contentLength` is false). The server may answer and close before the
  * body is sent: that answer is what counts.
  */
-function rawRegister (s: BridgeServer, chunks: Buffer[], o: { localAddress?: string; contentLength?: boolean; headers?: Record<string, string> } = {}): Promise<RawAnswer> {
+function rawRegister(
+  s: BridgeServer,
+  chunks: Buffer[],
+  o: { localAddress?: string; contentLength?: boolean; headers?: Record<string, string> } = {}
+): Promise<RawAnswer> {
   const url = new URL(s.url + PATH)
   const size = chunks.reduce((n, c) => n + c.length, 0)
   return new Promise((resolve, reject) => {
-    const req = request({
-      host: url.hostname, port: url.port, path: PATH, method: 'POST', localAddress: o.localAddress, agent: false,
-      headers: { 'content-type': 'application/json', ...(o.contentLength === false ? {} : { 'content-length': size }), ...o.headers },
-    }, res => {
-      const got: Buffer[] = []
-      res.on('data', (c: Buffer) => got.push(c))
-      res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(got).toString('utf8') }))
-      res.on('error', reject)
-    })
+    const req = request(
+      {
+        host: url.hostname,
+        port: url.port,
+        path: PATH,
+        method: 'POST',
+        localAddress: o.localAddress,
+        agent: false,
+        headers: { 'content-type': 'application/json', ...(o.contentLength === false ? {} : { 'content-length': size }), ...o.headers },
+      },
+      res => {
+        const got: Buffer[] = []
+        res.on('data', (c: Buffer) => got.push(c))
+        res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(got).toString('utf8') }))
+        res.on('error', reject)
+      }
+    )
     // Writes after the server answered and closed fail; the answer already arrived.
-    req.on('error', err => { if (!req.writableEnded || (err as NodeJS.ErrnoException).code !== 'EPIPE') reject(err) })
+    req.on('error', err => {
+      if (!req.writableEnded || (err as NodeJS.ErrnoException).code !== 'EPIPE') reject(err)
+    })
     const write = (i: number): void => {
-      if (i === chunks.length) { req.end(); return }
+      if (i === chunks.length) {
+        req.end()
+        return
+      }
       if (req.destroyed) return
       req.write(chunks[i], () => write(i + 1))
     }
@@ -211,11 +296,15 @@ t.test('registration limits: body cap (413) of its own, below the core limit', a
   const mib = JSON.stringify(validBody({ padding: 'x'.repeat(1024 * 1024) }))
   const big = await register(s, mib)
   t.equal(big.status, 413, 'a 1 MiB registration is refused although the core allows 4 MiB')
-  const b = await big.json() as Record<string, unknown>
+  const b = (await big.json()) as Record<string, unknown>
   t.equal(b.error, 'invalid_request')
   t.match(b.error_description, /65536 bytes/)
 
-  const chunked = await rawRegister(s, Array.from({ length: 64 }, () => Buffer.alloc(16 * 1024, 0x20)), { contentLength: false })
+  const chunked = await rawRegister(
+    s,
+    Array.from({ length: 64 }, () => Buffer.alloc(16 * 1024, 0x20)),
+    { contentLength: false }
+  )
   t.equal(chunked.status, 413, 'a chunked body is cut at the cap too')
   t.equal(JSON.parse(chunked.body).error, 'invalid_request')
 
@@ -234,10 +323,10 @@ t.test('registration limits: redirect_uris count and length (400 invalid_redirec
   t.equal((await register(s, validBody({ redirect_uris: [long] }))).status, 201, 'default length 2048 is allowed')
   const tooLong = await register(s, validBody({ redirect_uris: [long + 'a'] }))
   t.equal(tooLong.status, 400)
-  t.same(Object.keys(await tooLong.json() as object).sort(), ['error', 'error_description'])
+  t.same(Object.keys((await tooLong.json()) as object).sort(), ['error', 'error_description'])
   const tooMany = await register(s, validBody({ redirect_uris: Array.from({ length: 21 }, (_, i) => `https://a.example/cb${i}`) }))
   t.equal(tooMany.status, 400)
-  t.equal((await tooMany.json() as Record<string, unknown>).error, 'invalid_redirect_uri')
+  t.equal(((await tooMany.json()) as Record<string, unknown>).error, 'invalid_redirect_uri')
 
   const tight = await ossServer(t, 1024 * 1024, { maxRedirectUris: 2, maxRedirectUriLength: 40 })
   t.equal((await register(tight, validBody({ redirect_uris: ['https://a.example/1', 'https://a.example/2'] }))).status, 201)
@@ -247,7 +336,7 @@ t.test('registration limits: redirect_uris count and length (400 invalid_redirec
   ] as Array<[string, string[]]>) {
     const res = await register(tight, validBody({ redirect_uris: uris }))
     t.equal(res.status, 400, name)
-    const body = await res.json() as Record<string, unknown>
+    const body = (await res.json()) as Record<string, unknown>
     t.equal(body.error, 'invalid_redirect_uri', name)
     t.match(body.error_description, /at most (2|40)/, name)
   }
@@ -263,11 +352,11 @@ t.test('registration limits: a burst from one address gets 429 with Retry-After;
   t.equal(created + limited.length, 300, 'every other answer is 429')
   for (const r of limited.slice(0, 5)) {
     t.match(r.headers.get('retry-after'), /^[1-9]\d*$/)
-    const b = await r.json() as Record<string, unknown>
+    const b = (await r.json()) as Record<string, unknown>
     t.equal(b.error, 'temporarily_unavailable')
     t.type(b.error_description, 'string')
   }
-  await Promise.all(answers.map(r => r.bodyUsed ? undefined : r.body?.cancel()))
+  await Promise.all(answers.map(r => (r.bodyUsed ? undefined : r.body?.cancel())))
   t.match(s.logText(), /client registration rate limit reached/)
 
   const other = await rawRegister(s, [Buffer.from(JSON.stringify(validBody()))], { localAddress: '127.0.0.2' })
@@ -280,7 +369,11 @@ t.test('registration limits: behind a trusted proxy each client has its own buck
   const s = await ossServer(t, 65536, { rateLimit: { requests: 2, windowSeconds: 3600 } }, ['127.0.0.1'])
   const via = (forwardedFor: string, localAddress = '127.0.0.1'): Promise<{ status: number }> =>
     rawRegister(s, [Buffer.from(JSON.stringify(validBody()))], { localAddress, headers: { 'x-forwarded-for': forwardedFor } })
-  t.same([(await via('203.0.113.1')).status, (await via('203.0.113.1')).status, (await via('203.0.113.1')).status], [201, 201, 429], 'one client through the proxy')
+  t.same(
+    [(await via('203.0.113.1')).status, (await via('203.0.113.1')).status, (await via('203.0.113.1')).status],
+    [201, 201, 429],
+    'one client through the proxy'
+  )
   t.equal((await via('203.0.113.2')).status, 201, 'another client through the same proxy is not limited by the first')
   t.equal((await via('198.51.100.7, 203.0.113.1')).status, 429, 'a client cannot escape by prepending addresses')
   const spoofed = []

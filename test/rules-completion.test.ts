@@ -32,11 +32,15 @@ const departmentRef = (name: string): Record<string, unknown> => ({ ref: { type:
 const templateRef = (uri: string): Record<string, unknown> => ({ ref: { type: 'ref/resource', uri }, argument: { name: 'resourceId', value: '1' } })
 
 /** A refusal reads as the answer for an unknown reference: same code, same message with the name swapped. */
-function sameAsUnknown (t: Test, denied: Message, deniedName: string, unknown: Message, unknownName: string, what: string): void {
+function sameAsUnknown(t: Test, denied: Message, deniedName: string, unknown: Message, unknownName: string, what: string): void {
   t.equal(denied.result, undefined, `${what}: no completions`)
   t.type(unknown.error?.code, 'number', `${what}: the upstream refuses an unknown reference`)
   t.equal(denied.error?.code, unknown.error?.code, `${what}: same code as an unknown reference`)
-  t.equal(String(denied.error?.message).split(deniedName).join('<ref>'), String(unknown.error?.message).split(unknownName).join('<ref>'), `${what}: same message, the caller's name`)
+  t.equal(
+    String(denied.error?.message).split(deniedName).join('<ref>'),
+    String(unknown.error?.message).split(unknownName).join('<ref>'),
+    `${what}: same message, the caller's name`
+  )
   t.notMatch(JSON.stringify(denied), /mcp-proxy-denied/, `${what}: no stand-in leaks`)
 }
 

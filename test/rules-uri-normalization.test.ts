@@ -46,13 +46,13 @@ t.before(async () => {
   two = await fullGateway(t, { targets: [everythingTarget('a'), everythingTarget('b')], policies: { authorization: { rules: RULES } } })
 })
 
-function refusedLike (t: Test, got: Message, plain: Message, what: string): void {
+function refusedLike(t: Test, got: Message, plain: Message, what: string): void {
   t.equal(got.result, undefined, `${what}: no contents`)
   t.type(plain.error?.code, 'number', 'the plainly spelled URI is refused')
   t.equal(got.error?.code, plain.error?.code, `${what}: refused as the plain spelling is`)
 }
 
-async function read (s: RawSession, uri: string): Promise<Message> {
+async function read(s: RawSession, uri: string): Promise<Message> {
   return (await s.call('resources/read', { uri })).answer
 }
 
@@ -70,7 +70,12 @@ t.test('session, one target: other spellings pass neither an allow nor a deny ru
 t.test('session, one target: unparsable and ambiguous URIs are -32602', async t => {
   const s = await openSession(one.url)
   t.teardown(() => s.close())
-  for (const uri of ['demo://res ource/dynamic/text/1', 'dynamic/text/1', 'demo://resource/dynamic/text/1%2f..%2f..%2fstatic', 'demo://resource/dynamic/text\\..\\..\\static']) {
+  for (const uri of [
+    'demo://res ource/dynamic/text/1',
+    'dynamic/text/1',
+    'demo://resource/dynamic/text/1%2f..%2f..%2fstatic',
+    'demo://resource/dynamic/text\\..\\..\\static',
+  ]) {
     const got = await read(s, uri)
     t.equal(got.error?.code, -32602, `${uri}: invalid params`)
     t.match(got.error?.message, /^Invalid resource URI: /, `${uri}: says why`)
@@ -109,12 +114,15 @@ t.test('2026-07-28, one and several targets', async t => {
   const bad = await modernCall(one.url, 'resources/read', { uri: 'demo://res ource/x' })
   t.equal(bad.answer.error?.code, -32602, 'unparsable: invalid params')
   const plainMarked = (await modernCall(two.url, 'resources/read', { uri: `mcp-proxy://b/${DENIED}` })).answer
-  for (const uri of PAST_DENY) refusedLike(t, (await modernCall(two.url, 'resources/read', { uri: `mcp-proxy://b/${uri}` })).answer, plainMarked, `marked ${uri}`)
+  for (const uri of PAST_DENY)
+    refusedLike(t, (await modernCall(two.url, 'resources/read', { uri: `mcp-proxy://b/${uri}` })).answer, plainMarked, `marked ${uri}`)
 })
 
 t.test('2026-07-28 subscriptions/listen: another spelling of a denied URI is not subscribed', async t => {
   const allowed = 'demo://resource/dynamic/text/./1'
-  const ack = await listenAck(one.url, { resourceSubscriptions: [allowed, 'demo://resource/dynamic/text/./2', 'demo://resource/dynamic/%2e%2e/static/document/architecture.md'] })
+  const ack = await listenAck(one.url, {
+    resourceSubscriptions: [allowed, 'demo://resource/dynamic/text/./2', 'demo://resource/dynamic/%2e%2e/static/document/architecture.md'],
+  })
   t.equal(ack.method, 'notifications/subscriptions/acknowledged')
   t.same(ack.params?.notifications?.resourceSubscriptions, [allowed], 'only the allowed resource, named as the client named it')
 })

@@ -17,21 +17,23 @@ const claims = Object.freeze({
   nested: { team: { id: 7 } },
 })
 const headers = Object.freeze({ 'x-tenant': 'acme', 'user-agent': 'test/1' })
-const vars = (mcp?: Record<string, unknown>, jwt: Record<string, unknown> = claims): RuleVariables =>
-  ({ jwt, request: { headers }, ...(mcp === undefined ? {} : { mcp }) })
+const vars = (mcp?: Record<string, unknown>, jwt: Record<string, unknown> = claims): RuleVariables => ({
+  jwt,
+  request: { headers },
+  ...(mcp === undefined ? {} : { mcp }),
+})
 
-function holds (rule: string, v: RuleVariables = vars()): boolean {
+function holds(rule: string, v: RuleVariables = vars()): boolean {
   return compileRule(rule, 0).evaluate(v).allow
 }
 
-function rejects (t: Test, rule: string, pattern: RegExp): void {
+function rejects(t: Test, rule: string, pattern: RegExp): void {
   const name = `rejects ${rule.length > 60 ? rule.slice(0, 60) + '…' : rule}`
   try {
     compileRule(rule, 0)
     t.fail(name + ': compiled')
   } catch (err) {
-    t.ok(ProxyError.is(err) && err.code === 'MCPP_ERR_CONFIG' && pattern.test(err.message), name,
-      { message: (err as Error).message })
+    t.ok(ProxyError.is(err) && err.code === 'MCPP_ERR_CONFIG' && pattern.test(err.message), name, { message: (err as Error).message })
   }
 }
 
@@ -212,8 +214,14 @@ t.test('static analysis: kind and claims read', async t => {
   t.equal(compileRule('"tool" in mcp', 0).kind, 'operation')
   t.equal(compileRule('mcp.method == "tools/list"', 0).kind, 'operation')
   const set = compileRules(['"a" in jwt.groups', 'mcp.tool.name != "x"', 'request.headers.x == "y"'])
-  t.same(set.endpoint.map(r => r.index), [0, 2])
-  t.same(set.operation.map(r => r.index), [1])
+  t.same(
+    set.endpoint.map(r => r.index),
+    [0, 2]
+  )
+  t.same(
+    set.operation.map(r => r.index),
+    [1]
+  )
   t.equal(set.firstFailure(set.endpoint, vars(undefined, { groups: ['a'] }))?.rule.index, 2)
   t.equal(set.firstFailure(set.endpoint, { jwt: { groups: ['a'] }, request: { headers: { x: 'y' } } }), undefined)
 })
@@ -253,7 +261,14 @@ t.test('Entra group overage denies rules over groups', async t => {
 
 t.test('evaluation errors deny', async t => {
   const r = compileRule('"a" in jwt.groups', 0)
-  const hostile = new Proxy({}, { getOwnPropertyDescriptor () { throw new Error('boom') } })
+  const hostile = new Proxy(
+    {},
+    {
+      getOwnPropertyDescriptor() {
+        throw new Error('boom')
+      },
+    }
+  )
   const out = r.evaluate({ jwt: hostile })
   t.equal(out.allow, false)
   t.match(out, { reason: 'evaluation error' })

@@ -12,15 +12,28 @@ import { join } from 'node:path'
 import { ROOT } from './helpers/cli.ts'
 import { nodeBinary, type NodeLine } from './helpers/node-versions.ts'
 
-interface LockEntry { version?: string; bin?: Record<string, string>; engines?: { node?: string } | string[]; dev?: boolean; optional?: boolean }
-interface Manifest { version: string; engines: { node: string }; scripts: Record<string, string>; bin: Record<string, string>; dependencies: Record<string, string>; devDependencies: Record<string, string> }
+interface LockEntry {
+  version?: string
+  bin?: Record<string, string>
+  engines?: { node?: string } | string[]
+  dev?: boolean
+  optional?: boolean
+}
+interface Manifest {
+  version: string
+  engines: { node: string }
+  scripts: Record<string, string>
+  bin: Record<string, string>
+  dependencies: Record<string, string>
+  devDependencies: Record<string, string>
+}
 
 const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as Manifest
 const lock = JSON.parse(readFileSync(join(ROOT, 'package-lock.json'), 'utf8')) as { packages: Record<string, LockEntry> }
-const semver = createRequire(import.meta.url)('semver') as { satisfies (v: string, range: string): boolean }
+const semver = createRequire(import.meta.url)('semver') as { satisfies(v: string, range: string): boolean }
 
 /** The exact Node versions .ci/run installs (NODE24_VERSION=…, NODE22_VERSION=…). */
-function ciNodeVersions (): Record<NodeLine, string> {
+function ciNodeVersions(): Record<NodeLine, string> {
   const run = readFileSync(join(ROOT, '.ci/run'), 'utf8')
   const pick = (line: NodeLine): string => {
     const m = new RegExp(`^NODE${line}_VERSION=(\\d+\\.\\d+\\.\\d+)$`, 'm').exec(run)
@@ -41,7 +54,10 @@ t.test('the supported lines are Node 22 and 24, everywhere they are named', asyn
   // npm prints EBADENGINE for each locked package whose engines.node the running Node misses.
   for (const [line, version] of Object.entries(pinned)) {
     const refusing = Object.entries(lock.packages)
-      .filter(([, e]) => typeof e.engines === 'object' && !Array.isArray(e.engines) && typeof e.engines.node === 'string' && !semver.satisfies(version, e.engines.node))
+      .filter(
+        ([, e]) =>
+          typeof e.engines === 'object' && !Array.isArray(e.engines) && typeof e.engines.node === 'string' && !semver.satisfies(version, e.engines.node)
+      )
       .map(([path, e]) => `${path}@${e.version} wants node ${(e.engines as { node: string }).node}`)
     t.same(refusing, [], `no EBADENGINE on Node ${version} (line ${line})`)
   }
@@ -73,11 +89,24 @@ t.test('the gateway runs on both supported lines; npm ci builds it (prepare)', a
   }
 })
 
-function run (cmd: string, args: string[]): Promise<{ code: number | null; output: string }> {
-  const child = spawn(cmd, args, { cwd: ROOT, env: { PATH: process.env.PATH, HOME: process.env.HOME, UPSTREAM_API_KEY: 'example-key' }, stdio: ['ignore', 'pipe', 'pipe'] })
+function run(cmd: string, args: string[]): Promise<{ code: number | null; output: string }> {
+  const child = spawn(cmd, args, {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, UPSTREAM_API_KEY: 'example-key' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
   let output = ''
-  child.stdout.setEncoding('utf8').on('data', (d: string) => { output += d })
-  child.stderr.setEncoding('utf8').on('data', (d: string) => { output += d })
+  child.stdout.setEncoding('utf8').on('data', (d: string) => {
+    output += d
+  })
+  child.stderr.setEncoding('utf8').on('data', (d: string) => {
+    output += d
+  })
   const timer = setTimeout(() => child.kill('SIGKILL'), 60_000)
-  return new Promise(resolve => child.once('close', code => { clearTimeout(timer); resolve({ code, output }) }))
+  return new Promise(resolve =>
+    child.once('close', code => {
+      clearTimeout(timer)
+      resolve({ code, output })
+    })
+  )
 }

@@ -13,7 +13,7 @@ import type { AddressInfo } from 'node:net'
 import { devIdp, authGateway, ossOptions } from './helpers/idp.ts'
 import { eventually } from './helpers/cli.ts'
 
-async function status (url: string, token: string): Promise<number> {
+async function status(url: string, token: string): Promise<number> {
   const res = await fetch(url, {
     method: 'POST',
     headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
@@ -49,7 +49,12 @@ t.test('keySet.refreshSeconds: a rotated key set is fetched in the background, n
   // The old key leaves the served set: only a fetch can tell the gateway.
   const kid = await idp.rotateKeys({ keepOld: false })
   // Bounded wait for the background refresh (10 s, the schema's minimum); nothing here presents the new kid.
-  const after = await eventually(() => idp.jwksRequests, n => n > before, 150, 100)
+  const after = await eventually(
+    () => idp.jwksRequests,
+    n => n > before,
+    150,
+    100
+  )
   t.ok(after > before, `the key set was fetched again by the refresh (${before} → ${after} requests)`)
   const fetched = idp.jwksRequests
   t.equal(await status(gw.url, await idp.mintToken({ sub: 'alice' })), 200, `a token signed with the new key (${kid}) passes`)
@@ -57,18 +62,33 @@ t.test('keySet.refreshSeconds: a rotated key set is fetched in the background, n
 })
 
 /** A JWKS endpoint in front of the dev IdP's: `pad` bytes added to the set, or no answer at all. */
-async function jwksHop (t: Tap.Test, upstream: string, mode: { pad?: number; hang?: boolean }): Promise<{ url: string; hits: () => number }> {
+async function jwksHop(t: Tap.Test, upstream: string, mode: { pad?: number; hang?: boolean }): Promise<{ url: string; hits: () => number }> {
   let hits = 0
   const hanging: ServerResponse[] = []
   const server = createServer((_req, res) => {
     hits++
-    if (mode.hang === true) { hanging.push(res); return }
-    fetch(upstream).then(r => r.json() as Promise<Record<string, unknown>>).then(set => {
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...set, pad: 'x'.repeat(mode.pad ?? 0) }))
-    }, () => res.writeHead(502).end())
+    if (mode.hang === true) {
+      hanging.push(res)
+      return
+    }
+    fetch(upstream)
+      .then(r => r.json() as Promise<Record<string, unknown>>)
+      .then(
+        set => {
+          res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...set, pad: 'x'.repeat(mode.pad ?? 0) }))
+        },
+        () => res.writeHead(502).end()
+      )
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { for (const r of hanging) r.destroy(); server.closeAllConnections(); server.close(() => resolve()) }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        for (const r of hanging) r.destroy()
+        server.closeAllConnections()
+        server.close(() => resolve())
+      })
+  )
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/jwks/`, hits: () => hits }
 }
 
@@ -80,7 +100,11 @@ t.test('keySet.maxBytes and keySet.timeoutMs: a key set too large or too slow is
   t.equal(await status(fits.url, token), 200, 'control: the padded set within maxBytes is used')
   const big = await jwksHop(t, idp.jwksUrl, { pad: 5000 })
   const capped = await authGateway(t, ossOptions(idp, { jwks: big.url, keySet: { maxBytes: 4096 } }))
-  const tooBig = await fetch(capped.url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' })
+  const tooBig = await fetch(capped.url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+    body: '{"jsonrpc":"2.0","id":1,"method":"ping"}',
+  })
   t.equal(tooBig.status, 503, 'a key set over maxBytes: no keys, 503 (the token is not judged invalid)')
   t.ok(Number(tooBig.headers.get('retry-after')) > 0, 'with Retry-After')
   await tooBig.text()
@@ -88,7 +112,11 @@ t.test('keySet.maxBytes and keySet.timeoutMs: a key set too large or too slow is
   const slow = await jwksHop(t, idp.jwksUrl, { hang: true })
   const timed = await authGateway(t, ossOptions(idp, { jwks: slow.url, keySet: { timeoutMs: 200 } }))
   t.ok(slow.hits() > 0, 'the slow key set was asked')
-  const hung = await fetch(timed.url, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' })
+  const hung = await fetch(timed.url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+    body: '{"jsonrpc":"2.0","id":1,"method":"ping"}',
+  })
   t.equal(hung.status, 503, 'a key set not answering within timeoutMs: 503, the request is answered')
   t.ok(Number(hung.headers.get('retry-after')) > 0, 'with Retry-After')
   await hung.text()

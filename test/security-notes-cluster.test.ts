@@ -16,12 +16,19 @@ import { EVERYTHING } from './helpers/facade.ts'
 t.test('cluster.forwardTimeoutMs: an owner that hangs (SIGSTOP) costs the client a 404, not a hung request', async t => {
   const ownerPort = await freePort()
   const owner = `http://127.0.0.1:${ownerPort}`
-  const file = await configFile([
-    'mcp:', `  port: ${ownerPort}`, '  host: 127.0.0.1', '  targets:',
-    '    - name: everything', `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
-    'admin: { enabled: false }',
-    `cluster: { secret: "${SECRET}", advertiseUrl: "${owner}" }`,
-  ].join('\n') + '\n', 'mcpp-hung-owner-')
+  const file = await configFile(
+    [
+      'mcp:',
+      `  port: ${ownerPort}`,
+      '  host: 127.0.0.1',
+      '  targets:',
+      '    - name: everything',
+      `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
+      'admin: { enabled: false }',
+      `cluster: { secret: "${SECRET}", advertiseUrl: "${owner}" }`,
+    ].join('\n') + '\n',
+    'mcpp-hung-owner-'
+  )
   const run = spawnCli(['-f', file])
   t.teardown(async () => {
     if (run.child.exitCode !== null || run.child.signalCode !== null) return
@@ -37,7 +44,7 @@ t.test('cluster.forwardTimeoutMs: an owner that hangs (SIGSTOP) costs the client
   const sid = await initialize(`${owner}/mcp`)
   const list = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/list' })
   const through = await post(relay.url, list, { 'mcp-session-id': sid })
-  t.equal(through.status, 200, 'control: the relay serves the owner\'s session while the owner answers')
+  t.equal(through.status, 200, "control: the relay serves the owner's session while the owner answers")
   stop(t, run.child)
   const hung = await post(relay.url, JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'tools/list' }), { 'mcp-session-id': sid })
   t.equal(hung.status, 404, 'the owner does not answer the head in time: 404 (session gone)')
@@ -63,7 +70,10 @@ t.test('a forged or altered requestState (2026-07-28 input request, cluster) is 
   const retry = (requestState: string) => ({ ...params, requestState, inputResponses: { [key]: { action: 'decline' } } })
   const i = Math.floor(state.length / 2)
   const altered = state.slice(0, i) + (state[i] === 'A' ? 'B' : 'A') + state.slice(i + 1)
-  for (const [name, forged] of [['altered', altered], ['made up', 'A'.repeat(state.length)]] as const) {
+  for (const [name, forged] of [
+    ['altered', altered],
+    ['made up', 'A'.repeat(state.length)],
+  ] as const) {
     const r = await call(b.url, 'tools/call', retry(forged), caps)
     t.same(r.json.error, { code: -32602, message: 'Invalid params: unknown or expired requestState' }, `${name}: unknown`, { got: r.json })
   }

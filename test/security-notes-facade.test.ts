@@ -14,17 +14,35 @@ import t from 'tap'
 import type { Test } from 'tap'
 import { createServer as createTcpServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
-import { ossSetup, facadeGateway, ossAuth, devIdpFor, cimdServer, Agent, FACADE_KEY, CALLBACK, pkce, register, authorizeUrl, redeem, type FacadeGateway } from './helpers/facade.ts'
+import {
+  ossSetup,
+  facadeGateway,
+  ossAuth,
+  devIdpFor,
+  cimdServer,
+  Agent,
+  FACADE_KEY,
+  CALLBACK,
+  pkce,
+  register,
+  authorizeUrl,
+  redeem,
+  type FacadeGateway,
+} from './helpers/facade.ts'
 import { freePort } from './helpers/cli.ts'
 
 /** Runs `fn` with the process clock `seconds` ahead; the clock is put back whatever happens. */
-async function later<T> (seconds: number, fn: () => Promise<T>): Promise<T> {
+async function later<T>(seconds: number, fn: () => Promise<T>): Promise<T> {
   const real = Date.now
   Date.now = () => real() + seconds * 1000
-  try { return await fn() } finally { Date.now = real }
+  try {
+    return await fn()
+  } finally {
+    Date.now = real
+  }
 }
 
-async function codeFor (g: FacadeGateway, clientId: string, agent = new Agent()): Promise<{ code: string; verifier: string }> {
+async function codeFor(g: FacadeGateway, clientId: string, agent = new Agent()): Promise<{ code: string; verifier: string }> {
   const { verifier, challenge } = pkce()
   const cb = await agent.follow(authorizeUrl(g.base, clientId, challenge), CALLBACK)
   const code = cb.searchParams.get('code')
@@ -32,8 +50,13 @@ async function codeFor (g: FacadeGateway, clientId: string, agent = new Agent())
   return { code, verifier }
 }
 
-const codeForm = (clientId: string, c: { code: string; verifier: string }) =>
-  ({ grant_type: 'authorization_code', code: c.code, client_id: clientId, redirect_uri: CALLBACK, code_verifier: c.verifier })
+const codeForm = (clientId: string, c: { code: string; verifier: string }) => ({
+  grant_type: 'authorization_code',
+  code: c.code,
+  client_id: clientId,
+  redirect_uri: CALLBACK,
+  code_verifier: c.verifier,
+})
 
 t.test('maxUsedCodes full: a new code gets 503 temporarily_unavailable and a used one is never accepted again', async t => {
   const { g } = await ossSetup(t, { keys: [FACADE_KEY], maxUsedCodes: 100 })
@@ -115,10 +138,15 @@ t.test('expired state, code and refresh token are refused; the same ones before 
 })
 
 /** Posts `bytes` bytes of form body; answers the status and the JSON or text body. */
-async function postForm (url: string, bytes: number, extra: Record<string, string> = {}): Promise<{ status: number; text: string }> {
+async function postForm(url: string, bytes: number, extra: Record<string, string> = {}): Promise<{ status: number; text: string }> {
   const head = new URLSearchParams(extra).toString()
   const prefix = head === '' ? 'pad=' : `${head}&pad=`
-  const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: prefix + 'x'.repeat(bytes - prefix.length), redirect: 'manual' })
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: prefix + 'x'.repeat(bytes - prefix.length),
+    redirect: 'manual',
+  })
   return { status: res.status, text: await res.text() }
 }
 
@@ -134,12 +162,22 @@ t.test('token and consent bodies are capped at 64 KiB: 413 beyond, read and judg
 })
 
 /** A TCP listener on 127.0.0.1 that counts the connections it gets. */
-async function listener (t: Test): Promise<{ port: number; connections: () => number }> {
+async function listener(t: Test): Promise<{ port: number; connections: () => number }> {
   let count = 0
   const sockets: Socket[] = []
-  const server = createTcpServer(s => { count++; sockets.push(s); s.destroy() })
+  const server = createTcpServer(s => {
+    count++
+    sockets.push(s)
+    s.destroy()
+  })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { for (const s of sockets) s.destroy(); server.close(() => resolve()) }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        for (const s of sockets) s.destroy()
+        server.close(() => resolve())
+      })
+  )
   return { port: (server.address() as AddressInfo).port, connections: () => count }
 }
 
@@ -182,7 +220,10 @@ t.test('consent.rememberSeconds 0: consent is asked every time, no remember cook
 t.test('CIMD cache bounds: maxCacheSeconds caps max-age, no-store is fetched every time, maxEntries evicts', async t => {
   const cimd = await cimdServer(t)
   const { g } = await ossSetup(t, { keys: [FACADE_KEY], cimd: { testOnlyAllowLoopback: true, testOnlyCa: cimd.cert, maxCacheSeconds: 60, maxEntries: 2 } })
-  const doc = (cacheControl: string) => (u: string) => ({ headers: { 'cache-control': cacheControl }, body: JSON.stringify({ client_id: u, client_name: 'cached', redirect_uris: [CALLBACK] }) })
+  const doc = (cacheControl: string) => (u: string) => ({
+    headers: { 'cache-control': cacheControl },
+    body: JSON.stringify({ client_id: u, client_name: 'cached', redirect_uris: [CALLBACK] }),
+  })
   for (const name of ['a', 'b', 'c']) cimd.docs.set(`/${name}.json`, doc('max-age=86400'))
   cimd.docs.set('/ns.json', doc('no-store'))
   const { challenge } = pkce()
@@ -211,11 +252,16 @@ t.test('CIMD cache bounds: maxCacheSeconds caps max-age, no-store is fetched eve
 t.test('facade registration limits: maxBodyBytes 16384 (413), maxRedirectUris 10 and maxRedirectUriLength 1024 (400 invalid_redirect_uri)', async t => {
   const { g } = await ossSetup(t)
   const registerRaw = async (body: string): Promise<{ status: number; body: Record<string, unknown> }> => {
-    const res = await fetch(`${g.base}/.well-known/oauth-authorization-server/client-registration`, { method: 'POST', headers: { 'content-type': 'application/json' }, body })
+    const res = await fetch(`${g.base}/.well-known/oauth-authorization-server/client-registration`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body,
+    })
     const text = await res.text()
-    return { status: res.status, body: text.startsWith('{') ? JSON.parse(text) as Record<string, unknown> : {} }
+    return { status: res.status, body: text.startsWith('{') ? (JSON.parse(text) as Record<string, unknown>) : {} }
   }
-  const client = (uris: string[], extra: Record<string, unknown> = {}) => JSON.stringify({ client_name: 'limits', redirect_uris: uris, token_endpoint_auth_method: 'none', ...extra })
+  const client = (uris: string[], extra: Record<string, unknown> = {}) =>
+    JSON.stringify({ client_name: 'limits', redirect_uris: uris, token_endpoint_auth_method: 'none', ...extra })
   const uri = (i: number) => `http://127.0.0.1:53682/callback/${i}`
   const ten = Array.from({ length: 10 }, (_, i) => uri(i))
   t.equal((await registerRaw(client(ten))).status, 201, '10 redirect URIs pass')

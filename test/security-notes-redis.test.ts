@@ -23,11 +23,18 @@ t.test('cluster.redis hung (SIGSTOP): initialize gets 503 MCPP_ERR_SHARED_STATE 
   const hung = await post(g.url, INIT)
   t.equal(hung.status, 503, 'Redis does not answer within its deadline: 503')
   t.ok(hung.headers.get('retry-after'), 'with Retry-After')
-  t.match(JSON.parse(hung.text).error, { code: -32603, message: /shared state \(Redis\) is unreachable/ }, 'a JSON-RPC error naming the shared state', { got: hung.text })
-  t.match(g.logText(), /"code":"MCPP_ERR_SHARED_STATE"/, "logged with its code")
+  t.match(JSON.parse(hung.text).error, { code: -32603, message: /shared state \(Redis\) is unreachable/ }, 'a JSON-RPC error naming the shared state', {
+    got: hung.text,
+  })
+  t.match(g.logText(), /"code":"MCPP_ERR_SHARED_STATE"/, 'logged with its code')
   redis.child.kill('SIGCONT')
   // Bounded: the client reconnects or the queued commands drain once Redis runs again.
-  const back = await eventually(() => post(g.url, INIT), r => r.status === 200, 100, 100)
+  const back = await eventually(
+    () => post(g.url, INIT),
+    r => r.status === 200,
+    100,
+    100
+  )
   t.equal(back.status, 200, 'Redis answers again: initialize works')
 })
 

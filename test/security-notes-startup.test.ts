@@ -13,17 +13,32 @@ import { spawnCli, waitForPort, freePort, ROOT, configFile, eventually } from '.
 
 const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')
 const SLOW_PLUGIN = join(ROOT, 'test/fixtures/plugins/slow-create.js')
-const INIT = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } })
+const INIT = JSON.stringify({
+  jsonrpc: '2.0',
+  id: 1,
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } },
+})
 
 /** The CLI stuck in start-up (the slow plugin waits 60 s); answers its port and its output. */
-async function starting (t: Test, limits: string): Promise<{ url: string; output: () => string }> {
+async function starting(t: Test, limits: string): Promise<{ url: string; output: () => string }> {
   const port = await freePort()
-  const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', `  limits: { ${limits} }`, '  targets:',
-    '    - name: everything', `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
-    '  plugins:', `    - module: "${SLOW_PLUGIN}"`, '      options: { delayMs: 60000 }',
-    'admin: { enabled: false }',
-  ].join('\n') + '\n', 'mcpp-hold-')
+  const file = await configFile(
+    [
+      'mcp:',
+      `  port: ${port}`,
+      '  host: 127.0.0.1',
+      `  limits: { ${limits} }`,
+      '  targets:',
+      '    - name: everything',
+      `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
+      '  plugins:',
+      `    - module: "${SLOW_PLUGIN}"`,
+      '      options: { delayMs: 60000 }',
+      'admin: { enabled: false }',
+    ].join('\n') + '\n',
+    'mcpp-hold-'
+  )
   const run = spawnCli(['-f', file])
   t.teardown(async () => {
     if (run.child.exitCode === null && run.child.signalCode === null) run.child.kill('SIGKILL')
@@ -33,24 +48,37 @@ async function starting (t: Test, limits: string): Promise<{ url: string; output
   return { url: `http://127.0.0.1:${port}/mcp`, output: run.output }
 }
 
-interface Outcome { status: number; retryAfter: string | null; body: string }
+interface Outcome {
+  status: number
+  retryAfter: string | null
+  body: string
+}
 
-function send (url: string, signal: AbortSignal): Promise<Outcome> {
-  return fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: INIT, signal })
-    .then(async res => ({ status: res.status, retryAfter: res.headers.get('retry-after'), body: await res.text() }))
+function send(url: string, signal: AbortSignal): Promise<Outcome> {
+  return fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+    body: INIT,
+    signal,
+  }).then(async res => ({ status: res.status, retryAfter: res.headers.get('retry-after'), body: await res.text() }))
 }
 
 t.test('start-up hold limits (real CLI, slow plugin)', async t => {
-  const [full, slow] = await Promise.all([
-    starting(t, 'startupMaxHeldRequests: 2, startupHoldMs: 60000'),
-    starting(t, 'startupHoldMs: 300'),
-  ])
+  const [full, slow] = await Promise.all([starting(t, 'startupMaxHeldRequests: 2, startupHoldMs: 60000'), starting(t, 'startupHoldMs: 300')])
   const abort = new AbortController()
   t.teardown(() => abort.abort())
 
   t.test('startupMaxHeldRequests: the request beyond it gets 503 + Retry-After at once, the held ones wait', async t => {
     const settled: boolean[] = [false, false, false]
-    const all = [0, 1, 2].map(i => send(full.url, abort.signal).then(o => { settled[i] = true; return o }, () => undefined))
+    const all = [0, 1, 2].map(i =>
+      send(full.url, abort.signal).then(
+        o => {
+          settled[i] = true
+          return o
+        },
+        () => undefined
+      )
+    )
     const first = await Promise.race(all)
     t.ok(first, 'one request was answered')
     t.equal(first!.status, 503)

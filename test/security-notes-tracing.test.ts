@@ -24,12 +24,33 @@ t.test('tracing.headers reach the collector and are never logged, even when expo
     req.on('end', () => res.writeHead(401, { 'content-type': 'application/json' }).end('{"error":"unauthorized"}'))
   })
   await new Promise<void>(resolve => collector.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { collector.closeAllConnections(); collector.close(() => resolve()) }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        collector.closeAllConnections()
+        collector.close(() => resolve())
+      })
+  )
   const endpoint = `http://127.0.0.1:${(collector.address() as AddressInfo).port}/v1/traces`
   const g = await fullGateway(t, { targets: [{ name: 'everything', stdio: { cmd: process.execPath, args: [EVERYTHING, 'stdio'] } }] }, 'debug', {
-    tracing: { enabled: true, endpoint, headers: { authorization: `Bearer ${COLLECTOR_TOKEN}`, 'x-api-key': COLLECTOR_KEY }, batchDelayMs: 50, exportTimeoutMs: 1000 },
+    tracing: {
+      enabled: true,
+      endpoint,
+      headers: { authorization: `Bearer ${COLLECTOR_TOKEN}`, 'x-api-key': COLLECTOR_KEY },
+      batchDelayMs: 50,
+      exportTimeoutMs: 1000,
+    },
   })
-  const init = await fetch(g.url, { method: 'POST', headers: HEADERS, body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } }) })
+  const init = await fetch(g.url, {
+    method: 'POST',
+    headers: HEADERS,
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } },
+    }),
+  })
   await init.text()
   const session = { ...HEADERS, 'mcp-session-id': init.headers.get('mcp-session-id')!, 'mcp-protocol-version': '2025-06-18' }
   // Requests make spans; each round of them is one more export the collector refuses.
@@ -44,7 +65,7 @@ t.test('tracing.headers reach the collector and are never logged, even when expo
   t.equal(seen[0]!.key, COLLECTOR_KEY)
   const FAILED = /"component":"tracing"/
   const log = await eventually(g.logText, text => FAILED.test(text))
-  t.match(log, FAILED, 'the failed exports are logged (the SDK\'s diagnostics, as warnings)')
+  t.match(log, FAILED, "the failed exports are logged (the SDK's diagnostics, as warnings)")
   t.notOk(log.includes(COLLECTOR_TOKEN), 'the collector token is in no log line')
   t.notOk(log.includes(COLLECTOR_KEY), 'nor the API key')
 })

@@ -15,12 +15,18 @@ import { memoryLogger } from './helpers/logger.ts'
 import { startRedis } from './helpers/redis.ts'
 import { eventually } from './helpers/cli.ts'
 
-async function redisPair (t: Test, url: string, prefix = 'test:'): Promise<{ a: SharedState; b: SharedState; logText: () => string }> {
+async function redisPair(t: Test, url: string, prefix = 'test:'): Promise<{ a: SharedState; b: SharedState; logText: () => string }> {
   const mem = memoryLogger('debug')
   const a = await createRedisState({ url, keyPrefix: prefix, log: mem.log })
   const b = await createRedisState({ url, keyPrefix: prefix, log: mem.log })
-  t.teardown(async () => { await a.close(); await b.close() })
-  await eventually(() => a.ready().ready && b.ready().ready, ok => ok)
+  t.teardown(async () => {
+    await a.close()
+    await b.close()
+  })
+  await eventually(
+    () => a.ready().ready && b.ready().ready,
+    ok => ok
+  )
   return { a, b, logText: mem.text }
 }
 
@@ -66,12 +72,19 @@ t.test('redis store: two replicas share one cap, one bucket and one redemption',
 
   const waits = await Promise.all(Array.from({ length: 8 }, (_, i) => (i % 2 === 0 ? a : b).take('10.0.0.1', 5, 3_600_000)))
   t.equal(waits.filter(w => w === 0).length, 5, 'one bucket for both replicas')
-  t.ok(waits.filter(w => w > 0).every(w => w > 0 && w <= 720_000), 'the others learn how long to wait')
+  t.ok(
+    waits.filter(w => w > 0).every(w => w > 0 && w <= 720_000),
+    'the others learn how long to wait'
+  )
 
   t.equal(await a.putOnce('code-1', 'payload', 60_000), true)
   t.equal(await b.putOnce('code-1', 'other', 60_000), false)
   const taken = await Promise.all(Array.from({ length: 10 }, (_, i) => (i % 2 === 0 ? a : b).takeOnce('code-1')))
-  t.same(taken.filter(v => v !== undefined), ['payload'], 'redeemed exactly once across replicas')
+  t.same(
+    taken.filter(v => v !== undefined),
+    ['payload'],
+    'redeemed exactly once across replicas'
+  )
 })
 
 t.test('redis store: a slot whose replica stops renewing expires; renewed slots do not', async t => {
@@ -98,21 +111,40 @@ t.test('redis store: Redis gone is a 503 at once and a log line, then it recover
   const { a, logText } = await redisPair(t, redis.url)
   t.equal(await a.join('dave', 'x', 1, 60_000), true)
   await redis.kill()
-  await eventually(() => a.ready().ready, ok => !ok)
+  await eventually(
+    () => a.ready().ready,
+    ok => !ok
+  )
   t.equal(a.ready().ready, false)
   t.match(a.ready().reason, /Redis not connected/)
-  const err = await a.join('dave', 'y', 1, 60_000).then(() => undefined, (e: unknown) => e)
+  const err = await a.join('dave', 'y', 1, 60_000).then(
+    () => undefined,
+    (e: unknown) => e
+  )
   t.ok(ProxyError.is(err), 'a ProxyError')
   t.equal((err as ProxyError).statusCode, 503)
   t.equal((err as ProxyError).code, 'MCPP_ERR_SHARED_STATE')
   t.equal((err as ProxyError).headers?.['retry-after'], '1')
   await t.rejects(a.takeOnce('c'), { code: 'MCPP_ERR_SHARED_STATE' })
   t.match(logText(), /shared state: Redis unreachable/)
-  t.equal(logText().match(/shared state: Redis unreachable/g)?.length, 2, 'one line per store (both write to this log) per outage, not one per reconnect attempt')
+  t.equal(
+    logText().match(/shared state: Redis unreachable/g)?.length,
+    2,
+    'one line per store (both write to this log) per outage, not one per reconnect attempt'
+  )
 
   // Redis comes back on the same address (empty: no persistence): the store reconnects by itself.
   await redis.restart()
-  t.equal(await eventually(() => a.ready().ready, ok => ok, 200, 50), true, 'ready again once Redis is back (reconnect back-off is at most 3 s)')
+  t.equal(
+    await eventually(
+      () => a.ready().ready,
+      ok => ok,
+      200,
+      50
+    ),
+    true,
+    'ready again once Redis is back (reconnect back-off is at most 3 s)'
+  )
   t.same(a.ready(), { ready: true }, 'no reason left over from the outage')
   t.equal(await a.join('dave', 'z', 1, 60_000), true, 'commands work again')
   t.equal(await a.join('dave', 'w', 1, 60_000), false, 'and count against the cap again')
@@ -121,14 +153,25 @@ t.test('redis store: Redis gone is a 503 at once and a log line, then it recover
   t.match(logText(), /shared state: Redis reachable again/, 'the recovery is logged')
 })
 
-async function idpStub (t: Test): Promise<string> {
+async function idpStub(t: Test): Promise<string> {
   const server = createServer((_req, res) => {
-    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({
-      issuer: 'https://idp.example/app/', authorization_endpoint: 'https://idp.example/authorize', token_endpoint: 'https://idp.example/token', registration_endpoint: null,
-    }))
+    res.writeHead(200, { 'content-type': 'application/json' }).end(
+      JSON.stringify({
+        issuer: 'https://idp.example/app/',
+        authorization_endpoint: 'https://idp.example/authorize',
+        token_endpoint: 'https://idp.example/token',
+        registration_endpoint: null,
+      })
+    )
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() }))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        server.close(() => resolve())
+        server.closeAllConnections()
+      })
+  )
   return `http://127.0.0.1:${(server.address() as AddressInfo).port}/app/`
 }
 
@@ -143,7 +186,9 @@ t.test('registration rate limit: one bucket per address across two gateways on o
   const statuses: number[] = []
   for (let i = 0; i < 10; i++) {
     const r = await fetch(servers[i % 2]!.url + '/.well-known/oauth-authorization-server/client-registration', {
-      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ redirect_uris: ['http://127.0.0.1:1234/cb'] }),
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ redirect_uris: ['http://127.0.0.1:1234/cb'] }),
     })
     statuses.push(r.status)
     if (r.status === 429) t.match(r.headers.get('retry-after'), /^[1-9]\d*$/)

@@ -17,15 +17,21 @@ import { realAuth, type RealAuth } from './helpers/real-auth.ts'
 /** Every subject a test here connects as: each a service account of the dev IdP with a real token. */
 const SUBJECTS = ['alice', 'bob', 'carol', 'dave', 'erin', 'frank', 'gina']
 
-function shared (target: TargetConfig, processesPerSubject = 1): TargetConfig {
+function shared(target: TargetConfig, processesPerSubject = 1): TargetConfig {
   return { ...target, stdio: { ...target.stdio!, share: 'subject', processesPerSubject } }
 }
 
-function textOf (result: unknown): string {
-  return ((result as { content: Array<{ type: string; text?: string }> }).content).map(c => c.text ?? '').join('\n')
+function textOf(result: unknown): string {
+  return (result as { content: Array<{ type: string; text?: string }> }).content.map(c => c.text ?? '').join('\n')
 }
 
-async function connect (t: Test, gw: GatewayHarness, auth: RealAuth, subject: string, opts: { sampling?: boolean } = {}): Promise<{ client: Client; transport: StreamableHTTPClientTransport }> {
+async function connect(
+  t: Test,
+  gw: GatewayHarness,
+  auth: RealAuth,
+  subject: string,
+  opts: { sampling?: boolean } = {}
+): Promise<{ client: Client; transport: StreamableHTTPClientTransport }> {
   const client = new Client({ name: `shared-${subject}`, version: '1.0.0' }, { capabilities: opts.sampling === true ? { sampling: {} } : {} })
   const transport = new StreamableHTTPClientTransport(new URL(gw.url), { requestInit: { headers: await auth.as(subject) } })
   await client.connect(transport)
@@ -33,7 +39,7 @@ async function connect (t: Test, gw: GatewayHarness, auth: RealAuth, subject: st
   return { client, transport }
 }
 
-function pidOf (gw: GatewayHarness, transport: StreamableHTTPClientTransport): number | undefined {
+function pidOf(gw: GatewayHarness, transport: StreamableHTTPClientTransport): number | undefined {
   return gw.endpoint.sessions().find(s => transport.sessionId!.startsWith(s.id))?.pids[0]
 }
 
@@ -60,20 +66,36 @@ t.test('sessions of one subject share a child; other subjects do not', async t =
   t.equal(pa1, pa2, "alice's two sessions use one child")
   t.not(pa1, pb1, 'bob has his own child')
   t.equal(gw.endpoint.pooled().length, 2, 'two pooled children')
-  t.same(gw.endpoint.pooled().map(p => [p.subject, p.leases]).sort(), [['alice', 2], ['bob', 1]], 'leases per child')
+  t.same(
+    gw.endpoint
+      .pooled()
+      .map(p => [p.subject, p.leases])
+      .sort(),
+    [
+      ['alice', 2],
+      ['bob', 1],
+    ],
+    'leases per child'
+  )
   t.match(a1.client.getServerVersion(), { name: 'mcp-servers/everything' }, 'serverInfo of the shared child')
 
   // Many concurrent calls from both sessions on one child: every answer goes to its own request.
   const calls: Array<Promise<void>> = []
   for (let i = 0; i < 40; i++) {
     const c = i % 2 === 0 ? a1.client : a2.client
-    calls.push(c.callTool({ name: 'echo', arguments: { message: `m-${i}` } }).then(r => { t.equal(textOf(r), `Echo: m-${i}`) }))
+    calls.push(
+      c.callTool({ name: 'echo', arguments: { message: `m-${i}` } }).then(r => {
+        t.equal(textOf(r), `Echo: m-${i}`)
+      })
+    )
   }
   await Promise.all(calls)
 
   // Progress goes to the session whose request asked for it, with its own token.
   const progress: number[] = []
-  const long = a2.client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 0.3, steps: 3 } }, undefined, { onprogress: p => progress.push(p.progress) })
+  const long = a2.client.callTool({ name: 'trigger-long-running-operation', arguments: { duration: 0.3, steps: 3 } }, undefined, {
+    onprogress: p => progress.push(p.progress),
+  })
   const echo = await a1.client.callTool({ name: 'echo', arguments: { message: 'meanwhile' } })
   t.equal(textOf(echo), 'Echo: meanwhile', 'the other session is served while a long call runs')
   t.match(textOf(await long), /Long running operation completed/)
@@ -104,7 +126,11 @@ t.test('processesPerSubject spreads sessions over several children', async t => 
   }
   const pids = new Set(gw.endpoint.sessions().map(s => s.pids[0]))
   t.equal(pids.size, 2, 'two children for four sessions')
-  t.same(gw.endpoint.pooled().map(p => p.leases), [2, 2], 'sessions balanced by leases')
+  t.same(
+    gw.endpoint.pooled().map(p => p.leases),
+    [2, 2],
+    'sessions balanced by leases'
+  )
 })
 
 t.test('initialize keeps the client revision; subscriptions and notifications stay per session', async t => {
@@ -119,8 +145,12 @@ t.test('initialize keeps the client revision; subscriptions and notifications st
   t.equal(pidOf(gw, s1.transport), pidOf(gw, s2.transport), 'one child')
   const updates1: string[] = []
   const updates2: string[] = []
-  s1.client.setNotificationHandler(ResourceUpdatedNotificationSchema, n => { updates1.push(n.params.uri) })
-  s2.client.setNotificationHandler(ResourceUpdatedNotificationSchema, n => { updates2.push(n.params.uri) })
+  s1.client.setNotificationHandler(ResourceUpdatedNotificationSchema, n => {
+    updates1.push(n.params.uri)
+  })
+  s2.client.setNotificationHandler(ResourceUpdatedNotificationSchema, n => {
+    updates2.push(n.params.uri)
+  })
   const { resources } = await s1.client.listResources()
   const uri = resources[0]!.uri
   t.same(await s1.client.subscribeResource({ uri }), {}, 'subscribed')
@@ -137,7 +167,11 @@ t.test('server-to-client requests reach a session only if its client declared th
   const auth = await realAuth(t, SUBJECTS)
   const gw = await startGateway(t, { targets: [shared(everythingTarget())], plugins: [auth.plugin] })
   const withSampling = await connect(t, gw, auth, 'erin', { sampling: true })
-  withSampling.client.setRequestHandler(CreateMessageRequestSchema, async () => ({ model: 'm', role: 'assistant', content: { type: 'text', text: 'sampled by erin' } }))
+  withSampling.client.setRequestHandler(CreateMessageRequestSchema, async () => ({
+    model: 'm',
+    role: 'assistant',
+    content: { type: 'text', text: 'sampled by erin' },
+  }))
   const without = await connect(t, gw, auth, 'erin')
   const again = await connect(t, gw, auth, 'erin', { sampling: true })
   // Children are pooled per declared capability set: the child never learns sampling on behalf of a client that did not declare it.
@@ -145,7 +179,10 @@ t.test('server-to-client requests reach a session only if its client declared th
   t.equal(pidOf(gw, withSampling.transport), pidOf(gw, again.transport), 'the same set shares its child')
   const yes = await withSampling.client.callTool({ name: 'trigger-sampling-request', arguments: { prompt: 'x', maxTokens: 5 } })
   t.match(textOf(yes), /sampled by erin/, 'sampling round trip for the client that declared it')
-  const no = await without.client.callTool({ name: 'trigger-sampling-request', arguments: { prompt: 'x', maxTokens: 5 } }).then(r => JSON.stringify(r), (e: Error) => e.message)
+  const no = await without.client.callTool({ name: 'trigger-sampling-request', arguments: { prompt: 'x', maxTokens: 5 } }).then(
+    r => JSON.stringify(r),
+    (e: Error) => e.message
+  )
   t.match(no, /not found/i, 'a client without sampling has no sampling tool, and is never sent a sampling request')
   t.notMatch(no, /sampled by erin/)
 })
@@ -156,11 +193,17 @@ t.test('a crash of the shared child ends every session on it; the next initializ
   const a = await connect(t, gw, auth, 'frank')
   const b = await connect(t, gw, auth, 'frank')
   const pid = pidOf(gw, a.transport)!
-  const crash = a.client.callTool({ name: 'crash', arguments: {} }).then(() => 'answered', (e: Error) => e.message)
+  const crash = a.client.callTool({ name: 'crash', arguments: {} }).then(
+    () => 'answered',
+    (e: Error) => e.message
+  )
   t.match(await crash, /closed|Connection/i, 'the crashing call fails')
   t.ok(await until(() => gw.endpoint.sessions().length === 0), 'both sessions ended')
   t.ok(processGone(pid), 'child gone')
-  const err = await b.client.callTool({ name: 'echo', arguments: { message: 'x' } }).then(() => 'answered', (e: Error) => e.message)
+  const err = await b.client.callTool({ name: 'echo', arguments: { message: 'x' } }).then(
+    () => 'answered',
+    (e: Error) => e.message
+  )
   t.match(err, /404|Session not found/, "the other session's next request gets 404")
   const c = await connect(t, gw, auth, 'frank')
   t.equal(textOf(await c.client.callTool({ name: 'echo', arguments: { message: 'again' } })), 'again')
@@ -188,7 +231,10 @@ t.test('a timed-out call on a shared child is cancelled there; the other session
   const gw = await startGateway(t, { targets: [shared(faultyTarget())], plugins: [auth.plugin], session: { requestTimeoutSeconds: 1 } })
   const a = await connect(t, gw, auth, 'gina')
   const b = await connect(t, gw, auth, 'gina')
-  const hung = await a.client.callTool({ name: 'hang', arguments: {} }, undefined, { timeout: 30_000 }).then(() => 'answered', (e: Error) => e.message)
+  const hung = await a.client.callTool({ name: 'hang', arguments: {} }, undefined, { timeout: 30_000 }).then(
+    () => 'answered',
+    (e: Error) => e.message
+  )
   t.match(hung, /timed out/i, 'the gateway answered the hung call with a timeout error')
   t.equal(gw.endpoint.pooled()[0]!.inFlight, 0, 'the call on the child was cancelled, not left in flight')
   t.equal(textOf(await b.client.callTool({ name: 'echo', arguments: { message: 'fine' } })), 'fine', 'the other session on the child still works')

@@ -17,17 +17,23 @@ import { fullGateway } from './helpers/full-gateway.ts'
 
 const FIXTURE = join(ROOT, 'test/fixtures/conformance-server.mjs')
 
-interface Event { id?: string; data: string }
+interface Event {
+  id?: string
+  data: string
+}
 
-function parseEvents (text: string): Event[] {
-  return text.split('\n\n').filter(b => b.trim() !== '').map(block => {
-    const ev: Event = { data: '' }
-    for (const line of block.split('\n')) {
-      if (line.startsWith('id:')) ev.id = line.slice(3).trim()
-      else if (line.startsWith('data:')) ev.data += line.slice(5).trimStart()
-    }
-    return ev
-  })
+function parseEvents(text: string): Event[] {
+  return text
+    .split('\n\n')
+    .filter(b => b.trim() !== '')
+    .map(block => {
+      const ev: Event = { data: '' }
+      for (const line of block.split('\n')) {
+        if (line.startsWith('id:')) ev.id = line.slice(3).trim()
+        else if (line.startsWith('data:')) ev.data += line.slice(5).trimStart()
+      }
+      return ev
+    })
 }
 
 t.test('a POST stream cut mid-call: the call goes on, and its answer comes on a GET with Last-Event-ID', async t => {
@@ -40,27 +46,44 @@ t.test('a POST stream cut mid-call: the call goes on, and its answer comes on a 
 
   // The call, read until its first progress event, then the connection is destroyed.
   const url = new URL(gw.url)
-  const body = JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name: 'test_tool_with_progress', arguments: {}, _meta: { progressToken: 'tok-1' } } })
+  const body = JSON.stringify({
+    jsonrpc: '2.0',
+    id: 7,
+    method: 'tools/call',
+    params: { name: 'test_tool_with_progress', arguments: {}, _meta: { progressToken: 'tok-1' } },
+  })
   const seen = await new Promise<Event[]>((resolve, reject) => {
-    const req = request({ host: url.hostname, port: url.port, path: url.pathname, method: 'POST', headers: { ...headers, 'content-length': Buffer.byteLength(body) } }, res => {
-      let text = ''
-      res.setEncoding('utf8')
-      res.on('data', (d: string) => {
-        text += d
-        const events = parseEvents(text.slice(0, text.lastIndexOf('\n\n') + 2))
-        if (events.some(e => e.data.includes('notifications/progress'))) {
-          req.destroy()
-          resolve(events)
-        }
-      })
-      res.on('end', () => reject(new Error(`stream ended before any progress: ${text}`)))
+    const req = request(
+      { host: url.hostname, port: url.port, path: url.pathname, method: 'POST', headers: { ...headers, 'content-length': Buffer.byteLength(body) } },
+      res => {
+        let text = ''
+        res.setEncoding('utf8')
+        res.on('data', (d: string) => {
+          text += d
+          const events = parseEvents(text.slice(0, text.lastIndexOf('\n\n') + 2))
+          if (events.some(e => e.data.includes('notifications/progress'))) {
+            req.destroy()
+            resolve(events)
+          }
+        })
+        res.on('end', () => reject(new Error(`stream ended before any progress: ${text}`)))
+      }
+    )
+    req.on('error', err => {
+      if (!req.destroyed) reject(err)
     })
-    req.on('error', err => { if (!req.destroyed) reject(err) })
     req.end(body)
   })
   const last = seen[seen.length - 1]!
-  t.ok(seen.every(e => e.id !== undefined && e.id !== ''), 'every event of the POST stream has an id', { seen })
-  t.notOk(seen.some(e => e.data.includes('"result"')), 'the cut came before the answer')
+  t.ok(
+    seen.every(e => e.id !== undefined && e.id !== ''),
+    'every event of the POST stream has an id',
+    { seen }
+  )
+  t.notOk(
+    seen.some(e => e.data.includes('"result"')),
+    'the cut came before the answer'
+  )
 
   // Reconnect with the last event id seen: the rest of the stream, answer included.
   const res = await fetch(gw.url, {
@@ -87,14 +110,34 @@ t.test('a POST stream cut mid-call: the call goes on, and its answer comes on a 
   }
   await reader.cancel().catch(() => {})
   t.same(answer?.result?.content, [{ type: 'text', text: 'tok-1' }], 'the answer of the cut call arrives on the resumed stream')
-  t.notOk(replayed.some(e => e.id === last.id || seen.some(s => s.id === e.id && e.data !== '')), 'events the client had are not sent again', { replayed, seen })
-  t.ok(replayed.filter(e => e.data !== '').every(e => e.id !== undefined), 'replayed events keep their ids')
+  t.notOk(
+    replayed.some(e => e.id === last.id || seen.some(s => s.id === e.id && e.data !== '')),
+    'events the client had are not sent again',
+    { replayed, seen }
+  )
+  t.ok(
+    replayed.filter(e => e.data !== '').every(e => e.id !== undefined),
+    'replayed events keep their ids'
+  )
   // The fixture writes each notifications/cancelled it gets on stderr (logged by the gateway), and a
   // marker when a progress call ends. A cancel for the cut would have reached its stdin before this
   // second call did, so it would be logged before this call's marker.
-  const after = await fetch(gw.url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 8, method: 'tools/call', params: { name: 'test_tool_with_progress', arguments: {}, _meta: { progressToken: 'tok-2' } } }) })
-  t.same(sseMessages(await after.text()).at(-1), { jsonrpc: '2.0', id: 8, result: { content: [{ type: 'text', text: 'tok-2' }] } }, 'a later call on the same upstream')
-  t.ok(await until(() => gw.logText().includes('fixture: progress done tok-2')), 'the fixture\'s marker for the later call was logged')
+  const after = await fetch(gw.url, {
+    method: 'POST',
+    headers,
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 8,
+      method: 'tools/call',
+      params: { name: 'test_tool_with_progress', arguments: {}, _meta: { progressToken: 'tok-2' } },
+    }),
+  })
+  t.same(
+    sseMessages(await after.text()).at(-1),
+    { jsonrpc: '2.0', id: 8, result: { content: [{ type: 'text', text: 'tok-2' }] } },
+    'a later call on the same upstream'
+  )
+  t.ok(await until(() => gw.logText().includes('fixture: progress done tok-2')), "the fixture's marker for the later call was logged")
   t.ok(gw.logText().includes('fixture: progress done tok-1'), 'the cut call ran to its end upstream')
   t.notMatch(gw.logText(), /fixture: cancelled/, 'the server never got a notifications/cancelled: the cut did not cancel the call')
 })
@@ -115,19 +158,40 @@ t.test('polling: a POST stream still running after mcp.streams.pollAfterMs is cl
   const sid = init.sessionId!
   const headers = { ...INIT_HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25' }
   await fetch(url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) })
-  const call = (id: number, name: string): Promise<Response> => fetch(url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: {} } }), signal: AbortSignal.timeout(30_000) })
+  const call = (id: number, name: string): Promise<Response> =>
+    fetch(url, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: {} } }),
+      signal: AbortSignal.timeout(30_000),
+    })
 
   const polled = await call(3, 'hold')
   t.equal(polled.headers.get('content-type'), 'text/event-stream')
   const first = parseEvents(await polled.text())
   t.ok(first.length >= 1 && first[0]!.id !== undefined && first[0]!.data === '', 'the stream starts with a priming event with an id', { first })
-  t.notOk(first.some(e => e.data.includes('"result"')), 'the gateway closed the stream before the answer', { first })
+  t.notOk(
+    first.some(e => e.data.includes('"result"')),
+    'the gateway closed the stream before the answer',
+    { first }
+  )
 
-  t.same(sseMessages(await (await call(4, 'release')).text()).at(-1), { jsonrpc: '2.0', id: 4, result: { content: [{ type: 'text', text: 'released 1' }] } }, 'the held call was still running upstream')
-  const resumed = await fetch(url, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25', 'last-event-id': first.at(-1)!.id! }, signal: AbortSignal.timeout(30_000) })
+  t.same(
+    sseMessages(await (await call(4, 'release')).text()).at(-1),
+    { jsonrpc: '2.0', id: 4, result: { content: [{ type: 'text', text: 'released 1' }] } },
+    'the held call was still running upstream'
+  )
+  const resumed = await fetch(url, {
+    headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25', 'last-event-id': first.at(-1)!.id! },
+    signal: AbortSignal.timeout(30_000),
+  })
   t.equal(resumed.status, 200)
   const rest = parseEvents(await resumed.text())
-  t.same(rest.filter(e => e.data !== '').map(e => JSON.parse(e.data) as unknown), [{ jsonrpc: '2.0', id: 3, result: { content: [{ type: 'text', text: 'released' }] } }], 'the answer comes on the resumed stream, which then ends')
+  t.same(
+    rest.filter(e => e.data !== '').map(e => JSON.parse(e.data) as unknown),
+    [{ jsonrpc: '2.0', id: 3, result: { content: [{ type: 'text', text: 'released' }] } }],
+    'the answer comes on the resumed stream, which then ends'
+  )
 })
 
 t.test('polling: an SDK client reconnects by itself and gets its answer; off by default', async t => {
@@ -137,18 +201,31 @@ t.test('polling: an SDK client reconnects by itself and gets its answer; off by 
   t.teardown(() => client.close())
   const held = client.callTool({ name: 'hold', arguments: {} })
   // Released once its stream was polled: the answer then needs the reconnection.
-  t.ok(await until(() => logText().includes('POST stream polled')), 'the gateway closed the call\'s stream')
+  t.ok(await until(() => logText().includes('POST stream polled')), "the gateway closed the call's stream")
   await client.callTool({ name: 'release', arguments: {} })
   t.same((await held).content, [{ type: 'text', text: 'released' }])
 
   const plain = await fullGateway(t, { targets: [lateTarget] })
   const init = await rawInitialize(plain.url)
   const headers = { ...INIT_HEADERS, 'mcp-session-id': init.sessionId!, 'mcp-protocol-version': '2025-11-25' }
-  const res = await fetch(plain.url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'hold', arguments: {} } }), signal: AbortSignal.timeout(30_000) })
+  const res = await fetch(plain.url, {
+    method: 'POST',
+    headers,
+    body: JSON.stringify({ jsonrpc: '2.0', id: 9, method: 'tools/call', params: { name: 'hold', arguments: {} } }),
+    signal: AbortSignal.timeout(30_000),
+  })
   const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader()
   await reader.read()
-  await fetch(plain.url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: 10, method: 'tools/call', params: { name: 'release', arguments: {} } }) }).then(r => r.text())
+  await fetch(plain.url, {
+    method: 'POST',
+    headers,
+    body: JSON.stringify({ jsonrpc: '2.0', id: 10, method: 'tools/call', params: { name: 'release', arguments: {} } }),
+  }).then(r => r.text())
   let text = ''
   for (let r = await reader.read(); !r.done; r = await reader.read()) text += r.value
-  t.match(sseMessages(text).at(-1), { id: 9, result: { content: [{ text: 'released' }] } }, 'without the key the answer comes on the POST stream itself (SPEC behaviour)')
+  t.match(
+    sseMessages(text).at(-1),
+    { id: 9, result: { content: [{ text: 'released' }] } },
+    'without the key the answer comes on the POST stream itself (SPEC behaviour)'
+  )
 })

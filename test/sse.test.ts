@@ -14,21 +14,28 @@ import { memoryLogger } from './helpers/logger.ts'
 import { sseMessages, until } from './helpers/gateway-harness.ts'
 
 /** A server whose one response is handed to the test, and a client request to it. */
-async function pair (t: Test): Promise<{ res: ServerResponse; client: IncomingMessage }> {
+async function pair(t: Test): Promise<{ res: ServerResponse; client: IncomingMessage }> {
   let res!: ServerResponse
-  const server = createServer((_req, r) => { res = r; r.writeHead(200, SSE_HEADERS); r.flushHeaders() })
+  const server = createServer((_req, r) => {
+    res = r
+    r.writeHead(200, SSE_HEADERS)
+    r.flushHeaders()
+  })
   server.listen(0, '127.0.0.1')
   await once(server, 'listening')
-  t.teardown(() => { server.closeAllConnections(); server.close() })
+  t.teardown(() => {
+    server.closeAllConnections()
+    server.close()
+  })
   const { port } = server.address() as import('node:net').AddressInfo
   const req = request({ host: '127.0.0.1', port, path: '/' })
   req.on('error', () => {})
   req.end()
-  const [client] = await once(req, 'response') as [IncomingMessage]
+  const [client] = (await once(req, 'response')) as [IncomingMessage]
   return { res, client }
 }
 
-function limits (max: { stream?: number; backlog?: number }): { l: StreamLimits; metrics: Metrics; text: () => string } {
+function limits(max: { stream?: number; backlog?: number }): { l: StreamLimits; metrics: Metrics; text: () => string } {
   const { log, text } = memoryLogger('info')
   const metrics = new Metrics()
   return { l: streamLimits({ maxStreamBufferBytes: max.stream, maxBacklogBytes: max.backlog, log, metrics }), metrics, text }
@@ -40,7 +47,9 @@ t.test('a client that keeps up gets an event larger than the bound', async t => 
   const stream = new SseStream(res, l)
   let text = ''
   client.setEncoding('utf8')
-  client.on('data', (d: string) => { text += d })
+  client.on('data', (d: string) => {
+    text += d
+  })
   const big = 'b'.repeat(1024 * 1024)
   t.ok(stream.send({ jsonrpc: '2.0', method: 'notifications/message', params: { data: big } }))
   t.ok(await until(() => text.endsWith('\n\n') && text.length > 1024 * 1024), 'the whole event arrived')
@@ -55,7 +64,9 @@ t.test('a client that stops reading is cut at the bound, its close handlers run'
   client.pause()
   const stream = new SseStream(res, l)
   let closed = false
-  stream.onClose(() => { closed = true })
+  stream.onClose(() => {
+    closed = true
+  })
   const event = { jsonrpc: '2.0', method: 'notifications/message', params: { data: 'x'.repeat(64 * 1024) } }
   let sent = 0
   // One event per turn, as upstream lines come; bounded: the kernel takes a few MiB first.
@@ -85,7 +96,9 @@ t.test('the backlog keeps the newest within its bytes, drops an oversized messag
   const { res, client } = await pair(t)
   let body = ''
   client.setEncoding('utf8')
-  client.on('data', (d: string) => { body += d })
+  client.on('data', (d: string) => {
+    body += d
+  })
   backlog.flushTo(new SseStream(res, l))
   t.equal(backlog.bytes, 0)
   res.end()

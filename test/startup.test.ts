@@ -16,54 +16,80 @@ import { devIdp } from './helpers/idp.ts'
 const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')
 const SLOW_PLUGIN = join(ROOT, 'test/fixtures/plugins/slow-create.js')
 const ORIGIN = 'http://app.example.test'
-const INIT = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } })
+const INIT = JSON.stringify({
+  jsonrpc: '2.0',
+  id: 1,
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } },
+})
 const MCP_HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
 
-function configFile (lines: string[]): Promise<string> {
+function configFile(lines: string[]): Promise<string> {
   return writeConfig(lines.join('\n') + '\n', 'mcpp-startup-')
 }
 
 /** The CLI as a child process, SIGKILLed in teardown if the test left it running. */
-function cli (t: Test, file: string): ReturnType<typeof spawnCli> {
+function cli(t: Test, file: string): ReturnType<typeof spawnCli> {
   const run = spawnCli(['-f', file])
-  t.teardown(() => { if (run.child.exitCode === null && run.child.signalCode === null) run.child.kill('SIGKILL') })
+  t.teardown(() => {
+    if (run.child.exitCode === null && run.child.signalCode === null) run.child.kill('SIGKILL')
+  })
   return run
 }
 
 /** Resolves when the process exits: a start-up failure ends the wait for the port instead of a timeout. */
 const guard = (run: ReturnType<typeof spawnCli>): Promise<unknown> => run.exited
 
-const targetLines = (name = 'everything'): string[] => [
-  `    - name: ${name}`, `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`,
-]
+const targetLines = (name = 'everything'): string[] => [`    - name: ${name}`, `      stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] }`]
 
 t.test('requests that arrive the moment the port accepts get normal answers (slow plugin, slow IdP keys)', async t => {
   const idp = await devIdp(t)
   // The real IdP's key set behind a hop that answers after a while: start-up that waits for it is slow.
   const slowJwks = createHttpServer((_req, res) => {
     setTimeout(() => {
-      fetch(idp.jwksUrl).then(async r => {
-        res.writeHead(r.status, { 'content-type': 'application/json' })
-        res.end(await r.text())
-      }, () => { res.writeHead(502); res.end() })
+      fetch(idp.jwksUrl).then(
+        async r => {
+          res.writeHead(r.status, { 'content-type': 'application/json' })
+          res.end(await r.text())
+        },
+        () => {
+          res.writeHead(502)
+          res.end()
+        }
+      )
     }, 1500)
   })
   await new Promise<void>(resolve => slowJwks.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => { slowJwks.closeAllConnections(); slowJwks.close() })
+  t.teardown(() => {
+    slowJwks.closeAllConnections()
+    slowJwks.close()
+  })
   const jwks = `http://127.0.0.1:${(slowJwks.address() as import('node:net').AddressInfo).port}/jwks/`
   const port = await freePort()
   const adminPort = await freePort()
   const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    'mcp:',
+    `  port: ${port}`,
+    '  host: 127.0.0.1',
+    '  targets:',
+    ...targetLines(),
     '  policies:',
     `    cors: { allowOrigins: ["${ORIGIN}"] }`,
     '    mcpAuthentication:',
-    '      mode: strict', `      issuer: "${idp.issuer}"`, `      audiences: ["${idp.clientId}"]`, `      jwks: "${jwks}"`,
-    `      clientId: "${idp.clientId}"`, '      provider: { oss_idp: {} }',
+    '      mode: strict',
+    `      issuer: "${idp.issuer}"`,
+    `      audiences: ["${idp.clientId}"]`,
+    `      jwks: "${jwks}"`,
+    `      clientId: "${idp.clientId}"`,
+    '      provider: { oss_idp: {} }',
     `      resourceMetadata: { resource: "http://localhost:${port}/mcp" }`,
     '  plugins:',
-    '    - builtin: cors', '    - builtin: mcpAuthentication', '    - builtin: providerBridge', '    - builtin: registration',
-    `    - module: "${SLOW_PLUGIN}"`, '      options: { delayMs: 2500 }',
+    '    - builtin: cors',
+    '    - builtin: mcpAuthentication',
+    '    - builtin: providerBridge',
+    '    - builtin: registration',
+    `    - module: "${SLOW_PLUGIN}"`,
+    '      options: { delayMs: 2500 }',
     `admin: { port: ${adminPort} }`,
   ])
   const token = await idp.mintToken({ sub: 'alice', groups: ['mcp-users'] })
@@ -80,7 +106,10 @@ t.test('requests that arrive the moment the port accepts get normal answers (slo
     fetch(`${base}/mcp`, { method: 'POST', headers: { ...MCP_HEADERS, authorization: `Bearer ${token}` }, body: INIT }),
     fetch(`${base}/.well-known/oauth-protected-resource/mcp`),
     fetch(`${base}/.well-known/oauth-authorization-server`),
-    fetch(`${base}/mcp`, { method: 'OPTIONS', headers: { origin: ORIGIN, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type' } }),
+    fetch(`${base}/mcp`, {
+      method: 'OPTIONS',
+      headers: { origin: ORIGIN, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type' },
+    }),
   ])
   const initBody = await init.text()
   t.equal(init.status, 200, init.status === 200 ? 'initialize' : `initialize: ${initBody}`)
@@ -103,21 +132,35 @@ t.test('requests that arrive the moment the port accepts get normal answers (slo
 t.test('IdP unreachable at start (connections hang): what does not need it is served, /readyz explains the rest', async t => {
   // Accepts and never answers, like an IdP whose packets are dropped.
   const held = new Set<Socket>()
-  const hang = createTcpServer(s => { held.add(s); s.on('close', () => held.delete(s)) })
+  const hang = createTcpServer(s => {
+    held.add(s)
+    s.on('close', () => held.delete(s))
+  })
   await new Promise<void>(resolve => hang.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => { for (const s of held) s.destroy(); hang.close() })
+  t.teardown(() => {
+    for (const s of held) s.destroy()
+    hang.close()
+  })
   const issuer = `http://127.0.0.1:${(hang.address() as import('node:net').AddressInfo).port}/application/o/mcp/`
   const port = await freePort()
   const adminPort = await freePort()
   const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    'mcp:',
+    `  port: ${port}`,
+    '  host: 127.0.0.1',
+    '  targets:',
+    ...targetLines(),
     '  policies:',
     '    mcpAuthentication:',
-    '      mode: strict', `      issuer: "${issuer}"`, '      audiences: ["mcp-gateway-dev"]',
-    '      clientId: "mcp-gateway-dev"', '      provider: { oss_idp: {} }',
+    '      mode: strict',
+    `      issuer: "${issuer}"`,
+    '      audiences: ["mcp-gateway-dev"]',
+    '      clientId: "mcp-gateway-dev"',
+    '      provider: { oss_idp: {} }',
     `      resourceMetadata: { resource: "http://localhost:${port}/mcp" }`,
     // Key fetches give up after a second; discovery would hang for a minute.
-    '      keySet: { timeoutMs: 1000 }', '      discovery: { timeoutMs: 60000 }',
+    '      keySet: { timeoutMs: 1000 }',
+    '      discovery: { timeoutMs: 60000 }',
     `admin: { port: ${adminPort} }`,
   ])
   const idp = await devIdp(t)
@@ -151,7 +194,11 @@ t.test('IdP unreachable at start (connections hang): what does not need it is se
 t.test('SIGTERM ends idle GET streams at once and exits without waiting for shutdownGraceMs', async t => {
   const port = await freePort()
   const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    'mcp:',
+    `  port: ${port}`,
+    '  host: 127.0.0.1',
+    '  targets:',
+    ...targetLines(),
     // A wait for the idle stream would outlast the test's timeout by far.
     '  limits: { shutdownGraceMs: 3600000 }',
     'admin: { enabled: false }',
@@ -163,12 +210,19 @@ t.test('SIGTERM ends idle GET streams at once and exits without waiting for shut
   t.equal(init.status, 200)
   await init.text()
   const sid = init.headers.get('mcp-session-id')!
-  const initialized = await fetch(`${base}/mcp`, { method: 'POST', headers: { ...MCP_HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-06-18' }, body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) })
+  const initialized = await fetch(`${base}/mcp`, {
+    method: 'POST',
+    headers: { ...MCP_HEADERS, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-06-18' },
+    body: JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }),
+  })
   t.equal(initialized.status, 202)
   const stream = await fetch(`${base}/mcp`, { headers: { accept: 'text/event-stream', 'mcp-session-id': sid, 'mcp-protocol-version': '2025-06-18' } })
   t.equal(stream.status, 200)
   t.equal(stream.headers.get('content-type'), 'text/event-stream')
-  const ended = stream.text().then(() => 'ended', (err: Error) => `cut: ${err.message}`)
+  const ended = stream.text().then(
+    () => 'ended',
+    (err: Error) => `cut: ${err.message}`
+  )
   run.child.kill('SIGTERM')
   t.equal((await run.exited).code, 0, 'exits 0')
   t.equal(await ended, 'ended', 'the GET stream was ended cleanly')
@@ -177,17 +231,30 @@ t.test('SIGTERM ends idle GET streams at once and exits without waiting for shut
 t.test('SIGTERM ends an idle subscriptions/listen stream (revision 2026-07-28) with its result and exits', async t => {
   const port = await freePort()
   const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    'mcp:',
+    `  port: ${port}`,
+    '  host: 127.0.0.1',
+    '  targets:',
+    ...targetLines(),
     '  limits: { shutdownGraceMs: 3600000 }',
     'admin: { enabled: false }',
   ])
   const run = cli(t, file)
   await waitForPort(port, guard(run))
-  const meta = { 'io.modelcontextprotocol/protocolVersion': '2026-07-28', 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/clientInfo': { name: 't', version: '1' } }
+  const meta = {
+    'io.modelcontextprotocol/protocolVersion': '2026-07-28',
+    'io.modelcontextprotocol/clientCapabilities': {},
+    'io.modelcontextprotocol/clientInfo': { name: 't', version: '1' },
+  }
   const res = await fetch(`http://127.0.0.1:${port}/mcp`, {
     method: 'POST',
     headers: { ...MCP_HEADERS, 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'subscriptions/listen' },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 'listen-1', method: 'subscriptions/listen', params: { notifications: { toolsListChanged: true }, _meta: meta } }),
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 'listen-1',
+      method: 'subscriptions/listen',
+      params: { notifications: { toolsListChanged: true }, _meta: meta },
+    }),
   })
   t.equal(res.status, 200)
   const reader = res.body!.getReader()
@@ -208,20 +275,45 @@ t.test('SIGTERM ends an idle subscriptions/listen stream (revision 2026-07-28) w
   t.equal((await run.exited).code, 0, 'exits 0')
 })
 
-interface ReadyBody { status: string; reasons: string[]; targets: Array<{ name: string; ok: boolean; error?: string }> }
+interface ReadyBody {
+  status: string
+  reasons: string[]
+  targets: Array<{ name: string; ok: boolean; error?: string }>
+}
 
 t.test('/readyz reports a target that cannot start; mcp.readiness.targets decides whether that is not ready', async t => {
   const broken = ['    - name: broken', '      stdio: { cmd: mcpp-no-such-command-7f3a, args: [] }']
   const cases: Array<{ name: string; targets: string[]; readiness?: string; status: number; listed: Array<[string, boolean]> }> = [
     { name: 'the only target cannot start: not ready (default)', targets: broken, status: 503, listed: [['broken', false]] },
-    { name: 'one of two cannot start: sessions still open, ready (default any)', targets: [...targetLines(), ...broken], status: 200, listed: [['everything', true], ['broken', false]] },
-    { name: 'one of two cannot start, readiness.targets: all', targets: [...targetLines(), ...broken], readiness: 'all', status: 503, listed: [['everything', true], ['broken', false]] },
+    {
+      name: 'one of two cannot start: sessions still open, ready (default any)',
+      targets: [...targetLines(), ...broken],
+      status: 200,
+      listed: [
+        ['everything', true],
+        ['broken', false],
+      ],
+    },
+    {
+      name: 'one of two cannot start, readiness.targets: all',
+      targets: [...targetLines(), ...broken],
+      readiness: 'all',
+      status: 503,
+      listed: [
+        ['everything', true],
+        ['broken', false],
+      ],
+    },
   ]
   for (const c of cases) {
     const port = await freePort()
     const adminPort = await freePort()
     const file = await configFile([
-      'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...c.targets,
+      'mcp:',
+      `  port: ${port}`,
+      '  host: 127.0.0.1',
+      '  targets:',
+      ...c.targets,
       ...(c.readiness === undefined ? [] : [`  readiness: { targets: ${c.readiness} }`]),
       `admin: { port: ${adminPort} }`,
     ])
@@ -230,11 +322,15 @@ t.test('/readyz reports a target that cannot start; mcp.readiness.targets decide
     // The admin port answers "starting" until the gateway has started.
     const readyz = async (): Promise<{ r: Response; body: ReadyBody }> => {
       const r = await fetch(`http://127.0.0.1:${adminPort}/readyz`)
-      return { r, body: await r.json() as ReadyBody }
+      return { r, body: (await r.json()) as ReadyBody }
     }
     const { r, body } = await eventually(readyz, x => !x.body.reasons.includes('the gateway is starting'))
     t.equal(r.status, c.status, c.name)
-    t.same(body.targets.map(x => [x.name, x.ok]), c.listed, 'every target is reported')
+    t.same(
+      body.targets.map(x => [x.name, x.ok]),
+      c.listed,
+      'every target is reported'
+    )
     t.match(body.targets.find(x => x.name === 'broken')!.error, /mcpp-no-such-command-7f3a: command not found/)
     if (c.status === 503) t.match(body.reasons.join('\n'), /target broken: mcpp-no-such-command-7f3a: command not found/)
     else t.same(body.reasons, [])
@@ -251,22 +347,37 @@ t.test('/readyz reports a target that cannot start; mcp.readiness.targets decide
 t.test('an admin port in use still exits 3', async t => {
   const blocker = createTcpServer()
   await new Promise<void>(resolve => blocker.listen(0, '127.0.0.1', resolve))
-  t.teardown(() => { blocker.close() })
+  t.teardown(() => {
+    blocker.close()
+  })
   const port = await freePort()
   const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
+    'mcp:',
+    `  port: ${port}`,
+    '  host: 127.0.0.1',
+    '  targets:',
+    ...targetLines(),
     `admin: { port: ${(blocker.address() as import('node:net').AddressInfo).port} }`,
   ])
   const run = cli(t, file)
   t.equal((await run.exited).code, 3)
-  t.match(run.output(), `cannot listen: admin.port ${(blocker.address() as import('node:net').AddressInfo).port} is already in use (EADDRINUSE)`, 'the message names the setting')
+  t.match(
+    run.output(),
+    `cannot listen: admin.port ${(blocker.address() as import('node:net').AddressInfo).port} is already in use (EADDRINUSE)`,
+    'the message names the setting'
+  )
 })
 
 t.test('a plugin that fails to start still exits 3', async t => {
   const port = await freePort()
   const file = await configFile([
-    'mcp:', `  port: ${port}`, '  host: 127.0.0.1', '  targets:', ...targetLines(),
-    '  plugins:', `    - module: "${join(ROOT, 'test/fixtures/plugins/throws-on-create.js')}"`,
+    'mcp:',
+    `  port: ${port}`,
+    '  host: 127.0.0.1',
+    '  targets:',
+    ...targetLines(),
+    '  plugins:',
+    `    - module: "${join(ROOT, 'test/fixtures/plugins/throws-on-create.js')}"`,
     'admin: { enabled: false }',
   ])
   const run = cli(t, file)

@@ -22,14 +22,19 @@ const root = join(here, '..')
 const FIXTURE = join(here, 'fixtures', 'faulty-server.mjs')
 const EVERYTHING = join(root, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js')
 
-function memoryLog (): { log: Logger; lines: () => Array<Record<string, unknown>> } {
+function memoryLog(): { log: Logger; lines: () => Array<Record<string, unknown>> } {
   const out: string[] = []
-  const dest = new Writable({ write (chunk, _enc, cb) { out.push(...String(chunk).split('\n').filter(Boolean)); cb() } })
+  const dest = new Writable({
+    write(chunk, _enc, cb) {
+      out.push(...String(chunk).split('\n').filter(Boolean))
+      cb()
+    },
+  })
   return { log: pino({ level: 'debug' }, dest) as unknown as Logger, lines: () => out.map(l => JSON.parse(l) as Record<string, unknown>) }
 }
 
 /** Polls `fn` until it is true, at most `tries` times `stepMs` apart. */
-async function until (fn: () => boolean, tries = 200, stepMs = 25): Promise<boolean> {
+async function until(fn: () => boolean, tries = 200, stepMs = 25): Promise<boolean> {
   for (let i = 0; i < tries; i++) {
     if (fn()) return true
     await new Promise(resolve => setTimeout(resolve, stepMs))
@@ -46,7 +51,10 @@ interface Harness {
   lines: () => Array<Record<string, unknown>>
 }
 
-function harness (t: Test, opts: { cmd?: string; args?: string[]; env?: Record<string, string>; maxLineBytes?: number; stageTimeoutMs?: number; cwd?: string; metrics?: Metrics } = {}): Harness {
+function harness(
+  t: Test,
+  opts: { cmd?: string; args?: string[]; env?: Record<string, string>; maxLineBytes?: number; stageTimeoutMs?: number; cwd?: string; metrics?: Metrics } = {}
+): Harness {
   const { log, lines } = memoryLog()
   const up = new StdioUpstream({
     target: 'faulty',
@@ -61,14 +69,22 @@ function harness (t: Test, opts: { cmd?: string; args?: string[]; env?: Record<s
   const messages: JsonRpcMessage[] = []
   let nextId = 1
   let resolveClosed: (e: Error | undefined) => void = () => {}
-  const closed = new Promise<Error | undefined>(resolve => { resolveClosed = resolve })
+  const closed = new Promise<Error | undefined>(resolve => {
+    resolveClosed = resolve
+  })
   let closeCalls = 0
   up.onMessage = m => {
     messages.push(m)
     const w = waiting.get(m.id)
-    if (w !== undefined) { waiting.delete(m.id); w(m) }
+    if (w !== undefined) {
+      waiting.delete(m.id)
+      w(m)
+    }
   }
-  up.onClose = e => { closeCalls++; resolveClosed(e) }
+  up.onClose = e => {
+    closeCalls++
+    resolveClosed(e)
+  }
   t.teardown(() => up.close())
   return {
     up,
@@ -76,7 +92,7 @@ function harness (t: Test, opts: { cmd?: string; args?: string[]; env?: Record<s
     messages,
     lines,
     closeCalls: () => closeCalls,
-    request (method, params) {
+    request(method, params) {
       const id = nextId++
       const p = new Promise<JsonRpcMessage>(resolve => waiting.set(id, resolve))
       up.send({ jsonrpc: '2.0', id, method, params })
@@ -87,8 +103,8 @@ function harness (t: Test, opts: { cmd?: string; args?: string[]; env?: Record<s
 
 const INIT = { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'test', version: '1' } }
 
-function textOf (m: JsonRpcMessage): string {
-  return ((m.result as { content: Array<{ text: string }> }).content[0]!).text
+function textOf(m: JsonRpcMessage): string {
+  return (m.result as { content: Array<{ text: string }> }).content[0]!.text
 }
 
 t.test('talks MCP to server-everything over stdio', async t => {
@@ -116,7 +132,10 @@ t.test('talks MCP to server-everything over stdio', async t => {
 t.test('ENOENT: start rejects with MCPP_ERR_UPSTREAM and leaves nothing', async t => {
   const before = liveChildCount()
   const h = harness(t, { cmd: 'mcpp-no-such-command-xyz', args: [] })
-  const err = await h.up.start().then(() => undefined, (e: unknown) => e)
+  const err = await h.up.start().then(
+    () => undefined,
+    (e: unknown) => e
+  )
   t.ok(ProxyError.is(err), 'a ProxyError')
   t.match(err, { code: 'MCPP_ERR_UPSTREAM', statusCode: 502, message: /^target faulty failed to start: .*ENOENT/ })
   t.equal(h.up.alive, false)
@@ -138,12 +157,22 @@ t.test('cwd is relative to the config base dir', async t => {
   const env = JSON.parse(textOf(await h.request('tools/call', { name: 'env' }))) as Record<string, string>
   t.ok(env.PATH !== undefined)
   const cwdProbe = new StdioUpstream({
-    target: 'cwd', config: { cmd: process.execPath, args: ['-e', 'process.stdout.write(JSON.stringify({jsonrpc:"2.0",id:1,result:{cwd:process.cwd()}})+"\\n")'], env: {}, cwd: 'test/fixtures' },
-    baseDir: root, maxLineBytes: 65536, log: pino({ level: 'silent' }),
+    target: 'cwd',
+    config: {
+      cmd: process.execPath,
+      args: ['-e', 'process.stdout.write(JSON.stringify({jsonrpc:"2.0",id:1,result:{cwd:process.cwd()}})+"\\n")'],
+      env: {},
+      cwd: 'test/fixtures',
+    },
+    baseDir: root,
+    maxLineBytes: 65536,
+    log: pino({ level: 'silent' }),
   })
-  const got = new Promise<JsonRpcMessage>(resolve => { cwdProbe.onMessage = resolve })
+  const got = new Promise<JsonRpcMessage>(resolve => {
+    cwdProbe.onMessage = resolve
+  })
   await cwdProbe.start()
-  t.equal((await got).result && (((await got).result) as { cwd: string }).cwd, join(root, 'test/fixtures'))
+  t.equal((await got).result && ((await got).result as { cwd: string }).cwd, join(root, 'test/fixtures'))
   await cwdProbe.close()
 })
 
@@ -159,7 +188,10 @@ t.test('a crash mid-request reports onClose(error) and the child is gone', async
   t.match(err, { message: /target faulty exited unexpectedly \(code 1\)/ })
   t.equal(h.up.alive, false)
   t.match(h.up.lastError, /exited unexpectedly/)
-  t.notOk(h.messages.some(m => m.id === 'c1'), 'no answer to the crashing call')
+  t.notOk(
+    h.messages.some(m => m.id === 'c1'),
+    'no answer to the crashing call'
+  )
   t.throws(() => h.up.send({ jsonrpc: '2.0', id: 2, method: 'ping' }), { code: 'MCPP_ERR_UPSTREAM' })
   t.ok(processGone(pid), 'child gone')
   t.ok(await until(() => processGone(gc)), 'orphaned grandchild reaped with the group')
@@ -182,7 +214,10 @@ t.test('a flood without newline ends that child, not the gateway', async t => {
   t.match(err, { message: /stdout line longer than 262144 bytes/ })
   t.equal(h.up.alive, false)
   t.ok(await until(() => processGone(pid)), 'flooding child killed')
-  t.ok(h.lines().some(l => l.level === 50 && l.target === 'faulty' && /longer than/.test(String(l.msg))), 'logged as an error with the target name')
+  t.ok(
+    h.lines().some(l => l.level === 50 && l.target === 'faulty' && /longer than/.test(String(l.msg))),
+    'logged as an error with the target name'
+  )
   t.equal(metrics.counter('mcp_proxy_upstream_exits_total', '').get({ target: 'faulty', reason: 'line_too_long' }), 1)
   // The gateway process is fine: another child works.
   const h2 = harness(t)
@@ -213,10 +248,16 @@ t.test('garbage lines are logged and dropped; valid answers still arrive', async
   const r = await h.request('tools/call', { name: 'garbage' })
   t.equal(textOf(r), 'after garbage')
   t.equal(h.up.alive, true)
-  t.ok(h.messages.every(m => m.jsonrpc === '2.0'), 'only JSON-RPC messages delivered')
+  t.ok(
+    h.messages.every(m => m.jsonrpc === '2.0'),
+    'only JSON-RPC messages delivered'
+  )
   const dropped = h.lines().filter(l => /dropped stdout line/.test(String(l.msg)))
   t.ok(dropped.length >= 4, 'dropped lines logged')
-  t.ok(dropped.some(l => l.line === 'this is not json'), 'with an excerpt')
+  t.ok(
+    dropped.some(l => l.line === 'this is not json'),
+    'with an excerpt'
+  )
   t.ok(metrics.counter('mcp_proxy_upstream_dropped_lines_total', '').get({ target: 'faulty' }) >= 4)
   t.equal(textOf(await h.request('tools/call', { name: 'echo', arguments: { message: 'ok' } })), 'ok')
 })
@@ -229,7 +270,9 @@ t.test('multi-byte UTF-8 split across chunks is decoded intact', async t => {
 
 t.test('the child environment is an allow-list plus the target env', async t => {
   process.env.MCPP_TEST_SECRET = 'super-secret-value'
-  t.teardown(() => { delete process.env.MCPP_TEST_SECRET })
+  t.teardown(() => {
+    delete process.env.MCPP_TEST_SECRET
+  })
   const h = harness(t, { env: { TARGET_VAR: 'from-target', HOME: '/target/home' } })
   await h.up.start()
   const env = JSON.parse(textOf(await h.request('tools/call', { name: 'env' }))) as Record<string, string>
@@ -241,19 +284,55 @@ t.test('the child environment is an allow-list plus the target env', async t => 
   // TZ, …; the rest are the temp, XDG, npm cache and CA variables and their Windows counterparts), not read
   // back from core/targets/stdio.ts.
   const allowed = new Set([
-    'PATH', 'HOME', 'USER', 'LOGNAME', 'SHELL', 'TERM', 'LANG', 'LC_ALL', 'LC_CTYPE', 'TZ', 'TMPDIR', 'TEMP', 'TMP',
-    'XDG_CACHE_HOME', 'XDG_CONFIG_HOME', 'XDG_DATA_HOME', 'npm_config_cache', 'NODE_EXTRA_CA_CERTS',
-    'SYSTEMROOT', 'SYSTEMDRIVE', 'WINDIR', 'COMSPEC', 'PATHEXT', 'APPDATA', 'LOCALAPPDATA', 'USERPROFILE', 'HOMEDRIVE', 'HOMEPATH',
-    'USERNAME', 'PROGRAMFILES', 'PROCESSOR_ARCHITECTURE', 'TARGET_VAR',
+    'PATH',
+    'HOME',
+    'USER',
+    'LOGNAME',
+    'SHELL',
+    'TERM',
+    'LANG',
+    'LC_ALL',
+    'LC_CTYPE',
+    'TZ',
+    'TMPDIR',
+    'TEMP',
+    'TMP',
+    'XDG_CACHE_HOME',
+    'XDG_CONFIG_HOME',
+    'XDG_DATA_HOME',
+    'npm_config_cache',
+    'NODE_EXTRA_CA_CERTS',
+    'SYSTEMROOT',
+    'SYSTEMDRIVE',
+    'WINDIR',
+    'COMSPEC',
+    'PATHEXT',
+    'APPDATA',
+    'LOCALAPPDATA',
+    'USERPROFILE',
+    'HOMEDRIVE',
+    'HOMEPATH',
+    'USERNAME',
+    'PROGRAMFILES',
+    'PROCESSOR_ARCHITECTURE',
+    'TARGET_VAR',
   ])
   const readme = readFileSync(new URL('../docs/targets.md', import.meta.url), 'utf8')
   const named = [...(/environment is an allow-list \(([^)]*)\)/.exec(readme)?.[1] ?? '').matchAll(/`([A-Z_*]+)`/g)].map(m => m[1]!)
-  t.ok(named.length >= 8 && named.every(n => n.endsWith('*') ? [...allowed].some(a => a.startsWith(n.slice(0, -1))) : allowed.has(n)), `every variable docs/targets.md names is in the list: ${named.join(' ')}`)
-  t.same(CHILD_ENV_ALLOW_LIST.filter(n => !allowed.has(n)), [], 'the implementation allows nothing the list above does not')
+  t.ok(
+    named.length >= 8 && named.every(n => (n.endsWith('*') ? [...allowed].some(a => a.startsWith(n.slice(0, -1))) : allowed.has(n))),
+    `every variable docs/targets.md names is in the list: ${named.join(' ')}`
+  )
+  t.same(
+    CHILD_ENV_ALLOW_LIST.filter(n => !allowed.has(n)),
+    [],
+    'the implementation allows nothing the list above does not'
+  )
   // tap's process-info hook patches child_process.spawn in test runs only and
   // adds its own variables (and a NODE_OPTIONS loading itself); ignore exactly those.
   // Node itself passes NODE_V8_COVERAGE on to every child while it is set (CI measures coverage with it).
-  const injectedByTap = (k: string): boolean => k.startsWith('_TAPJS_PROCESSINFO_') ||
+  const injectedByTap = (k: string): boolean =>
+    k.startsWith('_TAPJS_PROCESSINFO_') ||
     (k === 'NODE_OPTIONS' && env[k]!.includes('@tapjs/processinfo')) ||
     (k === 'NODE_V8_COVERAGE' && env[k] === process.env.NODE_V8_COVERAGE)
   const extra = Object.keys(env).filter(k => !allowed.has(k) && !injectedByTap(k))
@@ -281,7 +360,10 @@ t.test('close escalates to SIGKILL for a child that ignores stdin end and SIGTER
   await h.up.close()
   t.ok(processGone(pid), 'child gone when close() resolves')
   t.equal(await h.closed, undefined)
-  t.ok(h.lines().some(l => /ignored SIGTERM; sending SIGKILL/.test(String(l.msg))), 'escalation logged')
+  t.ok(
+    h.lines().some(l => /ignored SIGTERM; sending SIGKILL/.test(String(l.msg))),
+    'escalation logged'
+  )
   t.ok(await until(() => h.lines().some(l => l.stderr === 'ignoring SIGTERM')), 'the child did receive SIGTERM first')
 })
 
@@ -294,7 +376,6 @@ t.test('close kills grandchildren with the process group', async t => {
   t.ok(processGone(gc), 'grandchild gone when close() resolves')
   t.ok(processGone(h.up.pid!))
   await h.up.close()
-
 })
 
 t.test('close before start, and close while starting', async t => {
@@ -303,7 +384,10 @@ t.test('close before start, and close while starting', async t => {
   t.equal(await a.closed, undefined)
   await t.rejects(a.up.start())
   const b = harness(t)
-  const starting = b.up.start().then(() => 'started', () => 'rejected')
+  const starting = b.up.start().then(
+    () => 'started',
+    () => 'rejected'
+  )
   const closing = b.up.close()
   t.equal(await starting, 'rejected', 'start() rejects when close() won')
   await closing
@@ -324,14 +408,22 @@ t.test('killAllChildren ends every live child', async t => {
 })
 
 t.test('createUpstreamFactory builds stdio upstreams', async t => {
-  const f = createUpstreamFactory({ name: 'fx', stdio: { cmd: process.execPath, args: [FIXTURE], env: {} } }, {
-    log: pino({ level: 'silent' }), baseDir: root, maxLineBytes: 65536, metrics: new Metrics(),
-  })
+  const f = createUpstreamFactory(
+    { name: 'fx', stdio: { cmd: process.execPath, args: [FIXTURE], env: {} } },
+    {
+      log: pino({ level: 'silent' }),
+      baseDir: root,
+      maxLineBytes: 65536,
+      metrics: new Metrics(),
+    }
+  )
   t.equal(f.target, 'fx')
   t.equal(f.kind, 'stdio')
   const up = f.create()
   t.equal(up.kind, 'stdio')
-  const got = new Promise<JsonRpcMessage>(resolve => { up.onMessage = resolve })
+  const got = new Promise<JsonRpcMessage>(resolve => {
+    up.onMessage = resolve
+  })
   await up.start()
   up.send({ jsonrpc: '2.0', id: 1, method: 'ping' })
   t.same((await got).result, {})

@@ -15,11 +15,22 @@ t.test('starts, live list on demand, a failure counted once, a clean close no fa
   const b: UpstreamInfo = { target: 'up', kind: 'stdio', pid: 22, startedAt: 2 }
   life.started(a)
   life.started(b)
-  t.same(life.describe().live, [{ pid: 11, startedAt: 1 }, { pid: 22, startedAt: 2 }], 'both live, pids read when asked')
+  t.same(
+    life.describe().live,
+    [
+      { pid: 11, startedAt: 1 },
+      { pid: 22, startedAt: 2 },
+    ],
+    'both live, pids read when asked'
+  )
   life.ended(a, new Error('spawn ENOENT'))
   life.ended(a, new Error('exited'))
   life.ended(b, undefined)
-  t.match(life.describe(), { name: 'up', kind: 'stdio', live: [], started: 2, failures: 1, lastError: 'spawn ENOENT' }, 'the second report of one failure is not counted')
+  t.match(
+    life.describe(),
+    { name: 'up', kind: 'stdio', live: [], started: 2, failures: 1, lastError: 'spawn ENOENT' },
+    'the second report of one failure is not counted'
+  )
   const text = metrics.render()
   t.match(text, /mcp_proxy_upstream_starts_total\{target="up"\} 2\n/)
   t.match(text, /mcp_proxy_upstream_failures_total\{target="up"\} 1\n/)

@@ -20,8 +20,14 @@ t.test('unfinished tasks and reserved calls count against the limit; an ended ta
 
 t.test('ended tasks are kept up to the limit, the oldest forgotten first', async t => {
   const ledger = new TaskLedger<number>(2)
-  for (const [i, id] of ['a', 'b', 'c'].entries()) { ledger.add(id, i); ledger.end(id) }
-  t.same(['a', 'b', 'c'].map(id => ledger.has(id)), [false, true, true])
+  for (const [i, id] of ['a', 'b', 'c'].entries()) {
+    ledger.add(id, i)
+    ledger.end(id)
+  }
+  t.same(
+    ['a', 'b', 'c'].map(id => ledger.has(id)),
+    [false, true, true]
+  )
   t.equal(ledger.working, 0)
   t.notOk(ledger.has(7), 'only string ids')
 })

@@ -13,7 +13,15 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { adminGateway, SECRETS, RULE } from './helpers/admin.ts'
 
 const ARTIFACTS = join(dirname(fileURLToPath(import.meta.url)), 'artifacts')
-const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync']
+const CHROMIUM_ARGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--no-first-run',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+]
 
 t.test('management page in chromium', async t => {
   const g = await adminGateway(t)
@@ -23,7 +31,9 @@ t.test('management page in chromium', async t => {
   const page: Page = await context.newPage()
   page.setDefaultTimeout(20_000)
   const problems: string[] = []
-  page.on('console', msg => { if (msg.type() === 'error' || msg.type() === 'warning') problems.push(`console.${msg.type()}: ${msg.text()}`) })
+  page.on('console', msg => {
+    if (msg.type() === 'error' || msg.type() === 'warning') problems.push(`console.${msg.type()}: ${msg.text()}`)
+  })
   page.on('pageerror', err => problems.push(`pageerror: ${err.message}`))
 
   // A live session from a real SDK client, plus a denied request for the requests table.
@@ -37,7 +47,12 @@ t.test('management page in chromium', async t => {
   const denied = await fetch(g.mcp, {
     method: 'POST',
     headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${bobToken}` },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } } }),
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } },
+    }),
   })
   t.equal(denied.status, 403)
   const handle = transport.sessionId!.slice(0, 8)
@@ -67,11 +82,14 @@ t.test('management page in chromium', async t => {
 
   await t.test('requests table shows the decisions, the chart is drawn', async t => {
     await page.locator('#requests td.decision.forbidden').first().waitFor()
-    const forbidden = await page.locator('#requests tr', { has: page.locator('td.decision.forbidden') }).first().innerText()
+    const forbidden = await page
+      .locator('#requests tr', { has: page.locator('td.decision.forbidden') })
+      .first()
+      .innerText()
     t.match(forbidden, /403/)
     t.ok(forbidden.includes(RULE), 'the failing rule is named')
-    t.ok(await page.locator('#requests td.decision.allowed').count() >= 1)
-    t.ok(await page.locator('#chart rect.bar').count() >= 1, 'the chart has bars')
+    t.ok((await page.locator('#requests td.decision.allowed').count()) >= 1)
+    t.ok((await page.locator('#chart rect.bar').count()) >= 1, 'the chart has bars')
     await page.locator('#keyset dd').first().waitFor()
     t.match(await page.locator('#keyset').innerText(), new RegExp(g.idp!.currentKid))
     t.match(await page.locator('#oauth-docs').innerText(), /oauth-protected-resource\/mcp/)
@@ -111,29 +129,52 @@ t.test('management page in chromium', async t => {
     t.match(await row.innerText(), /tools\/call\s+echo\s+200/)
   })
 
-  await t.test('the page\'s own reads of the /.well-known documents are not traffic: not in Recent requests, the chart, the access log or the metrics', async t => {
-    // /api/oauth is what the page polls every 15 s; each call reads every /.well-known document of the MCP listener.
-    const headers = { authorization: `Bearer ${SECRETS.adminToken}` }
-    const before = await (await fetch(`${g.admin}/api/requests`, { headers })).json() as Array<{ id: string }>
-    const metricsBefore = await (await fetch(`${g.admin}/metrics`, { headers })).text()
-    const logBefore = g.logText().length
-    const oauth = await (await fetch(`${g.admin}/api/oauth`, { headers })).json() as { documents: Record<string, unknown> }
-    t.ok(Object.keys(oauth.documents).some(p => p.startsWith('/.well-known/')), 'the documents were read')
-    const after = await (await fetch(`${g.admin}/api/requests`, { headers })).json() as Array<{ id: string; path: string }>
-    t.same(after.filter(r => !before.some(b => b.id === r.id)).map(r => r.path), [], 'no new row in Recent requests (nor in the chart, fed by the same log)')
-    const wellKnown = (text: string): string[] => text.split('\n').filter(l => l.startsWith('mcp_proxy_requests_total') && l.includes('well-known')).sort()
-    t.same(wellKnown(await (await fetch(`${g.admin}/metrics`, { headers })).text()), wellKnown(metricsBefore), 'mcp_proxy_requests_total unchanged')
-    const accessLines = g.logText().slice(logBefore).split('\n').filter(l => l.includes('"msg":"request"') && l.includes('well-known'))
-    t.same(accessLines, [], 'no access-log line')
-    // A client sending the header with another value is still traffic.
-    const own = await fetch(`${g.mcp.replace(/\/mcp$/, '')}/.well-known/oauth-protected-resource/mcp`, { headers: { 'x-mcp-proxy-internal': 'guess' } })
-    t.equal(own.status, 200)
-    const latest = await (await fetch(`${g.admin}/api/requests`, { headers })).json() as Array<{ path: string }>
-    t.equal(latest[0]?.path, '/.well-known/oauth-protected-resource/mcp', 'a request with a guessed marker is listed like any other')
-  })
+  await t.test(
+    "the page's own reads of the /.well-known documents are not traffic: not in Recent requests, the chart, the access log or the metrics",
+    async t => {
+      // /api/oauth is what the page polls every 15 s; each call reads every /.well-known document of the MCP listener.
+      const headers = { authorization: `Bearer ${SECRETS.adminToken}` }
+      const before = (await (await fetch(`${g.admin}/api/requests`, { headers })).json()) as Array<{ id: string }>
+      const metricsBefore = await (await fetch(`${g.admin}/metrics`, { headers })).text()
+      const logBefore = g.logText().length
+      const oauth = (await (await fetch(`${g.admin}/api/oauth`, { headers })).json()) as { documents: Record<string, unknown> }
+      t.ok(
+        Object.keys(oauth.documents).some(p => p.startsWith('/.well-known/')),
+        'the documents were read'
+      )
+      const after = (await (await fetch(`${g.admin}/api/requests`, { headers })).json()) as Array<{ id: string; path: string }>
+      t.same(
+        after.filter(r => !before.some(b => b.id === r.id)).map(r => r.path),
+        [],
+        'no new row in Recent requests (nor in the chart, fed by the same log)'
+      )
+      const wellKnown = (text: string): string[] =>
+        text
+          .split('\n')
+          .filter(l => l.startsWith('mcp_proxy_requests_total') && l.includes('well-known'))
+          .sort()
+      t.same(wellKnown(await (await fetch(`${g.admin}/metrics`, { headers })).text()), wellKnown(metricsBefore), 'mcp_proxy_requests_total unchanged')
+      const accessLines = g
+        .logText()
+        .slice(logBefore)
+        .split('\n')
+        .filter(l => l.includes('"msg":"request"') && l.includes('well-known'))
+      t.same(accessLines, [], 'no access-log line')
+      // A client sending the header with another value is still traffic.
+      const own = await fetch(`${g.mcp.replace(/\/mcp$/, '')}/.well-known/oauth-protected-resource/mcp`, { headers: { 'x-mcp-proxy-internal': 'guess' } })
+      t.equal(own.status, 200)
+      const latest = (await (await fetch(`${g.admin}/api/requests`, { headers })).json()) as Array<{ path: string }>
+      t.equal(latest[0]?.path, '/.well-known/oauth-protected-resource/mcp', 'a request with a guessed marker is listed like any other')
+    }
+  )
 
   await t.test('ending a session asks first: dismissed, the session stays', async t => {
-    const dialog = new Promise<string>(resolve => page.once('dialog', d => { const m = d.message(); void d.dismiss().then(() => resolve(m)) }))
+    const dialog = new Promise<string>(resolve =>
+      page.once('dialog', d => {
+        const m = d.message()
+        void d.dismiss().then(() => resolve(m))
+      })
+    )
     await page.click(`#sessions button[data-handle="${handle}"]`)
     t.match(await dialog, new RegExp(`End session ${handle}… of alice\\?`))
     t.equal(await page.locator(`#sessions button[data-handle="${handle}"]`).isEnabled(), true, 'nothing happened')
@@ -142,10 +183,15 @@ t.test('management page in chromium', async t => {
   })
 
   await t.test('ending the session from the page: the client gets 404', async t => {
-    page.once('dialog', d => { void d.accept() })
+    page.once('dialog', d => {
+      void d.accept()
+    })
     await page.click(`#sessions button[data-handle="${handle}"]`)
     await page.locator(`#sessions tr[data-handle="${handle}"]`).waitFor({ state: 'detached' })
-    const err = await client.listTools().then(() => undefined, (e: unknown) => e) as { code?: unknown } | undefined
+    const err = (await client.listTools().then(
+      () => undefined,
+      (e: unknown) => e
+    )) as { code?: unknown } | undefined
     t.equal(err?.code, 404, 'the SDK client sees HTTP 404 for the ended session')
     t.match(await page.locator('#notice').innerText(), new RegExp(`session ${handle}… ended`))
   })

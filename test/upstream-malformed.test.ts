@@ -20,29 +20,33 @@ const SERVER = fileURLToPath(new URL('./fixtures/malformed-list-server.mjs', imp
 const RULES = { authorization: { rules: ['mcp.tool.name != "secret"'] } }
 const LISTS = ['tools/list', 'prompts/list', 'resources/list', 'resources/templates/list'] as const
 
-function badTarget (name = 'bad', args: string[] = []): Record<string, unknown> {
+function badTarget(name = 'bad', args: string[] = []): Record<string, unknown> {
   return { name, stdio: { cmd: process.execPath, args: [SERVER, ...args] } }
 }
 
-t.test('session era, one target, per-operation rules: each invalid list is -32603 naming the target; the session goes on; no child pinned', { timeout: 60000 }, async t => {
-  const gw = await fullGateway(t, { targets: [badTarget()], policies: RULES }, 'debug')
-  const s = await openSession(gw.url)
-  for (const method of LISTS) {
-    const { answer } = await s.call(method)
-    t.equal(answer.result, undefined, `${method}: no result`)
-    t.equal(answer.error?.code, -32603, `${method}: internal error (the upstream's result is invalid)`)
-    t.match(answer.error?.message, /upstream bad answered an invalid .*(list|templates)/, `${method}: the message names the target`)
-    const mine = gw.gw.endpoint.sessions().find(x => s.id.startsWith(x.id))
-    t.equal(mine?.inFlight, 0, `${method}: nothing left in flight`)
+t.test(
+  'session era, one target, per-operation rules: each invalid list is -32603 naming the target; the session goes on; no child pinned',
+  { timeout: 60000 },
+  async t => {
+    const gw = await fullGateway(t, { targets: [badTarget()], policies: RULES }, 'debug')
+    const s = await openSession(gw.url)
+    for (const method of LISTS) {
+      const { answer } = await s.call(method)
+      t.equal(answer.result, undefined, `${method}: no result`)
+      t.equal(answer.error?.code, -32603, `${method}: internal error (the upstream's result is invalid)`)
+      t.match(answer.error?.message, /upstream bad answered an invalid .*(list|templates)/, `${method}: the message names the target`)
+      const mine = gw.gw.endpoint.sessions().find(x => s.id.startsWith(x.id))
+      t.equal(mine?.inFlight, 0, `${method}: nothing left in flight`)
+    }
+    t.match(gw.logText(), /invalid .*result/, 'the operator sees why')
+    const echo = await s.call('tools/call', { name: 'echo', arguments: { message: 'still here' } })
+    t.same(echo.answer.result?.content, [{ type: 'text', text: 'still here' }], 'the session still works')
+    const pids = gw.gw.endpoint.sessions().find(x => s.id.startsWith(x.id))?.pids ?? []
+    t.equal(pids.length, 1, 'one child')
+    await s.close()
+    t.ok(await until(() => pids.every(processGone)), 'the child ends with its session')
   }
-  t.match(gw.logText(), /invalid .*result/, 'the operator sees why')
-  const echo = await s.call('tools/call', { name: 'echo', arguments: { message: 'still here' } })
-  t.same(echo.answer.result?.content, [{ type: 'text', text: 'still here' }], 'the session still works')
-  const pids = gw.gw.endpoint.sessions().find(x => s.id.startsWith(x.id))?.pids ?? []
-  t.equal(pids.length, 1, 'one child')
-  await s.close()
-  t.ok(await until(() => pids.every(processGone)), 'the child ends with its session')
-})
+)
 
 t.test('session era, several targets: the invalid target is left out (logged), or fails the list fail-closed', { timeout: 60000 }, async t => {
   const open = await fullGateway(t, { targets: [badTarget(), everythingTarget('everything')] })
@@ -50,7 +54,10 @@ t.test('session era, several targets: the invalid target is left out (logged), o
   const tools = await s.call('tools/list')
   const names = (tools.answer.result?.tools as Array<{ name: string }>).map(x => x.name)
   t.ok(names.includes('everything_echo'), 'the healthy target is listed')
-  t.notOk(names.some(n => n.startsWith('bad_')), 'the invalid target is left out')
+  t.notOk(
+    names.some(n => n.startsWith('bad_')),
+    'the invalid target is left out'
+  )
   t.match(open.logText(), /"target":"bad".*invalid tools\/list result|invalid tools\/list result.*"target":"bad"/, 'logged with the target')
   const ok = await s.call('tools/call', { name: 'bad_echo', arguments: { message: 'x' } })
   t.same(ok.answer.result?.content, [{ type: 'text', text: 'x' }], 'the session still works')

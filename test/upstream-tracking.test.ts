@@ -18,11 +18,11 @@ t.test('upstream messages both ways bypass core/admin; metrics still count the c
   const answers: string[] = []
   const send = StdioUpstream.prototype.send
   const answered = UpstreamCalls.prototype.answered
-  StdioUpstream.prototype.send = function recordSend (this: StdioUpstream, ...args: Parameters<typeof send>) {
+  StdioUpstream.prototype.send = function recordSend(this: StdioUpstream, ...args: Parameters<typeof send>) {
     sends.push(new Error('send').stack ?? '')
     return send.apply(this, args)
   }
-  UpstreamCalls.prototype.answered = function recordAnswer (this: UpstreamCalls<{ id: number }>, ...args: Parameters<typeof answered>) {
+  UpstreamCalls.prototype.answered = function recordAnswer(this: UpstreamCalls<{ id: number }>, ...args: Parameters<typeof answered>) {
     answers.push(new Error('answered').stack ?? '')
     return answered.apply(this, args) as never
   }

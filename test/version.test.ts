@@ -14,24 +14,24 @@ const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..')
 const { version } = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { version: string }
 
 /** Every place a version is written out: the tarball, the image tag, the Kustomize newTag. */
-function written (text: string): string[] {
+function written(text: string): string[] {
   const patterns = [/mcp-idp-gateway-(\d+\.\d+\.\d+[\w.-]*?)\.tgz/g, /mcp-idp-gateway:(\d+\.\d+\.\d+[\w.-]*)/g, /^\s*newTag:\s*["']?([\w.-]+)/gm]
   return patterns.flatMap(re => [...text.matchAll(re)].map(m => m[1]!))
 }
 
-async function kustomizations (dir: string): Promise<string[]> {
+async function kustomizations(dir: string): Promise<string[]> {
   const out: string[] = []
   for (const e of await readdir(join(ROOT, dir), { withFileTypes: true })) {
     const rel = join(dir, e.name)
-    if (e.isDirectory()) out.push(...await kustomizations(rel))
+    if (e.isDirectory()) out.push(...(await kustomizations(rel)))
     else if (e.name === 'kustomization.yaml') out.push(rel)
   }
   return out
 }
 
-t.test('every version written in the README, docs, Dockerfile and Kustomize is package.json\'s', async t => {
+t.test("every version written in the README, docs, Dockerfile and Kustomize is package.json's", async t => {
   const docs = (await readdir(join(ROOT, 'docs'))).filter(f => f.endsWith('.md')).map(f => join('docs', f))
-  const files = ['README.md', 'Dockerfile', ...docs, ...await kustomizations('deploy')]
+  const files = ['README.md', 'Dockerfile', ...docs, ...(await kustomizations('deploy'))]
   let count = 0
   for (const f of files) {
     for (const v of written(await readFile(join(ROOT, f), 'utf8'))) {

@@ -31,31 +31,37 @@ const token = await idp.mintToken({ sub: 'alice' })
 const bearer = { authorization: `Bearer ${token}` }
 
 /** The CLI with `workers: 2`, strict authentication and server-everything; its /mcp URL once both workers serve. */
-async function twoWorkers (t: Test): Promise<{ url: string; port: number; pid: number }> {
+async function twoWorkers(t: Test): Promise<{ url: string; port: number; pid: number }> {
   const port = await freePort()
-  const file = await configFile([
-    'mcp:',
-    '  host: 127.0.0.1',
-    `  port: ${port}`,
-    '  targets:',
-    `    - { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`,
-    // No body deadline: before the fix a refusal waited for the whole body (or this deadline, after which
-    // the 401 came anyway); with none, a request the gateway reads before authenticating is never answered.
-    '  limits: { bodyTimeoutMs: 0 }',
-    '  policies:',
-    '    mcpAuthentication:',
-    '      mode: strict',
-    `      issuer: "${idp.issuer}"`,
-    `      audiences: ["${idp.clientId}"]`,
-    '      provider: { oss_idp: {} }',
-    `      clientId: "${idp.clientId}"`,
-    `      resourceMetadata: { resource: "http://127.0.0.1:${port}/mcp", scopesSupported: [openid] }`,
-    'workers: 2',
-    // No admin listener: test files run in parallel, and two CLIs on the default admin.port (15000) refuse to start.
-    'admin: { enabled: false }',
-  ].join('\n'), 'mcpp-workers-edge-')
+  const file = await configFile(
+    [
+      'mcp:',
+      '  host: 127.0.0.1',
+      `  port: ${port}`,
+      '  targets:',
+      `    - { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`,
+      // No body deadline: before the fix a refusal waited for the whole body (or this deadline, after which
+      // the 401 came anyway); with none, a request the gateway reads before authenticating is never answered.
+      '  limits: { bodyTimeoutMs: 0 }',
+      '  policies:',
+      '    mcpAuthentication:',
+      '      mode: strict',
+      `      issuer: "${idp.issuer}"`,
+      `      audiences: ["${idp.clientId}"]`,
+      '      provider: { oss_idp: {} }',
+      `      clientId: "${idp.clientId}"`,
+      `      resourceMetadata: { resource: "http://127.0.0.1:${port}/mcp", scopesSupported: [openid] }`,
+      'workers: 2',
+      // No admin listener: test files run in parallel, and two CLIs on the default admin.port (15000) refuse to start.
+      'admin: { enabled: false }',
+    ].join('\n'),
+    'mcpp-workers-edge-'
+  )
   const cli = spawnCli(['-f', file])
-  t.teardown(async () => { if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL'); await cli.exited })
+  t.teardown(async () => {
+    if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL')
+    await cli.exited
+  })
   const giveUp = Promise.race([cli.exited, new Promise(resolve => setTimeout(resolve, 60_000).unref())])
   await waitForPort(port, giveUp)
   // Both workers up (a failure guard bounds the wait): round-robin then alternates between them.
@@ -68,11 +74,14 @@ async function twoWorkers (t: Test): Promise<{ url: string; port: number; pid: n
  * Sends the head of a POST declaring `total` body bytes and the first `sent` of them, then
  * waits for an answer without sending more. Resolves with the status line and the bytes sent.
  */
-function partialPost (port: number, headers: string, total: number, sent: number): Promise<{ statusLine: string; sent: number }> {
+function partialPost(port: number, headers: string, total: number, sent: number): Promise<{ statusLine: string; sent: number }> {
   return new Promise((resolve, reject) => {
     const socket = connect(port, '127.0.0.1')
     let received = ''
-    const guard = setTimeout(() => { socket.destroy(); reject(new Error('no answer within the guard')) }, GUARD_MS)
+    const guard = setTimeout(() => {
+      socket.destroy()
+      reject(new Error('no answer within the guard'))
+    }, GUARD_MS)
     socket.on('error', () => {})
     socket.on('data', d => {
       received += d.toString('latin1')
@@ -82,10 +91,15 @@ function partialPost (port: number, headers: string, total: number, sent: number
       socket.destroy()
       resolve({ statusLine: received.slice(0, end), sent })
     })
-    socket.once('close', () => { clearTimeout(guard); reject(new Error(`closed without an answer: ${JSON.stringify(received)}`)) })
+    socket.once('close', () => {
+      clearTimeout(guard)
+      reject(new Error(`closed without an answer: ${JSON.stringify(received)}`))
+    })
     socket.once('connect', () => {
-      socket.write('POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n' +
-        `${headers}Content-Length: ${total}\r\n\r\n`)
+      socket.write(
+        'POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n' +
+          `${headers}Content-Length: ${total}\r\n\r\n`
+      )
       socket.write(Buffer.alloc(sent, 0x20))
     })
   })
@@ -95,7 +109,7 @@ const CAPS = { elicitation: { form: {} } }
 const PARAMS = { name: 'trigger-elicitation-request', arguments: {} }
 
 /** A translated call parked on an InputRequiredResult, and the retry that answers it. */
-async function park (t: Test, url: string): Promise<Record<string, unknown>> {
+async function park(t: Test, url: string): Promise<Record<string, unknown>> {
   const first = await call(url, 'tools/call', PARAMS, CAPS, bearer, fresh)
   t.equal(first.json.result?.resultType, 'input_required', 'an InputRequiredResult', { got: first.json })
   const key = Object.keys(first.json.result?.inputRequests ?? {})[0]!
@@ -130,8 +144,14 @@ t.test('workers: 2', async t => {
       t.equal(done.json.result?.resultType, 'complete', `round ${round}: the parked call is still relayed to its owner`, { got: done.json })
     }
     const init = await fresh(url, {
-      method: 'POST', headers: { ...INIT_HEADERS, ...bearer },
-      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }),
+      method: 'POST',
+      headers: { ...INIT_HEADERS, ...bearer },
+      body: JSON.stringify({
+        jsonrpc: '2.0',
+        id: 1,
+        method: 'initialize',
+        params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+      }),
     })
     await init.text()
     const sid = init.headers.get('mcp-session-id')!
@@ -139,7 +159,8 @@ t.test('workers: 2', async t => {
     const statuses: number[] = []
     for (let i = 0; i < 4; i++) {
       const res = await fresh(url, {
-        method: 'POST', headers: { ...INIT_HEADERS, ...forged, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25' },
+        method: 'POST',
+        headers: { ...INIT_HEADERS, ...forged, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25' },
         body: JSON.stringify({ jsonrpc: '2.0', id: 10 + i, method: 'ping' }),
       })
       await res.text()
@@ -150,8 +171,14 @@ t.test('workers: 2', async t => {
 
   await t.test('item 12: a request relayed to an owner that is gone is answered with its own id', async t => {
     const init = await fresh(url, {
-      method: 'POST', headers: { ...INIT_HEADERS, ...bearer },
-      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }),
+      method: 'POST',
+      headers: { ...INIT_HEADERS, ...bearer },
+      body: JSON.stringify({
+        jsonrpc: '2.0',
+        id: 1,
+        method: 'initialize',
+        params: { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+      }),
     })
     await init.text()
     const sid = init.headers.get('mcp-session-id')!
@@ -167,12 +194,16 @@ t.test('workers: 2', async t => {
     // A new worker may still be starting (503, a failure guard bounds the wait).
     for (let i = 0; i < 400 && (gone === undefined || gone.status === 503); i++) {
       gone = await fresh(url, {
-        method: 'POST', headers: { ...INIT_HEADERS, ...bearer, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25' },
+        method: 'POST',
+        headers: { ...INIT_HEADERS, ...bearer, 'mcp-session-id': sid, 'mcp-protocol-version': '2025-11-25' },
         body: JSON.stringify({ jsonrpc: '2.0', id: 42, method: 'ping' }),
-      }).then(async r => ({ status: r.status, json: JSON.parse(await r.text()) }), () => undefined)
+      }).then(
+        async r => ({ status: r.status, json: JSON.parse(await r.text()) }),
+        () => undefined
+      )
       if (gone === undefined || gone.status === 503) await new Promise(resolve => setTimeout(resolve, 50))
     }
     t.equal(gone?.status, 404, 'the session is gone with its owner', { got: gone })
-    t.same(gone?.json, { jsonrpc: '2.0', id: 42, error: { code: -32001, message: 'Session not found' } }, 'answered with the request\'s id')
+    t.same(gone?.json, { jsonrpc: '2.0', id: 42, error: { code: -32001, message: 'Session not found' } }, "answered with the request's id")
   })
 })

@@ -21,16 +21,25 @@ import { EVERYTHING, FAULTY } from './helpers/gateway-harness.ts'
 const CAP = 4
 const MODERN = '2026-07-28'
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
-const INIT = { jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }
+const INIT = {
+  jsonrpc: '2.0',
+  id: 0,
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+}
 
-async function post (url: string, body: unknown, sid?: string): Promise<{ status: number; sid: string | null }> {
-  const res = await freshFetch(url, { method: 'POST', headers: { ...HEADERS, ...(sid !== undefined ? { 'mcp-session-id': sid } : {}) }, body: JSON.stringify(body) })
+async function post(url: string, body: unknown, sid?: string): Promise<{ status: number; sid: string | null }> {
+  const res = await freshFetch(url, {
+    method: 'POST',
+    headers: { ...HEADERS, ...(sid !== undefined ? { 'mcp-session-id': sid } : {}) },
+    body: JSON.stringify(body),
+  })
   await res.text()
   return { status: res.status, sid: res.headers.get('mcp-session-id') }
 }
 
 /** `name{worker="N",…} value` lines of the probe listener's /metrics, summed per worker. */
-async function perWorker (probes: number, name: string, match = ''): Promise<Record<string, number>> {
+async function perWorker(probes: number, name: string, match = ''): Promise<Record<string, number>> {
   const text = await (await fetch(`http://127.0.0.1:${probes}/metrics`)).text()
   const out: Record<string, number> = {}
   for (const line of text.split('\n')) {
@@ -41,25 +50,30 @@ async function perWorker (probes: number, name: string, match = ''): Promise<Rec
   return out
 }
 
-const textOf = (r: unknown): string => ((r as { content: Array<{ text: string }> }).content[0]!).text
+const textOf = (r: unknown): string => (r as { content: Array<{ text: string }> }).content[0]!.text
 
 t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, probes and admin, a worker killed, SIGTERM', async t => {
   const [port, admin, probes] = await Promise.all([freePort(), freePort(), freePort()])
-  const file = await configFile([
-    'mcp:',
-    '  host: 127.0.0.1',
-    `  port: ${port}`,
-    '  targets:',
-    // The real server-everything (issue 22 item 15): a happy path on a real MCP server, not the fault fixture.
-    `    - { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`,
-    `  session: { maxSessionsPerSubject: ${CAP} }`,
-    `admin: { port: ${admin} }`,
-    `probes: { host: 127.0.0.1, port: ${probes}, shutdownDelayMs: 1500 }`,
-    'workers: 2',
-    'logging: { level: debug }',
-  ].join('\n'), 'mcpp-workers-')
+  const file = await configFile(
+    [
+      'mcp:',
+      '  host: 127.0.0.1',
+      `  port: ${port}`,
+      '  targets:',
+      // The real server-everything (issue 22 item 15): a happy path on a real MCP server, not the fault fixture.
+      `    - { name: everything, stdio: { cmd: "${process.execPath}", args: ["${EVERYTHING}", "stdio"] } }`,
+      `  session: { maxSessionsPerSubject: ${CAP} }`,
+      `admin: { port: ${admin} }`,
+      `probes: { host: 127.0.0.1, port: ${probes}, shutdownDelayMs: 1500 }`,
+      'workers: 2',
+      'logging: { level: debug }',
+    ].join('\n'),
+    'mcpp-workers-'
+  )
   const cli = spawnCli(['-f', file])
-  t.teardown(() => { if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL') })
+  t.teardown(() => {
+    if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL')
+  })
   const giveUp = Promise.race([cli.exited, new Promise(resolve => setTimeout(resolve, 60_000))])
   const url = `http://127.0.0.1:${port}/mcp`
 
@@ -68,8 +82,13 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
   const first = await post(url, INIT)
   t.equal(first.status, 200, 'served as soon as the port accepts')
   t.equal((await freshFetch(url, { method: 'DELETE', headers: { 'mcp-session-id': first.sid! } })).status, 200, 'and its slot freed again')
-  const ready = await eventually(async () => (await fetch(`http://127.0.0.1:${probes}/readyz`).catch(() => undefined))?.status, s => s === 200, 600, 100)
-  t.equal(ready, 200, 'the primary\'s /readyz: ready once both workers are')
+  const ready = await eventually(
+    async () => (await fetch(`http://127.0.0.1:${probes}/readyz`).catch(() => undefined))?.status,
+    s => s === 200,
+    600,
+    100
+  )
+  t.equal(ready, 200, "the primary's /readyz: ready once both workers are")
 
   // SDK 1.x clients from 127.0.0.1 up to the cap, until both workers hold sessions (which worker
   // got the initialize is read from the per-worker request counters; a client that landed where
@@ -97,14 +116,21 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
   const sessions = await perWorker(probes, 'mcp_proxy_sessions')
   t.equal((sessions['1'] ?? 0) + (sessions['2'] ?? 0), CAP, `/metrics: every worker's sessions (${JSON.stringify(sessions)})`)
 
-  const round = (tag: string, clients: typeof legacy): Promise<unknown> => Promise.all(clients.map(async ({ client }, n) => {
-    const { tools } = await client.listTools()
-    t.ok(tools.some(x => x.name === 'echo'), `${tag}: client ${n} lists tools`)
-    for (let i = 0; i < 3; i++) t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `${tag}-${n}-${i}` } })), `Echo: ${tag}-${n}-${i}`)
-  }))
+  const round = (tag: string, clients: typeof legacy): Promise<unknown> =>
+    Promise.all(
+      clients.map(async ({ client }, n) => {
+        const { tools } = await client.listTools()
+        t.ok(
+          tools.some(x => x.name === 'echo'),
+          `${tag}: client ${n} lists tools`
+        )
+        for (let i = 0; i < 3; i++)
+          t.equal(textOf(await client.callTool({ name: 'echo', arguments: { message: `${tag}-${n}-${i}` } })), `Echo: ${tag}-${n}-${i}`)
+      })
+    )
   await round('spread', legacy)
-  t.match(cli.output(), /"worker":1,[^\n]*forwarded to the session owner/, 'worker 1 relayed requests to worker 2\'s sessions')
-  t.match(cli.output(), /"worker":2,[^\n]*forwarded to the session owner/, 'worker 2 relayed requests to worker 1\'s sessions')
+  t.match(cli.output(), /"worker":1,[^\n]*forwarded to the session owner/, "worker 1 relayed requests to worker 2's sessions")
+  t.match(cli.output(), /"worker":2,[^\n]*forwarded to the session owner/, "worker 2 relayed requests to worker 1's sessions")
 
   // The per-subject cap counts the sessions of both workers: wherever the next initialize lands, it is refused.
   for (let i = 0; i < 2; i++) t.equal((await post(url, INIT)).status, 429, `initialize over the cap (${i + 1}): 429`)
@@ -117,14 +143,19 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
   for (let i = 0; i < 10; i++) t.equal(textOf(await modern.callTool({ name: 'echo', arguments: { message: `m${i}` } })), `Echo: m${i}`)
   const modernAfter = await perWorker(probes, 'mcp_proxy_requests_total', 'method="tools/call"')
   const modernServed = ['1', '2'].map(w => (modernAfter[w] ?? 0) - (modernBefore[w] ?? 0))
-  t.ok(modernServed.every(n => n > 0), `2026-07-28 calls served by both workers (${modernServed.join(', ')})`)
+  t.ok(
+    modernServed.every(n => n > 0),
+    `2026-07-28 calls served by both workers (${modernServed.join(', ')})`
+  )
 
   // One admin listener: relayed to the worker asked for, each with its own sessions.
-  const listed = await Promise.all(['1', '2'].map(async w => {
-    const res = await fetch(`http://127.0.0.1:${admin}/api/sessions?worker=${w}`)
-    t.equal(res.headers.get('mcp-proxy-worker'), w, `admin request relayed to worker ${w}`)
-    return await res.json() as Array<{ id: string; handle: string; pids: number[] }>
-  }))
+  const listed = await Promise.all(
+    ['1', '2'].map(async w => {
+      const res = await fetch(`http://127.0.0.1:${admin}/api/sessions?worker=${w}`)
+      t.equal(res.headers.get('mcp-proxy-worker'), w, `admin request relayed to worker ${w}`)
+      return (await res.json()) as Array<{ id: string; handle: string; pids: number[] }>
+    })
+  )
   t.equal(listed[0]!.length + listed[1]!.length, CAP, 'the admin API of both workers lists every session once')
   for (const bad of ['3', '0', 'x']) t.equal((await fetch(`http://127.0.0.1:${admin}/api/sessions?worker=${bad}`)).status, 400, `no worker "${bad}": 400`)
 
@@ -135,11 +166,25 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
   const workerPid = parentOf(childPid)
   t.not(workerPid, cli.child.pid, 'the stdio child belongs to a worker, not the primary')
   process.kill(workerPid, 'SIGKILL')
-  t.equal(await eventually(() => isAlive(childPid), alive => !alive, 100, 50), false, 'the killed worker\'s stdio child is gone (no orphan)')
-  const restarted = await eventually(async () => {
-    const text = await (await fetch(`http://127.0.0.1:${probes}/metrics`)).text()
-    return /^mcp_proxy_worker_restarts_total 1$/m.test(text) && (await fetch(`http://127.0.0.1:${probes}/readyz`)).status === 200
-  }, ok => ok, 600, 100)
+  t.equal(
+    await eventually(
+      () => isAlive(childPid),
+      alive => !alive,
+      100,
+      50
+    ),
+    false,
+    "the killed worker's stdio child is gone (no orphan)"
+  )
+  const restarted = await eventually(
+    async () => {
+      const text = await (await fetch(`http://127.0.0.1:${probes}/metrics`)).text()
+      return /^mcp_proxy_worker_restarts_total 1$/m.test(text) && (await fetch(`http://127.0.0.1:${probes}/readyz`)).status === 200
+    },
+    ok => ok,
+    600,
+    100
+  )
   t.ok(restarted, 'the dead worker was replaced and the gateway is ready again')
   t.match(cli.output(), /worker died: its sessions are gone/, 'the death is logged')
 
@@ -153,22 +198,48 @@ t.test('two workers on one port: sessions across workers, 2026-07-28, the cap, p
     const again = new Client1({ name: 'sdk1-again', version: '1.0.0' })
     t.teardown(() => again.close().catch(() => {}))
     await again.connect(new Transport1(new URL(url), { fetch: freshFetch }))
-    t.equal(textOf(await again.callTool({ name: 'echo', arguments: { message: 'again' } })), 'Echo: again', 'its client initializes again (the dead worker\'s cap slots are free)')
+    t.equal(
+      textOf(await again.callTool({ name: 'echo', arguments: { message: 'again' } })),
+      'Echo: again',
+      "its client initializes again (the dead worker's cap slots are free)"
+    )
   }
 
   // SIGTERM: /readyz fails at once, the MCP port keeps serving through shutdownDelayMs, then all exit.
-  const pids = (await Promise.all(['1', '2'].map(async w => await (await fetch(`http://127.0.0.1:${admin}/api/sessions?worker=${w}`)).json() as Array<{ pids: number[] }>)))
-    .flat().flatMap(s => s.pids)
+  const pids = (
+    await Promise.all(
+      ['1', '2'].map(async w => (await (await fetch(`http://127.0.0.1:${admin}/api/sessions?worker=${w}`)).json()) as Array<{ pids: number[] }>)
+    )
+  )
+    .flat()
+    .flatMap(s => s.pids)
   const workers = workersOf(cli.child.pid!)
   t.equal(workers.length, 2, 'two worker processes')
   cli.child.kill('SIGTERM')
-  const draining = await eventually(async () => (await fetch(`http://127.0.0.1:${probes}/readyz`)).status, s => s === 503, 50, 20)
+  const draining = await eventually(
+    async () => (await fetch(`http://127.0.0.1:${probes}/readyz`)).status,
+    s => s === 503,
+    50,
+    20
+  )
   t.equal(draining, 503, 'readiness fails first')
-  t.equal(textOf(await modern.callTool({ name: 'echo', arguments: { message: 'during the delay' } })), 'Echo: during the delay', 'the MCP port still serves during the delay')
+  t.equal(
+    textOf(await modern.callTool({ name: 'echo', arguments: { message: 'during the delay' } })),
+    'Echo: during the delay',
+    'the MCP port still serves during the delay'
+  )
   const exit = await Promise.race([cli.exited, new Promise(resolve => setTimeout(resolve, 30_000, 'timeout'))])
   t.same(exit, { code: 0, signal: null }, 'the primary exits 0 after the workers drained')
   // Bounded wait: an exited process stays visible until its parent (or init) reaps it.
-  t.ok(await eventually(() => [...workers, ...pids].every(p => !isAlive(p)), ok => ok, 40, 50), 'no worker and no stdio child is left')
+  t.ok(
+    await eventually(
+      () => [...workers, ...pids].every(p => !isAlive(p)),
+      ok => ok,
+      40,
+      50
+    ),
+    'no worker and no stdio child is left'
+  )
 })
 
 t.test('--check and --workers validate the setting; config errors name the path', async t => {
@@ -194,20 +265,30 @@ t.test('--check and --workers validate the setting; config errors name the path'
 t.test('restarts are bounded (workerRestartsPerMinute), and a primary killed with SIGKILL leaves no worker and no stdio child', async t => {
   const start = async (name: string): Promise<{ cli: ReturnType<typeof spawnCli>; url: string; admin: number; probes: number }> => {
     const [port, admin, probes] = await Promise.all([freePort(), freePort(), freePort()])
-    const file = await configFile([
-      'mcp:',
-      '  host: 127.0.0.1',
-      `  port: ${port}`,
-      '  targets:',
-      `    - { name: faulty, stdio: { cmd: "${process.execPath}", args: ["${FAULTY}"] } }`,
-      `admin: { port: ${admin} }`,
-      `probes: { host: 127.0.0.1, port: ${probes} }`,
-      'workers: 2',
-      'workerRestartsPerMinute: 1',
-    ].join('\n'), `mcpp-workers-${name}-`)
+    const file = await configFile(
+      [
+        'mcp:',
+        '  host: 127.0.0.1',
+        `  port: ${port}`,
+        '  targets:',
+        `    - { name: faulty, stdio: { cmd: "${process.execPath}", args: ["${FAULTY}"] } }`,
+        `admin: { port: ${admin} }`,
+        `probes: { host: 127.0.0.1, port: ${probes} }`,
+        'workers: 2',
+        'workerRestartsPerMinute: 1',
+      ].join('\n'),
+      `mcpp-workers-${name}-`
+    )
     const cli = spawnCli(['-f', file])
-    t.teardown(() => { if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL') })
-    const ready = await eventually(async () => (await fetch(`http://127.0.0.1:${probes}/readyz`).catch(() => undefined))?.status, s => s === 200, 600, 100)
+    t.teardown(() => {
+      if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill('SIGKILL')
+    })
+    const ready = await eventually(
+      async () => (await fetch(`http://127.0.0.1:${probes}/readyz`).catch(() => undefined))?.status,
+      s => s === 200,
+      600,
+      100
+    )
     t.equal(ready, 200, `${name}: ready`)
     return { cli, url: `http://127.0.0.1:${port}/mcp`, admin, probes }
   }
@@ -215,8 +296,11 @@ t.test('restarts are bounded (workerRestartsPerMinute), and a primary killed wit
   const children = async (g: { url: string; admin: number }): Promise<number[]> => {
     for (let i = 0; i < 8; i++) {
       t.equal((await post(g.url, INIT)).status, 200)
-      const pids = (await Promise.all(['1', '2'].map(async w => await (await fetch(`http://127.0.0.1:${g.admin}/api/sessions?worker=${w}`)).json() as Array<{ pids: number[] }>)))
-        .map(list => list.flatMap(s => s.pids))
+      const pids = (
+        await Promise.all(
+          ['1', '2'].map(async w => (await (await fetch(`http://127.0.0.1:${g.admin}/api/sessions?worker=${w}`)).json()) as Array<{ pids: number[] }>)
+        )
+      ).map(list => list.flatMap(s => s.pids))
       if (pids.every(p => p.length > 0)) return pids.flat()
     }
     throw new Error('the sessions never spread over both workers')
@@ -227,12 +311,28 @@ t.test('restarts are bounded (workerRestartsPerMinute), and a primary killed wit
   const aChildren = await children(a)
   const aWorkers = workersOf(a.cli.child.pid!)
   process.kill(aWorkers[0]!, 'SIGKILL')
-  t.ok(await eventually(async () => /^mcp_proxy_worker_restarts_total 1$/m.test(await (await fetch(`http://127.0.0.1:${a.probes}/metrics`)).text()), ok => ok, 600, 100), 'the first dead worker is replaced')
+  t.ok(
+    await eventually(
+      async () => /^mcp_proxy_worker_restarts_total 1$/m.test(await (await fetch(`http://127.0.0.1:${a.probes}/metrics`)).text()),
+      ok => ok,
+      600,
+      100
+    ),
+    'the first dead worker is replaced'
+  )
   process.kill(aWorkers[1]!, 'SIGKILL')
   const aExit = await Promise.race([a.cli.exited, new Promise(resolve => setTimeout(resolve, 30_000, 'timeout'))])
   t.same(aExit, { code: 1, signal: null }, 'the second death within the minute stops the gateway with exit 1')
   t.match(a.cli.output(), /workerRestartsPerMinute reached/)
-  t.ok(await eventually(() => [...aWorkers, ...aChildren, ...workersOf(a.cli.child.pid!)].every(p => !isAlive(p)), ok => ok, 40, 50), 'nothing of it is left')
+  t.ok(
+    await eventually(
+      () => [...aWorkers, ...aChildren, ...workersOf(a.cli.child.pid!)].every(p => !isAlive(p)),
+      ok => ok,
+      40,
+      50
+    ),
+    'nothing of it is left'
+  )
 
   // The primary itself killed: the workers see their channel close, drain and exit, ending their children.
   const bChildren = await children(b)
@@ -240,21 +340,56 @@ t.test('restarts are bounded (workerRestartsPerMinute), and a primary killed wit
   t.equal(bWorkers.length, 2)
   b.cli.child.kill('SIGKILL')
   await b.cli.exited
-  t.ok(await eventually(() => [...bWorkers, ...bChildren].every(p => !isAlive(p)), ok => ok, 200, 50), 'no worker and no stdio child outlives a killed primary')
+  t.ok(
+    await eventually(
+      () => [...bWorkers, ...bChildren].every(p => !isAlive(p)),
+      ok => ok,
+      200,
+      50
+    ),
+    'no worker and no stdio child outlives a killed primary'
+  )
 })
 
-t.test('mergeMetrics: every worker\'s series labelled, each family\'s HELP and TYPE once, the primary\'s own unlabelled', async t => {
+t.test("mergeMetrics: every worker's series labelled, each family's HELP and TYPE once, the primary's own unlabelled", async t => {
   const { mergeMetrics } = await import('../core/cluster/metrics-merge.ts')
   const worker = [
-    '# HELP mcp_proxy_sessions Open MCP sessions', '# TYPE mcp_proxy_sessions gauge', 'mcp_proxy_sessions 2',
-    '# HELP d Duration', '# TYPE d histogram', 'd_bucket{route="mcp",le="0.1"} 1', 'd_sum{route="mcp"} 0.05', 'd_count{route="mcp"} 1', '',
+    '# HELP mcp_proxy_sessions Open MCP sessions',
+    '# TYPE mcp_proxy_sessions gauge',
+    'mcp_proxy_sessions 2',
+    '# HELP d Duration',
+    '# TYPE d histogram',
+    'd_bucket{route="mcp",le="0.1"} 1',
+    'd_sum{route="mcp"} 0.05',
+    'd_count{route="mcp"} 1',
+    '',
   ].join('\n')
-  const merged = mergeMetrics([{ worker: 1, text: worker }, { worker: 2, text: worker.replace('sessions 2', 'sessions 3') }], '# HELP mcp_proxy_workers Live worker processes\n# TYPE mcp_proxy_workers gauge\nmcp_proxy_workers 2\n')
-  t.equal(merged, [
-    '# HELP mcp_proxy_workers Live worker processes', '# TYPE mcp_proxy_workers gauge', 'mcp_proxy_workers 2',
-    '# HELP mcp_proxy_sessions Open MCP sessions', '# TYPE mcp_proxy_sessions gauge', 'mcp_proxy_sessions{worker="1"} 2', 'mcp_proxy_sessions{worker="2"} 3',
-    '# HELP d Duration', '# TYPE d histogram',
-    'd_bucket{worker="1",route="mcp",le="0.1"} 1', 'd_sum{worker="1",route="mcp"} 0.05', 'd_count{worker="1",route="mcp"} 1',
-    'd_bucket{worker="2",route="mcp",le="0.1"} 1', 'd_sum{worker="2",route="mcp"} 0.05', 'd_count{worker="2",route="mcp"} 1', '',
-  ].join('\n'))
+  const merged = mergeMetrics(
+    [
+      { worker: 1, text: worker },
+      { worker: 2, text: worker.replace('sessions 2', 'sessions 3') },
+    ],
+    '# HELP mcp_proxy_workers Live worker processes\n# TYPE mcp_proxy_workers gauge\nmcp_proxy_workers 2\n'
+  )
+  t.equal(
+    merged,
+    [
+      '# HELP mcp_proxy_workers Live worker processes',
+      '# TYPE mcp_proxy_workers gauge',
+      'mcp_proxy_workers 2',
+      '# HELP mcp_proxy_sessions Open MCP sessions',
+      '# TYPE mcp_proxy_sessions gauge',
+      'mcp_proxy_sessions{worker="1"} 2',
+      'mcp_proxy_sessions{worker="2"} 3',
+      '# HELP d Duration',
+      '# TYPE d histogram',
+      'd_bucket{worker="1",route="mcp",le="0.1"} 1',
+      'd_sum{worker="1",route="mcp"} 0.05',
+      'd_count{worker="1",route="mcp"} 1',
+      'd_bucket{worker="2",route="mcp",le="0.1"} 1',
+      'd_sum{worker="2",route="mcp"} 0.05',
+      'd_count{worker="2",route="mcp"} 1',
+      '',
+    ].join('\n')
+  )
 })

@@ -14,7 +14,7 @@ const [port, cmd, ...args] = process.argv.slice(2)
 const waiting = new Map<number, { res: ServerResponse; id: unknown }>()
 const children = new Map<string, ChildProcess>()
 let seq = 0
-function childFor (key: string): ChildProcess {
+function childFor(key: string): ChildProcess {
   let child = children.get(key)
   if (child !== undefined) return child
   child = spawn(cmd!, args, { stdio: ['pipe', 'pipe', 'inherit'] })
@@ -26,7 +26,12 @@ function childFor (key: string): ChildProcess {
     waiting.delete(msg.id!)
     w.res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...msg, id: w.id }))
   })
-  const init = { jsonrpc: '2.0', id: -1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'bare', version: '1' } } }
+  const init = {
+    jsonrpc: '2.0',
+    id: -1,
+    method: 'initialize',
+    params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'bare', version: '1' } },
+  }
   child.stdin!.write(JSON.stringify(init) + '\n' + JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) + '\n')
   return child
 }
@@ -41,12 +46,23 @@ createServer((req, res) => {
     return
   }
   let body = ''
-  req.setEncoding('utf8').on('data', (d: string) => { body += d }).on('end', () => {
-    const msg = JSON.parse(body) as { id?: unknown }
-    if (msg.id === undefined) { res.writeHead(202).end(); return }
-    const id = ++seq
-    waiting.set(id, { res, id: msg.id })
-    childFor(perKey ? String(req.headers['x-bench-key']) : '').stdin!.write(JSON.stringify({ ...msg, id }) + '\n')
-  })
+  req
+    .setEncoding('utf8')
+    .on('data', (d: string) => {
+      body += d
+    })
+    .on('end', () => {
+      const msg = JSON.parse(body) as { id?: unknown }
+      if (msg.id === undefined) {
+        res.writeHead(202).end()
+        return
+      }
+      const id = ++seq
+      waiting.set(id, { res, id: msg.id })
+      childFor(perKey ? String(req.headers['x-bench-key']) : '').stdin!.write(JSON.stringify({ ...msg, id }) + '\n')
+    })
 }).listen(Number(port), '127.0.0.1')
-process.on('SIGTERM', () => { for (const c of children.values()) c.kill(); process.exit(0) })
+process.on('SIGTERM', () => {
+  for (const c of children.values()) c.kill()
+  process.exit(0)
+})

@@ -15,9 +15,13 @@ interface Node {
   hitCount?: number
   children?: number[]
 }
-interface Profile { nodes: Node[]; samples: number[]; timeDeltas: number[] }
+interface Profile {
+  nodes: Node[]
+  samples: number[]
+  timeDeltas: number[]
+}
 
-function label (n: Node): string {
+function label(n: Node): string {
   const url = n.callFrame.url.replace(/^file:\/\//, '').replace(/^.*\/work\/main\//, '')
   return `${n.callFrame.functionName || '(anonymous)'} ${url}${url !== '' ? `:${n.callFrame.lineNumber + 1}` : ''}`
 }
@@ -53,8 +57,12 @@ for (const [id, t] of self) {
   }
 }
 const top = Number(topArg ?? 25)
-const pct = (t: number): string => `${(100 * t / busy).toFixed(1).padStart(5)}%`
+const pct = (t: number): string => `${((100 * t) / busy).toFixed(1).padStart(5)}%`
 process.stdout.write(`busy ${(busy / 1000).toFixed(0)} ms\n\nself time:\n`)
 for (const [l, t] of [...selfBy].sort((a, b) => b[1] - a[1]).slice(0, top)) process.stdout.write(`${pct(t)}  ${l}\n`)
 process.stdout.write('\ninclusive, project files:\n')
-for (const [l, t] of [...inclBy].filter(([l]) => /^\S+ (\S*\/)?(core|plugins|bin)\//.test(l)).sort((a, b) => b[1] - a[1]).slice(0, top)) process.stdout.write(`${pct(t)}  ${l}\n`)
+for (const [l, t] of [...inclBy]
+  .filter(([l]) => /^\S+ (\S*\/)?(core|plugins|bin)\//.test(l))
+  .sort((a, b) => b[1] - a[1])
+  .slice(0, top))
+  process.stdout.write(`${pct(t)}  ${l}\n`)

@@ -3,7 +3,7 @@
  * stays off the load generator's event loop), reads each OTLP export and
  * answers 200.
  */
-export async function startOtlpSink (): Promise<{ endpoint: string; service: Service }> {
+export async function startOtlpSink(): Promise<{ endpoint: string; service: Service }> {
   const port = await freePort()
   const code = `require('node:http').createServer((q, s) => { q.resume(); q.on('end', () => s.writeHead(200, { 'content-type': 'application/json' }).end('{}')) }).listen(${port}, '127.0.0.1')`
   const service = await startService('otlp-sink', process.execPath, ['-e', code], { port })
@@ -41,7 +41,7 @@ export interface RunningGatewayProcess {
 const USE_TSX = process.env.BENCH_GATEWAY_TSX === '1'
 
 /** Builds dist/ from the working tree (tsc, as `npm run build`) so the bench measures the code as it is now. */
-export async function buildGateway (root: string): Promise<void> {
+export async function buildGateway(root: string): Promise<void> {
   if (USE_TSX) return
   const { execFile } = await import('node:child_process')
   const tsc = join(root, 'node_modules/typescript/bin/tsc')
@@ -57,7 +57,14 @@ export async function buildGateway (root: string): Promise<void> {
  * `tracingEndpoint`: export spans there (`tracing.enabled`, every trace sampled); default: tracing off.
  * `workers`: processes on the port (`workers: N`); with more than one, start-up waits for the primary's /readyz.
  */
-export async function startGatewayProcess (root: string, target: GatewayTarget, auth: AuthSettings | undefined, logLevel = 'warn', tracingEndpoint?: string, workers = 1): Promise<RunningGatewayProcess> {
+export async function startGatewayProcess(
+  root: string,
+  target: GatewayTarget,
+  auth: AuthSettings | undefined,
+  logLevel = 'warn',
+  tracingEndpoint?: string,
+  workers = 1
+): Promise<RunningGatewayProcess> {
   const port = await freePort()
   const probesPort = workers > 1 ? await freePort() : undefined
   const dir = await mkdtemp(join(tmpdir(), 'mcp-proxy-bench-'))
@@ -80,9 +87,14 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
             },
           }
         : {}),
-      targets: [target.stdio !== undefined
-        ? { name: 'everything', stdio: { cmd: target.stdio.cmd, args: [...target.stdio.args], ...(target.stdio.share !== undefined ? { share: target.stdio.share } : {}) } }
-        : { name: 'upstream', mcp: { url: target.url } }],
+      targets: [
+        target.stdio !== undefined
+          ? {
+              name: 'everything',
+              stdio: { cmd: target.stdio.cmd, args: [...target.stdio.args], ...(target.stdio.share !== undefined ? { share: target.stdio.share } : {}) },
+            }
+          : { name: 'upstream', mcp: { url: target.url } },
+      ],
       session: { maxSessions: 2000, maxSessionsPerSubject: 2000 },
     },
     admin: { enabled: false },
@@ -95,7 +107,12 @@ export async function startGatewayProcess (root: string, target: GatewayTarget, 
   await writeFile(file, JSON.stringify(config, null, 2))
   // BENCH_CPU_PROF=<dir>: profile the gateway (node --cpu-prof), written when it exits on SIGTERM.
   const prof = process.env.BENCH_CPU_PROF !== undefined && process.env.BENCH_CPU_PROF !== '' ? ['--cpu-prof', '--cpu-prof-dir', process.env.BENCH_CPU_PROF] : []
-  const service = await startService('gateway', process.execPath, [...prof, ...(USE_TSX ? ['--import', 'tsx', join(root, 'bin/mcp-proxy.ts')] : [join(root, 'dist/bin/mcp-proxy.js')]), '-f', file], { cwd: root, port, tempDir: dir })
+  const service = await startService(
+    'gateway',
+    process.execPath,
+    [...prof, ...(USE_TSX ? ['--import', 'tsx', join(root, 'bin/mcp-proxy.ts')] : [join(root, 'dist/bin/mcp-proxy.js')]), '-f', file],
+    { cwd: root, port, tempDir: dir }
+  )
   const url = `http://127.0.0.1:${port}/mcp`
   // The port opens before the plugins are ready; /mcp answers 503 until then.
   for (let i = 0; i < 200; i++) {

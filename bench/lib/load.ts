@@ -27,14 +27,14 @@ export interface Sample {
   readonly latenciesMs: Float64Array
 }
 
-async function phase (opts: LoadOptions, durationMs: number, max: number, record: boolean): Promise<Sample> {
+async function phase(opts: LoadOptions, durationMs: number, max: number, record: boolean): Promise<Sample> {
   const lat = new Float64Array(record ? max : 0)
   let n = 0
   let errors = 0
   let firstError: string | undefined
   const start = performance.now()
   const end = start + durationMs
-  async function worker (w: number): Promise<void> {
+  async function worker(w: number): Promise<void> {
     while (n < max && performance.now() < end && errors < 20) {
       const t0 = performance.now()
       try {
@@ -55,7 +55,7 @@ async function phase (opts: LoadOptions, durationMs: number, max: number, record
   return { requests: n, errors, firstError, elapsedMs, latenciesMs: lat.subarray(0, record ? n : 0) }
 }
 
-export async function runClosedLoop (opts: LoadOptions): Promise<Sample> {
+export async function runClosedLoop(opts: LoadOptions): Promise<Sample> {
   if (opts.warmupMs > 0) await phase(opts, opts.warmupMs, opts.maxRequests, false)
   return phase(opts, opts.durationMs, opts.maxRequests, true)
 }
@@ -70,17 +70,20 @@ export interface Summary {
   readonly meanMs: number
 }
 
-function percentile (sorted: Float64Array, p: number): number {
+function percentile(sorted: Float64Array, p: number): number {
   if (sorted.length === 0) return NaN
   return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]!
 }
 
 /** Merges samples of alternating rounds: throughput over total time, percentiles over all requests. */
-export function summarize (samples: readonly Sample[]): Summary {
+export function summarize(samples: readonly Sample[]): Summary {
   const total = samples.reduce((a, s) => a + s.latenciesMs.length, 0)
   const all = new Float64Array(total)
   let o = 0
-  for (const s of samples) { all.set(s.latenciesMs, o); o += s.latenciesMs.length }
+  for (const s of samples) {
+    all.set(s.latenciesMs, o)
+    o += s.latenciesMs.length
+  }
   all.sort()
   const requests = samples.reduce((a, s) => a + s.requests, 0)
   const elapsed = samples.reduce((a, s) => a + s.elapsedMs, 0)
@@ -126,10 +129,10 @@ export interface RateSample extends Sample {
   readonly idleSlots: number
 }
 
-async function ratePhase (opts: FixedRateOptions, durationMs: number, record: boolean): Promise<RateSample> {
+async function ratePhase(opts: FixedRateOptions, durationMs: number, record: boolean): Promise<RateSample> {
   const max = opts.maxRequests
   const lat = new Float64Array(record ? max : 0)
-  const intervalMs = 1000 * opts.workers / opts.ratePerSec
+  const intervalMs = (1000 * opts.workers) / opts.ratePerSec
   let n = 0
   let errors = 0
   let firstError: string | undefined
@@ -142,15 +145,18 @@ async function ratePhase (opts: FixedRateOptions, durationMs: number, record: bo
   const start = performance.now()
   const end = start + durationMs
   const giveUp = end + opts.graceMs
-  async function worker (w: number): Promise<void> {
+  async function worker(w: number): Promise<void> {
     // Connections are staggered evenly over one interval so the offered load is smooth, not bursts of `workers`.
-    const base = start + w * intervalMs / opts.workers
+    const base = start + (w * intervalMs) / opts.workers
     for (let k = 0; ; k++) {
       const slot = base + k * intervalMs
       if (slot >= end || scheduled >= max) return
       scheduled++
       let now = performance.now()
-      if (now > giveUp || errors >= 20) { unsent++; continue }
+      if (now > giveUp || errors >= 20) {
+        unsent++
+        continue
+      }
       let from: number
       if (now < slot) {
         // Idle at the slot: wait for it, and time from the actual send, so the
@@ -182,7 +188,18 @@ async function ratePhase (opts: FixedRateOptions, durationMs: number, record: bo
   await Promise.all(Array.from({ length: opts.workers }, (_, w) => worker(w)))
   // Achieved rate over the window, or until the last answer when the system ran past it.
   const elapsedMs = Math.max(end, lastDone) - start
-  return { requests: n, errors, firstError, elapsedMs, latenciesMs: lat.subarray(0, record ? Math.min(n, max) : 0), scheduled, unsent, lateSlots, timerLateMs, idleSlots }
+  return {
+    requests: n,
+    errors,
+    firstError,
+    elapsedMs,
+    latenciesMs: lat.subarray(0, record ? Math.min(n, max) : 0),
+    scheduled,
+    unsent,
+    lateSlots,
+    timerLateMs,
+    idleSlots,
+  }
 }
 
 /**
@@ -193,7 +210,7 @@ async function ratePhase (opts: FixedRateOptions, durationMs: number, record: bo
  * the system, not in a queue the load generator built (as a saturating closed
  * loop does).
  */
-export async function runFixedRate (opts: FixedRateOptions): Promise<RateSample> {
+export async function runFixedRate(opts: FixedRateOptions): Promise<RateSample> {
   if (opts.warmupMs > 0) await ratePhase(opts, opts.warmupMs, false)
   return ratePhase(opts, opts.durationMs, true)
 }
@@ -209,12 +226,20 @@ export interface RateSummary extends Summary {
   readonly sustained: boolean
 }
 
-export function summarizeRate (samples: readonly RateSample[], offeredPerSec: number): RateSummary {
+export function summarizeRate(samples: readonly RateSample[], offeredPerSec: number): RateSummary {
   const s = summarize(samples)
   const scheduled = samples.reduce((a, x) => a + x.scheduled, 0)
   const unsent = samples.reduce((a, x) => a + x.unsent, 0)
   const lateSlots = samples.reduce((a, x) => a + x.lateSlots, 0)
   const idle = samples.reduce((a, x) => a + x.idleSlots, 0)
   const meanTimerLateMs = idle === 0 ? NaN : samples.reduce((a, x) => a + x.timerLateMs, 0) / idle
-  return { ...s, offeredPerSec, scheduled, unsent, lateSlots, meanTimerLateMs, sustained: unsent === 0 && s.errors === 0 && s.reqPerSec >= 0.95 * offeredPerSec }
+  return {
+    ...s,
+    offeredPerSec,
+    scheduled,
+    unsent,
+    lateSlots,
+    meanTimerLateMs,
+    sustained: unsent === 0 && s.errors === 0 && s.reqPerSec >= 0.95 * offeredPerSec,
+  }
 }

@@ -12,18 +12,20 @@ import { freePort, startService, type Service } from './procs.ts'
 
 const run = promisify(execFile)
 
-async function which (cmd: string): Promise<string | undefined> {
+async function which(cmd: string): Promise<string | undefined> {
   for (const dir of ['/usr/sbin', '/usr/bin', '/usr/local/sbin', '/usr/local/bin']) {
     try {
       await run('test', ['-x', join(dir, cmd)])
       return join(dir, cmd)
-    } catch { /* next */ }
+    } catch {
+      /* next */
+    }
   }
   return undefined
 }
 
 /** The nginx binary, installing Debian's package when we are root and it is missing; undefined with a reason otherwise. */
-export async function findNginx (log: (s: string) => void): Promise<string | undefined> {
+export async function findNginx(log: (s: string) => void): Promise<string | undefined> {
   const found = await which('nginx')
   if (found !== undefined) return found
   if (process.getuid?.() !== 0 || process.env.BENCH_NO_INSTALL === '1') {
@@ -32,7 +34,10 @@ export async function findNginx (log: (s: string) => void): Promise<string | und
   }
   log('installing Debian nginx for workload d (apt-get install -y nginx) ...')
   try {
-    await run('apt-get', ['install', '-y', '--no-install-recommends', 'nginx'], { env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' }, timeout: 120_000 })
+    await run('apt-get', ['install', '-y', '--no-install-recommends', 'nginx'], {
+      env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' },
+      timeout: 120_000,
+    })
   } catch (err) {
     log(`could not install nginx (${(err as Error).message.split('\n')[0]}); the nginx row of workload d is skipped`)
     return undefined
@@ -40,7 +45,7 @@ export async function findNginx (log: (s: string) => void): Promise<string | und
   return which('nginx')
 }
 
-export async function startNginx (bin: string, upstreamPort: number): Promise<{ url: string; service: Service; workerPid: number }> {
+export async function startNginx(bin: string, upstreamPort: number): Promise<{ url: string; service: Service; workerPid: number }> {
   const dir = await mkdtemp(join(tmpdir(), 'mcp-proxy-bench-nginx-'))
   // Workers run as nobody when the master is root: let them write their temp dirs.
   await chmod(dir, 0o777)

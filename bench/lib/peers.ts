@@ -10,7 +10,7 @@ import { execFile } from 'node:child_process'
 import { join } from 'node:path'
 
 /** Entry scripts of the peers, run with `node` by path (punkpeye's shares our command's name). */
-export function peerBins (benchDir: string): { supergateway: string; punkpeye: string } {
+export function peerBins(benchDir: string): { supergateway: string; punkpeye: string } {
   const modules = join(benchDir, 'node_modules')
   return {
     supergateway: join(modules, 'supergateway/dist/index.js'),
@@ -19,7 +19,7 @@ export function peerBins (benchDir: string): { supergateway: string; punkpeye: s
 }
 
 /** `npm ci` in bench/ when a peer is missing; resolves once both entry scripts exist. */
-export async function ensurePeers (benchDir: string, say: (line: string) => void): Promise<void> {
+export async function ensurePeers(benchDir: string, say: (line: string) => void): Promise<void> {
   const bins = peerBins(benchDir)
   if (existsSync(bins.supergateway) && existsSync(bins.punkpeye)) return
   say('installing the bench peers into bench/node_modules (npm ci, first run only)')

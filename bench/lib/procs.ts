@@ -19,7 +19,7 @@ export interface Service {
 const running = new Set<Service>()
 
 /** A free TCP port on 127.0.0.1 (the listener is closed again; fine on loopback for a bench). */
-export function freePort (): Promise<number> {
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const s = createServer()
     s.once('error', reject)
@@ -30,10 +30,13 @@ export function freePort (): Promise<number> {
   })
 }
 
-function canConnect (port: number): Promise<boolean> {
+function canConnect(port: number): Promise<boolean> {
   return new Promise(resolve => {
     const sock = connect({ port, host: '127.0.0.1' })
-    sock.once('connect', () => { sock.destroy(); resolve(true) })
+    sock.once('connect', () => {
+      sock.destroy()
+      resolve(true)
+    })
     sock.once('error', () => resolve(false))
   })
 }
@@ -53,7 +56,7 @@ export interface SpawnOptions {
 }
 
 /** Spawns a service in its own process group and waits until it is ready. */
-export async function startService (name: string, cmd: string, args: readonly string[], opts: SpawnOptions = {}): Promise<Service> {
+export async function startService(name: string, cmd: string, args: readonly string[], opts: SpawnOptions = {}): Promise<Service> {
   const child = spawn(cmd, args, {
     cwd: opts.cwd,
     env: { ...process.env, ...opts.env },
@@ -69,24 +72,43 @@ export async function startService (name: string, cmd: string, args: readonly st
   child.stdout!.on('data', onData)
   child.stderr!.on('data', onData)
   let exited: number | string | null | undefined
-  const exitedP = new Promise<void>(resolve => child.once('exit', (code, sig) => { exited = code ?? sig; resolve() }))
+  const exitedP = new Promise<void>(resolve =>
+    child.once('exit', (code, sig) => {
+      exited = code ?? sig
+      resolve()
+    })
+  )
   const service: Service = {
     name,
     pid: child.pid!,
     child,
     tail: () => out.split('\n').slice(-15).join('\n'),
-    async stop () {
+    async stop() {
       running.delete(service)
       if (exited !== undefined) {
         if (opts.tempDir !== undefined) await rm(opts.tempDir, { recursive: true, force: true })
         return
       }
-      try { process.kill(-child.pid!, 'SIGTERM') } catch { /* gone */ }
-      const t = setTimeout(() => { try { process.kill(-child.pid!, 'SIGKILL') } catch { /* gone */ } }, 3000)
+      try {
+        process.kill(-child.pid!, 'SIGTERM')
+      } catch {
+        /* gone */
+      }
+      const t = setTimeout(() => {
+        try {
+          process.kill(-child.pid!, 'SIGKILL')
+        } catch {
+          /* gone */
+        }
+      }, 3000)
       await exitedP
       clearTimeout(t)
       // Grandchildren (stdio servers) of a peer that did not reap them.
-      try { process.kill(-child.pid!, 'SIGKILL') } catch { /* gone */ }
+      try {
+        process.kill(-child.pid!, 'SIGKILL')
+      } catch {
+        /* gone */
+      }
       if (opts.tempDir !== undefined) await rm(opts.tempDir, { recursive: true, force: true })
     },
   }
@@ -104,12 +126,12 @@ export async function startService (name: string, cmd: string, args: readonly st
   return service
 }
 
-export async function stopAll (): Promise<void> {
+export async function stopAll(): Promise<void> {
   await Promise.allSettled([...running].map(s => s.stop()))
 }
 
 /** Resident set size of one process in bytes (VmRSS: its own pages only, never its children's). */
-export async function rssOf (pid: number): Promise<number> {
+export async function rssOf(pid: number): Promise<number> {
   const status = await readFile(`/proc/${pid}/status`, 'utf8')
   const m = /^VmRSS:\s+(\d+)\s+kB/m.exec(status)
   if (m === null) throw new Error(`no VmRSS for ${pid}`)
@@ -117,7 +139,7 @@ export async function rssOf (pid: number): Promise<number> {
 }
 
 /** CPU time of a process and its direct children (a primary and its workers, `workers: N`), in ms. */
-export async function cpuMsOfTree (pid: number): Promise<number> {
+export async function cpuMsOfTree(pid: number): Promise<number> {
   let total = await cpuMsOf(pid)
   for (const d of await readdir('/proc')) {
     if (!/^\d+$/.test(d)) continue
@@ -125,13 +147,15 @@ export async function cpuMsOfTree (pid: number): Promise<number> {
       const stat = await readFile(`/proc/${d}/stat`, 'utf8')
       // Field 4 of proc(5): the parent pid.
       if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === pid) total += await cpuMsOf(Number(d))
-    } catch { /* exited meanwhile */ }
+    } catch {
+      /* exited meanwhile */
+    }
   }
   return total
 }
 
 /** CPU time (user + system) one process has used, in ms (children excluded; 10 ms resolution). */
-export async function cpuMsOf (pid: number): Promise<number> {
+export async function cpuMsOf(pid: number): Promise<number> {
   const stat = await readFile(`/proc/${pid}/stat`, 'utf8')
   const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
   // Fields 14 and 15 of proc(5), counted from after the command name: utime, stime in clock ticks (USER_HZ = 100 on Linux).

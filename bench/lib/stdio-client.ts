@@ -10,7 +10,7 @@ export class StdioClient {
   readonly #pending = new Map<number, { resolve: (m: Record<string, unknown>) => void; reject: (e: Error) => void }>()
   #buf = ''
 
-  constructor (cmd: string, args: readonly string[]) {
+  constructor(cmd: string, args: readonly string[]) {
     this.child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'ignore'] })
     this.child.stdout!.setEncoding('utf8')
     this.child.stdout!.on('data', (d: string) => {
@@ -33,7 +33,7 @@ export class StdioClient {
     })
   }
 
-  request (method: string, params: unknown): Promise<Record<string, unknown>> {
+  request(method: string, params: unknown): Promise<Record<string, unknown>> {
     const id = freshId()
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject })
@@ -41,17 +41,17 @@ export class StdioClient {
     })
   }
 
-  async initialize (): Promise<void> {
+  async initialize(): Promise<void> {
     await this.request('initialize', { protocolVersion: PROTOCOL_VERSION, capabilities: {}, clientInfo: { name: 'mcp-proxy-bench', version: '1' } })
     this.child.stdin!.write(JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }) + '\n')
   }
 
-  async echo (): Promise<void> {
+  async echo(): Promise<void> {
     const m = await this.request('tools/call', { name: 'echo', arguments: { message: 'm' } })
     if (m.result === undefined) throw new Error(`stdio echo failed: ${JSON.stringify(m).slice(0, 200)}`)
   }
 
-  close (): Promise<void> {
+  close(): Promise<void> {
     if (this.child.exitCode !== null || this.child.signalCode !== null) return Promise.resolve()
     return new Promise(resolve => {
       this.child.once('exit', () => resolve())

@@ -21,7 +21,7 @@ export interface VerifyResult {
   readonly iterationsFull: number
 }
 
-async function makePlugin (issuer: string, clientId: string, cache: boolean): Promise<Plugin> {
+async function makePlugin(issuer: string, clientId: string, cache: boolean): Promise<Plugin> {
   const options = {
     mode: 'strict',
     issuer,
@@ -42,13 +42,13 @@ async function makePlugin (issuer: string, clientId: string, cache: boolean): Pr
 }
 
 /** A context with only what the hook reads; a new one per call because the hook strips Authorization. */
-function ctxFor (token: string): RequestContext {
+function ctxFor(token: string): RequestContext {
   const value = `Bearer ${token}`
   const req = { headers: { authorization: value }, headersDistinct: { authorization: [value] }, rawHeaders: ['Authorization', value] }
   return { req: req as unknown as IncomingMessage, path: '/mcp', method: 'POST', query: '', state: new Map() } as unknown as RequestContext
 }
 
-async function timeOps (plugin: Plugin, token: string, ms: number, max: number): Promise<{ n: number; us: number }> {
+async function timeOps(plugin: Plugin, token: string, ms: number, max: number): Promise<{ n: number; us: number }> {
   const hook = plugin.onRequest!.bind(plugin)
   for (let i = 0; i < 50; i++) await hook(ctxFor(token))
   const start = performance.now()
@@ -59,10 +59,10 @@ async function timeOps (plugin: Plugin, token: string, ms: number, max: number):
     if (ctx.auth === undefined) throw new Error('token was not accepted')
     n++
   }
-  return { n, us: (performance.now() - start) * 1000 / n }
+  return { n, us: ((performance.now() - start) * 1000) / n }
 }
 
-export async function benchVerifier (issuer: string, clientId: string, token: string, ms: number): Promise<VerifyResult> {
+export async function benchVerifier(issuer: string, clientId: string, token: string, ms: number): Promise<VerifyResult> {
   const cached = await makePlugin(issuer, clientId, true)
   const uncached = await makePlugin(issuer, clientId, false)
   try {

@@ -7,7 +7,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http'
 
 const MAX_BODY = 64 * 1024
 
-const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; " +
+const CSP =
+  "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; " +
   "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
 export const BASE_HEADERS = {
@@ -21,24 +22,29 @@ export const BASE_HEADERS = {
   'content-security-policy': CSP,
 } as const
 
-export function send (res: ServerResponse, status: number, body: unknown, type = 'application/json; charset=utf-8', extra: Record<string, string> = {}): void {
+export function send(res: ServerResponse, status: number, body: unknown, type = 'application/json; charset=utf-8', extra: Record<string, string> = {}): void {
   const payload = typeof body === 'string' || Buffer.isBuffer(body) ? body : JSON.stringify(body, null, 2)
   res.writeHead(status, { ...BASE_HEADERS, 'content-type': type, 'content-length': Buffer.byteLength(payload), ...extra })
   res.end(payload)
 }
 
-export function apiError (res: ServerResponse, status: number, error: string, description: string, extra: Record<string, string> = {}): void {
+export function apiError(res: ServerResponse, status: number, error: string, description: string, extra: Record<string, string> = {}): void {
   send(res, status, { error, error_description: description }, undefined, extra)
 }
 
 /** The request body, at most 64 KiB (rejects beyond). */
-export function readBody (req: IncomingMessage): Promise<Buffer> {
+export function readBody(req: IncomingMessage): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = []
     let size = 0
     req.on('data', (c: Buffer) => {
       size += c.length
-      if (size > MAX_BODY) { req.removeAllListeners('data'); req.resume(); reject(new Error('too large')); return }
+      if (size > MAX_BODY) {
+        req.removeAllListeners('data')
+        req.resume()
+        reject(new Error('too large'))
+        return
+      }
       chunks.push(c)
     })
     req.once('end', () => resolve(Buffer.concat(chunks)))

@@ -27,14 +27,20 @@ const RECENT_MAX = 200
 const STATS_SECONDS = 300
 const BUCKET_SECONDS = 10
 
-interface Second { t: number; count: number; errors: number; sumMs: number; maxMs: number }
+interface Second {
+  t: number
+  count: number
+  errors: number
+  sumMs: number
+  maxMs: number
+}
 
 /** The last requests of the MCP listener and per-second counts for the chart. */
 export class RequestLog {
   readonly #recent: AccessRecord[] = []
   readonly #seconds: Second[] = []
 
-  add (rec: AccessRecord): void {
+  add(rec: AccessRecord): void {
     this.#recent.push(rec)
     if (this.#recent.length > RECENT_MAX) this.#recent.shift()
     const t = Math.floor(rec.at / 1000)
@@ -51,12 +57,15 @@ export class RequestLog {
   }
 
   /** Newest first. */
-  recent (): AccessRecord[] {
+  recent(): AccessRecord[] {
     return this.#recent.slice().reverse()
   }
 
   /** Requests, errors and latency over the last five minutes in ten-second buckets, oldest first. */
-  stats (now = Date.now()): { bucketSeconds: number; buckets: Array<{ start: number; count: number; errors: number; avgMs: number | null; maxMs: number | null }> } {
+  stats(now = Date.now()): {
+    bucketSeconds: number
+    buckets: Array<{ start: number; count: number; errors: number; avgMs: number | null; maxMs: number | null }>
+  } {
     const end = Math.floor(now / 1000 / BUCKET_SECONDS) * BUCKET_SECONDS + BUCKET_SECONDS
     const n = STATS_SECONDS / BUCKET_SECONDS
     const start = end - n * BUCKET_SECONDS
@@ -72,13 +81,19 @@ export class RequestLog {
     }
     return {
       bucketSeconds: BUCKET_SECONDS,
-      buckets: acc.map(b => ({ start: b.start, count: b.count, errors: b.errors, avgMs: b.count === 0 ? null : b.sumMs / b.count, maxMs: b.count === 0 ? null : b.maxMs })),
+      buckets: acc.map(b => ({
+        start: b.start,
+        count: b.count,
+        errors: b.errors,
+        avgMs: b.count === 0 ? null : b.sumMs / b.count,
+        maxMs: b.count === 0 ? null : b.maxMs,
+      })),
     }
   }
 }
 
 /** How a request ended, for the UI: allowed, or which check refused it and why (`rule[i]: text` for a rule). */
-export function decisionOf (rec: AccessRecord): { decision: string; reason: string | null } {
+export function decisionOf(rec: AccessRecord): { decision: string; reason: string | null } {
   const d = rec.denial
   const reason = d === undefined ? null : denialText(d)
   const decision = outcomeOf(rec.status, d)
@@ -117,12 +132,16 @@ export interface AdminStateOptions {
 }
 
 /** A plugin's description, or its error; asked only when someone looks. */
-function describeOf (p: Plugin): PluginDescription | undefined {
-  try { return p.describe?.() } catch (err) { return { error: (err as Error).message } }
+function describeOf(p: Plugin): PluginDescription | undefined {
+  try {
+    return p.describe?.()
+  } catch (err) {
+    return { error: (err as Error).message }
+  }
 }
 
 /** The first description section of that name any plugin fills (`PluginDescription`). */
-function sectionOf<K extends 'keySet' | 'discovery'> (plugins: readonly Plugin[], key: K): PluginDescription[K] | undefined {
+function sectionOf<K extends 'keySet' | 'discovery'>(plugins: readonly Plugin[], key: K): PluginDescription[K] | undefined {
   for (const p of plugins) {
     const s = describeOf(p)?.[key]
     if (s !== undefined) return s as PluginDescription[K]
@@ -130,7 +149,7 @@ function sectionOf<K extends 'keySet' | 'discovery'> (plugins: readonly Plugin[]
   return undefined
 }
 
-export function createAdminState (opts: AdminStateOptions): AdminState {
+export function createAdminState(opts: AdminStateOptions): AdminState {
   const { loaded, plugins, routes, endpoint, requests, metrics } = opts
   const scrub = createScrubber(secretValues(loaded.config, loaded.secretPaths))
   const redacted = redactConfig(loaded.config, loaded.secretPaths)
@@ -140,14 +159,21 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
   metrics.gauge('mcp_proxy_build_info', 'Gateway version').collect = () => [[{ version: opts.version }, 1]]
 
   /** `reasons` and `targets` in detail (admin listener); `codes` the same causes for the probe listener. */
-  function ready (): { ready: boolean; reasons: string[]; codes: string[]; targets: TargetHealth[] } {
+  function ready(): { ready: boolean; reasons: string[]; codes: string[]; targets: TargetHealth[] } {
     const reasons: string[] = [...(opts.targetReadiness?.reasons() ?? [])]
     const codes: string[] = reasons.length > 0 ? ['target_unavailable'] : []
     for (const p of plugins) {
       let r: ReturnType<NonNullable<Plugin['ready']>> | undefined
-      try { r = p.ready?.() } catch (err) { r = { ready: false, reason: (err as Error).message } }
+      try {
+        r = p.ready?.()
+      } catch (err) {
+        r = { ready: false, reason: (err as Error).message }
+      }
       if (r === undefined || r === true) continue
-      if (r === false) { reasons.push(`${p.name}: not ready`); codes.push('plugin_not_ready') } else if (!r.ready) {
+      if (r === false) {
+        reasons.push(`${p.name}: not ready`)
+        codes.push('plugin_not_ready')
+      } else if (!r.ready) {
         reasons.push(`${p.name}: ${r.reason ?? 'not ready'}`)
         codes.push(reasonCode(r.code, 'plugin_not_ready'))
       }
@@ -185,10 +211,12 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
           kind: stdio !== undefined ? 'stdio' : 'http',
           share: stdio?.share ?? null,
           // Children shared by a subject's sessions (share: subject), and stateless-revision upstreams.
-          pooled: (endpoint.pooled?.() ?? []).filter(p => p.target === t.name).map(p => ({ pid: p.pid ?? null, subject: p.subject ?? null, leases: p.leases, inFlight: p.inFlight })),
+          pooled: (endpoint.pooled?.() ?? [])
+            .filter(p => p.target === t.name)
+            .map(p => ({ pid: p.pid ?? null, subject: p.subject ?? null, leases: p.leases, inFlight: p.inFlight })),
           command: stdio !== undefined ? [stdio.cmd, ...(stdio.args ?? [])].join(' ') : http?.url,
           sessions: sessionsByTarget.get(t.name) ?? 0,
-          pids: s?.live.flatMap(l => l.pid === undefined ? [] : [l.pid]) ?? [],
+          pids: s?.live.flatMap(l => (l.pid === undefined ? [] : [l.pid])) ?? [],
           started: s?.started ?? 0,
           failures: s?.failures ?? 0,
           lastError: s?.lastError ?? null,
@@ -208,7 +236,8 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
     endSession: handle => endpoint.endSession(handle),
     requests: () => requests.recent().map(r => ({ ...r, ...decisionOf(r) })),
     stats: () => requests.stats(),
-    plugins: () => plugins.map(p => ({ name: p.name, routes: (p.routes ?? []).map(r => ({ path: r.path, methods: r.methods })), state: describeOf(p) ?? null })),
+    plugins: () =>
+      plugins.map(p => ({ name: p.name, routes: (p.routes ?? []).map(r => ({ path: r.path, methods: r.methods })), state: describeOf(p) ?? null })),
     oauth: async () => {
       const documents: Record<string, unknown> = {}
       for (const path of routes.paths().filter(p => p.startsWith('/.well-known/') && !p.endsWith('client-registration'))) {
@@ -217,7 +246,9 @@ export function createAdminState (opts: AdminStateOptions): AdminState {
           if (opts.internalToken !== undefined) headers[INTERNAL_HEADER] = opts.internalToken
           const r = await fetch(`${opts.mcpOrigin}${path}`, { signal: AbortSignal.timeout(5000), headers })
           documents[path] = r.ok ? await r.json() : { status: r.status, body: await r.text().then(t => t.slice(0, 2000)) }
-        } catch (err) { documents[path] = { error: (err as Error).message } }
+        } catch (err) {
+          documents[path] = { error: (err as Error).message }
+        }
       }
       return { documents, keySet: sectionOf(plugins, 'keySet') ?? null, discovery: sectionOf(plugins, 'discovery') ?? null }
     },

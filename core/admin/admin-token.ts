@@ -11,7 +11,7 @@ import { apiError, readBody, send, BASE_HEADERS } from './admin-http.ts'
 
 const COOKIE = 'mcpp_admin'
 
-function cookieValue (header: string | undefined, name: string): string | undefined {
+function cookieValue(header: string | undefined, name: string): string | undefined {
   if (header === undefined) return undefined
   for (const part of header.split(';')) {
     const i = part.indexOf('=')
@@ -20,12 +20,12 @@ function cookieValue (header: string | undefined, name: string): string | undefi
   return undefined
 }
 
-function equal (a: Buffer, b: Buffer): boolean {
+function equal(a: Buffer, b: Buffer): boolean {
   return a.length === b.length && timingSafeEqual(a, b)
 }
 
 /** State-changing requests must come from this listener's own page (or a non-browser client, which sends no Origin). */
-export function sameOrigin (req: IncomingMessage): boolean {
+export function sameOrigin(req: IncomingMessage): boolean {
   const origin = req.headers.origin
   if (origin === undefined) return true
   try {
@@ -41,17 +41,17 @@ export class AdminToken {
   readonly #expected: Buffer
   readonly #cookie: string
 
-  constructor (token: string) {
+  constructor(token: string) {
     this.#expected = this.#mac(token)
     this.#cookie = this.#expected.toString('base64url')
   }
 
-  #mac (t: string): Buffer {
+  #mac(t: string): Buffer {
     return createHmac('sha256', this.#cookieKey).update(t).digest()
   }
 
   /** Whether the request carries the token (Authorization: Bearer) or the sign-in cookie. */
-  authorized (req: IncomingMessage): boolean {
+  authorized(req: IncomingMessage): boolean {
     const m = /^Bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '')
     if (m !== null) return equal(this.#mac(m[1]!), this.#expected)
     const c = cookieValue(req.headers.cookie, COOKIE)
@@ -60,7 +60,7 @@ export class AdminToken {
   }
 
   /** POST /ui/login: the sign-in form's token, answered with the cookie and a redirect to the page. */
-  async login (req: IncomingMessage, res: ServerResponse): Promise<void> {
+  async login(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (req.method !== 'POST') return apiError(res, 405, 'method_not_allowed', 'use POST', { allow: 'POST' })
     if (!sameOrigin(req)) return apiError(res, 403, 'forbidden', 'cross-origin request refused')
     const form = new URLSearchParams((await readBody(req)).toString('utf8'))

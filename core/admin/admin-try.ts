@@ -33,35 +33,45 @@ const STEP_TIMEOUT_MS = 30_000
 const DEFAULT_VERSION = '2025-06-18'
 
 /** Parses an answer that is either JSON or an SSE stream of `message` events; returns the response to `id`. */
-function pick (text: string, contentType: string, id: number): unknown {
+function pick(text: string, contentType: string, id: number): unknown {
   if (contentType.includes('text/event-stream')) {
     let found: unknown
     for (const block of text.split(/\r?\n\r?\n/)) {
-      const data = block.split(/\r?\n/).filter(l => l.startsWith('data:')).map(l => l.slice(5).replace(/^ /, '')).join('\n')
+      const data = block
+        .split(/\r?\n/)
+        .filter(l => l.startsWith('data:'))
+        .map(l => l.slice(5).replace(/^ /, ''))
+        .join('\n')
       if (data === '') continue
       try {
         const msg = JSON.parse(data) as { id?: unknown }
         if (msg.id === id) found = msg
-      } catch { /* a keep-alive or partial event */ }
+      } catch {
+        /* a keep-alive or partial event */
+      }
     }
     return found
   }
-  try { return JSON.parse(text) } catch { return text.slice(0, 2000) }
+  try {
+    return JSON.parse(text)
+  } catch {
+    return text.slice(0, 2000)
+  }
 }
 
-
-export function validateTryInput (v: unknown): TryInput | string {
+export function validateTryInput(v: unknown): TryInput | string {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) return 'body must be a JSON object'
   const o = v as Record<string, unknown>
   for (const k of Object.keys(o)) if (!['token', 'tool', 'arguments', 'protocolVersion'].includes(k)) return `unknown field ${k}`
   if (o.token !== undefined && (typeof o.token !== 'string' || o.token.length > 16384 || /[\r\n]/.test(o.token))) return 'token must be a single-line string'
   if (o.tool !== undefined && (typeof o.tool !== 'string' || o.tool === '' || o.tool.length > 256)) return 'tool must be a non-empty string'
   if (o.arguments !== undefined && (o.arguments === null || typeof o.arguments !== 'object' || Array.isArray(o.arguments))) return 'arguments must be an object'
-  if (o.protocolVersion !== undefined && (typeof o.protocolVersion !== 'string' || !/^\d{4}-\d{2}-\d{2}$/.test(o.protocolVersion))) return 'protocolVersion must look like 2025-06-18'
+  if (o.protocolVersion !== undefined && (typeof o.protocolVersion !== 'string' || !/^\d{4}-\d{2}-\d{2}$/.test(o.protocolVersion)))
+    return 'protocolVersion must look like 2025-06-18'
   return o as TryInput
 }
 
-export async function runTry (mcpUrl: string, input: TryInput): Promise<{ steps: TryStep[]; sessionEnded: boolean }> {
+export async function runTry(mcpUrl: string, input: TryInput): Promise<{ steps: TryStep[]; sessionEnded: boolean }> {
   const steps: TryStep[] = []
   const base: Record<string, string> = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
   const token = input.token?.trim()
@@ -73,7 +83,10 @@ export async function runTry (mcpUrl: string, input: TryInput): Promise<{ steps:
   const call = async (step: string, method: string, params: Record<string, unknown> | undefined, notification = false): Promise<TryStep> => {
     const id = nextId++
     const headers: Record<string, string> = { ...base }
-    if (sessionId !== undefined) { headers['mcp-session-id'] = sessionId; headers['mcp-protocol-version'] = version }
+    if (sessionId !== undefined) {
+      headers['mcp-session-id'] = sessionId
+      headers['mcp-protocol-version'] = version
+    }
     const body = notification ? { jsonrpc: '2.0', method, ...(params ? { params } : {}) } : { jsonrpc: '2.0', id, method, ...(params ? { params } : {}) }
     const t0 = performance.now()
     const out: TryStep = { step, status: 0, durationMs: 0 }
@@ -118,7 +131,9 @@ export async function runTry (mcpUrl: string, input: TryInput): Promise<{ steps:
       const res = await fetch(mcpUrl, { method: 'DELETE', headers, signal: AbortSignal.timeout(STEP_TIMEOUT_MS) })
       await res.arrayBuffer()
       sessionEnded = res.ok
-    } catch { /* the session expires on its own */ }
+    } catch {
+      /* the session expires on its own */
+    }
   }
   return { steps, sessionEnded }
 }

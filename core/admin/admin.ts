@@ -61,7 +61,7 @@ export interface AdminOptions {
 const LOOPBACK_HOSTS = new Set(['127.0.0.1', '::1', 'localhost', '[::1]'])
 
 /** `Host` header without its port, lower-cased; `[::1]` keeps its brackets. */
-function hostName (host: string | undefined): string {
+function hostName(host: string | undefined): string {
   if (host === undefined) return ''
   const h = host.trim().toLowerCase()
   if (h.startsWith('[')) return h.slice(0, h.indexOf(']') + 1)
@@ -93,7 +93,7 @@ interface AdminListener {
   readonly token: AdminToken | undefined
 }
 
-export function createAdminServer (opts: AdminOptions): Server {
+export function createAdminServer(opts: AdminOptions): Server {
   const given = opts.state
   const l: AdminListener = {
     log: opts.log,
@@ -113,7 +113,7 @@ export function createAdminServer (opts: AdminOptions): Server {
 }
 
 /** The gate (Host, token, Origin) and the routes that need no gateway state: health, the page and its assets. */
-async function handle (l: AdminListener, req: IncomingMessage, res: ServerResponse): Promise<void> {
+async function handle(l: AdminListener, req: IncomingMessage, res: ServerResponse): Promise<void> {
   const url = new URL(req.url ?? '/', 'http://admin.invalid')
   const path = url.pathname
   const method = req.method ?? 'GET'
@@ -134,7 +134,11 @@ async function handle (l: AdminListener, req: IncomingMessage, res: ServerRespon
   }
   if (method !== 'GET' && method !== 'HEAD' && !sameOrigin(req)) return apiError(res, 403, 'forbidden', 'cross-origin request refused')
 
-  if (path === '/' && method === 'GET') { res.writeHead(302, { ...BASE_HEADERS, location: '/ui', 'content-length': 0 }); res.end(); return }
+  if (path === '/' && method === 'GET') {
+    res.writeHead(302, { ...BASE_HEADERS, location: '/ui', 'content-length': 0 })
+    res.end()
+    return
+  }
   if (path === '/ui' || path === '/ui/') {
     if (method !== 'GET') return apiError(res, 405, 'method_not_allowed', 'use GET', { allow: 'GET' })
     return send(res, 200, l.assets.html, 'text/html; charset=utf-8')
@@ -149,12 +153,16 @@ async function handle (l: AdminListener, req: IncomingMessage, res: ServerRespon
 }
 
 /** The routes that read the gateway: /readyz, /metrics and the admin API. */
-async function handleWithState (l: AdminListener, state: AdminState, req: IncomingMessage, res: ServerResponse, path: string, method: string): Promise<void> {
+async function handleWithState(l: AdminListener, state: AdminState, req: IncomingMessage, res: ServerResponse, path: string, method: string): Promise<void> {
   const scrub = state.scrub ?? ((v: unknown) => v)
   if (path === '/readyz') {
     if (method !== 'GET' && method !== 'HEAD') return apiError(res, 405, 'method_not_allowed', 'use GET', { allow: 'GET, HEAD' })
     const r = state.ready()
-    return send(res, r.ready ? 200 : 503, { status: r.ready ? 'ready' : 'not ready', reasons: r.reasons, ...(r.targets !== undefined ? { targets: r.targets } : {}) })
+    return send(res, r.ready ? 200 : 503, {
+      status: r.ready ? 'ready' : 'not ready',
+      reasons: r.reasons,
+      ...(r.targets !== undefined ? { targets: r.targets } : {}),
+    })
   }
   if (path === '/metrics') {
     if (method !== 'GET') return apiError(res, 405, 'method_not_allowed', 'use GET', { allow: 'GET' })
@@ -170,7 +178,11 @@ async function handleWithState (l: AdminListener, state: AdminState, req: Incomi
   if (m !== null) {
     if (method !== 'DELETE') return apiError(res, 405, 'method_not_allowed', 'use DELETE', { allow: 'DELETE' })
     let handleId: string
-    try { handleId = decodeURIComponent(m[1]!) } catch { return apiError(res, 400, 'invalid_request', 'malformed session handle') }
+    try {
+      handleId = decodeURIComponent(m[1]!)
+    } catch {
+      return apiError(res, 400, 'invalid_request', 'malformed session handle')
+    }
     const ok = state.endSession(handleId)
     l.log.info({ session: handleId.slice(0, 8), ended: ok }, 'admin: end session')
     return ok ? send(res, 200, { ended: true }) : apiError(res, 404, 'not_found', 'no such session')
@@ -180,13 +192,17 @@ async function handleWithState (l: AdminListener, state: AdminState, req: Incomi
 }
 
 /** POST /api/try: "try it" against the gateway's own /mcp. */
-async function tryIt (state: AdminState, req: IncomingMessage, res: ServerResponse, method: string, scrub: (v: unknown) => unknown): Promise<void> {
+async function tryIt(state: AdminState, req: IncomingMessage, res: ServerResponse, method: string, scrub: (v: unknown) => unknown): Promise<void> {
   if (method !== 'POST') return apiError(res, 405, 'method_not_allowed', 'use POST', { allow: 'POST' })
   if (!(req.headers['content-type'] ?? '').toLowerCase().startsWith('application/json')) {
     return apiError(res, 415, 'unsupported_media_type', 'content-type must be application/json')
   }
   let input: unknown
-  try { input = JSON.parse((await readBody(req)).toString('utf8')) } catch { return apiError(res, 400, 'invalid_request', 'body must be JSON of at most 64 KiB') }
+  try {
+    input = JSON.parse((await readBody(req)).toString('utf8'))
+  } catch {
+    return apiError(res, 400, 'invalid_request', 'body must be JSON of at most 64 KiB')
+  }
   const checked = validateTryInput(input)
   if (typeof checked === 'string') return apiError(res, 400, 'invalid_request', checked)
   // Never log the input: it holds the caller's token.

@@ -19,10 +19,14 @@ import type { Metrics } from '../observability/metrics.ts'
  * `reasons` are details for the admin listener (they may name commands, hosts,
  * targets); `codes` the same causes as short codes, all the probe listener shows.
  */
-export interface ProbeReadiness { ready: boolean; reasons: string[]; codes?: string[] }
+export interface ProbeReadiness {
+  ready: boolean
+  reasons: string[]
+  codes?: string[]
+}
 
 /** A cause of not being ready, as the probe listener may show it: `[a-z0-9_]`, else a generic code. */
-export function reasonCode (code: string | undefined, fallback: string): string {
+export function reasonCode(code: string | undefined, fallback: string): string {
   return code !== undefined && /^[a-z][a-z0-9_]{0,47}$/.test(code) ? code : fallback
 }
 
@@ -48,16 +52,16 @@ export interface ProbeServer {
 
 const HEADERS = { 'cache-control': 'no-store', 'x-content-type-options': 'nosniff' } as const
 
-function send (res: ServerResponse, status: number, body: string, type: string, extra: Record<string, string> = {}): void {
+function send(res: ServerResponse, status: number, body: string, type: string, extra: Record<string, string> = {}): void {
   res.writeHead(status, { ...HEADERS, 'content-type': type, 'content-length': Buffer.byteLength(body), ...extra })
   res.end(body)
 }
 
-function json (res: ServerResponse, status: number, body: unknown, extra: Record<string, string> = {}): void {
+function json(res: ServerResponse, status: number, body: unknown, extra: Record<string, string> = {}): void {
   send(res, status, JSON.stringify(body), 'application/json; charset=utf-8', extra)
 }
 
-export function createProbeServer (opts: ProbeOptions): ProbeServer {
+export function createProbeServer(opts: ProbeOptions): ProbeServer {
   const { log, metrics } = opts
   let shuttingDown = false
   // Compared as MACs under a per-process key: equal length, so timingSafeEqual never throws or leaks the length.
@@ -65,7 +69,7 @@ export function createProbeServer (opts: ProbeOptions): ProbeServer {
   const mac = (t: string): Buffer => createHmac('sha256', macKey).update(t).digest()
   const expected = opts.metricsToken !== undefined ? mac(opts.metricsToken) : undefined
 
-  function scrapeAllowed (req: IncomingMessage): boolean {
+  function scrapeAllowed(req: IncomingMessage): boolean {
     if (expected === undefined) return true
     const h = req.headers.authorization ?? ''
     const m = /^Bearer\s+(\S+)\s*$/i.exec(h)
@@ -73,7 +77,7 @@ export function createProbeServer (opts: ProbeOptions): ProbeServer {
   }
 
   // Each branch answers with `return json(…)`: one answer per request, no fall-through.
-  async function handle (req: IncomingMessage, res: ServerResponse) {
+  async function handle(req: IncomingMessage, res: ServerResponse) {
     const path = (req.url ?? '/').split('?', 1)[0]!
     const method = req.method ?? 'GET'
     if (path !== '/healthz' && path !== '/readyz' && path !== '/metrics') {
@@ -109,9 +113,14 @@ export function createProbeServer (opts: ProbeOptions): ProbeServer {
 
   return {
     server,
-    terminating () { shuttingDown = true },
-    close () {
-      return new Promise<void>(resolve => { server.close(() => resolve()); server.closeAllConnections() })
+    terminating() {
+      shuttingDown = true
+    },
+    close() {
+      return new Promise<void>(resolve => {
+        server.close(() => resolve())
+        server.closeAllConnections()
+      })
     },
   }
 }

@@ -11,8 +11,21 @@ export const REDACTED = '[redacted]'
 
 /** Keys whose value is a credential wherever they appear (compared lower-cased, without `-`/`_`). */
 const SECRET_KEYS = new Set([
-  'clientsecret', 'secret', 'token', 'accesstoken', 'refreshtoken', 'idtoken', 'password', 'passwd',
-  'apikey', 'authorization', 'privatekey', 'credentials', 'credential', 'cookie', 'sessionid',
+  'clientsecret',
+  'secret',
+  'token',
+  'accesstoken',
+  'refreshtoken',
+  'idtoken',
+  'password',
+  'passwd',
+  'apikey',
+  'authorization',
+  'privatekey',
+  'credentials',
+  'credential',
+  'cookie',
+  'sessionid',
 ])
 
 /** Parents whose every value may be a credential (stdio `env`, HTTP target `headers`). */
@@ -21,13 +34,13 @@ const SECRET_PARENTS = new Set(['env', 'headers'])
 /** Secret values shorter than this are redacted in the config view but not scrubbed elsewhere (too many false hits). */
 const MIN_SCRUB_LENGTH = 6
 
-export function isSecretKey (key: string): boolean {
+export function isSecretKey(key: string): boolean {
   const k = key.toLowerCase().replace(/[-_]/g, '')
   return SECRET_KEYS.has(k) || k.endsWith('secret') || k.endsWith('password') || k.endsWith('token')
 }
 
 /** Walks a config-shaped value, calling `visit` for every leaf with its dotted path (`mcp.targets[0].name`). */
-function walk (v: unknown, path: string, parentKey: string, leaf: (value: unknown, path: string, secret: boolean) => unknown): unknown {
+function walk(v: unknown, path: string, parentKey: string, leaf: (value: unknown, path: string, secret: boolean) => unknown): unknown {
   if (Array.isArray(v)) return v.map((x, i) => walk(x, `${path}[${i}]`, parentKey, leaf))
   if (v !== null && typeof v === 'object') {
     const out: Record<string, unknown> = {}
@@ -43,7 +56,7 @@ function walk (v: unknown, path: string, parentKey: string, leaf: (value: unknow
   return leaf(v, path, false)
 }
 
-function secretLeaves (v: unknown, path: string, leaf: (value: unknown, path: string, secret: boolean) => unknown): unknown {
+function secretLeaves(v: unknown, path: string, leaf: (value: unknown, path: string, secret: boolean) => unknown): unknown {
   if (v !== null && typeof v === 'object') {
     // A secret-named key holding a structure: every leaf of it is secret.
     if (Array.isArray(v)) return v.map((x, i) => secretLeaves(x, `${path}[${i}]`, leaf))
@@ -56,7 +69,7 @@ function secretLeaves (v: unknown, path: string, leaf: (value: unknown, path: st
 const URL_PASSWORD = /^([a-z][a-z0-9+.-]*:\/\/[^/@:]*:)([^/@]+)(@)/i
 
 /** The config with every secret replaced by `[redacted]`. Paths use the notation of `LoadedConfig.secretPaths`. */
-export function redactConfig (config: unknown, secretPaths: ReadonlySet<string>): unknown {
+export function redactConfig(config: unknown, secretPaths: ReadonlySet<string>): unknown {
   return walk(config, '', '', (value, path, secret) => {
     if (secret || secretPaths.has(path)) return REDACTED
     return typeof value === 'string' ? value.replace(URL_PASSWORD, `$1${REDACTED}$3`) : value
@@ -64,7 +77,7 @@ export function redactConfig (config: unknown, secretPaths: ReadonlySet<string>)
 }
 
 /** Every secret string of the config that is long enough to scrub safely. */
-export function secretValues (config: unknown, secretPaths: ReadonlySet<string>): string[] {
+export function secretValues(config: unknown, secretPaths: ReadonlySet<string>): string[] {
   const out = new Set<string>()
   walk(config, '', '', (value, path, secret) => {
     if (typeof value !== 'string' || value.length < MIN_SCRUB_LENGTH) return value
@@ -80,7 +93,7 @@ export function secretValues (config: unknown, secretPaths: ReadonlySet<string>)
 }
 
 /** Returns a function that deep-copies a JSON value with every occurrence of a secret replaced. */
-export function createScrubber (secrets: readonly string[]): (value: unknown) => unknown {
+export function createScrubber(secrets: readonly string[]): (value: unknown) => unknown {
   if (secrets.length === 0) return v => v
   const scrubString = (s: string): string => {
     let out = s

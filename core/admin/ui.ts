@@ -15,7 +15,7 @@ export interface UiAssets {
 
 let cached: UiAssets | undefined
 
-export function loadUiAssets (): UiAssets {
+export function loadUiAssets(): UiAssets {
   cached ??= Object.freeze({
     html: readFileSync(packagePath('core/admin/ui/index.html'), 'utf8'),
     js: readFileSync(packagePath('core/admin/ui/app.js'), 'utf8'),
@@ -24,12 +24,12 @@ export function loadUiAssets (): UiAssets {
   return cached
 }
 
-function escapeHtml (s: string): string {
+function escapeHtml(s: string): string {
   return s.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`)
 }
 
 /** The page shown instead of /ui while `admin.token` is set and not yet presented. */
-export function loginPage (message?: string): string {
+export function loginPage(message?: string): string {
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>mcp-proxy admin: sign in</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">

@@ -9,14 +9,14 @@ import type { Logger } from 'pino'
 import { WORKER_HEADER } from './messages.ts'
 import type { Slot } from './worker-slots.ts'
 
-function answerJson (res: ServerResponse, status: number, body: unknown, extra: Record<string, string> = {}): void {
+function answerJson(res: ServerResponse, status: number, body: unknown, extra: Record<string, string> = {}): void {
   const text = JSON.stringify(body)
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...extra })
   res.end(text)
 }
 
 /** The slot a request asks for (or the first serving one); undefined when the request was answered already. */
-function chooseSlot (req: IncomingMessage, res: ServerResponse, slots: readonly Slot[], log: Logger): Slot | undefined {
+function chooseSlot(req: IncomingMessage, res: ServerResponse, slots: readonly Slot[], log: Logger): Slot | undefined {
   const url = new URL(req.url ?? '/', 'http://admin')
   const asked = url.searchParams.get('worker') ?? (typeof req.headers[WORKER_HEADER] === 'string' ? req.headers[WORKER_HEADER] : undefined)
   if (asked !== undefined && (!/^\d{1,2}$/.test(asked) || Number(asked) < 1 || Number(asked) > slots.length)) {
@@ -26,15 +26,20 @@ function chooseSlot (req: IncomingMessage, res: ServerResponse, slots: readonly 
   }
   const slot = asked !== undefined ? slots[Number(asked) - 1]! : slots.find(s => s.adminUrl !== undefined)
   if (slot?.adminUrl === undefined) {
-    answerJson(res, 503, { error: 'unavailable', error_description: asked !== undefined ? `worker ${asked} is not serving` : 'no worker is serving yet' }, { 'retry-after': '1' })
+    answerJson(
+      res,
+      503,
+      { error: 'unavailable', error_description: asked !== undefined ? `worker ${asked} is not serving` : 'no worker is serving yet' },
+      { 'retry-after': '1' }
+    )
     return undefined
   }
   return slot
 }
 
 /** The request handler of the primary's admin listener. */
-export function createAdminRelay (slots: readonly Slot[], log: Logger): (req: IncomingMessage, res: ServerResponse) => void {
-  return function relayAdmin (req, res) {
+export function createAdminRelay(slots: readonly Slot[], log: Logger): (req: IncomingMessage, res: ServerResponse) => void {
+  return function relayAdmin(req, res) {
     const slot = chooseSlot(req, res, slots, log)
     if (slot === undefined) return
     const headers = { ...req.headers }
@@ -50,9 +55,14 @@ export function createAdminRelay (slots: readonly Slot[], log: Logger): (req: In
     })
     up.once('error', err => {
       log.warn({ worker: slot.n, err: err.message }, 'admin request to a worker failed')
-      if (!res.headersSent) { res.writeHead(502, { 'content-type': 'application/json' }); res.end('{"error":"bad_gateway","error_description":"the worker did not answer"}') } else res.destroy()
+      if (!res.headersSent) {
+        res.writeHead(502, { 'content-type': 'application/json' })
+        res.end('{"error":"bad_gateway","error_description":"the worker did not answer"}')
+      } else res.destroy()
     })
-    res.once('close', () => { if (!up.destroyed) up.destroy() })
+    res.once('close', () => {
+      if (!up.destroyed) up.destroy()
+    })
     req.pipe(up)
   }
 }

@@ -37,23 +37,27 @@ export interface ClientRelay {
   verify(req: IncomingMessage): string | undefined
 }
 
-export function createClientRelay (secret: string, log: Logger): ClientRelay {
+export function createClientRelay(secret: string, log: Logger): ClientRelay {
   // A key of its own (HKDF info), never the session-id sealing key.
   const key = Buffer.from(hkdfSync('sha256', secret, 'mcp-proxy', 'relayed client address v1', 32))
   const mac = (ts: string, address: string, method: string, url: string, sid: string): Buffer =>
     createHmac('sha256', key).update(`v1\n${ts}\n${address}\n${method}\n${url}\n${sid}`).digest()
   return {
-    sign (address, method, url, sessionId) {
+    sign(address, method, url, sessionId) {
       const ts = String(Math.floor(Date.now() / 1000))
       return `v1 ${ts} ${address} ${mac(ts, address, method, url, sessionId ?? '').toString('base64url')}`
     },
-    verify (req) {
+    verify(req) {
       const value = req.headers[RELAYED_CLIENT_HEADER]
       if (value === undefined) return undefined
       const parts = typeof value === 'string' ? value.split(' ') : []
       const sid = req.headers['mcp-session-id']
-      const ok = parts.length === 4 && parts[0] === 'v1' && /^\d{1,12}$/.test(parts[1]!) &&
-        Math.abs(Date.now() / 1000 - Number(parts[1])) <= RELAY_MAX_SKEW_S && isIP(parts[2]!) !== 0 &&
+      const ok =
+        parts.length === 4 &&
+        parts[0] === 'v1' &&
+        /^\d{1,12}$/.test(parts[1]!) &&
+        Math.abs(Date.now() / 1000 - Number(parts[1])) <= RELAY_MAX_SKEW_S &&
+        isIP(parts[2]!) !== 0 &&
         (() => {
           const given = Buffer.from(parts[3]!, 'base64url')
           const want = mac(parts[1]!, parts[2]!, req.method ?? 'GET', req.url ?? '/', typeof sid === 'string' ? sid : '')
@@ -66,10 +70,14 @@ export function createClientRelay (secret: string, log: Logger): ClientRelay {
   }
 }
 
-export interface Cidr { readonly address: string; readonly prefix: number; readonly family: 'ipv4' | 'ipv6' }
+export interface Cidr {
+  readonly address: string
+  readonly prefix: number
+  readonly family: 'ipv4' | 'ipv6'
+}
 
 /** `10.0.0.0/8`, `fd00::/8`, or a single address (`192.0.2.1`, `::1`); an error message when it is neither. */
-export function parseCidr (text: string): Cidr | string {
+export function parseCidr(text: string): Cidr | string {
   const slash = text.indexOf('/')
   const address = unmap(slash === -1 ? text : text.slice(0, slash))
   const version = isIP(address)
@@ -81,7 +89,7 @@ export function parseCidr (text: string): Cidr | string {
 }
 
 /** `::ffff:192.0.2.1` (an IPv4 peer on a dual-stack socket) -> `192.0.2.1`. */
-function unmap (address: string): string {
+function unmap(address: string): string {
   return address.length > 7 && address.startsWith('::ffff:') && address.includes('.') ? address.slice(7) : address
 }
 
@@ -90,7 +98,7 @@ function unmap (address: string): string {
  * `[2001:db8::1]` or `[2001:db8::1]:443` (some proxies add the port);
  * undefined when it is none of these.
  */
-function entryAddress (entry: string): string | undefined {
+function entryAddress(entry: string): string | undefined {
   let a = entry.trim()
   if (a.startsWith('[')) {
     const end = a.indexOf(']')
@@ -108,7 +116,7 @@ export class ClientAddresses {
   readonly #relay: ClientRelay | undefined
 
   /** `cidrs` are validated by the config loader (parseCidr); an invalid one here is a programming error. */
-  constructor (cidrs: readonly string[] = [], relay?: ClientRelay) {
+  constructor(cidrs: readonly string[] = [], relay?: ClientRelay) {
     this.#relay = relay
     if (cidrs.length === 0) return
     const list = new BlockList()
@@ -120,12 +128,12 @@ export class ClientAddresses {
     this.#trusted = list
   }
 
-  #isTrusted (address: string): boolean {
+  #isTrusted(address: string): boolean {
     return this.#trusted!.check(address, isIP(address) === 4 ? 'ipv4' : 'ipv6')
   }
 
   /** The client address of a request: relayed by a replica (authenticated), else from its peer and X-Forwarded-For. */
-  of (req: IncomingMessage): string {
+  of(req: IncomingMessage): string {
     if (this.#relay !== undefined && req.headers[RELAYED_CLIENT_HEADER] !== undefined) {
       const relayed = this.#relay.verify(req)
       if (relayed !== undefined) return relayed
@@ -134,7 +142,7 @@ export class ClientAddresses {
   }
 
   /** The client address for a peer and its X-Forwarded-For header (string, or the joined lines). */
-  resolve (peer: string | undefined, forwardedFor: string | string[] | undefined): string {
+  resolve(peer: string | undefined, forwardedFor: string | string[] | undefined): string {
     let current = unmap(peer ?? '')
     if (this.#trusted === undefined || forwardedFor === undefined || current === '' || !this.#isTrusted(current)) return current
     const header = Array.isArray(forwardedFor) ? forwardedFor.join(',') : forwardedFor

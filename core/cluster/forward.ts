@@ -65,14 +65,26 @@ export interface ClusterForward {
 }
 
 // RFC 9110 §7.6.1: connection-specific fields are not forwarded.
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host', 'content-length'])
+const HOP_BY_HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+  'host',
+  'content-length',
+])
 
-function sessionGone (): ProxyError {
+function sessionGone(): ProxyError {
   return new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: RPC.REQUEST_TIMEOUT })
 }
 
 /** The headers of one hop that go on to the next (RFC 9110 §7.6.1). */
-function endToEnd (from: IncomingMessage['headers']): OutgoingHttpHeaders {
+function endToEnd(from: IncomingMessage['headers']): OutgoingHttpHeaders {
   const headers: OutgoingHttpHeaders = {}
   for (const [name, value] of Object.entries(from)) {
     if (value !== undefined && !HOP_BY_HOP.has(name)) headers[name] = value
@@ -80,7 +92,7 @@ function endToEnd (from: IncomingMessage['headers']): OutgoingHttpHeaders {
   return headers
 }
 
-export function createClusterForward (o: ClusterForwardOptions): ClusterForward {
+export function createClusterForward(o: ClusterForwardOptions): ClusterForward {
   return new ClusterForwarder(o)
 }
 
@@ -89,7 +101,7 @@ class ClusterForwarder implements ClusterForward {
   readonly #ids: SessionIds
   readonly #agents = { http: new Agent({ keepAlive: true }), https: new HttpsAgent({ keepAlive: true }) }
 
-  constructor (o: ClusterForwardOptions) {
+  constructor(o: ClusterForwardOptions) {
     this.#o = o
     this.#ids = new SessionIds(o.secret, o.advertiseUrl)
   }
@@ -97,15 +109,15 @@ class ClusterForwarder implements ClusterForward {
   /** A field, not a method: callers hand it on as a plain function (the session registries' id maker). */
   readonly newSessionId = (): string => this.#ids.newOwnerId()
 
-  sealUpstream (target: string, subject: string | undefined, upstreamId: string): string | undefined {
+  sealUpstream(target: string, subject: string | undefined, upstreamId: string): string | undefined {
     return this.#ids.sealUpstream(target, subject, upstreamId)
   }
 
-  openUpstream (target: string, subject: string | undefined, id: string): string | undefined {
+  openUpstream(target: string, subject: string | undefined, id: string): string | undefined {
     return this.#ids.openUpstream(target, subject, id)
   }
 
-  remoteOwner (ctx: RequestContext, id: string): string | undefined {
+  remoteOwner(ctx: RequestContext, id: string): string | undefined {
     // A relayed request is answered here, never relayed again. Relayed means: it carries the
     // relay's own authenticated client-address header (client-address.ts), which no client can
     // make; a plain marker header could be set by any client to stop the relay of its request.
@@ -114,7 +126,7 @@ class ClusterForwarder implements ClusterForward {
     return owner === undefined || owner === this.#ids.self ? undefined : owner
   }
 
-  async forward (ctx: RequestContext, owner: string, authorization?: string): Promise<void> {
+  async forward(ctx: RequestContext, owner: string, authorization?: string): Promise<void> {
     // The body is read through the context (bounded by maxBodyBytes, shared with
     // any hook that read it already): MCP POST bodies are single JSON-RPC messages.
     const body = ctx.method === 'POST' ? await ctx.readBody() : undefined
@@ -125,7 +137,12 @@ class ClusterForwarder implements ClusterForward {
     // Replaces any header of the client's own: only the relay's signed one reaches the owner,
     // bound to the request target as it is sent (pathname + search).
     const sid = ctx.req.headers['mcp-session-id']
-    headers[RELAYED_CLIENT_HEADER] = this.#o.clientRelay.sign(ctx.clientAddress, ctx.method, target.pathname + target.search, typeof sid === 'string' ? sid : undefined)
+    headers[RELAYED_CLIENT_HEADER] = this.#o.clientRelay.sign(
+      ctx.clientAddress,
+      ctx.method,
+      target.pathname + target.search,
+      typeof sid === 'string' ? sid : undefined
+    )
     const upstream = await this.#ask(ctx, target, headers, body).catch(async (err: unknown) => {
       ctx.log.info({ owner: target.host, err: (err as Error).message }, 'the session owner cannot be reached: answered 404 so the client initializes again')
       // Parsed on this path only (the relay never parses what it passes on), so that the
@@ -137,38 +154,54 @@ class ClusterForwarder implements ClusterForward {
     await pipeBack(ctx, upstream)
   }
 
-  close (): void {
+  close(): void {
     this.#agents.http.destroy()
     this.#agents.https.destroy()
   }
 
   /** Sends the request to the owner; resolves with its response head. */
-  #ask (ctx: RequestContext, target: URL, headers: OutgoingHttpHeaders, body: Buffer | undefined): Promise<IncomingMessage> {
+  #ask(ctx: RequestContext, target: URL, headers: OutgoingHttpHeaders, body: Buffer | undefined): Promise<IncomingMessage> {
     const https = target.protocol === 'https:'
     const timeoutMs = this.#o.forwardTimeoutMs
     return new Promise<IncomingMessage>((resolve, reject) => {
       const req = (https ? httpsRequest : httpRequest)(target, { method: ctx.method, headers, agent: https ? this.#agents.https : this.#agents.http })
       const timer = setTimeout(() => req.destroy(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs)
-      req.once('response', res => { clearTimeout(timer); resolve(res) })
-      req.once('error', err => { clearTimeout(timer); reject(err) })
+      req.once('response', res => {
+        clearTimeout(timer)
+        resolve(res)
+      })
+      req.once('error', err => {
+        clearTimeout(timer)
+        reject(err)
+      })
       // The client went away before the owner answered: stop asking.
-      ctx.res.once('close', () => { if (!req.destroyed) req.destroy() })
+      ctx.res.once('close', () => {
+        if (!req.destroyed) req.destroy()
+      })
       req.end(body)
     })
   }
 }
 
 /** The owner's answer to the client, head then body as it streams (an SSE stream included). */
-async function pipeBack (ctx: RequestContext, upstream: IncomingMessage): Promise<void> {
+async function pipeBack(ctx: RequestContext, upstream: IncomingMessage): Promise<void> {
   const out = endToEnd(upstream.headers)
   if (upstream.headers['content-length'] !== undefined) out['content-length'] = upstream.headers['content-length']
   await ctx.writeHead(upstream.statusCode ?? 502, out)
   ctx.res.flushHeaders()
   await new Promise<void>(resolve => {
     upstream.pipe(ctx.res)
-    const done = (): void => { resolve() }
+    const done = (): void => {
+      resolve()
+    }
     upstream.once('end', done)
-    upstream.once('error', () => { ctx.res.destroy(); done() })
-    ctx.res.once('close', () => { upstream.destroy(); done() })
+    upstream.once('error', () => {
+      ctx.res.destroy()
+      done()
+    })
+    ctx.res.once('close', () => {
+      upstream.destroy()
+      done()
+    })
   })
 }

@@ -4,10 +4,13 @@
  * primary's own series into one exposition (HELP and TYPE once per family).
  */
 
-interface Family { meta: string[]; samples: string[] }
+interface Family {
+  meta: string[]
+  samples: string[]
+}
 
 /** Adds `worker="N"` to every series of a Prometheus text exposition, and merges families (HELP/TYPE once). */
-export function mergeMetrics (parts: ReadonlyArray<{ worker: number; text: string }>, own: string): string {
+export function mergeMetrics(parts: ReadonlyArray<{ worker: number; text: string }>, own: string): string {
   const families = new Map<string, Family>()
   add(families, own, undefined)
   for (const p of parts) add(families, p.text, `worker="${p.worker}"`)
@@ -16,14 +19,17 @@ export function mergeMetrics (parts: ReadonlyArray<{ worker: number; text: strin
   return out
 }
 
-function familyOf (families: Map<string, Family>, name: string): Family {
+function familyOf(families: Map<string, Family>, name: string): Family {
   let f = families.get(name)
-  if (f === undefined) { f = { meta: [], samples: [] }; families.set(name, f) }
+  if (f === undefined) {
+    f = { meta: [], samples: [] }
+    families.set(name, f)
+  }
   return f
 }
 
 /** One exposition into `families`; `label` (undefined: the primary's own) is added to each sample. */
-function add (families: Map<string, Family>, text: string, label: string | undefined): void {
+function add(families: Map<string, Family>, text: string, label: string | undefined): void {
   let current: Family | undefined
   for (const line of text.split('\n')) {
     if (line === '') continue

@@ -58,24 +58,26 @@ export class ClusterNode {
   readonly #log: Logger
   #relayListener: NetServer | undefined
 
-  constructor (o: ClusterNodeOptions) {
+  constructor(o: ClusterNodeOptions) {
     this.worker = o.worker
     this.#cluster = o.cluster
     this.#mcpHost = o.mcpHost
     this.#log = o.log
     this.secret = o.cluster?.secret ?? o.worker?.secret
     this.clientRelay = this.secret === undefined ? undefined : createClientRelay(this.secret, o.log)
-    this.internalToken = o.worker === undefined
-      ? randomBytes(24).toString('base64url')
-      : createHmac('sha256', o.worker.secret).update('mcp-proxy internal requests').digest('base64url')
+    this.internalToken =
+      o.worker === undefined
+        ? randomBytes(24).toString('base64url')
+        : createHmac('sha256', o.worker.secret).update('mcp-proxy internal requests').digest('base64url')
   }
 
   /** Redis with `cluster.redis`, else the primary's store for a worker, else this process's memory. */
-  async openSharedState (): Promise<SharedStateLease> {
+  async openSharedState(): Promise<SharedStateLease> {
     const redis = this.#cluster?.redis
-    const state: SharedState = redis !== undefined
-      ? await createRedisState({ url: redis.url, keyPrefix: redis.keyPrefix, log: this.#log.child({ component: 'shared-state' }) })
-      : this.worker?.shared ?? createMemoryState()
+    const state: SharedState =
+      redis !== undefined
+        ? await createRedisState({ url: redis.url, keyPrefix: redis.keyPrefix, log: this.#log.child({ component: 'shared-state' }) })
+        : (this.worker?.shared ?? createMemoryState())
     // In the primary's store a dead worker's slots are freed at once; the lease is a second guard.
     const leaseMs = redis !== undefined ? redis.sessionLeaseSeconds * 1000 : state.kind === 'primary' ? 60_000 : Number.POSITIVE_INFINITY
     return { state, leaseMs }
@@ -86,10 +88,14 @@ export class ClusterNode {
    * process has peers (undefined alone). A worker binds its relay listener
    * first; `accept` hands each of its connections to the MCP listener.
    */
-  async openForward (accept: (socket: Socket) => void): Promise<ClusterForward | undefined> {
+  async openForward(accept: (socket: Socket) => void): Promise<ClusterForward | undefined> {
     if (this.secret === undefined || this.clientRelay === undefined) return undefined
     return createClusterForward({
-      secret: this.secret, advertiseUrl: await this.#advertiseUrl(accept), forwardTimeoutMs: this.#cluster?.forwardTimeoutMs ?? 5000, log: this.#log, clientRelay: this.clientRelay,
+      secret: this.secret,
+      advertiseUrl: await this.#advertiseUrl(accept),
+      forwardTimeoutMs: this.#cluster?.forwardTimeoutMs ?? 5000,
+      log: this.#log,
+      clientRelay: this.clientRelay,
     })
   }
 
@@ -99,7 +105,7 @@ export class ClusterNode {
    * loopback, or on mcp.host advertised under cluster.advertiseUrl's host when
    * workers are replicas too. Its connections are served by the MCP listener.
    */
-  async #advertiseUrl (accept: (socket: Socket) => void): Promise<string> {
+  async #advertiseUrl(accept: (socket: Socket) => void): Promise<string> {
     if (this.worker === undefined) return this.#cluster!.advertiseUrl
     const internal = createNetServer(accept)
     const host = this.#cluster === undefined ? '127.0.0.1' : this.#mcpHost
@@ -119,7 +125,7 @@ export class ClusterNode {
   }
 
   /** Stops accepting relayed connections (a worker's relay listener); those open drain with the MCP listener's. */
-  closeRelayListener (): Promise<void> | undefined {
+  closeRelayListener(): Promise<void> | undefined {
     const internal = this.#relayListener
     return internal === undefined ? undefined : new Promise<void>(resolve => internal.close(() => resolve()))
   }

@@ -14,13 +14,13 @@ export class PrimaryStore {
   readonly #store: SharedState
   readonly #log: Logger
 
-  constructor (store: SharedState, log: Logger) {
+  constructor(store: SharedState, log: Logger) {
     this.#store = store
     this.#log = log
   }
 
   /** Runs a worker's operation and sends it the outcome. */
-  async serve (slot: Slot, w: Worker, m: { id: number; op: StateOp; args: unknown[] }): Promise<void> {
+  async serve(slot: Slot, w: Worker, m: { id: number; op: StateOp; args: unknown[] }): Promise<void> {
     try {
       if (!STATE_OPS.has(m.op) || !Array.isArray(m.args)) throw new Error(`unknown operation ${String(m.op)}`)
       const value = await this.#run(slot, m.op, m.args)
@@ -31,32 +31,37 @@ export class PrimaryStore {
     }
   }
 
-  async #run (slot: Slot, op: StateOp, a: unknown[]): Promise<unknown> {
+  async #run(slot: Slot, op: StateOp, a: unknown[]): Promise<unknown> {
     const store = this.#store
     switch (op) {
-      case 'take': return store.take(a[0] as string, a[1] as number, a[2] as number)
+      case 'take':
+        return store.take(a[0] as string, a[1] as number, a[2] as number)
       case 'join': {
         const joined = await store.join(a[0] as string, a[1] as string, a[2] as number, a[3] as number)
         if (joined) slot.joins.set(`${a[0] as string} ${a[1] as string}`, { key: a[0] as string, member: a[1] as string })
         return joined
       }
-      case 'renew': await store.renew(a[0] as Array<{ key: string; member: string }>, a[1] as number); return undefined
+      case 'renew':
+        await store.renew(a[0] as Array<{ key: string; member: string }>, a[1] as number)
+        return undefined
       case 'leave':
         await store.leave(a[0] as string, a[1] as string)
         slot.joins.delete(`${a[0] as string} ${a[1] as string}`)
         return undefined
-      case 'putOnce': return store.putOnce(a[0] as string, a[1] as string, a[2] as number)
-      case 'takeOnce': return store.takeOnce(a[0] as string)
+      case 'putOnce':
+        return store.putOnce(a[0] as string, a[1] as string, a[2] as number)
+      case 'takeOnce':
+        return store.takeOnce(a[0] as string)
     }
   }
 
   /** The cap slots of a worker that exited, freed at once. */
-  freeJoins (slot: Slot): void {
+  freeJoins(slot: Slot): void {
     for (const { key, member } of slot.joins.values()) void this.#store.leave(key, member)
     slot.joins.clear()
   }
 
-  close (): Promise<void> {
+  close(): Promise<void> {
     return this.#store.close()
   }
 }

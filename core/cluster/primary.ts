@@ -60,33 +60,52 @@ interface PrimaryListeners {
   close(): Promise<void>
 }
 
-function closeServer (s: Server): Promise<void> {
-  return new Promise(resolve => { s.close(() => resolve()); s.closeAllConnections() })
+function closeServer(s: Server): Promise<void> {
+  return new Promise(resolve => {
+    s.close(() => resolve())
+    s.closeAllConnections()
+  })
 }
 
-function listen (s: Server, port: number, host: string): Promise<void> {
+function listen(s: Server, port: number, host: string): Promise<void> {
   return new Promise((resolve, reject) => {
     s.once('error', reject)
-    s.listen(port, host, () => { s.off('error', reject); resolve() })
+    s.listen(port, host, () => {
+      s.off('error', reject)
+      resolve()
+    })
   })
 }
 
 /** Probes and admin, bound before any worker starts: a port in use fails start-up (exit 3) at once. */
-async function bindListeners (config: Readonly<GatewayConfig>, log: Logger, metrics: Metrics, slots: WorkerSlots): Promise<PrimaryListeners> {
-  const probes = config.probes === undefined
-    ? undefined
-    : createProbeServer({
-      log, metrics, metricsToken: config.probes.metricsToken, ready: () => slots.readiness(),
-      render: async () => { await metrics.collect(); return mergeMetrics(await slots.metrics(), metrics.render()) },
-    })
+async function bindListeners(config: Readonly<GatewayConfig>, log: Logger, metrics: Metrics, slots: WorkerSlots): Promise<PrimaryListeners> {
+  const probes =
+    config.probes === undefined
+      ? undefined
+      : createProbeServer({
+          log,
+          metrics,
+          metricsToken: config.probes.metricsToken,
+          ready: () => slots.readiness(),
+          render: async () => {
+            await metrics.collect()
+            return mergeMetrics(await slots.metrics(), metrics.render())
+          },
+        })
   const admin = config.admin.enabled ? createServer(createAdminRelay(slots.all, log)) : undefined
   const close = async (): Promise<void> => {
     if (probes !== undefined) await probes.close()
     if (admin !== undefined) await closeServer(admin)
   }
   try {
-    if (probes !== undefined) await listen(probes.server, config.probes!.port, config.probes!.host).catch((err: unknown) => { throw listenError(err, 'probes.port', config.probes!.port, config.probes!.host) })
-    if (admin !== undefined) await listen(admin, config.admin.port, config.admin.host).catch((err: unknown) => { throw listenError(err, 'admin.port', config.admin.port, config.admin.host) })
+    if (probes !== undefined)
+      await listen(probes.server, config.probes!.port, config.probes!.host).catch((err: unknown) => {
+        throw listenError(err, 'probes.port', config.probes!.port, config.probes!.host)
+      })
+    if (admin !== undefined)
+      await listen(admin, config.admin.port, config.admin.host).catch((err: unknown) => {
+        throw listenError(err, 'admin.port', config.admin.port, config.admin.host)
+      })
   } catch (err) {
     await close()
     throw err
@@ -95,7 +114,7 @@ async function bindListeners (config: Readonly<GatewayConfig>, log: Logger, metr
 }
 
 /** Runs the primary: forks the workers, serves probes and admin, and owns signals. Resolves once the listeners are bound. */
-export async function runPrimary (o: PrimaryOptions): Promise<void> {
+export async function runPrimary(o: PrimaryOptions): Promise<void> {
   const { config } = o.loaded
   const log = o.log.child({ component: 'workers' })
   const metrics = new Metrics()
@@ -118,8 +137,10 @@ export async function runPrimary (o: PrimaryOptions): Promise<void> {
 
   for (const s of slots.all) primary.fork(s)
   const admin = listeners.admin !== undefined ? `${config.admin.host}:${config.admin.port}` : undefined
-  log.info({ workers: o.count, pid: process.pid, probes: config.probes !== undefined ? `${config.probes.host}:${config.probes.port}` : undefined, admin },
-    `mcp-proxy primary: starting ${o.count} workers on ${config.mcp.host}:${config.mcp.port}`)
+  log.info(
+    { workers: o.count, pid: process.pid, probes: config.probes !== undefined ? `${config.probes.host}:${config.probes.port}` : undefined, admin },
+    `mcp-proxy primary: starting ${o.count} workers on ${config.mcp.host}:${config.mcp.port}`
+  )
 }
 
 interface PrimaryParts {
@@ -147,13 +168,13 @@ class Primary {
   #killTimer: NodeJS.Timeout | undefined
   #finishing: Promise<void> | undefined
 
-  constructor (p: PrimaryParts) {
+  constructor(p: PrimaryParts) {
     this.#p = p
     this.#config = p.o.loaded.config
     this.#store = new PrimaryStore(createMemoryState(), p.log)
   }
 
-  fork (slot: Slot): void {
+  fork(slot: Slot): void {
     const w = cluster.fork({ [WORKER_ENV]: String(slot.n) })
     slot.worker = w
     slot.up = false
@@ -161,23 +182,31 @@ class Primary {
     w.on('message', (m: ToPrimary) => this.#onMessage(slot, w, m))
   }
 
-  #onMessage (slot: Slot, w: Worker, m: ToPrimary): void {
+  #onMessage(slot: Slot, w: Worker, m: ToPrimary): void {
     if (m === null || typeof m !== 'object') return
     switch (m.t) {
-      case 'mcpp:hello': w.send({ t: 'mcpp:init', secret: this.#secret } satisfies ToWorker); break
-      case 'mcpp:up': this.#up(slot, w, m.adminUrl); break
-      case 'mcpp:state': void this.#store.serve(slot, w, m); break
+      case 'mcpp:hello':
+        w.send({ t: 'mcpp:init', secret: this.#secret } satisfies ToWorker)
+        break
+      case 'mcpp:up':
+        this.#up(slot, w, m.adminUrl)
+        break
+      case 'mcpp:state':
+        void this.#store.serve(slot, w, m)
+        break
       case 'mcpp:group':
         if (typeof m.pid === 'number' && m.pid > 0) {
           if (m.alive) slot.groups.add(m.pid)
           else slot.groups.delete(m.pid)
         }
         break
-      case 'mcpp:answer': this.#p.slots.answered(m.id, m.value); break
+      case 'mcpp:answer':
+        this.#p.slots.answered(m.id, m.value)
+        break
     }
   }
 
-  #up (slot: Slot, w: Worker, adminUrl: unknown): void {
+  #up(slot: Slot, w: Worker, adminUrl: unknown): void {
     const { log, o, slots } = this.#p
     slot.up = true
     slot.adminUrl = typeof adminUrl === 'string' ? adminUrl : undefined
@@ -188,16 +217,20 @@ class Primary {
     }
   }
 
-  #killGroups (slot: Slot): void {
+  #killGroups(slot: Slot): void {
     for (const pid of slot.groups) {
-      try { process.kill(-pid, 'SIGKILL') } catch { /* gone already */ }
+      try {
+        process.kill(-pid, 'SIGKILL')
+      } catch {
+        /* gone already */
+      }
     }
     if (slot.groups.size > 0) this.#p.log.info({ worker: slot.n, groups: slot.groups.size }, 'killed the stdio children of a worker that exited')
     slot.groups.clear()
   }
 
   /** node:cluster 'exit': the worker's children and cap slots go with it; then stop, or replace it. */
-  exited (w: Worker, code: number | null, signal: string | null): void {
+  exited(w: Worker, code: number | null, signal: string | null): void {
     const { log, slots } = this.#p
     const slot = slots.all.find(s => s.worker === w)
     if (slot === undefined) return
@@ -218,11 +251,14 @@ class Primary {
       this.stop('start-up failure')
       return
     }
-    log.error({ worker: slot.n, pid: w.process.pid, code, signal }, 'worker died: its sessions are gone (their clients get 404 and initialize again); starting a replacement')
+    log.error(
+      { worker: slot.n, pid: w.process.pid, code, signal },
+      'worker died: its sessions are gone (their clients get 404 and initialize again); starting a replacement'
+    )
     this.#replace(slot)
   }
 
-  #replace (slot: Slot): void {
+  #replace(slot: Slot): void {
     const limit = this.#config.workerRestartsPerMinute
     const now = Date.now()
     while (this.#restartTimes.length > 0 && now - this.#restartTimes[0]! > 60_000) this.#restartTimes.shift()
@@ -237,7 +273,7 @@ class Primary {
     this.fork(slot)
   }
 
-  #finish (): Promise<void> {
+  #finish(): Promise<void> {
     this.#finishing ??= (async () => {
       clearTimeout(this.#killTimer)
       await this.#p.listeners.close()
@@ -250,11 +286,14 @@ class Primary {
   }
 
   /** Readiness fails, `probes.shutdownDelayMs` passes, then every worker drains; a second call kills them. */
-  stop (reason: string): void {
+  stop(reason: string): void {
     const { log, slots, o, listeners } = this.#p
     if (this.#stopping) {
       log.warn({ reason }, 'second signal: killing the workers now')
-      for (const s of slots.all) { s.worker?.process.kill('SIGKILL'); this.#killGroups(s) }
+      for (const s of slots.all) {
+        s.worker?.process.kill('SIGKILL')
+        this.#killGroups(s)
+      }
       o.exit(1)
     }
     this.#stopping = true
@@ -263,13 +302,20 @@ class Primary {
     setTimeout(() => this.#drainWorkers(), this.#config.probes?.shutdownDelayMs ?? 0)
   }
 
-  #drainWorkers (): void {
+  #drainWorkers(): void {
     const { log, slots } = this.#p
     for (const s of slots.all) s.worker?.process.kill('SIGTERM')
-    if (slots.all.every(s => s.worker === undefined)) { void this.#finish(); return }
+    if (slots.all.every(s => s.worker === undefined)) {
+      void this.#finish()
+      return
+    }
     // A worker that does not finish its drain in time is killed (its children with it).
     this.#killTimer = setTimeout(() => {
-      for (const s of slots.all) if (s.worker !== undefined) { log.warn({ worker: s.n }, 'worker did not stop in time: killed'); s.worker.process.kill('SIGKILL') }
+      for (const s of slots.all)
+        if (s.worker !== undefined) {
+          log.warn({ worker: s.n }, 'worker did not stop in time: killed')
+          s.worker.process.kill('SIGKILL')
+        }
     }, this.#config.mcp.limits.shutdownGraceMs + 10_000)
   }
 }

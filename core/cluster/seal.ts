@@ -12,12 +12,12 @@ const IV_BYTES = 12
 const TAG_BYTES = 16
 
 /** A 256-bit key for one use of `secret` (RFC 5869 HKDF-SHA256; `info` names the use). */
-export function sealKey (secret: string, info: string): Buffer {
+export function sealKey(secret: string, info: string): Buffer {
   return Buffer.from(hkdfSync('sha256', secret, 'mcp-proxy', info, 32))
 }
 
 /** AES-256-GCM with a random 96-bit IV (NIST SP 800-38D §8.2.2); `aad` is authenticated, not carried. */
-export function seal (key: Buffer, plain: readonly Buffer[], aad?: Buffer): string {
+export function seal(key: Buffer, plain: readonly Buffer[], aad?: Buffer): string {
   const iv = randomBytes(IV_BYTES)
   const c = createCipheriv('aes-256-gcm', key, iv)
   if (aad !== undefined) c.setAAD(aad)
@@ -31,7 +31,7 @@ export function seal (key: Buffer, plain: readonly Buffer[], aad?: Buffer): stri
  * `aad`). Ids longer than `maxChars` or whose plain text would be shorter than `minPlain` bytes
  * are refused before any decryption: a bound on the work an attacker's id costs.
  */
-export function unseal (key: Buffer, id: string, minPlain: number, maxChars: number, aad?: Buffer): Buffer | undefined {
+export function unseal(key: Buffer, id: string, minPlain: number, maxChars: number, aad?: Buffer): Buffer | undefined {
   if (id.length > maxChars) return undefined
   const raw = Buffer.from(id, 'base64url')
   if (raw.length < IV_BYTES + minPlain + TAG_BYTES) return undefined

@@ -19,8 +19,11 @@ const SUBJECT_BYTES = 16
 export const MAX_SEALED_UPSTREAM_ID = 256
 
 /** The caller's subject as sealed: a digest, so a long subject does not lengthen the id (undefined: no token). */
-function subjectDigest (subject: string | undefined): Buffer {
-  return createHash('sha256').update(subject === undefined ? '\0' : `s:${subject}`).digest().subarray(0, SUBJECT_BYTES)
+function subjectDigest(subject: string | undefined): Buffer {
+  return createHash('sha256')
+    .update(subject === undefined ? '\0' : `s:${subject}`)
+    .digest()
+    .subarray(0, SUBJECT_BYTES)
 }
 
 export class SessionIds {
@@ -30,7 +33,7 @@ export class SessionIds {
   readonly #upstreamKey: Buffer
   readonly #selfBytes: Buffer
 
-  constructor (secret: string, advertiseUrl: string) {
+  constructor(secret: string, advertiseUrl: string) {
     this.self = new URL(advertiseUrl).origin
     this.#selfBytes = Buffer.from(this.self, 'utf8')
     this.#ownerKey = sealKey(secret, 'session-id owner seal v1')
@@ -38,22 +41,24 @@ export class SessionIds {
   }
 
   /** A new session id naming this replica as the owner. */
-  newOwnerId (): string {
+  newOwnerId(): string {
     return seal(this.#ownerKey, [randomBytes(NONCE_BYTES), this.#selfBytes])
   }
 
   /** The owner origin sealed in `id`; undefined for a forged, altered or foreign id. */
-  ownerOf (id: string): string | undefined {
-    return unseal(this.#ownerKey, id, NONCE_BYTES + 1, MAX_ID_CHARS)?.subarray(NONCE_BYTES).toString('utf8')
+  ownerOf(id: string): string | undefined {
+    return unseal(this.#ownerKey, id, NONCE_BYTES + 1, MAX_ID_CHARS)
+      ?.subarray(NONCE_BYTES)
+      .toString('utf8')
   }
 
-  sealUpstream (target: string, subject: string | undefined, upstreamId: string): string | undefined {
+  sealUpstream(target: string, subject: string | undefined, upstreamId: string): string | undefined {
     const up = Buffer.from(upstreamId, 'utf8')
     if (up.length === 0 || up.length > MAX_SEALED_UPSTREAM_ID) return undefined
     return seal(this.#upstreamKey, [subjectDigest(subject), up], Buffer.from(target, 'utf8'))
   }
 
-  openUpstream (target: string, subject: string | undefined, id: string): string | undefined {
+  openUpstream(target: string, subject: string | undefined, id: string): string | undefined {
     const plain = unseal(this.#upstreamKey, id, SUBJECT_BYTES + 1, MAX_ID_CHARS, Buffer.from(target, 'utf8'))
     // Another subject's id is as unknown as a forged one.
     if (plain === undefined || !timingSafeEqual(plain.subarray(0, SUBJECT_BYTES), subjectDigest(subject))) return undefined

@@ -54,40 +54,45 @@ export interface RedisStateOptions {
 /** Keys of the memory store at once (buckets, cap sets, codes each); the least recently touched go first. */
 const MEMORY_MAX_KEYS = 100_000
 
-function unavailable (cause: unknown): ProxyError {
+function unavailable(cause: unknown): ProxyError {
   return new ProxyError('MCPP_ERR_SHARED_STATE', 503, 'Service Unavailable: shared state (Redis) is unreachable', {
-    cause, headers: { 'retry-after': '1' }, expose: true,
+    cause,
+    headers: { 'retry-after': '1' },
+    expose: true,
   })
 }
 
 /** Keys name subjects and client addresses: hashed, so Redis holds no identity and keys stay short. */
-function hashed (key: string): string {
+function hashed(key: string): string {
   return createHash('sha256').update(key).digest('base64url').slice(0, 27)
 }
 
-function touch<K, V> (map: Map<K, V>, key: K, value: V): void {
+function touch<K, V>(map: Map<K, V>, key: K, value: V): void {
   map.delete(key)
   map.set(key, value)
   if (map.size > MEMORY_MAX_KEYS) map.delete(map.keys().next().value!)
 }
 
-export function createMemoryState (now: () => number = () => performance.now()): SharedState {
+export function createMemoryState(now: () => number = () => performance.now()): SharedState {
   const buckets = new Map<string, { tokens: number; at: number }>()
   const sets = new Map<string, Map<string, number>>()
   const once = new Map<string, { value: string; until: number }>()
   return {
     kind: 'memory',
-    async take (key, capacity, windowMs) {
+    async take(key, capacity, windowMs) {
       const t = now()
       const rate = capacity / windowMs
       const b = buckets.get(key) ?? { tokens: capacity, at: t }
       b.tokens = Math.min(capacity, b.tokens + (t - b.at) * rate)
       b.at = t
       touch(buckets, key, b)
-      if (b.tokens >= 1) { b.tokens -= 1; return 0 }
+      if (b.tokens >= 1) {
+        b.tokens -= 1
+        return 0
+      }
       return Math.ceil((1 - b.tokens) / rate)
     },
-    async join (key, member, limit, leaseMs) {
+    async join(key, member, limit, leaseMs) {
       const t = now()
       const members = sets.get(key) ?? new Map<string, number>()
       for (const [m, until] of members) if (until <= t) members.delete(m)
@@ -96,33 +101,39 @@ export function createMemoryState (now: () => number = () => performance.now()):
       touch(sets, key, members)
       return true
     },
-    async renew (entries, leaseMs) {
+    async renew(entries, leaseMs) {
       const until = now() + leaseMs
       for (const { key, member } of entries) {
         const members = sets.get(key)
         if (members?.has(member) === true) members.set(member, until)
       }
     },
-    async leave (key, member) {
+    async leave(key, member) {
       const members = sets.get(key)
       if (members === undefined) return
       members.delete(member)
       if (members.size === 0) sets.delete(key)
     },
-    async putOnce (key, value, ttlMs) {
+    async putOnce(key, value, ttlMs) {
       const t = now()
       const held = once.get(key)
       if (held !== undefined && held.until > t) return false
       touch(once, key, { value, until: t + ttlMs })
       return true
     },
-    async takeOnce (key) {
+    async takeOnce(key) {
       const held = once.get(key)
       once.delete(key)
       return held !== undefined && held.until > now() ? held.value : undefined
     },
-    ready () { return { ready: true } },
-    async close () { buckets.clear(); sets.clear(); once.clear() },
+    ready() {
+      return { ready: true }
+    },
+    async close() {
+      buckets.clear()
+      sets.clear()
+      once.clear()
+    },
   }
 }
 
@@ -164,7 +175,7 @@ end
 return 1
 `
 
-export async function createRedisState (o: RedisStateOptions): Promise<SharedState> {
+export async function createRedisState(o: RedisStateOptions): Promise<SharedState> {
   const { log } = o
   const timeoutMs = o.commandTimeoutMs ?? 2000
   let lastError: string | undefined
@@ -194,13 +205,15 @@ export async function createRedisState (o: RedisStateOptions): Promise<SharedSta
 
   const k = (kind: string, key: string): string => `${o.keyPrefix}${kind}:${hashed(key)}`
 
-  async function run<T> (what: () => Promise<T>): Promise<T> {
+  async function run<T>(what: () => Promise<T>): Promise<T> {
     if (!client.isReady) throw unavailable(new Error(lastError ?? 'not connected'))
     let timer: NodeJS.Timeout | undefined
     try {
       return await Promise.race([
         what(),
-        new Promise<never>((_resolve, reject) => { timer = setTimeout(() => reject(new Error(`Redis command took over ${timeoutMs} ms`)), timeoutMs) }),
+        new Promise<never>((_resolve, reject) => {
+          timer = setTimeout(() => reject(new Error(`Redis command took over ${timeoutMs} ms`)), timeoutMs)
+        }),
       ])
     } catch (err) {
       if (ProxyError.is(err)) throw err
@@ -212,29 +225,29 @@ export async function createRedisState (o: RedisStateOptions): Promise<SharedSta
 
   return {
     kind: 'redis',
-    take (key, capacity, windowMs) {
+    take(key, capacity, windowMs) {
       return run(async () => Number(await client.eval(TAKE, { keys: [k('rate', key)], arguments: [String(capacity), String(capacity / windowMs)] })))
     },
-    join (key, member, limit, leaseMs) {
+    join(key, member, limit, leaseMs) {
       return run(async () => Number(await client.eval(JOIN, { keys: [k('cap', key)], arguments: [hashed(member), String(limit), String(leaseMs)] })) === 1)
     },
-    async renew (entries, leaseMs) {
+    async renew(entries, leaseMs) {
       if (entries.length === 0) return
       await run(() => client.eval(RENEW, { keys: entries.map(e => k('cap', e.key)), arguments: [String(leaseMs), ...entries.map(e => hashed(e.member))] }))
     },
-    async leave (key, member) {
+    async leave(key, member) {
       await run(() => client.zRem(k('cap', key), hashed(member)))
     },
-    putOnce (key, value, ttlMs) {
+    putOnce(key, value, ttlMs) {
       return run(async () => (await client.set(k('once', key), value, { condition: 'NX', expiration: { type: 'PX', value: ttlMs } })) === 'OK')
     },
-    takeOnce (key) {
+    takeOnce(key) {
       return run(async () => (await client.getDel(k('once', key))) ?? undefined)
     },
-    ready () {
+    ready() {
       return client.isReady ? { ready: true } : { ready: false, reason: `Redis not connected${lastError !== undefined ? `: ${lastError}` : ''}` }
     },
-    async close () {
+    async close() {
       if (client.isOpen) await client.close().catch(() => client.destroy())
       else client.destroy()
     },

@@ -40,35 +40,44 @@ export interface ConnectWorkerOptions {
   readonly watchChildGroups: (watcher: (pid: number, alive: boolean) => void) => void
 }
 
-function send (message: ToPrimary): void {
+function send(message: ToPrimary): void {
   // The channel is gone when the primary died: the worker is shutting down then ('disconnect').
   if (process.connected) process.send!(message)
 }
 
-function unavailable (why: string): ProxyError {
+function unavailable(why: string): ProxyError {
   return new ProxyError('MCPP_ERR_SHARED_STATE', 503, 'Service Unavailable: shared state (the primary process) is unreachable', {
-    cause: new Error(why), headers: { 'retry-after': '1' }, expose: true,
+    cause: new Error(why),
+    headers: { 'retry-after': '1' },
+    expose: true,
   })
 }
 
-interface Pending { resolve(v: unknown): void; reject(e: unknown): void; timer: NodeJS.Timeout }
+interface Pending {
+  resolve(v: unknown): void
+  reject(e: unknown): void
+  timer: NodeJS.Timeout
+}
 
 /** The SharedState contract over IPC: each operation is one question to the primary's store, answered or timed out. */
 class PrimaryStateClient {
   readonly #pending = new Map<number, Pending>()
   #nextId = 1
 
-  call (op: StateOp, args: unknown[]): Promise<unknown> {
+  call(op: StateOp, args: unknown[]): Promise<unknown> {
     if (!process.connected) return Promise.reject(unavailable('IPC channel closed'))
     const id = this.#nextId++
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => { this.#pending.delete(id); reject(unavailable(`no answer within ${ASK_TIMEOUT_MS} ms`)) }, ASK_TIMEOUT_MS)
+      const timer = setTimeout(() => {
+        this.#pending.delete(id)
+        reject(unavailable(`no answer within ${ASK_TIMEOUT_MS} ms`))
+      }, ASK_TIMEOUT_MS)
       this.#pending.set(id, { resolve, reject, timer })
       send({ t: 'mcpp:state', id, op, args })
     })
   }
 
-  settle (m: Extract<ToWorker, { t: 'mcpp:state' }>): void {
+  settle(m: Extract<ToWorker, { t: 'mcpp:state' }>): void {
     const p = this.#pending.get(m.id)
     if (p === undefined) return
     this.#pending.delete(m.id)
@@ -77,36 +86,50 @@ class PrimaryStateClient {
     else p.reject(unavailable(m.error ?? 'failed'))
   }
 
-  failAll (): void {
-    for (const [id, p] of this.#pending) { clearTimeout(p.timer); p.reject(unavailable('closing')); this.#pending.delete(id) }
+  failAll(): void {
+    for (const [id, p] of this.#pending) {
+      clearTimeout(p.timer)
+      p.reject(unavailable('closing'))
+      this.#pending.delete(id)
+    }
   }
 
-  state (): SharedState {
+  state(): SharedState {
     const call = (op: StateOp, args: unknown[]): Promise<unknown> => this.call(op, args)
     return {
       kind: 'primary',
       take: (key, capacity, windowMs) => call('take', [key, capacity, windowMs]) as Promise<number>,
       join: (key, member, limit, leaseMs) => call('join', [key, member, limit, leaseMs]) as Promise<boolean>,
-      renew: async (entries, leaseMs) => { if (entries.length > 0) await call('renew', [entries, leaseMs]) },
-      leave: async (key, member) => { await call('leave', [key, member]) },
+      renew: async (entries, leaseMs) => {
+        if (entries.length > 0) await call('renew', [entries, leaseMs])
+      },
+      leave: async (key, member) => {
+        await call('leave', [key, member])
+      },
       putOnce: (key, value, ttlMs) => call('putOnce', [key, value, ttlMs]) as Promise<boolean>,
-      takeOnce: (key) => call('takeOnce', [key]) as Promise<string | undefined>,
-      ready: () => process.connected ? { ready: true } : { ready: false, reason: 'the primary process is gone' },
-      close: async () => { this.failAll() },
+      takeOnce: key => call('takeOnce', [key]) as Promise<string | undefined>,
+      ready: () => (process.connected ? { ready: true } : { ready: false, reason: 'the primary process is gone' }),
+      close: async () => {
+        this.failAll()
+      },
     }
   }
 }
 
 /** The primary's readiness or metrics question, answered with what the gateway says (nothing yet while it starts). */
-function answerQuestion (m: Extract<ToWorker, { t: 'mcpp:ask' }>, handlers: WorkerAnswers | undefined, log: Logger): void {
+function answerQuestion(m: Extract<ToWorker, { t: 'mcpp:ask' }>, handlers: WorkerAnswers | undefined, log: Logger): void {
   const reply = (value: unknown): void => send({ t: 'mcpp:answer', id: m.id, value })
   if (handlers === undefined) reply(m.what === 'ready' ? undefined : '')
   else if (m.what === 'ready') reply(handlers.ready())
-  else handlers.metrics().then(reply, (err: unknown) => { log.warn({ err }, 'rendering metrics for the primary failed'); reply('') })
+  else
+    handlers.metrics().then(reply, (err: unknown) => {
+      log.warn({ err }, 'rendering metrics for the primary failed')
+      reply('')
+    })
 }
 
 /** In a worker: says hello, waits for the primary's secret, and reports child process groups from now on. */
-export function connectWorker (o: ConnectWorkerOptions): Promise<WorkerChannel> {
+export function connectWorker(o: ConnectWorkerOptions): Promise<WorkerChannel> {
   const slot = Number(process.env[WORKER_ENV])
   const client = new PrimaryStateClient()
   const shared = client.state()
@@ -122,7 +145,9 @@ export function connectWorker (o: ConnectWorkerOptions): Promise<WorkerChannel> 
           secret: m.secret,
           shared,
           up: adminUrl => send({ t: 'mcpp:up', adminUrl }),
-          answer: h => { handlers = h },
+          answer: h => {
+            handlers = h
+          },
         })
       } else if (m.t === 'mcpp:state') client.settle(m)
       else if (m.t === 'mcpp:ask') answerQuestion(m, handlers, o.log)

@@ -73,7 +73,7 @@ export interface McpClusterParts {
   readonly secret?: string
 }
 
-export function createMcpCluster (parts: McpClusterParts = {}): McpCluster {
+export function createMcpCluster(parts: McpClusterParts = {}): McpCluster {
   const relay = parts.relay
   return {
     workerSlot: parts.workerSlot,
@@ -82,13 +82,15 @@ export function createMcpCluster (parts: McpClusterParts = {}): McpCluster {
     relay,
     newSessionId: relay?.newSessionId,
     secret: relay === undefined ? undefined : parts.secret,
-    sealedSessions (target) {
+    sealedSessions(target) {
       if (relay === undefined) return undefined
       return {
         seal: (subjectKey, upstreamId) => relay.sealUpstream(target, subjectKey, upstreamId),
         open: (subjectKey, id) => relay.openUpstream(target, subjectKey, id),
       }
     },
-    close () { relay?.close() },
+    close() {
+      relay?.close()
+    },
   }
 }

@@ -37,7 +37,12 @@ export interface McpEndpointOptions {
   readonly plugins: readonly Plugin[]
   readonly config: Pick<GatewayConfig['mcp'], 'session' | 'failClosed'> & {
     /** SSE bounds and tool labels; defaults as in the schema when absent. */
-    readonly limits?: Partial<Pick<GatewayConfig['mcp']['limits'], 'maxStreamBufferBytes' | 'maxBacklogBytes' | 'maxResumableStreams' | 'maxToolLabels' | 'maxTasksPerSession' | 'maxInputRequestsPerRound'>>
+    readonly limits?: Partial<
+      Pick<
+        GatewayConfig['mcp']['limits'],
+        'maxStreamBufferBytes' | 'maxBacklogBytes' | 'maxResumableStreams' | 'maxToolLabels' | 'maxTasksPerSession' | 'maxInputRequestsPerRound'
+      >
+    >
     /** Polling of session-era POST streams; off when absent. */
     readonly streams?: Partial<GatewayConfig['mcp']['streams']>
   }
@@ -78,13 +83,16 @@ const POOLED_PER_SUBJECT = 2
 /** The schema's default of mcp.limits.maxTasksPerSession, for callers that pass no limits (tests). */
 const DEFAULT_MAX_TASKS = 100
 
-export function createMcpEndpoint (opts: McpEndpointOptions): GatewayMcpEndpoint {
+export function createMcpEndpoint(opts: McpEndpointOptions): GatewayMcpEndpoint {
   return new Endpoint(opts)
 }
 
 /** GET and DELETE belong to sessions; revision 2026-07-28 answers them 405 (Streamable HTTP, Backward Compatibility). */
-function modernNotAllowed (ctx: RequestContext): never {
-  throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed in protocol revision 2026-07-28`, { headers: { allow: 'POST' }, rpcCode: RPC.INVALID_REQUEST })
+function modernNotAllowed(ctx: RequestContext): never {
+  throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed in protocol revision 2026-07-28`, {
+    headers: { allow: 'POST' },
+    rpcCode: RPC.INVALID_REQUEST,
+  })
 }
 
 class Endpoint implements GatewayMcpEndpoint {
@@ -102,13 +110,17 @@ class Endpoint implements GatewayMcpEndpoint {
    */
   readonly #arrivedAuthorization = new WeakMap<RequestContext, string>()
 
-  constructor (opts: McpEndpointOptions) {
+  constructor(opts: McpEndpointOptions) {
     const { config, log } = opts
     this.#opts = opts
     const idleMs = config.session.idleTimeoutSeconds * 1000
     const streams = streamLimits({ ...config.limits, pollAfterMs: config.streams?.pollAfterMs, log, metrics: opts.metrics })
     // Timed where each call is tracked in flight (upstreams/calls.ts), for both eras.
-    const meters = createCallMeters(opts.targets.map(f => f.target), opts.metrics, config.limits?.maxToolLabels)
+    const meters = createCallMeters(
+      opts.targets.map(f => f.target),
+      opts.metrics,
+      config.limits?.maxToolLabels
+    )
     const requestTimeoutMs = config.session.requestTimeoutSeconds * 1000
     const maxTasks = config.limits?.maxTasksPerSession ?? DEFAULT_MAX_TASKS
     const checkers = opts.plugins.filter(p => typeof p.allowMcpOperation === 'function')
@@ -121,7 +133,7 @@ class Endpoint implements GatewayMcpEndpoint {
     this.#sessions = new SessionRegistry({
       env: { log, meters, streams, requestTimeoutMs, failClosed: config.failClosed, maxTasks, checkers },
       // share: subject targets: the sessions of one subject lease the same pooled children.
-      factories: opts.targets.map(f => f.share === 'subject' ? sharedFactory(f, pool, maxTasks) : f),
+      factories: opts.targets.map(f => (f.share === 'subject' ? sharedFactory(f, pool, maxTasks) : f)),
       log,
       metrics: opts.metrics,
       idleMs,
@@ -133,14 +145,26 @@ class Endpoint implements GatewayMcpEndpoint {
     })
     const pooledGauge = opts.metrics.gauge('mcp_proxy_pooled_upstreams', 'Pooled upstreams: revision 2026-07-28 requests and share: subject targets')
     pooledGauge.collect = () => [[undefined, pool.size]]
-    this.#modern = createModernHandler({ targets: opts.targets, checkers, pool, log, failClosed: config.failClosed, streams, maxInputsPerRound: config.limits?.maxInputRequestsPerRound, maxTasks, cluster })
+    this.#modern = createModernHandler({
+      targets: opts.targets,
+      checkers,
+      pool,
+      log,
+      failClosed: config.failClosed,
+      streams,
+      maxInputsPerRound: config.limits?.maxInputRequestsPerRound,
+      maxTasks,
+      cluster,
+    })
     // Before the pipeline: the owner runs its own (the token is verified there, where
     // the session is bound to its subject); this replica only relays. Local sessions never decode their id.
     const relay = cluster.relay
     this.beforePipeline = relay === undefined ? undefined : ctx => this.#forwardForeignSession(ctx, relay)
   }
 
-  parse (body: Buffer): McpMessageInfo { return parseMcpBody(body) }
+  parse(body: Buffer): McpMessageInfo {
+    return parseMcpBody(body)
+  }
 
   /**
    * The request's era is decided here, by one eraOf call, and handed on: a POST's once its body is read
@@ -148,7 +172,7 @@ class Endpoint implements GatewayMcpEndpoint {
    * unread) needs the headers' verdict on a POST before the body: if they do not make it the
    * passthrough's, the body decides in #post.
    */
-  async handle (ctx: RequestContext): Promise<void> {
+  async handle(ctx: RequestContext): Promise<void> {
     checkSessionIdSyntax(ctx)
     const passthrough = this.#opts.passthrough
     if (ctx.method === 'POST') {
@@ -165,35 +189,43 @@ class Endpoint implements GatewayMcpEndpoint {
         if (era === 'modern') modernNotAllowed(ctx)
         return deleteSession(this.#sessions, ctx)
       default:
-        throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed`, { headers: { allow: 'GET, POST, DELETE' }, rpcCode: RPC.INVALID_REQUEST })
+        throw new ProxyError('MCPP_ERR_METHOD_NOT_ALLOWED', 405, `method ${ctx.method} not allowed`, {
+          headers: { allow: 'GET, POST, DELETE' },
+          rpcCode: RPC.INVALID_REQUEST,
+        })
     }
   }
 
-  async #post (ctx: RequestContext): Promise<void> {
+  async #post(ctx: RequestContext): Promise<void> {
     const accept = header(ctx, 'accept') ?? ''
     if (!accept.includes('application/json') || !accept.includes('text/event-stream')) {
-      throw new ProxyError('MCPP_ERR_NOT_ACCEPTABLE', 406, 'Not Acceptable: Accept must list application/json and text/event-stream', { rpcCode: RPC.INVALID_REQUEST })
+      throw new ProxyError('MCPP_ERR_NOT_ACCEPTABLE', 406, 'Not Acceptable: Accept must list application/json and text/event-stream', {
+        rpcCode: RPC.INVALID_REQUEST,
+      })
     }
     const ct = header(ctx, 'content-type') ?? ''
     if (!ct.toLowerCase().startsWith('application/json')) {
-      throw new ProxyError('MCPP_ERR_UNSUPPORTED_MEDIA_TYPE', 415, 'Unsupported Media Type: Content-Type must be application/json', { rpcCode: RPC.INVALID_REQUEST })
+      throw new ProxyError('MCPP_ERR_UNSUPPORTED_MEDIA_TYPE', 415, 'Unsupported Media Type: Content-Type must be application/json', {
+        rpcCode: RPC.INVALID_REQUEST,
+      })
     }
     const { body } = await ctx.readMcpMessage()
     if (eraOf(ctx, body) === 'modern') {
       const relay = this.#cluster.relay
-      if (relay !== undefined && await this.#relayParkedRetry(ctx, body as JsonRpcMessage, relay)) return
+      if (relay !== undefined && (await this.#relayParkedRetry(ctx, body as JsonRpcMessage, relay))) return
       return this.#modern.post(ctx, body)
     }
     return postToSession(this.#sessions, ctx, body)
   }
 
   /** A request for a session another replica owns: relayed there before the pipeline (McpEndpoint.beforePipeline). */
-  #forwardForeignSession (ctx: RequestContext, relay: McpRelay): Promise<void | false> | undefined {
+  #forwardForeignSession(ctx: RequestContext, relay: McpRelay): Promise<void | false> | undefined {
     const sid = header(ctx, 'mcp-session-id')
     if (sid === undefined) {
       // Perhaps a retry of a call parked on another process: relayed after the pipeline (relayParkedRetry).
       const authorization = ctx.req.headers.authorization
-      if (authorization !== undefined && ctx.method === 'POST' && PARKABLE.has(header(ctx, 'mcp-method') ?? '')) this.#arrivedAuthorization.set(ctx, authorization)
+      if (authorization !== undefined && ctx.method === 'POST' && PARKABLE.has(header(ctx, 'mcp-method') ?? ''))
+        this.#arrivedAuthorization.set(ctx, authorization)
       return undefined
     }
     // A passthrough session this process has served is answered here without decrypting its id.
@@ -208,7 +240,7 @@ class Endpoint implements GatewayMcpEndpoint {
    * after the pipeline: the caller is authenticated before its body is read (a body of up to
    * maxBodyBytes read ahead of the token check let unauthenticated callers pin memory).
    */
-  async #relayParkedRetry (ctx: RequestContext, msg: JsonRpcMessage, relay: McpRelay): Promise<boolean> {
+  async #relayParkedRetry(ctx: RequestContext, msg: JsonRpcMessage, relay: McpRelay): Promise<boolean> {
     // The revision's Mcp-Method header names the method (checked against the body by the handler).
     if (Array.isArray(msg) || msg === null || typeof msg !== 'object' || !PARKABLE.has(header(ctx, 'mcp-method') ?? '')) return false
     const state = msg.params?.requestState
@@ -220,14 +252,18 @@ class Endpoint implements GatewayMcpEndpoint {
       if (ctx.headersSent || !ProxyError.is(err) || err.code !== 'MCPP_ERR_SESSION_NOT_FOUND') throw err
       // The owner is gone with the parked call: the retry's state is unknown now, as the handler answers one
       // it never minted (MCP 2026-07-28 multi round-trip requests: an invalid requestState is rejected).
-      const body = JSON.stringify({ jsonrpc: '2.0', id: msg.id ?? null, error: { code: RPC.INVALID_PARAMS, message: 'Invalid params: unknown or expired requestState' } })
+      const body = JSON.stringify({
+        jsonrpc: '2.0',
+        id: msg.id ?? null,
+        error: { code: RPC.INVALID_PARAMS, message: 'Invalid params: unknown or expired requestState' },
+      })
       await ctx.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) })
       ctx.res.end(body)
     }
     return true
   }
 
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     this.#modern.close()
     await this.#sessions.close()
     await this.#pool.close()
@@ -235,20 +271,26 @@ class Endpoint implements GatewayMcpEndpoint {
     this.#cluster.close()
   }
 
-  sessions (): SessionSummary[] { return this.#sessions.summaries() }
+  sessions(): SessionSummary[] {
+    return this.#sessions.summaries()
+  }
 
-  endSession (idOrPrefix: string): boolean { return this.#sessions.endByPrefix(idOrPrefix, 'ended by admin') }
+  endSession(idOrPrefix: string): boolean {
+    return this.#sessions.endByPrefix(idOrPrefix, 'ended by admin')
+  }
 
-  drain (): void {
+  drain(): void {
     this.#sessions.drain()
     // Listen streams are idle by nature: ended now (a result, then the end
     // of the stream) instead of holding shutdown for the whole grace period.
     this.#modern.close()
   }
 
-  pooled (): PooledSummary[] { return this.#pool.describe() }
+  pooled(): PooledSummary[] {
+    return this.#pool.describe()
+  }
 
-  describeTargets (): TargetSummary[] {
+  describeTargets(): TargetSummary[] {
     return this.#opts.targets.map(f => ({ name: f.target, kind: f.kind, sessions: this.#sessions.countWith(f.target) }))
   }
 }

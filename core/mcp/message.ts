@@ -8,8 +8,9 @@ import type { McpMessageInfo } from '../context.ts'
 import { parseJsonRpcBody, type JsonRpcCall } from '../jsonrpc.ts'
 
 /** What the access log names: the tool or prompt of tools/call and prompts/get, the URI of resources/*. */
-function nameOf (m: JsonRpcCall | undefined): string | undefined {
-  const v = m?.method === 'tools/call' || m?.method === 'prompts/get' ? m.params?.name : m?.method?.startsWith('resources/') === true ? m.params?.uri : undefined
+function nameOf(m: JsonRpcCall | undefined): string | undefined {
+  const v =
+    m?.method === 'tools/call' || m?.method === 'prompts/get' ? m.params?.name : m?.method?.startsWith('resources/') === true ? m.params?.uri : undefined
   return typeof v === 'string' ? v : undefined
 }
 
@@ -18,6 +19,6 @@ function nameOf (m: JsonRpcCall | undefined): string | undefined {
  * Throws a ProxyError with -32700 for invalid JSON and -32600 for anything
  * that is not JSON-RPC 2.0 (JSON-RPC 2.0 §5.1).
  */
-export function parseMcpBody (buf: Buffer): McpMessageInfo {
+export function parseMcpBody(buf: Buffer): McpMessageInfo {
   return parseJsonRpcBody(buf, nameOf)
 }

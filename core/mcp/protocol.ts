@@ -14,7 +14,7 @@ import { VERSION } from '../version.ts'
 
 /** Session-era revisions we serve, newest first. */
 export const SESSION_REVISIONS = ['2025-11-25', '2025-06-18', '2025-03-26', '2024-11-05'] as const
-export type SessionRevision = typeof SESSION_REVISIONS[number]
+export type SessionRevision = (typeof SESSION_REVISIONS)[number]
 export const LATEST_SESSION_REVISION: SessionRevision = '2025-11-25'
 /** The stateless revision (modern/). */
 export const MODERN_REVISION = '2026-07-28'
@@ -69,7 +69,7 @@ export const LIST_KEYS = {
 export type ListMethod = keyof typeof LIST_KEYS
 
 /** Narrows a method once, so that the list code needs no lookup that might miss. */
-export function isListMethod (method: string): method is ListMethod {
+export function isListMethod(method: string): method is ListMethod {
   return Object.hasOwn(LIST_KEYS, method)
 }
 
@@ -84,7 +84,7 @@ export const NAMED = {
 
 export type NamedMethod = keyof typeof NAMED
 
-export function isNamedMethod (method: string): method is NamedMethod {
+export function isNamedMethod(method: string): method is NamedMethod {
   return Object.hasOwn(NAMED, method)
 }
 
@@ -92,7 +92,7 @@ export function isNamedMethod (method: string): method is NamedMethod {
 export const TASK_METHODS: ReadonlySet<string> = new Set(['tasks/get', 'tasks/result', 'tasks/cancel'])
 
 /** An error answer the gateway makes itself (its id is set where it is sent). */
-export function rpcError (code: number, message: string): JsonRpcMessage {
+export function rpcError(code: number, message: string): JsonRpcMessage {
   return { jsonrpc: '2.0', error: { code, message } }
 }
 
@@ -103,17 +103,17 @@ export const KEEPALIVE_MS = 15_000
 
 const SESSION_SET: ReadonlySet<string> = new Set(SESSION_REVISIONS)
 
-export function isSessionRevision (v: unknown): v is SessionRevision {
+export function isSessionRevision(v: unknown): v is SessionRevision {
   return typeof v === 'string' && SESSION_SET.has(v)
 }
 
 /** The lifecycle rule: the client's revision when we support it, else our latest. */
-export function negotiateRevision (requested: unknown): SessionRevision {
+export function negotiateRevision(requested: unknown): SessionRevision {
   return isSessionRevision(requested) ? requested : LATEST_SESSION_REVISION
 }
 
 /** JSON-RPC batches exist only in 2025-03-26 (added there, removed in 2025-06-18). */
-export function allowsBatch (rev: SessionRevision): boolean {
+export function allowsBatch(rev: SessionRevision): boolean {
   return rev === '2025-03-26'
 }
 
@@ -137,7 +137,7 @@ export type Era = 'legacy' | 'modern'
  * always session era (`legacy`). Called once per request, by endpoint.ts,
  * which hands the decision on.
  */
-export function eraOf (ctx: RequestContext, body?: unknown): Era {
+export function eraOf(ctx: RequestContext, body?: unknown): Era {
   const header = ctx.req.headers['mcp-protocol-version']
   if (header === MODERN_REVISION) return 'modern'
   const sid = ctx.req.headers['mcp-session-id']

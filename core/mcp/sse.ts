@@ -39,12 +39,12 @@ export interface StreamLimits {
   readonly open: Set<SseStream>
 }
 
-export function frame (msg: unknown): string {
+export function frame(msg: unknown): string {
   return 'event: message\ndata: ' + JSON.stringify(msg) + '\n\n'
 }
 
 /** An event with its id (MCP 2025-11-25 transports, "Resumability and Redelivery"). */
-export function frameWithId (id: string, event: string): string {
+export function frameWithId(id: string, event: string): string {
   return 'id: ' + id + '\n' + event
 }
 
@@ -56,7 +56,7 @@ const RETRY_MS = 1000
  * client cut before the first message can still reconnect with `Last-Event-ID`, and
  * how soon to do so (MCP 2025-11-25 transports, "Sending Messages to the Server").
  */
-export function primingFrame (id: string): string {
+export function primingFrame(id: string): string {
   return 'id: ' + id + '\nretry: ' + String(RETRY_MS) + '\ndata:\n\n'
 }
 
@@ -70,13 +70,15 @@ export class Replay {
   #events: Array<{ seq: number; event: string; size: number }> = []
   #bytes = 0
 
-  constructor (maxBytes: number) {
+  constructor(maxBytes: number) {
     this.#maxBytes = maxBytes
   }
 
-  get bytes (): number { return this.#bytes }
+  get bytes(): number {
+    return this.#bytes
+  }
 
-  push (seq: number, event: string): void {
+  push(seq: number, event: string): void {
     const size = Buffer.byteLength(event)
     if (size > this.#maxBytes) return
     while (this.#events.length > 0 && this.#bytes + size > this.#maxBytes) this.#bytes -= this.#events.shift()!.size
@@ -85,7 +87,7 @@ export class Replay {
   }
 
   /** The kept events after `seq`, oldest first. */
-  after (seq: number): string[] {
+  after(seq: number): string[] {
     return this.#events.filter(e => e.seq > seq).map(e => e.event)
   }
 }
@@ -99,9 +101,12 @@ export class SseStream {
   #behind = false
   /** An event larger than the bound, accepted while the client kept up, widens the bound until 'drain'. */
   #slack = 0
-  readonly #caughtUp = (): void => { this.#behind = false; this.#slack = 0 }
+  readonly #caughtUp = (): void => {
+    this.#behind = false
+    this.#slack = 0
+  }
 
-  constructor (res: ServerResponse, limits: StreamLimits) {
+  constructor(res: ServerResponse, limits: StreamLimits) {
     this.res = res
     this.#limits = limits
     limits.open.add(this)
@@ -116,23 +121,23 @@ export class SseStream {
   }
 
   /** False once the response ended or the client went away. */
-  get open (): boolean {
+  get open(): boolean {
     return !this.#closed && !this.res.writableEnded && !this.res.destroyed
   }
 
-  onClose (fn: () => void): void {
+  onClose(fn: () => void): void {
     if (this.#closed) fn()
     else this.#closeHandlers.push(fn)
   }
 
   /** Writes one `message` event; false when the stream is gone (or was just closed as too slow). */
-  send (msg: unknown): boolean {
+  send(msg: unknown): boolean {
     if (!this.open) return false
     return this.sendFrame(frame(msg))
   }
 
   /** Writes one event already framed (a backlog entry). */
-  sendFrame (event: string): boolean {
+  sendFrame(event: string): boolean {
     if (!this.open || !this.#fits(event)) return false
     if (!this.#behind && event.length > this.#limits.maxBufferedBytes) this.#slack = Buffer.byteLength(event)
     if (!this.res.write(event) && !this.#behind) {
@@ -143,19 +148,22 @@ export class SseStream {
   }
 
   /** Ends the stream with a last event already framed. */
-  endFrame (event: string): void {
+  endFrame(event: string): void {
     if (this.open && this.#fits(event)) this.res.end(event)
   }
 
   /** Ends the stream, optionally with a last event (headers and event go out in one write). */
-  end (last?: unknown): void {
+  end(last?: unknown): void {
     if (!this.open) return
-    if (last === undefined) { this.res.end(); return }
+    if (last === undefined) {
+      this.res.end()
+      return
+    }
     const event = frame(last)
     if (this.#fits(event)) this.res.end(event)
   }
 
-  keepAlive (): void {
+  keepAlive(): void {
     // A client that is behind gains nothing from a comment.
     if (this.open && !this.#behind) this.res.write(': keep-alive\n\n')
   }
@@ -167,12 +175,15 @@ export class SseStream {
    * A stream past it is destroyed: its unsent bytes are freed now, not when
    * a stuck client would read them.
    */
-  #fits (event: string): boolean {
+  #fits(event: string): boolean {
     if (!this.#behind) return true
     const buffered = this.res.writableLength
     if (buffered + Buffer.byteLength(event) <= this.#limits.maxBufferedBytes + this.#slack) return true
     this.#limits.slowClosed.inc()
-    this.#limits.log.warn({ bufferedBytes: buffered, limit: this.#limits.maxBufferedBytes }, 'closed a slow SSE stream (client not reading; mcp.limits.maxStreamBufferBytes)')
+    this.#limits.log.warn(
+      { bufferedBytes: buffered, limit: this.#limits.maxBufferedBytes },
+      'closed a slow SSE stream (client not reading; mcp.limits.maxStreamBufferBytes)'
+    )
     this.res.destroy()
     return false
   }
@@ -192,14 +203,16 @@ export class Backlog {
   /** Dropped since the backlog was last handed over: logged once per episode. */
   #dropping = false
 
-  constructor (limits: StreamLimits, log: Logger) {
+  constructor(limits: StreamLimits, log: Logger) {
     this.#limits = limits
     this.#log = log
   }
 
-  get bytes (): number { return this.#bytes }
+  get bytes(): number {
+    return this.#bytes
+  }
 
-  push (msg: unknown): void {
+  push(msg: unknown): void {
     const event = frame(msg)
     const size = Buffer.byteLength(event)
     let dropped = 0
@@ -221,7 +234,7 @@ export class Backlog {
   }
 
   /** Hands every kept event to `write`, oldest first, and empties the backlog. */
-  drain (write: (event: string) => boolean): void {
+  drain(write: (event: string) => boolean): void {
     const events = this.#events
     this.#events = []
     this.#bytes = 0
@@ -230,7 +243,7 @@ export class Backlog {
   }
 
   /** Hands every kept message to `stream`, oldest first, and empties the backlog. */
-  flushTo (stream: SseStream): void {
+  flushTo(stream: SseStream): void {
     const events = this.#events
     this.#events = []
     this.#bytes = 0
@@ -240,9 +253,22 @@ export class Backlog {
 }
 
 /** The limits of one endpoint, with their metrics registered. */
-export function streamLimits (opts: { maxStreamBufferBytes?: number; maxBacklogBytes?: number; maxResumableStreams?: number; pollAfterMs?: number; log: Logger; metrics: import('../observability/metrics.ts').Metrics }): StreamLimits {
-  const slowClosed = opts.metrics.counter('mcp_proxy_sse_slow_streams_closed_total', 'SSE streams closed because the client did not read and the buffer reached mcp.limits.maxStreamBufferBytes')
-  const backlogDropped = opts.metrics.counter('mcp_proxy_sse_backlog_dropped_total', 'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes')
+export function streamLimits(opts: {
+  maxStreamBufferBytes?: number
+  maxBacklogBytes?: number
+  maxResumableStreams?: number
+  pollAfterMs?: number
+  log: Logger
+  metrics: import('../observability/metrics.ts').Metrics
+}): StreamLimits {
+  const slowClosed = opts.metrics.counter(
+    'mcp_proxy_sse_slow_streams_closed_total',
+    'SSE streams closed because the client did not read and the buffer reached mcp.limits.maxStreamBufferBytes'
+  )
+  const backlogDropped = opts.metrics.counter(
+    'mcp_proxy_sse_backlog_dropped_total',
+    'Messages dropped from a session backlog (no open stream) past mcp.limits.maxBacklogBytes'
+  )
   slowClosed.init()
   backlogDropped.init()
   const open = new Set<SseStream>()

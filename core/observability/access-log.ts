@@ -10,8 +10,16 @@ import type { Metrics, Counter, Histogram, CounterHandle, HistogramHandle } from
 import { methodLabel } from './metric-labels.ts'
 
 export interface AccessRecord {
-  id: string; method: string; path: string; status: number; durationMs: number
-  mcpMethod?: string; sessionId?: string; subject?: string; denial?: Denial; at: number
+  id: string
+  method: string
+  path: string
+  status: number
+  durationMs: number
+  mcpMethod?: string
+  sessionId?: string
+  subject?: string
+  denial?: Denial
+  at: number
   /** The tool a `tools/call` named (clipped, as in the access log). */
   tool?: string
 }
@@ -19,7 +27,7 @@ export interface AccessRecord {
 /** Client-chosen strings (tool names, URIs, user agents) are cut to this many characters in the access log. */
 const MAX_LOGGED_CHARS = 256
 
-function clip (s: string): string {
+function clip(s: string): string {
   return s.length > MAX_LOGGED_CHARS ? s.slice(0, MAX_LOGGED_CHARS) + '…' : s
 }
 
@@ -28,7 +36,7 @@ function clip (s: string): string {
  * `unauthenticated` (401), `forbidden` (403), `denied` (a per-operation
  * refusal answered inside a 2xx), or `error`.
  */
-export function outcomeOf (status: number, denial: Denial | undefined): 'allowed' | 'unauthenticated' | 'forbidden' | 'denied' | 'error' {
+export function outcomeOf(status: number, denial: Denial | undefined): 'allowed' | 'unauthenticated' | 'forbidden' | 'denied' | 'error' {
   if (status === 401) return 'unauthenticated'
   if (status === 403) return 'forbidden'
   if (denial !== undefined && status < 400) return 'denied'
@@ -55,7 +63,7 @@ export class AccessLog {
   /** Metric handles per route, then per status and MCP method, bound on first use. */
   readonly #routeMeters = new Map<string, RouteMeters>()
 
-  constructor (log: Logger, metrics: Metrics, onAccess: ((rec: AccessRecord) => void) | undefined) {
+  constructor(log: Logger, metrics: Metrics, onAccess: ((rec: AccessRecord) => void) | undefined) {
     this.#log = log
     this.#onAccess = onAccess
     this.#requests = metrics.counter('mcp_proxy_requests_total', 'Requests by route, status and MCP method')
@@ -68,18 +76,26 @@ export class AccessLog {
    * the request's own child logger exists (the line then goes through it).
    * Positional, so a request costs no argument object.
    */
-  record (ctx: RequestContext, route: string, status: number, durationMs: number, hasLog: boolean): void {
+  record(ctx: RequestContext, route: string, status: number, durationMs: number, hasLog: boolean): void {
     this.#count(ctx, route, status, durationMs)
     const sessionId = ctx.sessionId?.slice(0, 8)
     if (this.#log.isLevelEnabled('info')) this.#line(ctx, status, durationMs, hasLog, sessionId)
     this.#onAccess?.({
-      id: ctx.id, method: ctx.method, path: ctx.path, status, durationMs, mcpMethod: ctx.mcp?.method,
-      sessionId, subject: ctx.auth?.subject, denial: ctx.denial, at: Date.now(),
+      id: ctx.id,
+      method: ctx.method,
+      path: ctx.path,
+      status,
+      durationMs,
+      mcpMethod: ctx.mcp?.method,
+      sessionId,
+      subject: ctx.auth?.subject,
+      denial: ctx.denial,
+      at: Date.now(),
       tool: ctx.mcp?.method === 'tools/call' && ctx.mcp.name !== undefined ? clip(ctx.mcp.name) : undefined,
     })
   }
 
-  #count (ctx: RequestContext, route: string, status: number, durationMs: number): void {
+  #count(ctx: RequestContext, route: string, status: number, durationMs: number): void {
     // A label value from a bounded set: the client names the method (metric-labels.ts).
     const named = ctx.mcp?.method
     const mcpMethod = named === undefined ? '' : methodLabel(named)
@@ -108,19 +124,27 @@ export class AccessLog {
   }
 
   /** The access line. No child logger just for it: the request id goes in the object. */
-  #line (ctx: RequestContext, status: number, durationMs: number, hasLog: boolean, sessionId: string | undefined): void {
+  #line(ctx: RequestContext, status: number, durationMs: number, hasLog: boolean, sessionId: string | undefined): void {
     const info = ctx.mcp
     const named = info?.name === undefined ? undefined : clip(info.name)
     const ua = ctx.req.headers['user-agent']
     const line = {
       reqId: hasLog ? undefined : ctx.id,
-      method: ctx.method, path: ctx.path, status, durationMs: Math.round(durationMs * 1000) / 1000,
-      client: ctx.clientAddress, userAgent: ua === undefined ? undefined : clip(ua),
-      mcpMethod: info?.method, tool: info?.method === 'tools/call' ? named : undefined,
+      method: ctx.method,
+      path: ctx.path,
+      status,
+      durationMs: Math.round(durationMs * 1000) / 1000,
+      client: ctx.clientAddress,
+      userAgent: ua === undefined ? undefined : clip(ua),
+      mcpMethod: info?.method,
+      tool: info?.method === 'tools/call' ? named : undefined,
       prompt: info?.method === 'prompts/get' ? named : undefined,
       uri: info?.method?.startsWith('resources/') === true ? named : undefined,
-      target: ctx.target, sessionId, subject: ctx.auth?.subject,
-      outcome: outcomeOf(status, ctx.denial), denial: ctx.denial === undefined ? undefined : clip(denialText(ctx.denial)),
+      target: ctx.target,
+      sessionId,
+      subject: ctx.auth?.subject,
+      outcome: outcomeOf(status, ctx.denial),
+      denial: ctx.denial === undefined ? undefined : clip(denialText(ctx.denial)),
     }
     const log = hasLog ? ctx.log : this.#log
     log.info(line, 'request')

@@ -11,23 +11,45 @@
  * both directions.
  */
 const MCP_METHODS: ReadonlySet<string> = new Set([
-  'initialize', 'ping',
-  'resources/list', 'resources/templates/list', 'resources/read', 'resources/subscribe', 'resources/unsubscribe',
-  'prompts/list', 'prompts/get',
-  'tools/list', 'tools/call',
-  'logging/setLevel', 'completion/complete',
-  'sampling/createMessage', 'roots/list', 'elicitation/create',
-  'tasks/get', 'tasks/result', 'tasks/list', 'tasks/cancel',
-  'notifications/initialized', 'notifications/cancelled', 'notifications/progress', 'notifications/message',
-  'notifications/resources/updated', 'notifications/resources/list_changed',
-  'notifications/tools/list_changed', 'notifications/prompts/list_changed', 'notifications/roots/list_changed',
-  'notifications/elicitation/complete', 'notifications/tasks/status',
+  'initialize',
+  'ping',
+  'resources/list',
+  'resources/templates/list',
+  'resources/read',
+  'resources/subscribe',
+  'resources/unsubscribe',
+  'prompts/list',
+  'prompts/get',
+  'tools/list',
+  'tools/call',
+  'logging/setLevel',
+  'completion/complete',
+  'sampling/createMessage',
+  'roots/list',
+  'elicitation/create',
+  'tasks/get',
+  'tasks/result',
+  'tasks/list',
+  'tasks/cancel',
+  'notifications/initialized',
+  'notifications/cancelled',
+  'notifications/progress',
+  'notifications/message',
+  'notifications/resources/updated',
+  'notifications/resources/list_changed',
+  'notifications/tools/list_changed',
+  'notifications/prompts/list_changed',
+  'notifications/roots/list_changed',
+  'notifications/elicitation/complete',
+  'notifications/tasks/status',
   // 2026-07-28
-  'server/discover', 'subscriptions/listen', 'notifications/subscriptions/acknowledged',
+  'server/discover',
+  'subscriptions/listen',
+  'notifications/subscriptions/acknowledged',
 ])
 
 /** The method as a label value: its name when MCP defines it, else `other`. */
-export function methodLabel (method: string): string {
+export function methodLabel(method: string): string {
   return MCP_METHODS.has(method) ? method : 'other'
 }
 
@@ -48,10 +70,12 @@ export class AdvertisedNames {
   readonly #names = new Set<string>()
   readonly #max: number
 
-  constructor (max: number) { this.#max = max }
+  constructor(max: number) {
+    this.#max = max
+  }
 
   /** Records an advertised name; true when it became a label value now. */
-  add (name: unknown): name is string {
+  add(name: unknown): name is string {
     if (typeof name !== 'string' || name === '' || name.length > MAX_NAME_LENGTH) return false
     if (this.#names.size >= this.#max || this.#names.has(name)) return false
     this.#names.add(name)
@@ -59,7 +83,7 @@ export class AdvertisedNames {
   }
 
   /** The name as a label value: itself when advertised, else `other`. */
-  label (name: string): string {
+  label(name: string): string {
     return this.#names.has(name) ? name : 'other'
   }
 }

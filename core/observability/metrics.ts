@@ -18,7 +18,7 @@ export interface HistogramHandle {
 
 const NEEDS_ESCAPE = /[\\"\n]/
 
-function labelValue (v: string | number): string {
+function labelValue(v: string | number): string {
   if (typeof v === 'number') return String(v)
   return NEEDS_ESCAPE.test(v) ? v.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n') : v
 }
@@ -32,7 +32,7 @@ function labelValue (v: string | number): string {
 class LabelKeys {
   #order: string[] | undefined
 
-  keyOf (labels: Labels | undefined): string {
+  keyOf(labels: Labels | undefined): string {
     if (labels === undefined) return ''
     let order = this.#order
     if (order === undefined || !sameNames(order, labels)) {
@@ -48,7 +48,7 @@ class LabelKeys {
   }
 }
 
-function sameNames (order: readonly string[], labels: Labels): boolean {
+function sameNames(order: readonly string[], labels: Labels): boolean {
   let n = 0
   for (const _ in labels) n++
   if (n !== order.length) return false
@@ -57,7 +57,7 @@ function sameNames (order: readonly string[], labels: Labels): boolean {
 }
 
 /** One-off key for scrape-time gauges (not on a request path). */
-function labelKey (labels: Labels | undefined): string {
+function labelKey(labels: Labels | undefined): string {
   return new LabelKeys().keyOf(labels)
 }
 
@@ -68,31 +68,40 @@ export class Counter {
   readonly name: string
   readonly help: string
   readonly #keys = new LabelKeys()
-  constructor (name: string, help: string) { this.name = name; this.help = help }
-  inc (labels?: Labels, by = 1): void {
+  constructor(name: string, help: string) {
+    this.name = name
+    this.help = help
+  }
+  inc(labels?: Labels, by = 1): void {
     const k = this.#keys.keyOf(labels)
     this.values.set(k, (this.values.get(k) ?? 0) + by)
   }
-  get (labels?: Labels): number { return this.values.get(this.#keys.keyOf(labels)) ?? 0 }
+  get(labels?: Labels): number {
+    return this.values.get(this.#keys.keyOf(labels)) ?? 0
+  }
   /**
    * Creates the series at 0 when it does not exist yet, so it is scraped
    * before its first event: rate() and increase() see the first one, and
    * a dashboard shows 0 rather than nothing.
    */
-  init (labels?: Labels): void {
+  init(labels?: Labels): void {
     const k = this.#keys.keyOf(labels)
     if (!this.values.has(k)) this.values.set(k, 0)
   }
   /** Binds a label set: keep the handle where the labels are known ahead. */
-  labels (labels?: Labels): CounterHandle {
+  labels(labels?: Labels): CounterHandle {
     const k = this.#keys.keyOf(labels)
     const values = this.values
     return {
-      inc (by = 1) { values.set(k, (values.get(k) ?? 0) + by) },
-      get () { return values.get(k) ?? 0 },
+      inc(by = 1) {
+        values.set(k, (values.get(k) ?? 0) + by)
+      },
+      get() {
+        return values.get(k) ?? 0
+      },
     }
   }
-  render (): string {
+  render(): string {
     let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} counter\n`
     if (this.collect !== undefined) {
       for (const [l, v] of this.collect()) out += `${this.name}${l ? `{${labelKey(l)}}` : ''} ${v}\n`
@@ -108,9 +117,14 @@ export class Gauge {
   readonly name: string
   readonly help: string
   readonly #keys = new LabelKeys()
-  constructor (name: string, help: string) { this.name = name; this.help = help }
-  set (value: number, labels?: Labels): void { this.values.set(this.#keys.keyOf(labels), value) }
-  render (): string {
+  constructor(name: string, help: string) {
+    this.name = name
+    this.help = help
+  }
+  set(value: number, labels?: Labels): void {
+    this.values.set(this.#keys.keyOf(labels), value)
+  }
+  render(): string {
     let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} gauge\n`
     if (this.collect !== undefined) {
       for (const [l, v] of this.collect()) out += `${this.name}${l ? `{${labelKey(l)}}` : ''} ${v}\n`
@@ -120,7 +134,11 @@ export class Gauge {
   }
 }
 
-interface Series { counts: number[]; sum: number; count: number }
+interface Series {
+  counts: number[]
+  sum: number
+  count: number
+}
 
 export class Histogram {
   readonly series = new Map<string, Series>()
@@ -128,16 +146,20 @@ export class Histogram {
   readonly help: string
   readonly buckets: readonly number[]
   readonly #keys = new LabelKeys()
-  constructor (name: string, help: string, buckets: readonly number[]) { this.name = name; this.help = help; this.buckets = buckets }
-  observe (value: number, labels?: Labels): void {
+  constructor(name: string, help: string, buckets: readonly number[]) {
+    this.name = name
+    this.help = help
+    this.buckets = buckets
+  }
+  observe(value: number, labels?: Labels): void {
     this.#record(this.#series(this.#keys.keyOf(labels)), value)
   }
   /** Creates the series with no observations (see Counter.init). */
-  init (labels?: Labels): void {
+  init(labels?: Labels): void {
     this.#series(this.#keys.keyOf(labels))
   }
   /** Binds a label set: keep the handle where the labels are known ahead. */
-  labels (labels?: Labels): HistogramHandle {
+  labels(labels?: Labels): HistogramHandle {
     const k = this.#keys.keyOf(labels)
     let s: Series | undefined
     const observe = (value: number): void => {
@@ -146,7 +168,7 @@ export class Histogram {
     }
     return { observe }
   }
-  #series (k: string): Series {
+  #series(k: string): Series {
     let s = this.series.get(k)
     if (s === undefined) {
       s = { counts: new Array<number>(this.buckets.length).fill(0), sum: 0, count: 0 }
@@ -154,17 +176,19 @@ export class Histogram {
     }
     return s
   }
-  #record (s: Series, value: number): void {
+  #record(s: Series, value: number): void {
     const b = this.buckets
     for (let i = 0; i < b.length; i++) if (value <= b[i]!) s.counts[i]!++
     s.sum += value
     s.count++
   }
-  render (): string {
+  render(): string {
     let out = `# HELP ${this.name} ${this.help}\n# TYPE ${this.name} histogram\n`
     for (const [k, s] of this.series) {
       const sep = k ? k + ',' : ''
-      this.buckets.forEach((b, i) => { out += `${this.name}_bucket{${sep}le="${b}"} ${s.counts[i]}\n` })
+      this.buckets.forEach((b, i) => {
+        out += `${this.name}_bucket{${sep}le="${b}"} ${s.counts[i]}\n`
+      })
       out += `${this.name}_bucket{${sep}le="+Inf"} ${s.count}\n`
       out += `${this.name}_sum${k ? `{${k}}` : ''} ${s.sum}\n${this.name}_count${k ? `{${k}}` : ''} ${s.count}\n`
     }
@@ -176,26 +200,31 @@ export class Metrics {
   readonly #all = new Map<string, Counter | Gauge | Histogram>()
   readonly #before: Array<() => Promise<void>> = []
   /** Work done before each scrape that cannot be synchronous (e.g. counting open file descriptors). */
-  beforeScrape (fn: () => Promise<void>): void { this.#before.push(fn) }
+  beforeScrape(fn: () => Promise<void>): void {
+    this.#before.push(fn)
+  }
   /** Runs the `beforeScrape` work; the admin listener awaits it before `render()`. */
-  async collect (): Promise<void> {
+  async collect(): Promise<void> {
     await Promise.all(this.#before.map(fn => fn().catch(() => {})))
   }
-  counter (name: string, help: string): Counter {
+  counter(name: string, help: string): Counter {
     return this.#get(name, () => new Counter(name, help)) as Counter
   }
-  gauge (name: string, help: string): Gauge {
+  gauge(name: string, help: string): Gauge {
     return this.#get(name, () => new Gauge(name, help)) as Gauge
   }
-  histogram (name: string, help: string, buckets: readonly number[] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]): Histogram {
+  histogram(name: string, help: string, buckets: readonly number[] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]): Histogram {
     return this.#get(name, () => new Histogram(name, help, buckets)) as Histogram
   }
-  #get (name: string, make: () => Counter | Gauge | Histogram): Counter | Gauge | Histogram {
+  #get(name: string, make: () => Counter | Gauge | Histogram): Counter | Gauge | Histogram {
     let m = this.#all.get(name)
-    if (m === undefined) { m = make(); this.#all.set(name, m) }
+    if (m === undefined) {
+      m = make()
+      this.#all.set(name, m)
+    }
     return m
   }
-  render (): string {
+  render(): string {
     let out = ''
     for (const m of this.#all.values()) out += m.render()
     return out

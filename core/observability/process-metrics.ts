@@ -19,7 +19,7 @@ const START_SECONDS = Math.round((Date.now() - process.uptime() * 1000) / 1000)
 const GC_KINDS: Record<number, string> = { 1: 'minor', 2: 'major', 4: 'incremental', 8: 'weakcb' }
 
 /** Registers the process_* and nodejs_* families on `metrics`; returns a function that stops the monitors. */
-export function collectProcessMetrics (metrics: Metrics): () => void {
+export function collectProcessMetrics(metrics: Metrics): () => void {
   const cpu = (): NodeJS.CpuUsage => process.cpuUsage()
   metrics.counter('process_cpu_user_seconds_total', 'Total user CPU time spent in seconds.').collect = () => [[undefined, cpu().user / 1e6]]
   metrics.counter('process_cpu_system_seconds_total', 'Total system CPU time spent in seconds.').collect = () => [[undefined, cpu().system / 1e6]]
@@ -34,8 +34,8 @@ export function collectProcessMetrics (metrics: Metrics): () => void {
   let openFds: number | undefined
   let maxFds: number | undefined
   if (process.platform === 'linux') {
-    metrics.gauge('process_open_fds', 'Number of open file descriptors.').collect = () => openFds === undefined ? [] : [[undefined, openFds]]
-    metrics.gauge('process_max_fds', 'Maximum number of open file descriptors.').collect = () => maxFds === undefined ? [] : [[undefined, maxFds]]
+    metrics.gauge('process_open_fds', 'Number of open file descriptors.').collect = () => (openFds === undefined ? [] : [[undefined, openFds]])
+    metrics.gauge('process_max_fds', 'Maximum number of open file descriptors.').collect = () => (maxFds === undefined ? [] : [[undefined, maxFds]])
     metrics.beforeScrape(async () => {
       const [fds, limits] = await Promise.all([readdir('/proc/self/fd'), maxFds === undefined ? readFile('/proc/self/limits', 'utf8') : undefined])
       // readdir's own descriptor is in the list.
@@ -57,7 +57,10 @@ export function collectProcessMetrics (metrics: Metrics): () => void {
   metrics.gauge('nodejs_heap_space_size_used_bytes', 'Process heap space size used from Node.js in bytes.').collect = spaces('space_used_size')
   metrics.gauge('nodejs_heap_space_size_available_bytes', 'Process heap space size available from Node.js in bytes.').collect = spaces('space_available_size')
 
-  metrics.gauge('nodejs_active_resources', 'Number of active resources that are currently keeping the event loop alive, grouped by async resource type.').collect = () => {
+  metrics.gauge(
+    'nodejs_active_resources',
+    'Number of active resources that are currently keeping the event loop alive, grouped by async resource type.'
+  ).collect = () => {
     const byType = new Map<string, number>()
     for (const type of process.getActiveResourcesInfo()) byType.set(type, (byType.get(type) ?? 0) + 1)
     return [...byType].map(([type, n]): [{ type: string }, number] => [{ type }, n])
@@ -74,15 +77,30 @@ export function collectProcessMetrics (metrics: Metrics): () => void {
   const none = { min: 0, max: 0, mean: 0, stddev: 0, p50: 0, p90: 0, p99: 0 }
   let seen = none
   let lagNow = 0
-  metrics.beforeScrape(() => new Promise<void>(resolve => {
-    seen = delay.count === 0
-      ? none
-      : { min: delay.min, max: delay.max, mean: delay.mean, stddev: delay.stddev, p50: delay.percentile(50), p90: delay.percentile(90), p99: delay.percentile(99) }
-    delay.reset()
-    // How long a callback queued now waits: the lag at this moment.
-    const t0 = process.hrtime.bigint()
-    setImmediate(() => { lagNow = Number(process.hrtime.bigint() - t0) / 1e9; resolve() })
-  }))
+  metrics.beforeScrape(
+    () =>
+      new Promise<void>(resolve => {
+        seen =
+          delay.count === 0
+            ? none
+            : {
+                min: delay.min,
+                max: delay.max,
+                mean: delay.mean,
+                stddev: delay.stddev,
+                p50: delay.percentile(50),
+                p90: delay.percentile(90),
+                p99: delay.percentile(99),
+              }
+        delay.reset()
+        // How long a callback queued now waits: the lag at this moment.
+        const t0 = process.hrtime.bigint()
+        setImmediate(() => {
+          lagNow = Number(process.hrtime.bigint() - t0) / 1e9
+          resolve()
+        })
+      })
+  )
   metrics.gauge('nodejs_eventloop_lag_seconds', 'Lag of event loop in seconds.').collect = () => [[undefined, lagNow]]
   const lag = (key: keyof typeof none, help: string): void => {
     metrics.gauge(`nodejs_eventloop_lag_${key}_seconds`, help).collect = () => [[undefined, seen[key] / 1e9]]
@@ -95,7 +113,11 @@ export function collectProcessMetrics (metrics: Metrics): () => void {
   lag('p90', 'The 90th percentile of the recorded event loop delays.')
   lag('p99', 'The 99th percentile of the recorded event loop delays.')
 
-  const gc = metrics.histogram('nodejs_gc_duration_seconds', 'Garbage collection duration by kind, one of major, minor, incremental or weakcb.', [0.001, 0.01, 0.1, 1, 2, 5])
+  const gc = metrics.histogram(
+    'nodejs_gc_duration_seconds',
+    'Garbage collection duration by kind, one of major, minor, incremental or weakcb.',
+    [0.001, 0.01, 0.1, 1, 2, 5]
+  )
   for (const kind of Object.values(GC_KINDS)) gc.init({ kind })
   const gcHandles = new Map(Object.entries(GC_KINDS).map(([k, kind]) => [Number(k), gc.labels({ kind })]))
   const observer = new PerformanceObserver(list => {

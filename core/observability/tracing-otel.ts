@@ -6,7 +6,19 @@
  * names, mcp.*, gen_ai.tool.name, jsonrpc.request.id, rpc.response.status_code).
  */
 import type { Logger } from 'pino'
-import { diag, DiagLogLevel, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Attributes, type Context, type Span, type TextMapGetter, type Tracer as OtelApiTracer } from '@opentelemetry/api'
+import {
+  diag,
+  DiagLogLevel,
+  ROOT_CONTEXT,
+  SpanKind,
+  SpanStatusCode,
+  trace,
+  type Attributes,
+  type Context,
+  type Span,
+  type TextMapGetter,
+  type Tracer as OtelApiTracer,
+} from '@opentelemetry/api'
 import { W3CTraceContextPropagator } from '@opentelemetry/core'
 import { resourceFromAttributes } from '@opentelemetry/resources'
 import { BasicTracerProvider, BatchSpanProcessor, ParentBasedSampler, TraceIdRatioBasedSampler } from '@opentelemetry/sdk-trace-base'
@@ -21,18 +33,18 @@ const w3c = new W3CTraceContextPropagator()
 /** Reads `traceparent` / `tracestate` from request headers or from a `_meta` object alike. */
 const getter: TextMapGetter<Record<string, unknown>> = {
   keys: carrier => Object.keys(carrier),
-  get (carrier, key) {
+  get(carrier, key) {
     const v = carrier[key]
     return typeof v === 'string' ? v : Array.isArray(v) && typeof v[0] === 'string' ? v[0] : undefined
   },
 }
 
-function setter (carrier: Record<string, unknown>, key: string, value: string): void {
+function setter(carrier: Record<string, unknown>, key: string, value: string): void {
   carrier[key] = value
 }
 
 /** What the request's method names: the tool or prompt (low cardinality, the span name's target), or a resource URI (attribute only). */
-function targetAttributes (method: string | undefined, params: Record<string, unknown> | undefined, attrs: Attributes): string | undefined {
+function targetAttributes(method: string | undefined, params: Record<string, unknown> | undefined, attrs: Attributes): string | undefined {
   if (method === 'tools/call' && typeof params?.name === 'string') {
     attrs['gen_ai.tool.name'] = params.name
     attrs['gen_ai.operation.name'] = 'execute_tool'
@@ -46,42 +58,47 @@ function targetAttributes (method: string | undefined, params: Record<string, un
   return undefined
 }
 
-function spanName (method: string, target: string | undefined): string {
+function spanName(method: string, target: string | undefined): string {
   return target === undefined ? method : `${method} ${target}`
 }
 
 /** The first request (or notification) of a POST /mcp body. */
-function firstMessage (body: unknown): JsonRpcMessage | undefined {
+function firstMessage(body: unknown): JsonRpcMessage | undefined {
   const list = Array.isArray(body) ? body : [body]
   return list.find(m => typeof (m as JsonRpcMessage | null)?.method === 'string') as JsonRpcMessage | undefined
 }
 
 /** The session id as logs and the admin UI show it: its first 8 characters (the whole id is a credential of sorts). */
-function sessionOf (ctx: RequestContext): string | undefined {
+function sessionOf(ctx: RequestContext): string | undefined {
   return ctx.sessionId?.slice(0, 8)
 }
 
-export function createTracer (config: TracingConfig, log: Logger, version: string): Tracer {
+export function createTracer(config: TracingConfig, log: Logger, version: string): Tracer {
   // The SDK reports export failures through `diag`: into our log, warnings and up.
   const dlog = log.child({ component: 'tracing' })
-  diag.setLogger({
-    error: (msg: string) => dlog.warn(msg),
-    warn: (msg: string) => dlog.warn(msg),
-    info: () => {},
-    debug: () => {},
-    verbose: () => {},
-  }, { logLevel: DiagLogLevel.WARN, suppressOverrideMessage: true })
+  diag.setLogger(
+    {
+      error: (msg: string) => dlog.warn(msg),
+      warn: (msg: string) => dlog.warn(msg),
+      info: () => {},
+      debug: () => {},
+      verbose: () => {},
+    },
+    { logLevel: DiagLogLevel.WARN, suppressOverrideMessage: true }
+  )
   const exporter = new OTLPTraceExporter({ url: config.endpoint, headers: { ...config.headers }, timeoutMillis: config.exportTimeoutMs })
   const provider = new BasicTracerProvider({
     resource: resourceFromAttributes({ 'service.name': config.serviceName, 'service.version': version }),
     // A client that sent a sampled traceparent has decided for its trace; new traces are sampled by ratio.
     sampler: new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(config.samplingRatio) }),
-    spanProcessors: [new BatchSpanProcessor(exporter, {
-      maxQueueSize: config.maxQueueSize,
-      maxExportBatchSize: Math.min(512, config.maxQueueSize),
-      scheduledDelayMillis: config.batchDelayMs,
-      exportTimeoutMillis: config.exportTimeoutMs,
-    })],
+    spanProcessors: [
+      new BatchSpanProcessor(exporter, {
+        maxQueueSize: config.maxQueueSize,
+        maxExportBatchSize: Math.min(512, config.maxQueueSize),
+        scheduledDelayMillis: config.batchDelayMs,
+        exportTimeoutMillis: config.exportTimeoutMs,
+      }),
+    ],
   })
   return new OtelTracer(config, provider, dlog, version)
 }
@@ -94,7 +111,7 @@ class OtelTracer implements Tracer {
   readonly #otel: OtelApiTracer
   readonly #servers = new WeakMap<RequestContext, { span: Span; context: Context }>()
 
-  constructor (config: TracingConfig, provider: BasicTracerProvider, log: Logger, version: string) {
+  constructor(config: TracingConfig, provider: BasicTracerProvider, log: Logger, version: string) {
     this.#config = config
     this.#provider = provider
     this.#log = log
@@ -102,7 +119,7 @@ class OtelTracer implements Tracer {
   }
 
   /** A client span for a call of `msg` to `target`, child of the request's server span. */
-  #clientSpan (ctx: RequestContext, target: string, msg: JsonRpcMessage | undefined): Span {
+  #clientSpan(ctx: RequestContext, target: string, msg: JsonRpcMessage | undefined): Span {
     const method = msg?.method ?? `${ctx.method} ${ctx.path}`
     const attrs: Attributes = { 'mcp_proxy.target': target }
     let name: string | undefined
@@ -117,11 +134,11 @@ class OtelTracer implements Tracer {
   }
 
   /** The context children of the request's server span start in. */
-  #contextOf (ctx: RequestContext): Context {
+  #contextOf(ctx: RequestContext): Context {
     return this.#servers.get(ctx)?.context ?? ROOT_CONTEXT
   }
 
-  requestStarted (ctx: RequestContext): void {
+  requestStarted(ctx: RequestContext): void {
     const parent = w3c.extract(ROOT_CONTEXT, ctx.req.headers as Record<string, unknown>, getter)
     const attrs: Attributes = { 'http.request.method': ctx.method, 'url.path': ctx.path, 'network.protocol.name': 'http' }
     const peer = ctx.req.socket.remoteAddress
@@ -130,7 +147,7 @@ class OtelTracer implements Tracer {
     this.#servers.set(ctx, { span, context: trace.setSpan(parent, span) })
   }
 
-  requestFinished (ctx: RequestContext, status: number): void {
+  requestFinished(ctx: RequestContext, status: number): void {
     const entry = this.#servers.get(ctx)
     if (entry === undefined) return
     this.#servers.delete(ctx)
@@ -152,7 +169,7 @@ class OtelTracer implements Tracer {
     span.end()
   }
 
-  verification (ctx: RequestContext, cached: boolean): EndSpan {
+  verification(ctx: RequestContext, cached: boolean): EndSpan {
     const span = this.#otel.startSpan('verify token', { kind: SpanKind.INTERNAL, attributes: { 'mcp_proxy.token.cached': cached } }, this.#contextOf(ctx))
     if (cached) {
       span.end()
@@ -167,7 +184,7 @@ class OtelTracer implements Tracer {
     }
   }
 
-  upstreamCall (ctx: RequestContext, target: string, msg: JsonRpcMessage): (answer: JsonRpcMessage) => void {
+  upstreamCall(ctx: RequestContext, target: string, msg: JsonRpcMessage): (answer: JsonRpcMessage) => void {
     const span = this.#clientSpan(ctx, target, msg)
     withContext(msg, span)
     return (answer: JsonRpcMessage) => {
@@ -184,12 +201,14 @@ class OtelTracer implements Tracer {
     }
   }
 
-  async passthroughCall (ctx: RequestContext, target: string): Promise<Buffer | undefined> {
+  async passthroughCall(ctx: RequestContext, target: string): Promise<Buffer | undefined> {
     const isPost = ctx.method === 'POST'
     let body: unknown
     let unparsed: Buffer | undefined
     if (isPost) {
-      try { body = (await ctx.readMcpMessage()).body } catch (err) {
+      try {
+        body = (await ctx.readMcpMessage()).body
+      } catch (err) {
         // Not JSON-RPC: the passthrough forwards such a body as it came and the upstream answers it,
         // as with tracing off; tracing only watches. What is wrong with the body itself (413, 408) stands.
         if (!ProxyError.is(err) || (err.code !== 'MCPP_ERR_PARSE' && err.code !== 'MCPP_ERR_INVALID_REQUEST')) throw err
@@ -197,7 +216,11 @@ class OtelTracer implements Tracer {
       }
     }
     const list = (Array.isArray(body) ? body : body === undefined ? [] : [body]) as JsonRpcMessage[]
-    const span = this.#clientSpan(ctx, target, list.find(m => m.method !== undefined))
+    const span = this.#clientSpan(
+      ctx,
+      target,
+      list.find(m => m.method !== undefined)
+    )
     const carrier: Record<string, unknown> = {}
     w3c.inject(trace.setSpan(ROOT_CONTEXT, span), carrier, { set: setter })
     const headers = ctx.req.headers
@@ -216,21 +239,23 @@ class OtelTracer implements Tracer {
     return out
   }
 
-  httpHeaders (msg: JsonRpcMessage, headers: Record<string, string>): void {
+  httpHeaders(msg: JsonRpcMessage, headers: Record<string, string>): void {
     const meta = msg.params?._meta as Record<string, unknown> | undefined
     if (typeof meta?.traceparent !== 'string') return
     headers.traceparent = meta.traceparent
     if (typeof meta.tracestate === 'string') headers.tracestate = meta.tracestate
   }
 
-  async shutdown (): Promise<void> {
-    await this.#provider.shutdown().catch((err: unknown) => { this.#log.warn({ err: (err as Error).message }, 'tracing: final export failed') })
+  async shutdown(): Promise<void> {
+    await this.#provider.shutdown().catch((err: unknown) => {
+      this.#log.warn({ err: (err as Error).message }, 'tracing: final export failed')
+    })
     diag.disable()
   }
 }
 
 /** What the request's first message says, on its server span (the span is renamed after it). */
-function messageAttributes (span: Span, msg: JsonRpcMessage, method: string, attrs: Attributes): void {
+function messageAttributes(span: Span, msg: JsonRpcMessage, method: string, attrs: Attributes): void {
   attrs['mcp.method.name'] = method
   attrs['jsonrpc.protocol.version'] = '2.0'
   if (msg.id !== undefined && msg.id !== null) attrs['jsonrpc.request.id'] = String(msg.id)
@@ -245,7 +270,7 @@ function messageAttributes (span: Span, msg: JsonRpcMessage, method: string, att
 }
 
 /** Puts `span`'s context into the message's `params._meta`, replacing the caller's: the upstream's spans are children of this call. */
-function withContext (msg: JsonRpcMessage, span: Span): void {
+function withContext(msg: JsonRpcMessage, span: Span): void {
   const meta: Record<string, unknown> = {}
   const given = msg.params?._meta as Record<string, unknown> | undefined
   if (given !== null && typeof given === 'object') for (const k of Object.keys(given)) if (k !== 'traceparent' && k !== 'tracestate') meta[k] = given[k]
@@ -254,7 +279,7 @@ function withContext (msg: JsonRpcMessage, span: Span): void {
 }
 
 /** Ends a passthrough span with the response's status (0: the client went away before an answer). */
-function endWithResponse (span: Span, ctx: RequestContext): void {
+function endWithResponse(span: Span, ctx: RequestContext): void {
   const status = ctx.res.headersSent ? ctx.res.statusCode : 0
   span.setAttribute('http.response.status_code', status)
   if (status >= 500 || status === 0) {

@@ -18,7 +18,7 @@ export type { EndSpan, Tracer, TracingConfig } from './tracer.ts'
 export let tracer: Tracer | undefined
 
 /** Loads OpenTelemetry and starts exporting; does nothing (false) unless `config.enabled`. */
-export async function startTracing (config: TracingConfig | undefined, log: Logger, version: string): Promise<boolean> {
+export async function startTracing(config: TracingConfig | undefined, log: Logger, version: string): Promise<boolean> {
   if (config?.enabled !== true) return false
   const { createTracer } = await import('./tracing-otel.ts')
   await tracer?.shutdown()
@@ -30,7 +30,7 @@ export async function startTracing (config: TracingConfig | undefined, log: Logg
 }
 
 /** Exports the spans left (waiting at most `exportTimeoutMs`) and stops the active tracer, if any. */
-export async function stopTracing (): Promise<void> {
+export async function stopTracing(): Promise<void> {
   const t = tracer
   tracer = undefined
   await t?.shutdown()

@@ -11,7 +11,7 @@ import { delimiter, join, resolve } from 'node:path'
 import type { StdioTargetConfig } from '../config.ts'
 import { childEnv } from './stdio.ts'
 
-async function executable (path: string): Promise<boolean> {
+async function executable(path: string): Promise<boolean> {
   try {
     const s = await stat(path)
     if (!s.isFile()) return false
@@ -23,7 +23,7 @@ async function executable (path: string): Promise<boolean> {
 }
 
 /** Why the target cannot start (the wording of a failed spawn), or undefined when it can. */
-export async function commandProblem (config: Readonly<StdioTargetConfig>, baseDir: string): Promise<string | undefined> {
+export async function commandProblem(config: Readonly<StdioTargetConfig>, baseDir: string): Promise<string | undefined> {
   const cwd = resolve(baseDir, config.cwd ?? '.')
   try {
     if (!(await stat(cwd)).isDirectory()) return `working directory ${cwd}: ENOTDIR`
@@ -32,13 +32,13 @@ export async function commandProblem (config: Readonly<StdioTargetConfig>, baseD
   }
   const cmd = config.cmd
   if (cmd.includes('/') || (process.platform === 'win32' && cmd.includes('\\'))) {
-    return await executable(resolve(cwd, cmd)) ? undefined : `${cmd}: command not found (ENOENT)`
+    return (await executable(resolve(cwd, cmd))) ? undefined : `${cmd}: command not found (ENOENT)`
   }
   // Windows resolves through PATHEXT as well; only the POSIX rule is checked there.
   if (process.platform === 'win32') return undefined
   const path = childEnv(config.env).PATH ?? ''
   for (const dir of path.split(delimiter)) {
-    if (dir !== '' && await executable(join(resolve(cwd, dir), cmd))) return undefined
+    if (dir !== '' && (await executable(join(resolve(cwd, dir), cmd)))) return undefined
   }
   return `${cmd}: command not found (ENOENT)`
 }

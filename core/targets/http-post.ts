@@ -28,38 +28,51 @@ const agents = { http: new HttpAgent({ keepAlive: true }), https: new HttpsAgent
  * end when it is all here already (the connection goes back to the pool),
  * else destroyed.
  */
-export function post (url: URL, headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Answer> {
+export function post(url: URL, headers: Record<string, string>, body: string, signal: AbortSignal): Promise<Answer> {
   const https = url.protocol === 'https:'
   return new Promise((resolve, reject) => {
     let answer: IncomingMessage | undefined
-    const req = (https ? httpsRequest : httpRequest)(url, {
-      method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) }, agent: https ? agents.https : agents.http,
-    }, (res: IncomingMessage) => {
-      // A reader sees the stream's errors through its iterator; one that is done with it (or an
-      // abort after the answer) must not turn a late 'error' into an uncaught exception.
-      res.on('error', ignore)
-      answer = res
-      // Leaving the loop early (the answer came) must not destroy the response, which would
-      // close the connection even when the body is complete: cancel() decides.
-      const stream = {
-        [Symbol.asyncIterator]: () => res.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array>,
-        async cancel () {
-          if (res.complete) res.resume()
-          else res.destroy()
-        },
+    const req = (https ? httpsRequest : httpRequest)(
+      url,
+      {
+        method: 'POST',
+        headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) },
+        agent: https ? agents.https : agents.http,
+      },
+      (res: IncomingMessage) => {
+        // A reader sees the stream's errors through its iterator; one that is done with it (or an
+        // abort after the answer) must not turn a late 'error' into an uncaught exception.
+        res.on('error', ignore)
+        answer = res
+        // Leaving the loop early (the answer came) must not destroy the response, which would
+        // close the connection even when the body is complete: cancel() decides.
+        const stream = {
+          [Symbol.asyncIterator]: () => res.iterator({ destroyOnReturn: false }) as AsyncIterator<Uint8Array>,
+          async cancel() {
+            if (res.complete) res.resume()
+            else res.destroy()
+          },
+        }
+        const status = res.statusCode ?? 0
+        resolve({
+          status,
+          ok: status >= 200 && status < 300,
+          headers: {
+            get: (name: string) => {
+              const v = res.headers[name.toLowerCase()]
+              return v === undefined ? null : Array.isArray(v) ? v.join(', ') : v
+            },
+          },
+          body: stream,
+        })
       }
-      const status = res.statusCode ?? 0
-      resolve({
-        status,
-        ok: status >= 200 && status < 300,
-        headers: { get: (name: string) => { const v = res.headers[name.toLowerCase()]; return v === undefined ? null : Array.isArray(v) ? v.join(', ') : v } },
-        body: stream,
-      })
-    })
+    )
     // Not `signal` in the options: node would keep it bound to the request after the exchange,
     // and a late abort would destroy the pooled socket another request may be using by then.
     // A complete answer has nothing left to abort (its socket may be back in the pool already).
-    const abort = (): void => { if (answer?.complete !== true) req.destroy(signal.reason instanceof Error ? signal.reason : new Error('aborted')) }
+    const abort = (): void => {
+      if (answer?.complete !== true) req.destroy(signal.reason instanceof Error ? signal.reason : new Error('aborted'))
+    }
     if (signal.aborted) abort()
     signal.addEventListener('abort', abort, { once: true })
     req.once('close', () => signal.removeEventListener('abort', abort))

@@ -42,9 +42,19 @@ export interface HttpUpstreamOptions {
 }
 
 /** Request headers the gateway never lets a target's static headers override. */
-const RESERVED = new Set(['mcp-session-id', 'mcp-protocol-version', 'content-type', 'accept', 'content-length', 'host', 'connection', 'transfer-encoding', 'last-event-id'])
+const RESERVED = new Set([
+  'mcp-session-id',
+  'mcp-protocol-version',
+  'content-type',
+  'accept',
+  'content-length',
+  'host',
+  'connection',
+  'transfer-encoding',
+  'last-event-id',
+])
 
-function isRequest (m: JsonRpcMessage): m is JsonRpcMessage & { id: JsonRpcId; method: string } {
+function isRequest(m: JsonRpcMessage): m is JsonRpcMessage & { id: JsonRpcId; method: string } {
   return typeof m.method === 'string' && (typeof m.id === 'string' || typeof m.id === 'number')
 }
 
@@ -74,7 +84,7 @@ export class HttpUpstream implements Upstream {
   #closedByUs = false
   readonly #errors: Counter | undefined
 
-  constructor (opts: HttpUpstreamOptions) {
+  constructor(opts: HttpUpstreamOptions) {
     this.#opts = opts
     this.target = opts.target
     this.#log = opts.log.child({ target: opts.target })
@@ -86,14 +96,24 @@ export class HttpUpstream implements Upstream {
     this.#errors = opts.metrics?.counter('mcp_proxy_upstream_http_errors_total', 'Failed HTTP exchanges with remote MCP targets')
   }
 
-  get startedAt (): number | undefined { return this.#startedAt }
-  get lastError (): string | undefined { return this.#lastError }
-  get alive (): boolean { return this.#state === 'running' }
+  get startedAt(): number | undefined {
+    return this.#startedAt
+  }
+  get lastError(): string | undefined {
+    return this.#lastError
+  }
+  get alive(): boolean {
+    return this.#state === 'running'
+  }
   /** The upstream's own session id (never shown to clients). */
-  get upstreamSessionId (): string | undefined { return this.#sessionId }
-  get protocolVersion (): string | undefined { return this.#protocolVersion }
+  get upstreamSessionId(): string | undefined {
+    return this.#sessionId
+  }
+  get protocolVersion(): string | undefined {
+    return this.#protocolVersion
+  }
 
-  async start (): Promise<void> {
+  async start(): Promise<void> {
     if (this.#state !== 'new') throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
     this.#opts.observer?.started(this)
     try {
@@ -111,14 +131,14 @@ export class HttpUpstream implements Upstream {
     this.#startedAt = Date.now()
   }
 
-  #headers (extra: Record<string, string>): Record<string, string> {
+  #headers(extra: Record<string, string>): Record<string, string> {
     const h: Record<string, string> = { ...this.#static, ...extra }
     if (this.#sessionId !== undefined) h['mcp-session-id'] = this.#sessionId
     if (this.#protocolVersion !== undefined) h['mcp-protocol-version'] = this.#protocolVersion
     return h
   }
 
-  send (message: JsonRpcMessage): void {
+  send(message: JsonRpcMessage): void {
     if (this.#state !== 'running') throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
     if (message.method === 'initialize' && isRequest(message)) this.#initializeId = message.id
     void this.#post(message)
@@ -127,7 +147,7 @@ export class HttpUpstream implements Upstream {
   /** Requests sent with sendModern() by id: closing one's stream is its cancellation (MCP 2026-07-28). */
   readonly #modern = new Map<JsonRpcId, AbortController>()
 
-  sendModern (message: JsonRpcMessage, headers: Readonly<Record<string, string>>, related: (message: JsonRpcMessage) => void): void {
+  sendModern(message: JsonRpcMessage, headers: Readonly<Record<string, string>>, related: (message: JsonRpcMessage) => void): void {
     if (this.#state !== 'running') throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
     const extra: Record<string, string> = {}
     // The revision's own headers only: nothing of a client's request besides them reaches this module.
@@ -138,11 +158,11 @@ export class HttpUpstream implements Upstream {
     void this.#post(message, { headers: extra, related })
   }
 
-  abortModern (id: JsonRpcId): void {
+  abortModern(id: JsonRpcId): void {
     this.#modern.get(id)?.abort()
   }
 
-  #deliver (m: unknown): void {
+  #deliver(m: unknown): void {
     if (m === null || typeof m !== 'object' || (m as { jsonrpc?: unknown }).jsonrpc !== '2.0') {
       this.#log.warn('dropped upstream message that is not JSON-RPC')
       return
@@ -160,7 +180,7 @@ export class HttpUpstream implements Upstream {
     }
   }
 
-  #fail (message: JsonRpcMessage, detail: string, code: number = RPC.INTERNAL_ERROR, text = `target ${this.target}: ${detail}`): void {
+  #fail(message: JsonRpcMessage, detail: string, code: number = RPC.INTERNAL_ERROR, text = `target ${this.target}: ${detail}`): void {
     this.#errors?.inc({ target: this.target })
     this.#lastError = detail
     this.#log.warn({ method: message.method, detail }, 'upstream request failed')
@@ -174,12 +194,12 @@ export class HttpUpstream implements Upstream {
    * The target's own 401: its credentials are the gateway's (static headers), not the client's.
    * Answered as the gateway's error naming the target, never with the target's body or challenge.
    */
-  #refused (message: JsonRpcMessage): void {
+  #refused(message: JsonRpcMessage): void {
     const text = `target "${this.target}" refused the gateway's credentials (401)`
     this.#fail(message, text, RPC.SERVER_ERROR, text)
   }
 
-  async #post (message: JsonRpcMessage, modern?: { headers: Record<string, string>; related: (m: JsonRpcMessage) => void }): Promise<void> {
+  async #post(message: JsonRpcMessage, modern?: { headers: Record<string, string>; related: (m: JsonRpcMessage) => void }): Promise<void> {
     const ac = new AbortController()
     this.#aborts.add(ac)
     if (modern !== undefined && isRequest(message)) this.#modern.set(message.id, ac)
@@ -210,7 +230,11 @@ export class HttpUpstream implements Upstream {
         // The revision answers its errors (-32021, -32602, ...) with a 4xx and a JSON-RPC body: that error is the answer.
         const text = await this.#readBounded(res)
         let body: JsonRpcMessage | undefined
-        try { body = JSON.parse(text) as JsonRpcMessage } catch { body = undefined }
+        try {
+          body = JSON.parse(text) as JsonRpcMessage
+        } catch {
+          body = undefined
+        }
         if (body?.error !== undefined && typeof body.error.code === 'number') {
           this.#deliver({ jsonrpc: '2.0', id: message.id, error: body.error })
           return
@@ -244,7 +268,7 @@ export class HttpUpstream implements Upstream {
       }
       if (type.startsWith('application/json')) {
         const text = await this.#readBounded(res)
-        const body = text.trim() === '' ? undefined : JSON.parse(text) as unknown
+        const body = text.trim() === '' ? undefined : (JSON.parse(text) as unknown)
         if (Array.isArray(body)) for (const m of body) this.#deliver(m)
         else if (body !== undefined) this.#deliver(body)
         else if (isRequest(message)) this.#fail(message, 'upstream answered an empty body')
@@ -263,7 +287,7 @@ export class HttpUpstream implements Upstream {
     }
   }
 
-  async #readBounded (res: Answer): Promise<string> {
+  async #readBounded(res: Answer): Promise<string> {
     const decoder = new TextDecoder()
     let out = ''
     let size = 0
@@ -282,7 +306,7 @@ export class HttpUpstream implements Upstream {
    * A parser that delivers each message event and notes the answer to `waitFor`;
    * with `related`, the stream's notifications go there instead of `onMessage`.
    */
-  #messageParser (waitFor: JsonRpcId | undefined, related?: (m: JsonRpcMessage) => void): SseParser {
+  #messageParser(waitFor: JsonRpcId | undefined, related?: (m: JsonRpcMessage) => void): SseParser {
     const answered = new Set<JsonRpcId>()
     const parser = new SseParser(ev => {
       if (ev.event !== 'message' || ev.data.trim() === '') return
@@ -298,7 +322,11 @@ export class HttpUpstream implements Upstream {
         const msg = m as JsonRpcMessage
         if (waitFor !== undefined && msg?.id === waitFor && msg.method === undefined) answered.add(waitFor)
         if (related !== undefined && typeof msg?.method === 'string' && msg.id === undefined && msg.jsonrpc === '2.0') {
-          try { related(msg) } catch (err) { this.#log.error({ err }, 'related handler threw') }
+          try {
+            related(msg)
+          } catch (err) {
+            this.#log.error({ err }, 'related handler threw')
+          }
           continue
         }
         this.#deliver(m)
@@ -309,7 +337,7 @@ export class HttpUpstream implements Upstream {
   }
 
   /** Streams SSE events to onMessage; true when a response to `waitFor` arrived. */
-  async #readSse (res: Answer, waitFor: JsonRpcId | undefined, parser?: SseParser): Promise<boolean> {
+  async #readSse(res: Answer, waitFor: JsonRpcId | undefined, parser?: SseParser): Promise<boolean> {
     const p = parser ?? this.#messageParser(waitFor)
     const answered = (): boolean => waitFor !== undefined && this.#answeredBy.get(p)?.has(waitFor) === true
     const decoder = new TextDecoder()
@@ -329,7 +357,7 @@ export class HttpUpstream implements Upstream {
    * `Last-Event-ID`, after the `retry:` it asked for (capped at 30 s), at most
    * `maxReconnects` times in a row without progress. True once the answer arrived.
    */
-  async #resume (parser: SseParser, waitFor: JsonRpcId, ac: AbortController): Promise<boolean> {
+  async #resume(parser: SseParser, waitFor: JsonRpcId, ac: AbortController): Promise<boolean> {
     const max = this.#opts.maxReconnects ?? 5
     for (let attempt = 0; attempt < max && this.#state === 'running' && !ac.signal.aborted; attempt++) {
       await new Promise(resolve => setTimeout(resolve, Math.min(parser.retry ?? 1000, 30000)))
@@ -357,7 +385,7 @@ export class HttpUpstream implements Upstream {
   }
 
   /** Opens the server-to-client GET stream (MCP streamable HTTP); 405 means the server has none. */
-  async #openGetStream (): Promise<void> {
+  async #openGetStream(): Promise<void> {
     if (this.#getStreamOpen || this.#state !== 'running') return
     this.#getStreamOpen = true
     const parser = new SseParser(ev => {
@@ -380,7 +408,10 @@ export class HttpUpstream implements Upstream {
           const extra: Record<string, string> = { accept: 'text/event-stream' }
           if (parser.lastEventId !== undefined) extra['last-event-id'] = parser.lastEventId
           const res = await fetch(this.#opts.url, { method: 'GET', headers: this.#headers(extra), signal: ac.signal })
-          if (res.status === 405) { void res.body?.cancel().catch(() => {}); return }
+          if (res.status === 405) {
+            void res.body?.cancel().catch(() => {})
+            return
+          }
           if (res.status === 404) {
             void res.body?.cancel().catch(() => {})
             this.#gone(new Error(`target ${this.target}: upstream session ended (HTTP 404)`))
@@ -406,7 +437,7 @@ export class HttpUpstream implements Upstream {
   }
 
   /** The upstream session ended on its own. */
-  #gone (error: Error): void {
+  #gone(error: Error): void {
     if (this.#state !== 'running') return
     this.#state = 'closed'
     this.#lastError = error.message
@@ -414,7 +445,7 @@ export class HttpUpstream implements Upstream {
     this.#reportClose(error)
   }
 
-  #reportClose (error: Error | undefined): void {
+  #reportClose(error: Error | undefined): void {
     if (this.#closeReported) return
     this.#closeReported = true
     this.#opts.observer?.ended(this, error)
@@ -425,7 +456,7 @@ export class HttpUpstream implements Upstream {
     }
   }
 
-  close (): Promise<void> {
+  close(): Promise<void> {
     this.#closing ??= (async () => {
       const wasRunning = this.#state === 'running'
       this.#state = 'closed'

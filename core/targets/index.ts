@@ -24,7 +24,7 @@ export interface UpstreamFactoryOptions {
   observer?: UpstreamObserver
 }
 
-export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFactoryOptions): UpstreamFactory {
+export function createUpstreamFactory(target: TargetConfig, opts: UpstreamFactoryOptions): UpstreamFactory {
   const { name } = target
   if (target.stdio !== undefined) {
     const config = target.stdio
@@ -38,8 +38,16 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
       share: config.share ?? 'session',
       processesPerSubject: config.processesPerSubject ?? 1,
       protocol: target.protocol ?? 'auto',
-      create (): Upstream {
-        return new StdioUpstream({ target: name, config, baseDir: opts.baseDir, maxLineBytes: opts.maxLineBytes, log: opts.log, metrics: opts.metrics, observer: opts.observer })
+      create(): Upstream {
+        return new StdioUpstream({
+          target: name,
+          config,
+          baseDir: opts.baseDir,
+          maxLineBytes: opts.maxLineBytes,
+          log: opts.log,
+          metrics: opts.metrics,
+          observer: opts.observer,
+        })
       },
     }
   }
@@ -50,7 +58,7 @@ export function createUpstreamFactory (target: TargetConfig, opts: UpstreamFacto
       target: name,
       kind: 'http',
       protocol: target.protocol ?? 'auto',
-      create (): Upstream {
+      create(): Upstream {
         return new HttpUpstream({ target: name, url, headers, log: opts.log, metrics: opts.metrics, observer: opts.observer })
       },
     }

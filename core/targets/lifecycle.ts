@@ -34,7 +34,7 @@ export class TargetLifecycle implements UpstreamObserver {
   #lastError: string | undefined
   #lastErrorAt: number | undefined
 
-  constructor (name: string, kind: 'stdio' | 'http', starts: Counter, failures: Counter) {
+  constructor(name: string, kind: 'stdio' | 'http', starts: Counter, failures: Counter) {
     this.name = name
     this.kind = kind
     this.#starts = starts
@@ -43,15 +43,17 @@ export class TargetLifecycle implements UpstreamObserver {
     failures.init({ target: name })
   }
 
-  get liveCount (): number { return this.#live.size }
+  get liveCount(): number {
+    return this.#live.size
+  }
 
-  started (upstream: UpstreamInfo): void {
+  started(upstream: UpstreamInfo): void {
     this.#started++
     this.#starts.inc({ target: this.name })
     this.#live.add(upstream)
   }
 
-  ended (upstream: UpstreamInfo, error: Error | undefined): void {
+  ended(upstream: UpstreamInfo, error: Error | undefined): void {
     // Only the first report of a live upstream counts (see UpstreamObserver.ended).
     if (!this.#live.delete(upstream) || error === undefined) return
     this.#failed++
@@ -60,7 +62,7 @@ export class TargetLifecycle implements UpstreamObserver {
     this.#lastErrorAt = Date.now()
   }
 
-  describe (): TargetState {
+  describe(): TargetState {
     return {
       name: this.name,
       kind: this.kind,
@@ -78,11 +80,12 @@ export class TargetLifecycle implements UpstreamObserver {
  * `mcp_proxy_upstream_failures_total` and the scrape-time gauges
  * `mcp_proxy_upstreams` and `mcp_proxy_child_processes`.
  */
-export function observeTargets (targets: ReadonlyArray<{ readonly name: string; readonly kind: 'stdio' | 'http' }>, metrics: Metrics): TargetLifecycle[] {
+export function observeTargets(targets: ReadonlyArray<{ readonly name: string; readonly kind: 'stdio' | 'http' }>, metrics: Metrics): TargetLifecycle[] {
   const starts = metrics.counter('mcp_proxy_upstream_starts_total', 'Upstreams started by target (each session starts its own, unless the target is shared)')
   const failures = metrics.counter('mcp_proxy_upstream_failures_total', 'Upstreams that failed to start or ended with an error, by target')
   const all = targets.map(t => new TargetLifecycle(t.name, t.kind, starts, failures))
-  metrics.gauge('mcp_proxy_upstreams', 'Running upstreams (one per session and target, or per shared child) by target').collect = () => all.map(s => [{ target: s.name }, s.liveCount])
+  metrics.gauge('mcp_proxy_upstreams', 'Running upstreams (one per session and target, or per shared child) by target').collect = () =>
+    all.map(s => [{ target: s.name }, s.liveCount])
   metrics.gauge('mcp_proxy_child_processes', 'Live stdio child processes').collect = () => [[undefined, liveChildCount()]]
   return all
 }

@@ -36,7 +36,7 @@ export class TargetReadiness {
   #timer: NodeJS.Timeout | undefined
   #closed = false
 
-  constructor (opts: { targets: readonly TargetConfig[]; baseDir: string; log: Logger; mode: TargetReadinessMode; recheckMs?: number }) {
+  constructor(opts: { targets: readonly TargetConfig[]; baseDir: string; log: Logger; mode: TargetReadinessMode; recheckMs?: number }) {
     this.#targets = opts.targets
     this.#baseDir = opts.baseDir
     this.#log = opts.log
@@ -45,26 +45,31 @@ export class TargetReadiness {
   }
 
   /** Checks every stdio target once (concurrently); schedules a recheck while one fails. Never throws. */
-  async check (): Promise<void> {
-    await Promise.all(this.#targets.map(async t => {
-      if (t.stdio === undefined) return
-      const problem = await commandProblem(t.stdio, this.#baseDir).catch((err: unknown) => (err as Error).message)
-      const before = this.#problems.get(t.name)
-      if (problem === undefined) {
-        this.#problems.delete(t.name)
-        if (before !== undefined) this.#log.info({ target: t.name }, 'target can start again')
-      } else {
-        this.#problems.set(t.name, problem)
-        if (before !== problem) this.#log.error({ target: t.name, error: problem }, 'target cannot start: every session that needs it fails')
-      }
-    }))
+  async check(): Promise<void> {
+    await Promise.all(
+      this.#targets.map(async t => {
+        if (t.stdio === undefined) return
+        const problem = await commandProblem(t.stdio, this.#baseDir).catch((err: unknown) => (err as Error).message)
+        const before = this.#problems.get(t.name)
+        if (problem === undefined) {
+          this.#problems.delete(t.name)
+          if (before !== undefined) this.#log.info({ target: t.name }, 'target can start again')
+        } else {
+          this.#problems.set(t.name, problem)
+          if (before !== problem) this.#log.error({ target: t.name, error: problem }, 'target cannot start: every session that needs it fails')
+        }
+      })
+    )
     if (this.#problems.size > 0 && !this.#closed && this.#timer === undefined) {
-      this.#timer = setTimeout(() => { this.#timer = undefined; void this.check() }, this.#recheckMs)
+      this.#timer = setTimeout(() => {
+        this.#timer = undefined
+        void this.check()
+      }, this.#recheckMs)
       this.#timer.unref()
     }
   }
 
-  targets (): TargetHealth[] {
+  targets(): TargetHealth[] {
     return this.#targets.map(t => {
       const error = this.#problems.get(t.name)
       return error === undefined ? { name: t.name, ok: true } : { name: t.name, ok: false, error }
@@ -72,13 +77,13 @@ export class TargetReadiness {
   }
 
   /** Reasons the targets make the gateway not ready, by `mode`. */
-  reasons (): string[] {
+  reasons(): string[] {
     if (this.mode === 'none' || this.#problems.size === 0) return []
     if (this.mode === 'any' && this.#problems.size < this.#targets.length) return []
     return [...this.#problems].map(([name, error]) => `target ${name}: ${error}`)
   }
 
-  close (): void {
+  close(): void {
     this.#closed = true
     if (this.#timer !== undefined) clearTimeout(this.#timer)
   }

@@ -5,7 +5,11 @@
  */
 
 /** One dispatched event. */
-export interface SseEvent { event: string; data: string; id?: string }
+export interface SseEvent {
+  event: string
+  data: string
+  id?: string
+}
 
 /**
  * Incremental text/event-stream parser (WHATWG HTML §9.2). Feed decoded text
@@ -24,12 +28,12 @@ export class SseParser {
   /** Reconnection delay the server asked for, in ms. */
   retry: number | undefined
 
-  constructor (onEvent: (e: SseEvent) => void, maxEventBytes = 16 * 1024 * 1024) {
+  constructor(onEvent: (e: SseEvent) => void, maxEventBytes = 16 * 1024 * 1024) {
     this.#onEvent = onEvent
     this.#max = maxEventBytes
   }
 
-  feed (text: string): void {
+  feed(text: string): void {
     this.#buf += text
     let start = 0
     for (;;) {
@@ -54,7 +58,7 @@ export class SseParser {
     if (this.#buf.length + this.#dataLen > this.#max) throw new Error(`SSE event larger than ${this.#max} bytes`)
   }
 
-  #line (line: string): void {
+  #line(line: string): void {
     if (line === '') {
       if (this.#data.length > 0) {
         const ev: SseEvent = { event: this.#event || 'message', data: this.#data.join('\n') }
@@ -79,10 +83,17 @@ export class SseParser {
         this.#dataLen += value.length + 1
         if (this.#dataLen > this.#max) throw new Error(`SSE event larger than ${this.#max} bytes`)
         break
-      case 'event': this.#event = value; break
-      case 'id': if (!value.includes('\0')) this.lastEventId = value; break
-      case 'retry': if (/^\d+$/.test(value)) this.retry = Number(value); break
-      default: break
+      case 'event':
+        this.#event = value
+        break
+      case 'id':
+        if (!value.includes('\0')) this.lastEventId = value
+        break
+      case 'retry':
+        if (/^\d+$/.test(value)) this.retry = Number(value)
+        break
+      default:
+        break
     }
   }
 }

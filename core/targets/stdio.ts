@@ -31,16 +31,42 @@ import type { JsonRpcMessage, Upstream, UpstreamObserver } from './types.ts'
  * `npx`-launched servers need them in locked-down hosts.
  */
 export const CHILD_ENV_ALLOW_LIST: readonly string[] = Object.freeze([
-  'PATH', 'HOME', 'USER', 'LOGNAME', 'SHELL', 'TERM', 'LANG', 'LC_ALL', 'LC_CTYPE', 'TZ',
-  'TMPDIR', 'TEMP', 'TMP', 'XDG_CACHE_HOME', 'XDG_CONFIG_HOME', 'XDG_DATA_HOME',
-  'npm_config_cache', 'NODE_EXTRA_CA_CERTS',
+  'PATH',
+  'HOME',
+  'USER',
+  'LOGNAME',
+  'SHELL',
+  'TERM',
+  'LANG',
+  'LC_ALL',
+  'LC_CTYPE',
+  'TZ',
+  'TMPDIR',
+  'TEMP',
+  'TMP',
+  'XDG_CACHE_HOME',
+  'XDG_CONFIG_HOME',
+  'XDG_DATA_HOME',
+  'npm_config_cache',
+  'NODE_EXTRA_CA_CERTS',
   // Windows basics a process needs to start at all.
-  'SYSTEMROOT', 'SYSTEMDRIVE', 'WINDIR', 'COMSPEC', 'PATHEXT', 'APPDATA', 'LOCALAPPDATA',
-  'USERPROFILE', 'HOMEDRIVE', 'HOMEPATH', 'USERNAME', 'PROGRAMFILES', 'PROCESSOR_ARCHITECTURE',
+  'SYSTEMROOT',
+  'SYSTEMDRIVE',
+  'WINDIR',
+  'COMSPEC',
+  'PATHEXT',
+  'APPDATA',
+  'LOCALAPPDATA',
+  'USERPROFILE',
+  'HOMEDRIVE',
+  'HOMEPATH',
+  'USERNAME',
+  'PROGRAMFILES',
+  'PROCESSOR_ARCHITECTURE',
 ])
 
 /** The child's environment: the allow-listed part of `parent` plus the target's `env` (which wins). */
-export function childEnv (extra: Readonly<Record<string, string>> = {}, parent: NodeJS.ProcessEnv = process.env): Record<string, string> {
+export function childEnv(extra: Readonly<Record<string, string>> = {}, parent: NodeJS.ProcessEnv = process.env): Record<string, string> {
   const env: Record<string, string> = {}
   for (const name of CHILD_ENV_ALLOW_LIST) {
     const v = parent[name]
@@ -82,22 +108,22 @@ let exitHookInstalled = false
 let groupWatcher: ((pid: number, alive: boolean) => void) | undefined
 
 /** Reports every child process group from now on (one watcher: the worker's channel to its primary, core/cluster/worker.ts). */
-export function watchChildGroups (watcher: (pid: number, alive: boolean) => void): void {
+export function watchChildGroups(watcher: (pid: number, alive: boolean) => void): void {
   groupWatcher = watcher
 }
 
-function installExitHook (): void {
+function installExitHook(): void {
   if (exitHookInstalled) return
   exitHookInstalled = true
   // Last resort when the gateway exits without closing its sessions: the
   // 'exit' event allows only synchronous work, so no escalation, just SIGKILL.
-  process.on('exit', function killChildrenOnExit () {
+  process.on('exit', function killChildrenOnExit() {
     for (const u of registry) killGroup(u.pid, 'SIGKILL')
   })
 }
 
 /** Sends a signal to a whole process group; false when the group no longer exists. */
-function killGroup (pid: number | undefined, signal: NodeJS.Signals | 0): boolean {
+function killGroup(pid: number | undefined, signal: NodeJS.Signals | 0): boolean {
   if (pid === undefined || pid <= 0) return false
   try {
     process.kill(process.platform === 'win32' ? pid : -pid, signal)
@@ -109,14 +135,16 @@ function killGroup (pid: number | undefined, signal: NodeJS.Signals | 0): boolea
   }
 }
 
-function delay (ms: number): Promise<void> {
+function delay(ms: number): Promise<void> {
   return new Promise(resolve => setTimeout(resolve, ms))
 }
 
 /** Waits for `p` or `ms`, whichever comes first; true when `p` settled. */
-async function within (p: Promise<unknown>, ms: number): Promise<boolean> {
+async function within(p: Promise<unknown>, ms: number): Promise<boolean> {
   let timer: NodeJS.Timeout | undefined
-  const t = new Promise<false>(resolve => { timer = setTimeout(resolve, ms, false) })
+  const t = new Promise<false>(resolve => {
+    timer = setTimeout(resolve, ms, false)
+  })
   try {
     return await Promise.race([p.then(() => true), t])
   } finally {
@@ -124,24 +152,24 @@ async function within (p: Promise<unknown>, ms: number): Promise<boolean> {
   }
 }
 
-function excerpt (buf: Buffer | string): string {
+function excerpt(buf: Buffer | string): string {
   const s = typeof buf === 'string' ? buf : buf.subarray(0, EXCERPT_MAX * 4).toString('utf8')
   return s.length > EXCERPT_MAX ? s.slice(0, EXCERPT_MAX) + '…' : s
 }
 
 /** Kills every live stdio child (stdin end -> SIGTERM -> SIGKILL per group) and waits for them. */
-export async function killAllChildren (): Promise<void> {
+export async function killAllChildren(): Promise<void> {
   await Promise.all([...registry].map(u => u.close()))
 }
 
 /** Number of live stdio children (for metrics and tests). */
-export function liveChildCount (): number {
+export function liveChildCount(): number {
   return registry.size
 }
 
 /** `reason` of mcp_proxy_upstream_exits_total: every value, so each series can start at 0. */
 export const STDIO_EXIT_REASONS = ['start_failed', 'exited', 'stdin_backlog', 'line_too_long'] as const
-export type StdioExitReason = typeof STDIO_EXIT_REASONS[number]
+export type StdioExitReason = (typeof STDIO_EXIT_REASONS)[number]
 
 export class StdioUpstream implements Upstream {
   readonly target: string
@@ -176,7 +204,7 @@ export class StdioUpstream implements Upstream {
   readonly #dropped: Counter | undefined
   readonly #exits: Counter | undefined
 
-  constructor (opts: StdioUpstreamOptions) {
+  constructor(opts: StdioUpstreamOptions) {
     this.#opts = opts
     this.target = opts.target
     this.#log = opts.log.child({ target: opts.target })
@@ -185,22 +213,32 @@ export class StdioUpstream implements Upstream {
     this.#exits = opts.metrics?.counter('mcp_proxy_upstream_exits_total', 'Upstream ends by target and reason')
   }
 
-  get pid (): number | undefined { return this.#pid }
-  get startedAt (): number | undefined { return this.#startedAt }
-  get lastError (): string | undefined { return this.#lastError }
-  get alive (): boolean { return this.#state === 'running' }
+  get pid(): number | undefined {
+    return this.#pid
+  }
+  get startedAt(): number | undefined {
+    return this.#startedAt
+  }
+  get lastError(): string | undefined {
+    return this.#lastError
+  }
+  get alive(): boolean {
+    return this.#state === 'running'
+  }
 
-  start (): Promise<void> {
+  start(): Promise<void> {
     if (this.#state !== 'new') return Promise.reject(new Error('StdioUpstream.start() called twice'))
     this.#state = 'starting'
     const obs = this.#opts.observer
     obs?.started(this)
     const p = this.#start()
-    this.#startDone = p.catch((err: unknown) => { obs?.ended(this, err as Error) })
+    this.#startDone = p.catch((err: unknown) => {
+      obs?.ended(this, err as Error)
+    })
     return p
   }
 
-  async #start (): Promise<void> {
+  async #start(): Promise<void> {
     const { config, baseDir } = this.#opts
     const cwd = resolve(baseDir, config.cwd ?? '.')
     try {
@@ -228,29 +266,51 @@ export class StdioUpstream implements Upstream {
     this.#child = child
     try {
       await new Promise<void>((resolve, reject) => {
-        const onSpawn = (): void => { child.off('error', onError); resolve() }
-        const onError = (err: Error): void => { child.off('spawn', onSpawn); reject(err) }
+        const onSpawn = (): void => {
+          child.off('error', onError)
+          resolve()
+        }
+        const onError = (err: Error): void => {
+          child.off('spawn', onSpawn)
+          reject(err)
+        }
         child.once('spawn', onSpawn)
         child.once('error', onError)
       })
     } catch (err) {
       this.#child = undefined
-      child.stdin.destroy(); child.stdout.destroy(); child.stderr.destroy()
+      child.stdin.destroy()
+      child.stdout.destroy()
+      child.stderr.destroy()
       const e = err as NodeJS.ErrnoException
       return this.#startFailed(err, e.code === 'ENOENT' ? `${config.cmd}: command not found (ENOENT)` : `${config.cmd}: ${e.code ?? e.message}`)
     }
     this.#pid = child.pid
     this.#startedAt = Date.now()
-    this.#exited = new Promise<void>(resolve => { this.#markExited = resolve })
+    this.#exited = new Promise<void>(resolve => {
+      this.#markExited = resolve
+    })
     registry.add(this)
     if (child.pid !== undefined) groupWatcher?.(child.pid, true)
     installExitHook()
-    child.on('error', err => { this.#log.warn({ err: err.message }, 'child process error') })
-    child.once('exit', (code, signal) => { this.#onExit(code, signal) })
-    child.stdout.on('data', (chunk: Buffer) => { this.#onStdout(chunk) })
-    child.stdout.on('error', err => { this.#log.debug({ err: err.message }, 'child stdout error') })
-    child.stderr.on('data', (chunk: Buffer) => { this.#onStderr(chunk) })
-    child.stderr.on('error', err => { this.#log.debug({ err: err.message }, 'child stderr error') })
+    child.on('error', err => {
+      this.#log.warn({ err: err.message }, 'child process error')
+    })
+    child.once('exit', (code, signal) => {
+      this.#onExit(code, signal)
+    })
+    child.stdout.on('data', (chunk: Buffer) => {
+      this.#onStdout(chunk)
+    })
+    child.stdout.on('error', err => {
+      this.#log.debug({ err: err.message }, 'child stdout error')
+    })
+    child.stderr.on('data', (chunk: Buffer) => {
+      this.#onStderr(chunk)
+    })
+    child.stderr.on('error', err => {
+      this.#log.debug({ err: err.message }, 'child stderr error')
+    })
     // EPIPE / ECONNRESET when the child dies with writes in flight: its exit
     // follows and reports the close; never let it throw in the gateway.
     child.stdin.on('error', err => {
@@ -266,7 +326,7 @@ export class StdioUpstream implements Upstream {
     }
   }
 
-  #startFailed (err: unknown, detail: string): never {
+  #startFailed(err: unknown, detail: string): never {
     if (this.#state !== 'stopping') this.#state = 'exited'
     this.#lastError = detail
     this.#exits?.inc({ target: this.target, reason: 'start_failed' })
@@ -274,7 +334,7 @@ export class StdioUpstream implements Upstream {
     throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} failed to start: ${detail}`, { cause: err })
   }
 
-  #notRunning (): ProxyError {
+  #notRunning(): ProxyError {
     return new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.target} is not running`)
   }
 
@@ -284,7 +344,7 @@ export class StdioUpstream implements Upstream {
     this.#child?.stdin.uncork()
   }
 
-  send (message: JsonRpcMessage): void {
+  send(message: JsonRpcMessage): void {
     const child = this.#child
     if (this.#state !== 'running' || child === undefined || !child.stdin.writable) throw this.#notRunning()
     // Lines sent in one tick (concurrent requests of a shared child, a
@@ -302,7 +362,7 @@ export class StdioUpstream implements Upstream {
     }
   }
 
-  #deliver (value: unknown, raw: Buffer): void {
+  #deliver(value: unknown, raw: Buffer): void {
     if (value === null || typeof value !== 'object' || (value as { jsonrpc?: unknown }).jsonrpc !== '2.0') {
       this.#dropped?.inc({ target: this.target })
       this.#log.warn({ line: excerpt(raw) }, 'dropped stdout line that is not a JSON-RPC message')
@@ -315,7 +375,7 @@ export class StdioUpstream implements Upstream {
     }
   }
 
-  #onLine (line: Buffer): void {
+  #onLine(line: Buffer): void {
     let end = line.length
     if (end > 0 && line[end - 1] === 0x0d) end--
     const body = end === line.length ? line : line.subarray(0, end)
@@ -334,7 +394,7 @@ export class StdioUpstream implements Upstream {
     else this.#deliver(value, body)
   }
 
-  #onStdout (chunk: Buffer): void {
+  #onStdout(chunk: Buffer): void {
     const max = this.#opts.maxLineBytes
     let start = 0
     // Framing works on bytes: a multi-byte UTF-8 character split across two
@@ -361,17 +421,20 @@ export class StdioUpstream implements Upstream {
     }
   }
 
-  #onStderr (chunk: Buffer): void {
+  #onStderr(chunk: Buffer): void {
     let text = this.#errPending + chunk.toString('utf8')
     const lines = text.split('\n')
     text = lines.pop() ?? ''
     // An unterminated stderr line is bounded too: log what we have.
-    if (text.length > STDERR_LINE_MAX) { lines.push(text); text = '' }
+    if (text.length > STDERR_LINE_MAX) {
+      lines.push(text)
+      text = ''
+    }
     this.#errPending = text
     for (const l of lines) this.#logStderr(l)
   }
 
-  #logStderr (line: string): void {
+  #logStderr(line: string): void {
     const l = line.endsWith('\r') ? line.slice(0, -1) : line
     if (l === '') return
     const now = Date.now()
@@ -381,11 +444,14 @@ export class StdioUpstream implements Upstream {
       this.#errWindowCount = 0
       this.#errDropped = 0
     }
-    if (++this.#errWindowCount > STDERR_LINES_PER_SEC) { this.#errDropped++; return }
+    if (++this.#errWindowCount > STDERR_LINES_PER_SEC) {
+      this.#errDropped++
+      return
+    }
     this.#log.info({ pid: this.#pid, stderr: l.length > STDERR_LINE_MAX ? l.slice(0, STDERR_LINE_MAX) + '…' : l }, 'target stderr')
   }
 
-  #reportClose (error: Error | undefined): void {
+  #reportClose(error: Error | undefined): void {
     if (this.#closeReported) return
     this.#closeReported = true
     if (error !== undefined) this.#lastError = error.message
@@ -398,7 +464,7 @@ export class StdioUpstream implements Upstream {
   }
 
   /** Ends the child because of something it did: report now, then escalate. */
-  #fail (error: Error, reason: StdioExitReason): void {
+  #fail(error: Error, reason: StdioExitReason): void {
     if (this.#state !== 'running') return
     this.#state = 'stopping'
     this.#exits?.inc({ target: this.target, reason })
@@ -410,10 +476,13 @@ export class StdioUpstream implements Upstream {
     this.#closing.catch(() => {})
   }
 
-  #onExit (code: number | null, signal: NodeJS.Signals | null): void {
+  #onExit(code: number | null, signal: NodeJS.Signals | null): void {
     const wasRunning = this.#state === 'running'
     this.#state = 'exited'
-    if (this.#errPending !== '') { this.#logStderr(this.#errPending); this.#errPending = '' }
+    if (this.#errPending !== '') {
+      this.#logStderr(this.#errPending)
+      this.#errPending = ''
+    }
     if (wasRunning) {
       const how = signal !== null ? `signal ${signal}` : `code ${code}`
       const error = new Error(`target ${this.target} exited unexpectedly (${how})`)
@@ -422,9 +491,13 @@ export class StdioUpstream implements Upstream {
       // Give stdout a moment to drain answers written just before the exit;
       // bounded because a grandchild may hold the pipe open.
       const out = this.#child?.stdout
-      const drained = out === undefined || out.readableEnded || out.destroyed
-        ? Promise.resolve()
-        : new Promise<void>(resolve => { out.once('close', resolve); out.once('end', resolve) })
+      const drained =
+        out === undefined || out.readableEnded || out.destroyed
+          ? Promise.resolve()
+          : new Promise<void>(resolve => {
+              out.once('close', resolve)
+              out.once('end', resolve)
+            })
       void within(drained, 200).then(() => {
         this.#reportClose(error)
         this.#markExited()
@@ -438,7 +511,7 @@ export class StdioUpstream implements Upstream {
   }
 
   /** After the leader exited: SIGTERM, then SIGKILL, whatever remains of its group. */
-  async #reapGroup (): Promise<void> {
+  async #reapGroup(): Promise<void> {
     const pid = this.#pid
     try {
       if (!killGroup(pid, 0)) return
@@ -455,7 +528,7 @@ export class StdioUpstream implements Upstream {
   }
 
   /** Polls (bounded) until no process of the group is left. */
-  async #groupGone (ms: number): Promise<boolean> {
+  async #groupGone(ms: number): Promise<boolean> {
     const step = 25
     for (let waited = 0; waited < ms; waited += step) {
       if (!killGroup(this.#pid, 0)) return true
@@ -465,7 +538,7 @@ export class StdioUpstream implements Upstream {
   }
 
   /** stdin end (when `gentle`) -> SIGTERM -> SIGKILL, to the leader's whole group. */
-  async #terminate (gentle: boolean): Promise<void> {
+  async #terminate(gentle: boolean): Promise<void> {
     const child = this.#child
     if (child === undefined) return
     const pid = this.#pid
@@ -491,7 +564,7 @@ export class StdioUpstream implements Upstream {
     await this.#reaped
   }
 
-  close (): Promise<void> {
+  close(): Promise<void> {
     if (this.#closing !== undefined) return this.#closing
     const state = this.#state
     if (state === 'new' || (state === 'exited' && this.#child === undefined)) {
@@ -510,7 +583,11 @@ export class StdioUpstream implements Upstream {
       if (state === 'starting') {
         // start() is still running; once spawned it ends stdin itself.
         await this.#startDone
-        if (this.#child === undefined) { this.#state = 'exited'; this.#reportClose(undefined); return }
+        if (this.#child === undefined) {
+          this.#state = 'exited'
+          this.#reportClose(undefined)
+          return
+        }
       }
       await this.#terminate(true)
       this.#reportClose(undefined)

@@ -20,11 +20,16 @@ const answers = {
 
 for await (const line of createInterface({ input: process.stdin })) {
   let message
-  try { message = JSON.parse(line) } catch { continue }
+  try {
+    message = JSON.parse(line)
+  } catch {
+    continue
+  }
   if (message.id === undefined || typeof message.method !== 'string') continue
   const answer = answers[message.method]
-  const reply = answer === undefined
-    ? { jsonrpc: '2.0', id: message.id, error: { code: -32601, message: 'Method not found' } }
-    : { jsonrpc: '2.0', id: message.id, result: answer(message.params) }
+  const reply =
+    answer === undefined
+      ? { jsonrpc: '2.0', id: message.id, error: { code: -32601, message: 'Method not found' } }
+      : { jsonrpc: '2.0', id: message.id, result: answer(message.params) }
   process.stdout.write(`${JSON.stringify(reply)}\n`)
 }

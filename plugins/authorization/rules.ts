@@ -48,7 +48,10 @@ export interface CompiledRule {
   evaluate(vars: RuleVariables): RuleOutcome
 }
 
-export interface RuleFailure { readonly rule: CompiledRule; readonly outcome: Exclude<RuleOutcome, { allow: true }> }
+export interface RuleFailure {
+  readonly rule: CompiledRule
+  readonly outcome: Exclude<RuleOutcome, { allow: true }>
+}
 
 export interface CompiledRuleSet {
   readonly rules: readonly CompiledRule[]
@@ -64,23 +67,31 @@ type Ev = (s: Scope) => unknown
 /** Compile-time rejection with an (approximate, for non-syntax errors) position. */
 class RuleError extends Error {
   readonly position: number
-  constructor (message: string, position: number) { super(message); this.position = position }
+  constructor(message: string, position: number) {
+    super(message)
+    this.position = position
+  }
 }
 
-interface Analysis { roots: Set<string>; claims: Set<string>; wholeJwt: boolean; text: string }
+interface Analysis {
+  roots: Set<string>
+  claims: Set<string>
+  wholeJwt: boolean
+  text: string
+}
 
-function own (obj: unknown, key: string | number): unknown {
+function own(obj: unknown, key: string | number): unknown {
   if (obj === null || typeof obj !== 'object') return undefined
   const k = typeof key === 'number' ? String(key) : key
   return Object.hasOwn(obj, k) ? (obj as Record<string, unknown>)[k] : undefined
 }
 
-function isPlainObject (v: unknown): v is Record<string, unknown> {
+function isPlainObject(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v)
 }
 
 /** Where `needle` first occurs outside string literals, else where it occurs at all, else 0. */
-function positionOf (text: string, needle: string, asWord: boolean): number {
+function positionOf(text: string, needle: string, asWord: boolean): number {
   let quote = ''
   for (let i = 0; i < text.length; i++) {
     const c = text[i]!
@@ -104,7 +115,7 @@ function positionOf (text: string, needle: string, asWord: boolean): number {
 }
 
 /** Bracket nesting is checked before jsep so a pathological rule cannot exhaust its recursion. */
-function checkBracketDepth (text: string): void {
+function checkBracketDepth(text: string): void {
   let depth = 0
   let quote = ''
   for (let i = 0; i < text.length; i++) {
@@ -124,44 +135,44 @@ function checkBracketDepth (text: string): void {
 type Helper = { arity: number; fn: (...args: unknown[]) => unknown }
 
 /** The only functions a rule may call. Each is total: wrong types give false/undefined. */
-const HELPERS: Readonly<Record<string, Helper>> = Object.freeze(Object.assign(Object.create(null) as Record<string, Helper>, {
-  startsWith: { arity: 2, fn: (s: unknown, p: unknown) => typeof s === 'string' && typeof p === 'string' && s.startsWith(p) },
-  endsWith: { arity: 2, fn: (s: unknown, p: unknown) => typeof s === 'string' && typeof p === 'string' && s.endsWith(p) },
-  contains: {
-    arity: 2,
-    fn: (x: unknown, v: unknown) => Array.isArray(x)
-      ? x.some(e => e === v)
-      : typeof x === 'string' && typeof v === 'string' && x.includes(v),
-  },
-  size: {
-    arity: 1,
-    fn: (x: unknown) => typeof x === 'string' || Array.isArray(x)
-      ? x.length
-      : isPlainObject(x) ? Object.keys(x).length : undefined,
-  },
-  // OAuth scope claims are space-delimited strings (RFC 9068 `scope`, Entra `scp`);
-  // substring checks would let `mcp_access_all` satisfy `mcp_access`.
-  scopes: {
-    arity: 1,
-    fn: (x: unknown) => typeof x === 'string'
-      ? x.split(' ').filter(s => s !== '')
-      : Array.isArray(x) ? x.filter(s => typeof s === 'string') : [],
-  },
-}))
+const HELPERS: Readonly<Record<string, Helper>> = Object.freeze(
+  Object.assign(Object.create(null) as Record<string, Helper>, {
+    startsWith: { arity: 2, fn: (s: unknown, p: unknown) => typeof s === 'string' && typeof p === 'string' && s.startsWith(p) },
+    endsWith: { arity: 2, fn: (s: unknown, p: unknown) => typeof s === 'string' && typeof p === 'string' && s.endsWith(p) },
+    contains: {
+      arity: 2,
+      fn: (x: unknown, v: unknown) => (Array.isArray(x) ? x.some(e => e === v) : typeof x === 'string' && typeof v === 'string' && x.includes(v)),
+    },
+    size: {
+      arity: 1,
+      fn: (x: unknown) => (typeof x === 'string' || Array.isArray(x) ? x.length : isPlainObject(x) ? Object.keys(x).length : undefined),
+    },
+    // OAuth scope claims are space-delimited strings (RFC 9068 `scope`, Entra `scp`);
+    // substring checks would let `mcp_access_all` satisfy `mcp_access`.
+    scopes: {
+      arity: 1,
+      fn: (x: unknown) => (typeof x === 'string' ? x.split(' ').filter(s => s !== '') : Array.isArray(x) ? x.filter(s => typeof s === 'string') : []),
+    },
+  })
+)
 
 export const HELPER_NAMES: readonly string[] = Object.freeze(Object.keys(HELPERS))
 
-function compare (op: string, a: unknown, b: unknown): boolean {
+function compare(op: string, a: unknown, b: unknown): boolean {
   if (!((typeof a === 'number' && typeof b === 'number') || (typeof a === 'string' && typeof b === 'string'))) return false
   switch (op) {
-    case '<': return a < b
-    case '<=': return a <= b
-    case '>': return a > b
-    default: return a >= b
+    case '<':
+      return a < b
+    case '<=':
+      return a <= b
+    case '>':
+      return a > b
+    default:
+      return a >= b
   }
 }
 
-function inOp (needle: unknown, haystack: unknown): boolean {
+function inOp(needle: unknown, haystack: unknown): boolean {
   if (Array.isArray(haystack)) return haystack.some(e => e === needle)
   if (isPlainObject(haystack) && (typeof needle === 'string' || typeof needle === 'number')) {
     return Object.hasOwn(haystack, String(needle))
@@ -170,7 +181,7 @@ function inOp (needle: unknown, haystack: unknown): boolean {
 }
 
 /** A static member key, checked against the forbidden names. */
-function memberKey (node: jsep.MemberExpression, a: Analysis): string | number {
+function memberKey(node: jsep.MemberExpression, a: Analysis): string | number {
   const p = node.property
   let key: string | number
   if (!node.computed) {
@@ -188,13 +199,13 @@ function memberKey (node: jsep.MemberExpression, a: Analysis): string | number {
 }
 
 /** The root identifier of a member chain, if the chain starts at one. */
-function rootOf (node: jsep.Expression): string | undefined {
+function rootOf(node: jsep.Expression): string | undefined {
   let n = node
   while (n.type === 'MemberExpression') n = (n as jsep.MemberExpression).object
   return n.type === 'Identifier' ? (n as jsep.Identifier).name : undefined
 }
 
-function compileNode (node: jsep.Expression, depth: number, a: Analysis): Ev {
+function compileNode(node: jsep.Expression, depth: number, a: Analysis): Ev {
   if (depth > MAX_RULE_DEPTH) throw new RuleError(`nesting deeper than ${MAX_RULE_DEPTH}`, 0)
   const d = depth + 1
   switch (node.type) {
@@ -214,9 +225,10 @@ function compileNode (node: jsep.Expression, depth: number, a: Analysis): Ev {
       a.roots.add(name)
       if (name === 'jwt') a.wholeJwt = true
       const root = name as keyof Scope
-      return (s) => s[root]
+      return s => s[root]
     }
-    case 'MemberExpression': return compileMember(node as jsep.MemberExpression, d, a)
+    case 'MemberExpression':
+      return compileMember(node as jsep.MemberExpression, d, a)
     case 'UnaryExpression': {
       const u = node as jsep.UnaryExpression
       if (u.operator === '-' && u.argument.type === 'Literal' && typeof (u.argument as jsep.Literal).value === 'number') {
@@ -226,25 +238,33 @@ function compileNode (node: jsep.Expression, depth: number, a: Analysis): Ev {
       if (u.operator !== '!') throw new RuleError(`operator "${u.operator}" is not allowed`, positionOf(a.text, u.operator, false))
       const arg = compileNode(u.argument, d, a)
       // `!` of a non-boolean is undefined (not true), so a missing claim cannot flip a rule to true.
-      return (s) => { const v = arg(s); return typeof v === 'boolean' ? !v : undefined }
+      return s => {
+        const v = arg(s)
+        return typeof v === 'boolean' ? !v : undefined
+      }
     }
-    case 'BinaryExpression': return compileBinary(node as jsep.BinaryExpression, d, a)
+    case 'BinaryExpression':
+      return compileBinary(node as jsep.BinaryExpression, d, a)
     case 'ConditionalExpression': {
       const c = node as jsep.ConditionalExpression
       const t = compileNode(c.test, d, a)
       const y = compileNode(c.consequent, d, a)
       const n = compileNode(c.alternate, d, a)
-      return (s) => { const v = t(s); return v === true ? y(s) : v === false ? n(s) : undefined }
+      return s => {
+        const v = t(s)
+        return v === true ? y(s) : v === false ? n(s) : undefined
+      }
     }
     case 'ArrayExpression': {
       const arr = node as jsep.ArrayExpression
-      const evs = arr.elements.map((e) => {
+      const evs = arr.elements.map(e => {
         if (e === null) throw new RuleError('array holes are not allowed', positionOf(a.text, ',,', false))
         return compileNode(e, d, a)
       })
-      return (s) => evs.map(e => e(s))
+      return s => evs.map(e => e(s))
     }
-    case 'CallExpression': return compileCall(node as jsep.CallExpression, d, a)
+    case 'CallExpression':
+      return compileCall(node as jsep.CallExpression, d, a)
     case 'ThisExpression':
       throw new RuleError('"this" is not allowed', positionOf(a.text, 'this', true))
     case 'Compound':
@@ -255,29 +275,30 @@ function compileNode (node: jsep.Expression, depth: number, a: Analysis): Ev {
 }
 
 /** `jwt.claim`, `mcp.x[0]`...: member access on the three roots only, with static keys. */
-function compileMember (m: jsep.MemberExpression, d: number, a: Analysis): Ev {
+function compileMember(m: jsep.MemberExpression, d: number, a: Analysis): Ev {
   const key = memberKey(m, a)
   const root = rootOf(m)
   if (root === undefined || !ROOTS.has(root)) {
     if (root !== undefined && FORBIDDEN_NAMES.has(root)) throw new RuleError(`"${root}" is not allowed`, positionOf(a.text, root, true))
-    throw new RuleError(root === undefined
-      ? 'member access is only allowed on jwt, mcp and request'
-      : `unknown identifier "${root}" (allowed: jwt, mcp, request)`, root === undefined ? 0 : positionOf(a.text, root, true))
+    throw new RuleError(
+      root === undefined ? 'member access is only allowed on jwt, mcp and request' : `unknown identifier "${root}" (allowed: jwt, mcp, request)`,
+      root === undefined ? 0 : positionOf(a.text, root, true)
+    )
   }
   // `jwt.<claim>` directly: record the claim instead of marking the whole token as read.
   let obj: Ev
   if (m.object.type === 'Identifier' && (m.object as jsep.Identifier).name === 'jwt') {
     a.roots.add('jwt')
     a.claims.add(String(key))
-    obj = (s) => s.jwt
+    obj = s => s.jwt
   } else {
     obj = compileNode(m.object, d, a)
   }
-  return (s) => own(obj(s), key)
+  return s => own(obj(s), key)
 }
 
 /** Logical operators (short-circuit, flattened), comparisons and `in`. */
-function compileBinary (b: jsep.BinaryExpression, d: number, a: Analysis): Ev {
+function compileBinary(b: jsep.BinaryExpression, d: number, a: Analysis): Ev {
   const op = b.operator
   if (op === '&&' || op === '||') {
     // Flatten chains of the same operator so `a || b || c ...` does not count as nesting.
@@ -291,23 +312,39 @@ function compileBinary (b: jsep.BinaryExpression, d: number, a: Analysis): Ev {
     collect(b)
     const evs = items.map(n => compileNode(n, d, a))
     if (op === '&&') {
-      return (s) => { for (const e of evs) if (e(s) !== true) return false; return true }
+      return s => {
+        for (const e of evs) if (e(s) !== true) return false
+        return true
+      }
     }
-    return (s) => { for (const e of evs) if (e(s) === true) return true; return false }
+    return s => {
+      for (const e of evs) if (e(s) === true) return true
+      return false
+    }
   }
   const l = compileNode(b.left, d, a)
   const r = compileNode(b.right, d, a)
   switch (op) {
-    case '==': case '===': return (s) => l(s) === r(s)
-    case '!=': case '!==': return (s) => l(s) !== r(s)
-    case '<': case '<=': case '>': case '>=': return (s) => compare(op, l(s), r(s))
-    case 'in': return (s) => inOp(l(s), r(s))
-    default: throw new RuleError(`operator "${op}" is not allowed`, positionOf(a.text, op, false))
+    case '==':
+    case '===':
+      return s => l(s) === r(s)
+    case '!=':
+    case '!==':
+      return s => l(s) !== r(s)
+    case '<':
+    case '<=':
+    case '>':
+    case '>=':
+      return s => compare(op, l(s), r(s))
+    case 'in':
+      return s => inOp(l(s), r(s))
+    default:
+      throw new RuleError(`operator "${op}" is not allowed`, positionOf(a.text, op, false))
   }
 }
 
 /** A call of one of the helpers, with its arity checked. */
-function compileCall (c: jsep.CallExpression, d: number, a: Analysis): Ev {
+function compileCall(c: jsep.CallExpression, d: number, a: Analysis): Ev {
   const only = `only these functions may be called: ${HELPER_NAMES.join(', ')}`
   if (c.callee.type !== 'Identifier') {
     // Compile the callee first so forbidden names and unknown roots are reported as such.
@@ -324,19 +361,22 @@ function compileCall (c: jsep.CallExpression, d: number, a: Analysis): Ev {
   }
   const args = c.arguments.map(x => compileNode(x, d, a))
   const fn = helper.fn
-  if (args.length === 1) { const [x] = args as [Ev]; return (s) => fn(x(s)) }
+  if (args.length === 1) {
+    const [x] = args as [Ev]
+    return s => fn(x(s))
+  }
   const [x, y] = args as [Ev, Ev]
-  return (s) => fn(x(s), y(s))
+  return s => fn(x(s), y(s))
 }
 
-function hasGroupOverage (claims: Readonly<Record<string, unknown>> | undefined): boolean {
+function hasGroupOverage(claims: Readonly<Record<string, unknown>> | undefined): boolean {
   // Entra ID: too many groups -> `groups` is replaced by `_claim_names`/`_claim_sources`
   // (JWT) or `hasgroups: true`; the rule would silently see no groups.
   if (claims === undefined || claims === null || Object.hasOwn(claims, 'groups')) return false
   return Object.hasOwn(claims, '_claim_names') || Object.hasOwn(claims, 'hasgroups')
 }
 
-function describeAt (path: string, text: string, message: string, position: number): string {
+function describeAt(path: string, text: string, message: string, position: number): string {
   const shown = text.length > 200 ? text.slice(0, 200) + '…' : text
   const caret = position <= 200 ? '\n    ' + ' '.repeat(position) + '^' : ''
   return `${path}: ${message} at position ${position} in rule:\n    ${shown}${caret}`
@@ -346,7 +386,7 @@ function describeAt (path: string, text: string, message: string, position: numb
  * Parses and checks one rule. Throws ProxyError(MCPP_ERR_CONFIG) naming
  * `path`, the rule text and the position.
  */
-export function compileRule (text: string, index: number, basePath = 'mcp.policies.authorization.rules'): CompiledRule {
+export function compileRule(text: string, index: number, basePath = 'mcp.policies.authorization.rules'): CompiledRule {
   const path = `${basePath}[${index}]`
   const fail = (message: string, position: number, cause?: unknown): never => {
     throw new ProxyError('MCPP_ERR_CONFIG', 500, describeAt(path, text, message, position), { cause, data: { path, position } })
@@ -382,7 +422,7 @@ export function compileRule (text: string, index: number, basePath = 'mcp.polici
     claims: a.claims,
     readsWholeJwt: a.wholeJwt,
     aboutScopes: a.claims.has('scp') || a.claims.has('scope'),
-    evaluate (vars: RuleVariables): RuleOutcome {
+    evaluate(vars: RuleVariables): RuleOutcome {
       try {
         if (readsGroups && hasGroupOverage(vars.jwt)) return { allow: false, reason: 'group overage' }
         return ev(vars) === true ? { allow: true } : { allow: false, reason: 'rule is false' }
@@ -399,7 +439,7 @@ export function compileRule (text: string, index: number, basePath = 'mcp.polici
  * (one bad rule: its own error from compileRule; several: their messages, one
  * after the other, in `data.problems`).
  */
-export function compileRules (rules: readonly string[], basePath = 'mcp.policies.authorization.rules'): CompiledRuleSet {
+export function compileRules(rules: readonly string[], basePath = 'mcp.policies.authorization.rules'): CompiledRuleSet {
   const failures: ProxyError[] = []
   const list: CompiledRule[] = []
   rules.forEach((r, i) => {
@@ -420,7 +460,7 @@ export function compileRules (rules: readonly string[], basePath = 'mcp.policies
     rules: compiled,
     endpoint: Object.freeze(compiled.filter(r => r.kind === 'endpoint')),
     operation: Object.freeze(compiled.filter(r => r.kind === 'operation')),
-    firstFailure (list: readonly CompiledRule[], vars: RuleVariables): RuleFailure | undefined {
+    firstFailure(list: readonly CompiledRule[], vars: RuleVariables): RuleFailure | undefined {
       for (const rule of list) {
         const outcome = rule.evaluate(vars)
         if (!outcome.allow) return { rule, outcome }

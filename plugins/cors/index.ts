@@ -11,22 +11,35 @@ import optionsSchema from './schema.json' with { type: 'json' }
 
 /** Options as validated by schema.json (defaults applied); any may be missing when built by hand. */
 export interface CorsOptions {
-  allowOrigins?: string[]; allowHeaders?: string[]; exposeHeaders?: string[]; allowMethods?: string[]
-  allowCredentials?: boolean; maxAgeSeconds?: number
+  allowOrigins?: string[]
+  allowHeaders?: string[]
+  exposeHeaders?: string[]
+  allowMethods?: string[]
+  allowCredentials?: boolean
+  maxAgeSeconds?: number
 }
 
 /** Request headers MCP clients send; always allowed. */
-export const ALWAYS_ALLOWED_HEADERS = ['Authorization', 'Content-Type', 'Accept', 'Mcp-Session-Id', 'MCP-Protocol-Version', 'Last-Event-ID', 'Mcp-Method', 'Mcp-Name']
+export const ALWAYS_ALLOWED_HEADERS = [
+  'Authorization',
+  'Content-Type',
+  'Accept',
+  'Mcp-Session-Id',
+  'MCP-Protocol-Version',
+  'Last-Event-ID',
+  'Mcp-Method',
+  'Mcp-Name',
+]
 /** Response headers browsers must be able to read: the challenge and the MCP session id. */
 export const ALWAYS_EXPOSED_HEADERS = ['WWW-Authenticate', 'Mcp-Session-Id']
 
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/
 
-function normaliseOrigin (origin: string): string {
+function normaliseOrigin(origin: string): string {
   return origin.trim().replace(/\/+$/, '').toLowerCase()
 }
 
-function union (a: readonly string[], b: readonly string[]): string[] {
+function union(a: readonly string[], b: readonly string[]): string[] {
   const seen = new Set<string>()
   const out: string[] = []
   for (const h of [...a, ...b]) {
@@ -37,25 +50,34 @@ function union (a: readonly string[], b: readonly string[]): string[] {
   return out
 }
 
-function appendVary (headers: OutgoingHttpHeaders, value: string): void {
+function appendVary(headers: OutgoingHttpHeaders, value: string): void {
   const cur = headers.vary
-  const list = cur === undefined ? [] : String(cur).split(',').map(s => s.trim()).filter(Boolean)
+  const list =
+    cur === undefined
+      ? []
+      : String(cur)
+          .split(',')
+          .map(s => s.trim())
+          .filter(Boolean)
   if (!list.some(v => v.toLowerCase() === value.toLowerCase() || v === '*')) list.push(value)
   headers.vary = list.join(', ')
 }
 
-interface Decision { readonly origin: string; readonly allowed: boolean }
+interface Decision {
+  readonly origin: string
+  readonly allowed: boolean
+}
 
 export default definePlugin<CorsOptions>({
   name: 'cors',
   engine: '^1',
   optionsSchema: optionsSchema as Record<string, unknown>,
   policy: 'cors',
-  summary (options) {
+  summary(options) {
     const origins = options.allowOrigins ?? []
     return `Origin checked: browser requests from origins other than the gateway's own${origins.length > 0 ? ` and ${origins.join(', ')}` : ''} refused (403)`
   },
-  create (options, env) {
+  create(options, env) {
     const origins = options.allowOrigins ?? []
     const allowAll = origins.includes('*')
     const allowed = new Set(origins.filter(o => o !== '*').map(normaliseOrigin))
@@ -67,7 +89,8 @@ export default definePlugin<CorsOptions>({
       const own = new URL(env.baseUrl)
       allowed.add(normaliseOrigin(own.origin))
       // A base URL derived from a loopback listener: its other loopback spellings are the same origin to a user.
-      if (own.hostname === 'localhost') for (const h of ['127.0.0.1', '[::1]']) allowed.add(normaliseOrigin(`${own.protocol}//${h}${own.port === '' ? '' : ':' + own.port}`))
+      if (own.hostname === 'localhost')
+        for (const h of ['127.0.0.1', '[::1]']) allowed.add(normaliseOrigin(`${own.protocol}//${h}${own.port === '' ? '' : ':' + own.port}`))
     }
     const credentials = options.allowCredentials === true && !allowAll
     const headersAll = (options.allowHeaders ?? []).includes('*')
@@ -77,9 +100,9 @@ export default definePlugin<CorsOptions>({
     const maxAge = String(options.maxAgeSeconds ?? 600)
 
     /** The Access-Control-Allow-Origin value: never a reflected arbitrary origin with credentials. */
-    const allowOriginFor = (origin: string): string => allowAll ? '*' : origin
+    const allowOriginFor = (origin: string): string => (allowAll ? '*' : origin)
 
-    function preflight (ctx: RequestContext): Reply {
+    function preflight(ctx: RequestContext): Reply {
       const headers: OutgoingHttpHeaders = {
         'access-control-allow-methods': allowMethods,
         'access-control-max-age': maxAge,
@@ -87,7 +110,10 @@ export default definePlugin<CorsOptions>({
       const requested = ctx.req.headers['access-control-request-headers']
       // `*` in Access-Control-Allow-Headers never covers Authorization (Fetch standard), so reflect what was asked.
       if (headersAll && typeof requested === 'string') {
-        const asked = requested.split(',').map(s => s.trim()).filter(s => TOKEN.test(s))
+        const asked = requested
+          .split(',')
+          .map(s => s.trim())
+          .filter(s => TOKEN.test(s))
         headers['access-control-allow-headers'] = union(ALWAYS_ALLOWED_HEADERS, asked).join(', ')
       } else {
         headers['access-control-allow-headers'] = allowHeaders
@@ -100,7 +126,7 @@ export default definePlugin<CorsOptions>({
 
     const plugin: Plugin = {
       name: 'cors',
-      onRequest (ctx) {
+      onRequest(ctx) {
         const origin = ctx.req.headers.origin
         if (typeof origin !== 'string') return undefined
         const ok = allowAll || allowed.has(normaliseOrigin(origin))
@@ -116,7 +142,7 @@ export default definePlugin<CorsOptions>({
         }
         return isPreflight ? preflight(ctx) : undefined
       },
-      onResponse (rctx: ResponseContext) {
+      onResponse(rctx: ResponseContext) {
         const d = rctx.request.state.get('cors') as Decision | undefined
         if (d === undefined || !d.allowed) return
         const h = rctx.headers
@@ -128,7 +154,7 @@ export default definePlugin<CorsOptions>({
         }
         if (rctx.request.method !== 'OPTIONS') h['access-control-expose-headers'] = exposeHeaders
       },
-      describe () {
+      describe() {
         return { allowOrigins: origins, allowCredentials: credentials, allowHeaders, exposeHeaders, allowMethods }
       },
     }

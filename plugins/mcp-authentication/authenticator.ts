@@ -6,7 +6,17 @@
  * answers by mode: `strict` and `optional` refuse a bad token (401, or 503
  * while the IdP's keys cannot be had), `permissive` never refuses.
  */
-import { ProxyError, createError, tracer, type AuthInfo, type Plugin, type PluginEnv, type Reply, type RequestContext, type RouteDef } from '../../core/plugin-api.ts'
+import {
+  ProxyError,
+  createError,
+  tracer,
+  type AuthInfo,
+  type Plugin,
+  type PluginEnv,
+  type Reply,
+  type RequestContext,
+  type RouteDef,
+} from '../../core/plugin-api.ts'
 import type { IdpIdentity } from './identity.ts'
 import { KeysUnavailableError, type RemoteKeySet } from './key-set.ts'
 import { AuthFailure, createVerifier, type Verified } from './verifier.ts'
@@ -17,8 +27,9 @@ import type { McpAuthenticationOptions } from './options.ts'
 type Counter = ReturnType<PluginEnv['metrics']['counter']>
 
 /** 503, not 401: a client would go back to its login, get a new token and fail again, in a loop. */
-export const KeysUnavailable = createError('MCPP_ERR_KEYS_UNAVAILABLE', 503, 'The IdP\'s signing keys could never be fetched (`Retry-After`)', {
-  oauthError: 'temporarily_unavailable', expose: true,
+export const KeysUnavailable = createError('MCPP_ERR_KEYS_UNAVAILABLE', 503, "The IdP's signing keys could never be fetched (`Retry-After`)", {
+  oauthError: 'temporarily_unavailable',
+  expose: true,
 })
 
 /** The MCP protocol version the protected resource metadata advertises (docs/identity-providers.md "Authentication", protected resource metadata). */
@@ -55,18 +66,18 @@ export class Authenticator implements Plugin {
   readonly #subjectClaim: string
   readonly #stillValidKid = (kid: string | undefined): boolean => this.#keySet.hasKid(kid)
   /** Bound once: readBearer builds its 400s' challenges with it. */
-  readonly #challenge = (extra: string): string => extra === '' ? this.#challengeBase : `${this.#challengeBase}, ${extra}`
+  readonly #challenge = (extra: string): string => (extra === '' ? this.#challengeBase : `${this.#challengeBase}, ${extra}`)
   #verified = 0
 
-  constructor (p: AuthenticatorParts) {
+  constructor(p: AuthenticatorParts) {
     const { options } = p
     this.#options = options
     this.#mode = options.mode
     this.#idp = p.idp
     this.#prmUrl = `${p.baseUrl}${PRM_PATH}`
     const scopes = options.resourceMetadata.scopesSupported
-    this.#challengeBase = `Bearer resource_metadata="${quote(this.#prmUrl)}"` +
-      (scopes !== undefined && scopes.length > 0 ? `, scope="${quote(scopes.join(' '))}"` : '')
+    this.#challengeBase =
+      `Bearer resource_metadata="${quote(this.#prmUrl)}"` + (scopes !== undefined && scopes.length > 0 ? `, scope="${quote(scopes.join(' '))}"` : '')
     this.#keySet = p.keySet
     this.#release = p.release
     this.#failures = p.failures
@@ -80,16 +91,21 @@ export class Authenticator implements Plugin {
       maxTokenBytes: options.maxTokenBytes ?? 16384,
       maxClaimDepth: options.maxClaimDepth ?? 16,
       maxLifetimeSeconds: options.maxTokenLifetimeSeconds,
-      tokenKind: options.rejectIdTokens === false
-        ? 'none'
-        : options.provider?.cloud_idp !== undefined ? 'cloud_idp' : options.provider?.oss_idp !== undefined ? 'oss_idp' : 'none',
+      tokenKind:
+        options.rejectIdTokens === false
+          ? 'none'
+          : options.provider?.cloud_idp !== undefined
+            ? 'cloud_idp'
+            : options.provider?.oss_idp !== undefined
+              ? 'oss_idp'
+              : 'none',
     })
     const tc = options.tokenCache ?? {}
     this.#cache = tc.enabled === false ? undefined : new TokenCache(tc.maxEntries ?? 10000, tc.ttlSeconds ?? 300)
     this.routes = prmRoutes(options, p.baseUrl)
   }
 
-  onRequest (ctx: RequestContext): undefined | Promise<undefined> {
+  onRequest(ctx: RequestContext): undefined | Promise<undefined> {
     if (ctx.path !== '/mcp' || ctx.method === 'OPTIONS') return undefined
     let token: string | undefined
     try {
@@ -102,7 +118,8 @@ export class Authenticator implements Plugin {
       this.#failures.inc({ reason: 'missing' })
       ctx.denial = { reason: 'unauthorized: no token' }
       throw new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, 'JWT token required', {
-        oauthError: 'unauthorized', headers: { 'www-authenticate': this.#challenge('') },
+        oauthError: 'unauthorized',
+        headers: { 'www-authenticate': this.#challenge('') },
       })
     }
     // A token verified before (the connection's last one, or in the cache)
@@ -117,7 +134,7 @@ export class Authenticator implements Plugin {
   }
 
   /** The slow path of `onRequest`: verify the signature, then map failures to answers by mode. */
-  async #verifyRequest (ctx: RequestContext, token: string): Promise<undefined> {
+  async #verifyRequest(ctx: RequestContext, token: string): Promise<undefined> {
     // The span records the outcome, never the token.
     const endSpan = tracer?.verification(ctx, false)
     try {
@@ -134,7 +151,8 @@ export class Authenticator implements Plugin {
         this.#failures.inc({ reason: 'keys_unavailable' })
         ctx.denial = { reason: 'keys unavailable' }
         throw KeysUnavailable('signing keys of the identity provider are unavailable; retry later', {
-          headers: { 'retry-after': String(this.#options.keySet?.retryAfterSeconds ?? err.retryAfterSeconds) }, cause: err,
+          headers: { 'retry-after': String(this.#options.keySet?.retryAfterSeconds ?? err.retryAfterSeconds) },
+          cause: err,
         })
       }
       if (err instanceof AuthFailure) throw this.#unauthorized(ctx, err)
@@ -143,7 +161,7 @@ export class Authenticator implements Plugin {
   }
 
   /** A full verification (a token not in the cache), cached for the next requests. */
-  async #verifyToken (token: string, connection: object): Promise<AuthInfo> {
+  async #verifyToken(token: string, connection: object): Promise<AuthInfo> {
     this.#verified++
     this.#verifications.inc()
     // The verifier deep-froze the claims after bounding their depth.
@@ -157,7 +175,7 @@ export class Authenticator implements Plugin {
     return auth
   }
 
-  #unauthorized (ctx: RequestContext, f: AuthFailure): ProxyError {
+  #unauthorized(ctx: RequestContext, f: AuthFailure): ProxyError {
     this.#failures.inc({ reason: f.reason })
     ctx.denial = { reason: `invalid_token: ${f.message}${f.detail === undefined ? '' : ` (${f.detail})`}` }
     return new ProxyError('MCPP_ERR_UNAUTHORIZED', 401, f.message, {
@@ -166,12 +184,14 @@ export class Authenticator implements Plugin {
     })
   }
 
-  ready (): { ready: boolean; reason?: string; code?: string } {
+  ready(): { ready: boolean; reason?: string; code?: string } {
     const keySet = this.#keySet
-    return keySet.loaded ? { ready: true } : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}`, code: 'idp_keys_unavailable' }
+    return keySet.loaded
+      ? { ready: true }
+      : { ready: false, reason: `signing keys not loaded: ${keySet.state().lastError ?? 'not fetched yet'}`, code: 'idp_keys_unavailable' }
   }
 
-  describe (): Record<string, unknown> {
+  describe(): Record<string, unknown> {
     const options = this.#options
     const cache = this.#cache
     return {
@@ -187,25 +207,25 @@ export class Authenticator implements Plugin {
     }
   }
 
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     this.#cache?.clear()
     this.#release()
   }
 }
 
 /** The protected resource metadata (RFC 9728), one frozen document served at both paths. */
-function prmRoutes (options: McpAuthenticationOptions, baseUrl: string): RouteDef[] {
+function prmRoutes(options: McpAuthenticationOptions, baseUrl: string): RouteDef[] {
   const scopes = options.resourceMetadata.scopesSupported
   const prmDocument = Object.freeze({
     resource: options.resourceMetadata.resource,
     authorization_servers: [`${baseUrl}/mcp`],
     mcp_protocol_version: PRM_PROTOCOL_VERSION,
     resource_type: 'mcp-server',
-    bearer_methods_supported: [...options.resourceMetadata.bearerMethodsSupported ?? ['header']],
+    bearer_methods_supported: [...(options.resourceMetadata.bearerMethodsSupported ?? ['header'])],
     ...(scopes !== undefined ? { scopes_supported: [...scopes] } : {}),
   })
   const prmBody = JSON.stringify(prmDocument)
-  function protectedResourceMetadata (): Reply {
+  function protectedResourceMetadata(): Reply {
     return {
       status: 200,
       headers: { 'content-type': 'application/json', 'access-control-allow-origin': '*', 'cache-control': 'public, max-age=300' },

@@ -7,16 +7,17 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http'
 import { ProxyError } from '../../core/plugin-api.ts'
 
-function isAuthorizationName (name: string): boolean {
+function isAuthorizationName(name: string): boolean {
   return name.length === 13 && name.toLowerCase() === 'authorization'
 }
 
 /** Extracts the bearer token: `undefined` when there is none; throws 400 for ambiguous requests. */
-export function readBearer (req: IncomingMessage, query: string, challenge: (extra: string) => string): string | undefined {
+export function readBearer(req: IncomingMessage, query: string, challenge: (extra: string) => string): string | undefined {
   if (query !== '' && new URLSearchParams(query).has('access_token')) {
     // RFC 6750 §2.3 tokens in URIs leak into logs and referrers; MCP forbids them.
     throw new ProxyError('MCPP_ERR_BAD_REQUEST', 400, 'access tokens in the query string are not accepted', {
-      oauthError: 'invalid_request', headers: { 'www-authenticate': challenge('error="invalid_request"') },
+      oauthError: 'invalid_request',
+      headers: { 'www-authenticate': challenge('error="invalid_request"') },
     })
   }
   // One pass over rawHeaders: headersDistinct would build arrays for every header.
@@ -26,7 +27,8 @@ export function readBearer (req: IncomingMessage, query: string, challenge: (ext
     if (!isAuthorizationName(raw[i]!)) continue
     if (value !== undefined) {
       throw new ProxyError('MCPP_ERR_BAD_REQUEST', 400, 'more than one Authorization header', {
-        oauthError: 'invalid_request', headers: { 'www-authenticate': challenge('error="invalid_request"') },
+        oauthError: 'invalid_request',
+        headers: { 'www-authenticate': challenge('error="invalid_request"') },
       })
     }
     value = raw[i + 1]!
@@ -35,7 +37,7 @@ export function readBearer (req: IncomingMessage, query: string, challenge: (ext
   return bearerOf(value)
 }
 
-function isAsciiLetter (c: number): boolean {
+function isAsciiLetter(c: number): boolean {
   return (c >= 65 && c <= 90) || (c >= 97 && c <= 122)
 }
 
@@ -45,7 +47,7 @@ function isAsciiLetter (c: number): boolean {
  * `/^([A-Za-z]+)(?:[ \t]+(.*))?$/` on the trimmed value and trimming the
  * credentials, without running a regex over a token of a few hundred bytes.
  */
-function bearerOf (header: string): string | undefined {
+function bearerOf(header: string): string | undefined {
   const v = header.trim()
   let i = 0
   while (i < v.length && isAsciiLetter(v.charCodeAt(i))) i++
@@ -59,7 +61,7 @@ function bearerOf (header: string): string | undefined {
 }
 
 /** Removes every Authorization header from the request so nothing downstream can forward it. */
-export function stripAuthorization (req: IncomingMessage): void {
+export function stripAuthorization(req: IncomingMessage): void {
   const raw = req.rawHeaders
   for (let i = raw.length - 2; i >= 0; i -= 2) {
     if (isAuthorizationName(raw[i]!)) raw.splice(i, 2)
@@ -75,6 +77,6 @@ export function stripAuthorization (req: IncomingMessage): void {
 }
 
 /** Escapes a value for a quoted-string of `WWW-Authenticate` (RFC 9110 §5.6.4). */
-export function quote (s: string): string {
+export function quote(s: string): string {
   return s.replace(/[\\"]/g, '\\$&')
 }

@@ -19,9 +19,7 @@ export interface CloudTenant {
   readonly version: 'v1' | 'v2'
 }
 
-export type KeySetSource =
-  | { readonly kind: 'url'; readonly url: string }
-  | { readonly kind: 'discovery'; readonly discoveryUrl: string }
+export type KeySetSource = { readonly kind: 'url'; readonly url: string } | { readonly kind: 'discovery'; readonly discoveryUrl: string }
 
 /** What `idp` provides. `clientSecret` is a credential: never log or show it. */
 export interface IdpIdentity {
@@ -69,14 +67,14 @@ const V1_STS_TO_LOGIN: Readonly<Record<string, string>> = {
 
 const TENANT_RE = /^[A-Za-z0-9][A-Za-z0-9.-]{0,253}$/
 
-export function providerKind (input: Pick<IdentityInput, 'provider'> | undefined): ProviderKind | undefined {
+export function providerKind(input: Pick<IdentityInput, 'provider'> | undefined): ProviderKind | undefined {
   if (input?.provider?.oss_idp !== undefined) return 'oss_idp'
   if (input?.provider?.cloud_idp !== undefined) return 'cloud_idp'
   return undefined
 }
 
 /** `https://idp/x/` -> `https://idp/x` (the trailing slash is normalised before deriving paths: docs/identity-providers.md "Authentication", key sets). */
-export function withoutTrailingSlash (url: string): string {
+export function withoutTrailingSlash(url: string): string {
   return url.endsWith('/') ? url.slice(0, -1) : url
 }
 
@@ -85,9 +83,13 @@ export function withoutTrailingSlash (url: string): string {
  * with a trailing slash) or v1 `https://sts.../{tenant}/`. Returns undefined
  * when the issuer has neither form.
  */
-export function parseCloudIssuer (issuer: string): CloudTenant | undefined {
+export function parseCloudIssuer(issuer: string): CloudTenant | undefined {
   let u: URL
-  try { u = new URL(issuer) } catch { return undefined }
+  try {
+    u = new URL(issuer)
+  } catch {
+    return undefined
+  }
   if (u.search !== '' || u.hash !== '') return undefined
   const segs = u.pathname.split('/').filter(s => s !== '')
   if (segs.length === 2 && segs[1] === 'v2.0' && TENANT_RE.test(segs[0]!)) {
@@ -100,17 +102,20 @@ export function parseCloudIssuer (issuer: string): CloudTenant | undefined {
 }
 
 /** Same as parseCloudIssuer but throws a config error naming the field. */
-export function cloudTenantOf (issuer: string, configPath = 'mcp.policies.mcpAuthentication'): CloudTenant {
+export function cloudTenantOf(issuer: string, configPath = 'mcp.policies.mcpAuthentication'): CloudTenant {
   const t = parseCloudIssuer(issuer)
   if (t === undefined) {
-    throw new ProxyError('MCPP_ERR_CONFIG', 500,
-      `${configPath}.issuer: cloud_idp needs {login origin}/{tenant}/v2.0 or https://sts.windows.net/{tenant}/, got ${issuer}`)
+    throw new ProxyError(
+      'MCPP_ERR_CONFIG',
+      500,
+      `${configPath}.issuer: cloud_idp needs {login origin}/{tenant}/v2.0 or https://sts.windows.net/{tenant}/, got ${issuer}`
+    )
   }
   return t
 }
 
 /** The OIDC discovery URL of an issuer. */
-export function discoveryUrlFor (kind: ProviderKind | undefined, issuer: string): string {
+export function discoveryUrlFor(kind: ProviderKind | undefined, issuer: string): string {
   if (kind === 'cloud_idp') {
     const t = cloudTenantOf(issuer)
     return `${t.origin}/${t.tenant}/v2.0/.well-known/openid-configuration`
@@ -119,18 +124,18 @@ export function discoveryUrlFor (kind: ProviderKind | undefined, issuer: string)
 }
 
 /** oss_idp key set: `{issuer}/jwks/` after trailing-slash normalisation (docs/identity-providers.md "Authentication", key sets). */
-export function ossJwksUri (issuer: string): string {
+export function ossJwksUri(issuer: string): string {
   return `${withoutTrailingSlash(issuer)}/jwks/`
 }
 
 /** cloud_idp key set: `{login origin}/{tenant}/discovery/v2.0/keys`. */
-export function cloudKeySetUrl (issuer: string, configPath?: string): string {
+export function cloudKeySetUrl(issuer: string, configPath?: string): string {
   const t = cloudTenantOf(issuer, configPath)
   return `${t.origin}/${encodeURIComponent(t.tenant)}/discovery/v2.0/keys`
 }
 
 /** Derives the key set location from the configuration (docs/identity-providers.md "Authentication", key sets). */
-export function deriveKeySetSource (input: IdentityInput, configPath = 'mcp.policies.mcpAuthentication'): KeySetSource {
+export function deriveKeySetSource(input: IdentityInput, configPath = 'mcp.policies.mcpAuthentication'): KeySetSource {
   if (input.jwks !== undefined) return { kind: 'url', url: input.jwks }
   const kind = providerKind(input)
   if (kind === 'oss_idp') return { kind: 'url', url: ossJwksUri(input.issuer) }
@@ -142,7 +147,7 @@ export function deriveKeySetSource (input: IdentityInput, configPath = 'mcp.poli
  * The identity, with the cross-field checks of mcpAuthentication's options
  * (a ProxyError naming the path for each).
  */
-export function identityOf (input: IdentityInput, configPath = 'mcp.policies.mcpAuthentication'): IdpIdentity {
+export function identityOf(input: IdentityInput, configPath = 'mcp.policies.mcpAuthentication'): IdpIdentity {
   const family = providerKind(input)
   if (family === 'cloud_idp' && input.clientId === undefined) {
     throw new ProxyError('MCPP_ERR_CONFIG', 500, `${configPath}.clientId: is required for cloud_idp`)
@@ -164,7 +169,7 @@ export function identityOf (input: IdentityInput, configPath = 'mcp.policies.mcp
 }
 
 /** `{base_url}`: `resourceMetadata.resource` without its trailing `/mcp` (never the Host header). */
-export function baseUrlOf (resource: string): string {
+export function baseUrlOf(resource: string): string {
   const u = new URL(resource)
   const path = u.pathname.replace(/\/mcp$/, '')
   return u.origin + (path === '/' ? '' : path)

@@ -33,7 +33,7 @@ export interface FacadeBlock {
   /** The block's JSON schema, without `$schema`. */
   readonly schema: Record<string, unknown>
   /** The block with defaults applied and checked; throws a config error naming `path`. */
-  options (raw: unknown, path: string): unknown
+  options(raw: unknown, path: string): unknown
 }
 
 export type { IdpIdentity, ProtectedResource } from './identity.ts'
@@ -47,7 +47,7 @@ export interface McpAuthenticationProvides {
 }
 
 /** Cross-field checks and the provided identity: the same at start-up and in `--check`. */
-export function provides (options: McpAuthenticationOptions, configPath = 'mcp.policies.mcpAuthentication', facade?: FacadeBlock): McpAuthenticationProvides {
+export function provides(options: McpAuthenticationOptions, configPath = 'mcp.policies.mcpAuthentication', facade?: FacadeBlock): McpAuthenticationProvides {
   if (options.facade !== undefined && facade === undefined) {
     // Only a registry without the OAuth facade gets here: never pass an unchecked block on.
     throw new ProxyError('MCPP_ERR_CONFIG', 500, `${configPath}.facade: the OAuth facade is not among the available plugins`)
@@ -59,9 +59,8 @@ export function provides (options: McpAuthenticationOptions, configPath = 'mcp.p
   }
 }
 
-
 /** The plugin, with the OAuth facade's block validated by `facade` when given (plugins/index.ts gives it). */
-export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<McpAuthenticationOptions> {
+export function mcpAuthenticationModule(facade?: FacadeBlock): PluginModule<McpAuthenticationOptions> {
   const optionsSchema = facade === undefined ? ownSchema : { ...ownSchema, properties: { ...ownSchema.properties, facade: facade.schema } }
   return definePlugin<McpAuthenticationOptions>({
     name: 'mcpAuthentication',
@@ -71,27 +70,36 @@ export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<Mcp
     provides: ['idp', 'protectedResource', 'facade'],
     errors: [KeysUnavailable],
     // `provider` is bridged by providerBridge and registration, `facade` served by oauthFacade (instead of both).
-    actedOnBy (options) {
+    actedOnBy(options) {
       if (options.facade !== undefined) return [{ path: 'facade', plugin: 'oauthFacade' }]
-      if (options.provider !== undefined) return [{ path: 'provider', plugin: 'providerBridge' }, { path: 'provider', plugin: 'registration' }]
+      if (options.provider !== undefined)
+        return [
+          { path: 'provider', plugin: 'providerBridge' },
+          { path: 'provider', plugin: 'registration' },
+        ]
       return []
     },
-    summary (options) {
-      const what = options.mode === 'strict' ? 'a valid bearer token required on every request'
-        : options.mode === 'optional' ? 'a missing token passes, an invalid one is refused'
-          : 'never refuses; verified claims passed on when present'
-      return `${options.mode}: ${what}; issuer ${options.issuer}` +
+    summary(options) {
+      const what =
+        options.mode === 'strict'
+          ? 'a valid bearer token required on every request'
+          : options.mode === 'optional'
+            ? 'a missing token passes, an invalid one is refused'
+            : 'never refuses; verified claims passed on when present'
+      return (
+        `${options.mode}: ${what}; issuer ${options.issuer}` +
         (options.audiences !== undefined ? `, audiences ${options.audiences.join(', ')}` : '') +
         (options.provider !== undefined ? `, provider ${Object.keys(options.provider)[0]}` : '') +
         (options.facade !== undefined ? ', tokens issued by the OAuth facade' : '')
+      )
     },
-    baseUrlOf (options) {
+    baseUrlOf(options) {
       return options.resourceMetadata.resource.replace(/\/mcp$/, '')
     },
-    check (options, configPath) {
+    check(options, configPath) {
       return provides(options, configPath, facade) as unknown as Readonly<Record<string, unknown>>
     },
-    async create (options, env) {
+    async create(options, env) {
       const { idp } = provides(options, env.configPath, facade)
       const baseUrl = env.baseUrl !== '' && env.baseUrl !== undefined ? env.baseUrl : baseUrlOf(options.resourceMetadata.resource)
       const counters = authMetrics(env.metrics)
@@ -105,20 +113,28 @@ export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<Mcp
         timeoutMs: ks.timeoutMs ?? 5000,
         maxBytes: ks.maxBytes ?? 524288,
         ...(env.now !== undefined ? { now: env.now } : {}),
-        onFetch (result, error) {
+        onFetch(result, error) {
           counters.fetches.inc({ result })
           if (result === 'error' && error !== lastLoggedError) env.log.warn({ error }, 'identity provider key set fetch failed')
           lastLoggedError = result === 'error' ? error : undefined
         },
       })
       // Scrape-time gauges: read from the key set when /metrics is asked, nothing per request.
-      env.metrics.gauge('mcp_proxy_keyset_keys', 'Signing keys currently loaded from the identity provider').collect = () => [[undefined, keySet.state().kids.length]]
+      env.metrics.gauge('mcp_proxy_keyset_keys', 'Signing keys currently loaded from the identity provider').collect = () => [
+        [undefined, keySet.state().kids.length],
+      ]
       env.metrics.gauge('mcp_proxy_keyset_last_success_timestamp_seconds', 'When the key set was last fetched successfully').collect = () => {
         const at = keySet.state().lastSuccessAt
         return at === undefined ? [] : [[undefined, Date.parse(at) / 1000]]
       }
       return new Authenticator({
-        options, idp, baseUrl, keySet, release, failures: counters.failures, verifications: counters.verifications,
+        options,
+        idp,
+        baseUrl,
+        keySet,
+        release,
+        failures: counters.failures,
+        verifications: counters.verifications,
       })
     },
   })
@@ -127,7 +143,7 @@ export function mcpAuthenticationModule (facade?: FacadeBlock): PluginModule<Mcp
 /** The plugin's counters, every series at 0 before the first event, so a first failure is a visible increase. */
 type Counter = ReturnType<PluginEnv['metrics']['counter']>
 
-function authMetrics (metrics: PluginEnv['metrics']): { failures: Counter; fetches: Counter; verifications: Counter } {
+function authMetrics(metrics: PluginEnv['metrics']): { failures: Counter; fetches: Counter; verifications: Counter } {
   const failures = metrics.counter('mcp_proxy_auth_failures_total', 'Rejected or unverifiable bearer tokens by reason')
   const fetches = metrics.counter('mcp_proxy_keyset_fetches_total', 'Key set fetch attempts by result')
   const verifications = metrics.counter('mcp_proxy_token_verifications_total', 'Signature verifications (token cache misses)')

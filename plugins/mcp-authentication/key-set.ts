@@ -37,7 +37,7 @@ export interface KeySetOptions {
 export class KeysUnavailableError extends Error {
   /** Seconds until the next fetch is due (for Retry-After). */
   readonly retryAfterSeconds: number
-  constructor (message: string, retryAfterSeconds = 1) {
+  constructor(message: string, retryAfterSeconds = 1) {
     super(message)
     this.name = 'KeysUnavailableError'
     this.retryAfterSeconds = Math.max(1, Math.ceil(retryAfterSeconds))
@@ -46,7 +46,7 @@ export class KeysUnavailableError extends Error {
 
 /** Thrown when no key in the set matches the token's header. */
 export class NoMatchingKeyError extends Error {
-  constructor (message: string) {
+  constructor(message: string) {
     super(message)
     this.name = 'NoMatchingKeyError'
   }
@@ -64,7 +64,7 @@ export interface KeySetState {
 
 const USABLE_KTY = new Set(['RSA', 'EC', 'OKP'])
 
-function ktyFor (alg: string): string | undefined {
+function ktyFor(alg: string): string | undefined {
   if (alg.startsWith('RS') || alg.startsWith('PS')) return 'RSA'
   if (alg.startsWith('ES')) return 'EC'
   if (alg === 'EdDSA' || alg === 'Ed25519') return 'OKP'
@@ -72,7 +72,7 @@ function ktyFor (alg: string): string | undefined {
 }
 
 /** GETs a JSON document with our limits: no redirects, timeout, size cap. */
-export async function fetchJsonLimited (url: string, timeoutMs: number, maxBytes: number): Promise<unknown> {
+export async function fetchJsonLimited(url: string, timeoutMs: number, maxBytes: number): Promise<unknown> {
   const res = await fetch(url, {
     redirect: 'manual',
     signal: AbortSignal.timeout(timeoutMs),
@@ -94,7 +94,7 @@ export async function fetchJsonLimited (url: string, timeoutMs: number, maxBytes
   }
 }
 
-function describeError (err: unknown): string {
+function describeError(err: unknown): string {
   const e = err as Error & { cause?: { code?: string } }
   if (e.name === 'TimeoutError') return 'timed out'
   return e.cause?.code !== undefined ? `${e.message} (${e.cause.code})` : e.message
@@ -120,25 +120,27 @@ export class RemoteKeySet {
   #timer: NodeJS.Timeout | undefined
   #closed = false
 
-  constructor (opts: KeySetOptions) {
+  constructor(opts: KeySetOptions) {
     this.#opts = opts
     this.#now = opts.now ?? Date.now
     this.#url = opts.source.kind === 'url' ? opts.source.url : undefined
   }
 
   /** First fetch (in the background of start-up, see acquireKeySet); never throws. Starts the background timer. */
-  async start (): Promise<void> {
+  async start(): Promise<void> {
     await this.refresh()
     this.#schedule()
   }
 
-  get loaded (): boolean { return this.#loaded }
+  get loaded(): boolean {
+    return this.#loaded
+  }
 
-  hasKid (kid: string | undefined): boolean {
+  hasKid(kid: string | undefined): boolean {
     return this.#jwks.some(k => k.kid === kid)
   }
 
-  state (): KeySetState {
+  state(): KeySetState {
     return {
       url: this.#url,
       kids: this.#jwks.map(k => k.kid ?? '(none)'),
@@ -151,13 +153,15 @@ export class RemoteKeySet {
   }
 
   /** Fetches now; concurrent callers share one fetch. A failure keeps the last good keys. */
-  refresh (): Promise<void> {
-    this.#inflight ??= this.#fetch().finally(() => { this.#inflight = undefined })
+  refresh(): Promise<void> {
+    this.#inflight ??= this.#fetch().finally(() => {
+      this.#inflight = undefined
+    })
     return this.#inflight
   }
 
   /** The key for a JWS header; for jose's jwtVerify. */
-  async getKey (header: JWSHeaderParameters): Promise<CryptoKey | Uint8Array> {
+  async getKey(header: JWSHeaderParameters): Promise<CryptoKey | Uint8Array> {
     if (!this.#loaded) await this.#refetchOnDemand()
     let jwk = this.#select(header)
     if (jwk === undefined && header.kid !== undefined && !this.hasKid(header.kid)) {
@@ -180,35 +184,34 @@ export class RemoteKeySet {
     }
   }
 
-  close (): void {
+  close(): void {
     this.#closed = true
     if (this.#timer !== undefined) clearTimeout(this.#timer)
   }
 
-  #select (header: JWSHeaderParameters): JWK | undefined {
+  #select(header: JWSHeaderParameters): JWK | undefined {
     const alg = header.alg ?? ''
     const kty = ktyFor(alg)
-    const candidates = this.#jwks.filter(k =>
-      k.kty === kty && (k.alg === undefined || k.alg === alg) && (header.kid === undefined || k.kid === header.kid))
+    const candidates = this.#jwks.filter(k => k.kty === kty && (k.alg === undefined || k.alg === alg) && (header.kid === undefined || k.kid === header.kid))
     // Without a kid we only guess when there is exactly one candidate.
     return candidates.length === 1 || header.kid !== undefined ? candidates[0] : undefined
   }
 
   /** The interval between fetches: the cooldown, doubled per consecutive failure up to maxBackoffMs. */
-  #interval (): number {
+  #interval(): number {
     if (this.#failures === 0) return this.#opts.cooldownMs
     const max = Math.max(this.#opts.maxBackoffMs ?? 60_000, this.#opts.cooldownMs)
     return Math.min(this.#opts.cooldownMs * 2 ** Math.min(this.#failures - 1, 20), max)
   }
 
   /** When the next fetch caused by a request may start. */
-  #dueAt (): number {
+  #dueAt(): number {
     // While fetches fail every attempt counts (backoff); otherwise only fetches caused by
     // requests do, so a scheduled refresh never delays picking up a rotated key.
     return (this.#failures > 0 ? Math.max(this.#lastAttempt, this.#lastOnDemand) : this.#lastOnDemand) + this.#interval()
   }
 
-  #unavailable (): KeysUnavailableError {
+  #unavailable(): KeysUnavailableError {
     return new KeysUnavailableError(`key set unavailable: ${this.#lastError ?? 'not fetched yet'}`, (this.#dueAt() - this.#now()) / 1000)
   }
 
@@ -219,7 +222,7 @@ export class RemoteKeySet {
    * without fetching when the slot is too far off (the key is then "not
    * found"); throws KeysUnavailableError when the set cannot be refreshed.
    */
-  async #refetchOnDemand (): Promise<void> {
+  async #refetchOnDemand(): Promise<void> {
     if (this.#inflight === undefined) {
       const wait = this.#dueAt() - this.#now()
       if (wait > 0) {
@@ -241,30 +244,38 @@ export class RemoteKeySet {
     if (this.#failures > 0 || !this.#loaded) throw this.#unavailable()
   }
 
-  #schedule (): void {
+  #schedule(): void {
     if (this.#closed) return
     // Until keys were loaded once, or while fetches fail, retry at the backoff pace instead of the (long) refresh interval.
     const delay = this.#loaded && this.#failures === 0 ? this.#opts.refreshMs : this.#interval()
-    this.#timer = setTimeout(() => { void this.refresh().finally(() => this.#schedule()) }, delay)
+    this.#timer = setTimeout(() => {
+      void this.refresh().finally(() => this.#schedule())
+    }, delay)
     this.#timer.unref()
   }
 
-  async #fetch (): Promise<void> {
+  async #fetch(): Promise<void> {
     this.#lastAttempt = this.#now()
     this.#fetches++
     try {
       if (this.#url === undefined && this.#opts.source.kind === 'discovery') {
-        const doc = await fetchJsonLimited(this.#opts.source.discoveryUrl, this.#opts.timeoutMs, this.#opts.maxBytes) as { jwks_uri?: unknown }
+        const doc = (await fetchJsonLimited(this.#opts.source.discoveryUrl, this.#opts.timeoutMs, this.#opts.maxBytes)) as { jwks_uri?: unknown }
         if (typeof doc?.jwks_uri !== 'string' || !/^https?:\/\//.test(doc.jwks_uri)) throw new Error('discovery document has no jwks_uri')
         this.#url = doc.jwks_uri
       }
-      const body = await fetchJsonLimited(this.#url!, this.#opts.timeoutMs, this.#opts.maxBytes) as { keys?: unknown }
+      const body = (await fetchJsonLimited(this.#url!, this.#opts.timeoutMs, this.#opts.maxBytes)) as { keys?: unknown }
       if (body === null || typeof body !== 'object' || !Array.isArray(body.keys)) throw new Error('response is not a JWK set')
       const keys = (body.keys as unknown[]).filter((k): k is JWK => {
         const j = k as JWK
         // Public signature keys only: symmetric or private material is never used.
-        return j !== null && typeof j === 'object' && typeof j.kty === 'string' && USABLE_KTY.has(j.kty) &&
-          (j.use === undefined || j.use === 'sig') && j.d === undefined
+        return (
+          j !== null &&
+          typeof j === 'object' &&
+          typeof j.kty === 'string' &&
+          USABLE_KTY.has(j.kty) &&
+          (j.use === undefined || j.use === 'sig') &&
+          j.d === undefined
+        )
       })
       if (keys.length === 0) throw new Error('key set has no usable signature keys')
       this.#jwks = keys
@@ -291,7 +302,7 @@ export class RemoteKeySet {
  */
 const shared = new Map<string, { set: RemoteKeySet; refs: number; started: Promise<void> }>()
 
-export async function acquireKeySet (opts: KeySetOptions): Promise<{ set: RemoteKeySet; release: () => void }> {
+export async function acquireKeySet(opts: KeySetOptions): Promise<{ set: RemoteKeySet; release: () => void }> {
   const key = JSON.stringify([opts.source, opts.refreshMs, opts.cooldownMs, opts.maxBackoffMs, opts.timeoutMs, opts.maxBytes])
   let entry = shared.get(key)
   if (entry === undefined) {
@@ -304,7 +315,7 @@ export async function acquireKeySet (opts: KeySetOptions): Promise<{ set: Remote
   let released = false
   return {
     set: e.set,
-    release () {
+    release() {
       if (released) return
       released = true
       if (--e.refs === 0) {

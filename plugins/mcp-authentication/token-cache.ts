@@ -12,7 +12,11 @@
 import { createHash } from 'node:crypto'
 import type { AuthInfo } from '../../core/plugin-api.ts'
 
-interface Entry { readonly auth: AuthInfo; readonly kid: string | undefined; readonly expiresAtMs: number }
+interface Entry {
+  readonly auth: AuthInfo
+  readonly kid: string | undefined
+  readonly expiresAtMs: number
+}
 
 /**
  * The last verified token on one connection. Compared with `===`: it is a
@@ -20,7 +24,10 @@ interface Entry { readonly auth: AuthInfo; readonly kid: string | undefined; rea
  * few hundred bytes leaves no timing a remote client can measure (a
  * Buffer.from + timingSafeEqual costs about as much as the SHA-256 it saves).
  */
-interface LastOnConnection { readonly token: string; readonly entry: Entry }
+interface LastOnConnection {
+  readonly token: string
+  readonly entry: Entry
+}
 
 export class TokenCache {
   readonly #max: number
@@ -30,14 +37,16 @@ export class TokenCache {
   hits = 0
   misses = 0
 
-  constructor (maxEntries: number, ttlSeconds: number) {
+  constructor(maxEntries: number, ttlSeconds: number) {
     this.#max = maxEntries
     this.#ttlMs = ttlSeconds * 1000
   }
 
-  get size (): number { return this.#map.size }
+  get size(): number {
+    return this.#map.size
+  }
 
-  static keyOf (token: string): string {
+  static keyOf(token: string): string {
     return createHash('sha256').update(token).digest('base64url')
   }
 
@@ -45,7 +54,7 @@ export class TokenCache {
    * The cached verification of `token`, if still good. `connection` (the
    * request's socket) enables the per-connection memo.
    */
-  get (token: string, stillValidKid: (kid: string | undefined) => boolean, connection?: object): AuthInfo | undefined {
+  get(token: string, stillValidKid: (kid: string | undefined) => boolean, connection?: object): AuthInfo | undefined {
     if (connection !== undefined) {
       const last = this.#byConnection.get(connection)
       if (last !== undefined && last.token === token) {
@@ -58,7 +67,10 @@ export class TokenCache {
     }
     const key = TokenCache.keyOf(token)
     const e = this.#map.get(key)
-    if (e === undefined) { this.misses++; return undefined }
+    if (e === undefined) {
+      this.misses++
+      return undefined
+    }
     // A key removed from the key set takes its tokens with it.
     if (e.expiresAtMs <= Date.now() || !stillValidKid(e.kid)) {
       this.#map.delete(key)
@@ -72,7 +84,7 @@ export class TokenCache {
     return e.auth
   }
 
-  set (token: string, auth: AuthInfo, kid: string | undefined, connection?: object): void {
+  set(token: string, auth: AuthInfo, kid: string | undefined, connection?: object): void {
     const now = Date.now()
     const expMs = auth.expiresAt === undefined ? now : auth.expiresAt * 1000
     const expiresAtMs = Math.min(expMs, now + this.#ttlMs)
@@ -88,7 +100,7 @@ export class TokenCache {
     if (connection !== undefined) this.#byConnection.set(connection, { token, entry })
   }
 
-  clear (): void {
+  clear(): void {
     this.#map.clear()
     this.#byConnection = new WeakMap()
   }

@@ -14,10 +14,24 @@ const KEY_BEARING_HEADERS = ['jwk', 'jku', 'x5u', 'x5c']
 
 /** Every `reason` an AuthFailure can carry (mcp_proxy_auth_failures_total starts each at 0). */
 export const TOKEN_FAILURE_REASONS = [
-  'malformed', 'too_large', 'header', 'algorithm', 'signature', 'unknown_key', 'issuer', 'audience', 'expired',
-  'not_yet_valid', 'issued_in_future', 'no_expiry', 'lifetime', 'claims', 'no_subject', 'not_access_token',
+  'malformed',
+  'too_large',
+  'header',
+  'algorithm',
+  'signature',
+  'unknown_key',
+  'issuer',
+  'audience',
+  'expired',
+  'not_yet_valid',
+  'issued_in_future',
+  'no_expiry',
+  'lifetime',
+  'claims',
+  'no_subject',
+  'not_access_token',
 ] as const
-export type TokenFailureReason = typeof TOKEN_FAILURE_REASONS[number]
+export type TokenFailureReason = (typeof TOKEN_FAILURE_REASONS)[number]
 
 export class AuthFailure extends Error {
   /** Metric label, e.g. `expired`. */
@@ -27,7 +41,7 @@ export class AuthFailure extends Error {
    * against what was expected (the token's `iss` and the configured issuer).
    */
   readonly detail: string | undefined
-  constructor (reason: TokenFailureReason, description: string, detail?: string) {
+  constructor(reason: TokenFailureReason, description: string, detail?: string) {
     super(description)
     this.name = 'AuthFailure'
     this.reason = reason
@@ -36,8 +50,8 @@ export class AuthFailure extends Error {
 }
 
 /** A claim value for a log line: quoted, bounded (it comes from the token, so from anyone). */
-function quoted (value: unknown): string {
-  const s = typeof value === 'string' ? value : JSON.stringify(value) ?? String(value)
+function quoted(value: unknown): string {
+  const s = typeof value === 'string' ? value : (JSON.stringify(value) ?? String(value))
   return JSON.stringify(s.length > 120 ? s.slice(0, 120) + '…' : s)
 }
 
@@ -63,7 +77,7 @@ export interface Verified {
   readonly kid: string | undefined
 }
 
-function decodeHeader (segment: string): Record<string, unknown> {
+function decodeHeader(segment: string): Record<string, unknown> {
   let header: unknown
   try {
     header = JSON.parse(Buffer.from(segment, 'base64url').toString('utf8'))
@@ -74,7 +88,7 @@ function decodeHeader (segment: string): Record<string, unknown> {
   return header as Record<string, unknown>
 }
 
-function mapJoseError (err: unknown, issuer: string): Error {
+function mapJoseError(err: unknown, issuer: string): Error {
   if (err instanceof KeysUnavailableError || err instanceof AuthFailure) return err
   if (err instanceof NoMatchingKeyError) return new AuthFailure('unknown_key', 'token signing key not found')
   if (err instanceof joseErrors.JWTExpired) return new AuthFailure('expired', 'token expired')
@@ -82,12 +96,18 @@ function mapJoseError (err: unknown, issuer: string): Error {
     switch (err.claim) {
       // The signature was good: the token's iss is what the IdP really issues, and
       // a mismatch is most often a trailing slash or a path in the configured issuer.
-      case 'iss': return new AuthFailure('issuer', 'token issuer not accepted', `token iss ${quoted(err.payload.iss)}, expected ${quoted(issuer)}`)
-      case 'aud': return new AuthFailure('audience', 'token audience not accepted')
-      case 'nbf': return new AuthFailure('not_yet_valid', 'token not yet valid')
-      case 'exp': return new AuthFailure('no_expiry', 'token has no valid expiry')
-      case 'iat': return new AuthFailure('issued_in_future', 'token issue time not accepted')
-      default: return new AuthFailure('claims', 'token claims not accepted')
+      case 'iss':
+        return new AuthFailure('issuer', 'token issuer not accepted', `token iss ${quoted(err.payload.iss)}, expected ${quoted(issuer)}`)
+      case 'aud':
+        return new AuthFailure('audience', 'token audience not accepted')
+      case 'nbf':
+        return new AuthFailure('not_yet_valid', 'token not yet valid')
+      case 'exp':
+        return new AuthFailure('no_expiry', 'token has no valid expiry')
+      case 'iat':
+        return new AuthFailure('issued_in_future', 'token issue time not accepted')
+      default:
+        return new AuthFailure('claims', 'token claims not accepted')
     }
   }
   if (err instanceof joseErrors.JWSSignatureVerificationFailed) return new AuthFailure('signature', 'token signature invalid')
@@ -102,7 +122,7 @@ function mapJoseError (err: unknown, issuer: string): Error {
  * recursive walk (structuredClone, a logger, a rule helper) would overflow
  * the stack on it.
  */
-export function freezeClaims (payload: Record<string, unknown>, maxDepth: number): void {
+export function freezeClaims(payload: Record<string, unknown>, maxDepth: number): void {
   const stack: Array<[object, number]> = [[payload, 1]]
   while (stack.length > 0) {
     const [obj, depth] = stack.pop()!
@@ -116,7 +136,7 @@ export function freezeClaims (payload: Record<string, unknown>, maxDepth: number
 }
 
 /** RFC 7519 §2 NumericDate, held to what IdPs issue: a finite integer (1e400 parses to Infinity). */
-function checkNumericDates (payload: JWTPayload): void {
+function checkNumericDates(payload: JWTPayload): void {
   for (const claim of ['exp', 'nbf', 'iat'] as const) {
     const v = payload[claim]
     if (v !== undefined && !Number.isSafeInteger(v)) throw new AuthFailure('claims', `token ${claim} is not an integer`)
@@ -128,7 +148,7 @@ function checkNumericDates (payload: JWTPayload): void {
  * RFC 9068 §1); an ID token for the gateway's own client id would otherwise
  * pass the aud check.
  */
-function isAccessToken (kind: TokenKindCheck, header: Record<string, unknown>, payload: JWTPayload): boolean {
+function isAccessToken(kind: TokenKindCheck, header: Record<string, unknown>, payload: JWTPayload): boolean {
   if (kind === 'none') return true
   if (kind === 'cloud_idp') {
     // Entra access tokens for an API carry delegated scopes (scp) or app roles (roles); its ID tokens neither.
@@ -142,10 +162,10 @@ function isAccessToken (kind: TokenKindCheck, header: Record<string, unknown>, p
   return typeof payload.azp === 'string' || typeof payload.client_id === 'string' || typeof payload.scope === 'string'
 }
 
-export function createVerifier (opts: VerifierOptions): (token: string) => Promise<Verified> {
+export function createVerifier(opts: VerifierOptions): (token: string) => Promise<Verified> {
   const audience = opts.audiences === undefined ? undefined : [...opts.audiences]
   const getKey = opts.keySet.getKey.bind(opts.keySet)
-  return async function verifyToken (token: string): Promise<Verified> {
+  return async function verifyToken(token: string): Promise<Verified> {
     if (token.length > opts.maxTokenBytes) throw new AuthFailure('too_large', 'token too large')
     const parts = token.split('.')
     if (parts.length !== 3 || parts.some(p => p === '' || !/^[A-Za-z0-9_-]+$/.test(p))) {
@@ -161,7 +181,7 @@ export function createVerifier (opts: VerifierOptions): (token: string) => Promi
     const now = Math.floor(Date.now() / 1000)
     let payload: JWTPayload
     try {
-      ({ payload } = await jwtVerify(token, getKey, {
+      ;({ payload } = await jwtVerify(token, getKey, {
         algorithms: [...ALLOWED_ALGORITHMS],
         issuer: opts.issuer,
         audience,

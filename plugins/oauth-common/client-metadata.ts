@@ -17,26 +17,24 @@ export const InvalidClientMetadata = createError('MCPP_ERR_INVALID_CLIENT_METADA
   oauthError: 'invalid_client_metadata',
 })
 
-function invalid (message: string, oauthError = 'invalid_client_metadata'): ProxyError {
+function invalid(message: string, oauthError = 'invalid_client_metadata'): ProxyError {
   return InvalidClientMetadata(message, { oauthError })
 }
 
-function stringList (v: unknown, field: string): string[] | undefined {
+function stringList(v: unknown, field: string): string[] | undefined {
   if (v === undefined) return undefined
   if (!Array.isArray(v) || !v.every(x => typeof x === 'string')) throw invalid(`${field} must be an array of strings`)
   return v as string[]
 }
 
-function optionalString (v: unknown, field: string): string | undefined {
+function optionalString(v: unknown, field: string): string | undefined {
   if (v === undefined) return undefined
   if (typeof v !== 'string' || v.length > 1000 || /[\u0000-\u001f\u007f]/.test(v)) throw invalid(`${field} must be a string without control characters`)
   return v
 }
 
 /** Validates a registration request body and builds the RFC 7591 §3.2.1 response. */
-export function buildRegistrationResponse (
-  body: unknown, clientId: string, now: number, limits: ClientMetadataLimits,
-): Record<string, unknown> {
+export function buildRegistrationResponse(body: unknown, clientId: string, now: number, limits: ClientMetadataLimits): Record<string, unknown> {
   if (body === null || typeof body !== 'object' || Array.isArray(body)) throw invalid('the request body must be a JSON object')
   const req = body as Record<string, unknown>
   const redirectUris = req.redirect_uris
@@ -51,9 +49,7 @@ export function buildRegistrationResponse (
   })
   // RFC 7591 §3.2.1: the server may replace requested values with the ones it supports.
   const grants = stringList(req.grant_types, 'grant_types')
-  const grantTypes = grants === undefined
-    ? [...SUPPORTED_GRANTS]
-    : SUPPORTED_GRANTS.filter(g => grants.includes(g))
+  const grantTypes = grants === undefined ? [...SUPPORTED_GRANTS] : SUPPORTED_GRANTS.filter(g => grants.includes(g))
   if (!grantTypes.includes('authorization_code')) throw invalid('grant_types must include authorization_code')
   const responses = stringList(req.response_types, 'response_types')
   if (responses !== undefined && !responses.includes('code')) throw invalid('response_types must include code')

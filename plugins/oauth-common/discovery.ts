@@ -36,7 +36,7 @@ export interface BoundedResponse {
  * fetch() with a timeout, no redirects (a 3xx is an error) and a cap on the
  * body size (read incrementally, so a huge body is never buffered).
  */
-export async function boundedFetch (url: string, opts: BoundedFetchOptions): Promise<BoundedResponse> {
+export async function boundedFetch(url: string, opts: BoundedFetchOptions): Promise<BoundedResponse> {
   const res = await fetch(url, {
     method: opts.method ?? 'GET',
     headers: opts.headers,
@@ -57,7 +57,7 @@ export async function boundedFetch (url: string, opts: BoundedFetchOptions): Pro
 }
 
 /** Checks the fields the bridge relies on; returns a reason when the document is unusable. */
-export function checkDiscoveryDocument (doc: unknown): string | undefined {
+export function checkDiscoveryDocument(doc: unknown): string | undefined {
   if (doc === null || typeof doc !== 'object' || Array.isArray(doc)) return 'not a JSON object'
   const o = doc as Record<string, unknown>
   for (const f of ['issuer', 'authorization_endpoint', 'token_endpoint']) {
@@ -109,7 +109,7 @@ export class DiscoveryCache {
   readonly #onFetch: (() => void) | undefined
   readonly #onDocument: ((doc: DiscoveryDocument) => void) | undefined
 
-  constructor (opts: DiscoveryCacheOptions) {
+  constructor(opts: DiscoveryCacheOptions) {
     this.url = opts.url
     this.#ttlMs = opts.ttlMs
     this.#timeoutMs = opts.timeoutMs
@@ -122,12 +122,12 @@ export class DiscoveryCache {
   }
 
   /** First fetch plus the background refresh timer. Never throws. */
-  async start (): Promise<void> {
+  async start(): Promise<void> {
     await this.refresh()
     this.#schedule()
   }
 
-  get state (): DiscoveryState {
+  get state(): DiscoveryState {
     return {
       doc: this.#doc,
       fetchedAt: this.#fetchedAt,
@@ -138,7 +138,7 @@ export class DiscoveryCache {
   }
 
   /** The document if one was ever fetched (possibly stale), else undefined. */
-  peek (): DiscoveryDocument | undefined {
+  peek(): DiscoveryDocument | undefined {
     return this.#doc
   }
 
@@ -147,7 +147,7 @@ export class DiscoveryCache {
    * background. Never fetched: one bounded fetch attempt, else a 503
    * `temporarily_unavailable`.
    */
-  async get (): Promise<DiscoveryDocument> {
+  async get(): Promise<DiscoveryDocument> {
     if (this.#doc !== undefined) {
       if (this.#now() - (this.#fetchedAt ?? 0) > this.#ttlMs && this.#now() - this.#lastAttempt >= this.#retryMs) {
         void this.refresh()
@@ -157,19 +157,21 @@ export class DiscoveryCache {
     if (this.#inFlight !== undefined || this.#now() - this.#lastAttempt >= this.#retryMs) await this.refresh()
     if (this.#doc !== undefined) return this.#doc
     const retryAfter = Math.max(1, Math.ceil(this.#retryMs / 1000))
-    throw IdpUnavailable('the identity provider\'s discovery document could not be fetched yet; try again later', {
+    throw IdpUnavailable("the identity provider's discovery document could not be fetched yet; try again later", {
       headers: { 'retry-after': String(retryAfter), 'access-control-allow-origin': '*' },
       cause: new Error(`discovery ${this.url}: ${this.#lastError ?? 'not fetched yet'}`),
     })
   }
 
   /** Fetches now (single-flight). Resolves true when a good document was stored. */
-  refresh (): Promise<boolean> {
-    this.#inFlight ??= this.#fetchOnce().finally(() => { this.#inFlight = undefined })
+  refresh(): Promise<boolean> {
+    this.#inFlight ??= this.#fetchOnce().finally(() => {
+      this.#inFlight = undefined
+    })
     return this.#inFlight
   }
 
-  async #fetchOnce (): Promise<boolean> {
+  async #fetchOnce(): Promise<boolean> {
     this.#lastAttempt = this.#now()
     this.#fetches++
     this.#onFetch?.()
@@ -177,7 +179,11 @@ export class DiscoveryCache {
       const res = await boundedFetch(this.url, { timeoutMs: this.#timeoutMs, maxBytes: this.#maxBytes, headers: { accept: 'application/json' } })
       if (res.status !== 200) throw new Error(`answered HTTP ${res.status}`)
       let doc: unknown
-      try { doc = JSON.parse(res.body.toString('utf8')) } catch { throw new Error('answered with invalid JSON') }
+      try {
+        doc = JSON.parse(res.body.toString('utf8'))
+      } catch {
+        throw new Error('answered with invalid JSON')
+      }
       const bad = checkDiscoveryDocument(doc)
       if (bad !== undefined) throw new Error(`document rejected: ${bad}`)
       this.#doc = Object.freeze({ ...(doc as Record<string, unknown>) })
@@ -188,16 +194,18 @@ export class DiscoveryCache {
       return true
     } catch (err) {
       const e = err as Error
-      this.#lastError = e.name === 'TimeoutError' ? `timed out after ${this.#timeoutMs} ms` : (e.cause as Error | undefined)?.message ?? e.message
-      this.#log.warn({ url: this.url, reason: this.#lastError, stale: this.#doc !== undefined },
+      this.#lastError = e.name === 'TimeoutError' ? `timed out after ${this.#timeoutMs} ms` : ((e.cause as Error | undefined)?.message ?? e.message)
+      this.#log.warn(
+        { url: this.url, reason: this.#lastError, stale: this.#doc !== undefined },
         this.#doc === undefined
           ? 'identity provider discovery document unavailable: authorization server metadata answers 503 until it can be fetched'
-          : 'identity provider discovery refresh failed: serving the cached document')
+          : 'identity provider discovery refresh failed: serving the cached document'
+      )
       return false
     }
   }
 
-  #schedule (): void {
+  #schedule(): void {
     if (this.#closed) return
     // Refresh at the TTL; while failing, retry sooner (bounded below by retryMs).
     const delay = this.#lastError === undefined ? this.#ttlMs : Math.min(this.#ttlMs, Math.max(this.#retryMs, 30_000))
@@ -207,7 +215,7 @@ export class DiscoveryCache {
     this.#timer.unref()
   }
 
-  close (): void {
+  close(): void {
     this.#closed = true
     if (this.#timer !== undefined) clearTimeout(this.#timer)
   }

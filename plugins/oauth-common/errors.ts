@@ -5,8 +5,9 @@
  */
 import { createError } from '../../core/plugin-api.ts'
 
-export const IdpUnavailable = createError('MCPP_ERR_IDP_UNAVAILABLE', 503, 'The IdP\'s discovery document or token endpoint could not be reached', {
-  oauthError: 'temporarily_unavailable', expose: true,
+export const IdpUnavailable = createError('MCPP_ERR_IDP_UNAVAILABLE', 503, "The IdP's discovery document or token endpoint could not be reached", {
+  oauthError: 'temporarily_unavailable',
+  expose: true,
 })
 
 export const OAuthRequestInvalid = createError('MCPP_ERR_OAUTH_REQUEST', 400, 'A proxied authorize/token request is invalid', {

@@ -10,7 +10,7 @@ export const BASE_SCOPES = ['openid', 'profile', 'offline_access', 'email'] as c
 export const TOKEN_RESPONSE_MAX_BYTES = 256 * 1024
 
 /** cloud_idp endpoints used when discovery has never succeeded. */
-export function cloudFallbackEndpoints (t: CloudTenant): { authorize: string; token: string } {
+export function cloudFallbackEndpoints(t: CloudTenant): { authorize: string; token: string } {
   return {
     authorize: `${t.origin}/${t.tenant}/oauth2/v2.0/authorize`,
     token: `${t.origin}/${t.tenant}/oauth2/v2.0/token`,

@@ -34,7 +34,7 @@ export interface MetadataInput {
 }
 
 /** Builds the metadata document; never contains `registration_endpoint: null`. */
-export function buildAuthorizationServerMetadata (input: MetadataInput): Record<string, unknown> {
+export function buildAuthorizationServerMetadata(input: MetadataInput): Record<string, unknown> {
   const out: Record<string, unknown> = { ...input.doc }
   // The IdP's redirect does not pass through the gateway, so its `iss` can
   // never equal the published issuer (RFC 9207); clients that see this flag

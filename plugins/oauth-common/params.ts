@@ -18,16 +18,20 @@ const CONTROL_RE = /[\u0000-\u001f\u007f]/
 /** Percent-decoding rounds applied to a name beyond the form decoding (`%2572` -> `%72` -> `r`). */
 const EXTRA_DECODE_ROUNDS = 3
 
-export function badRequest (message: string, oauthError = 'invalid_request'): ProxyError {
+export function badRequest(message: string, oauthError = 'invalid_request'): ProxyError {
   return new ProxyError('MCPP_ERR_OAUTH_REQUEST', 400, message, { oauthError })
 }
 
 /** How the most lenient server would read an (already form-decoded) parameter name. */
-export function canonicalName (name: string): string {
+export function canonicalName(name: string): string {
   let n = name
   for (let i = 0; i < EXTRA_DECODE_ROUNDS && n.includes('%'); i++) {
     let d: string
-    try { d = decodeURIComponent(n) } catch { break }
+    try {
+      d = decodeURIComponent(n)
+    } catch {
+      break
+    }
     if (d === n) break
     n = d
   }
@@ -52,14 +56,17 @@ export interface OAuthParams {
  * any spelling (RFC 6749 §3.1, §3.2: parameters MUST NOT repeat); drops every
  * `resource` (RFC 8707 allows several), which the IdP refuses (AADSTS9010010).
  */
-export function parseOAuthParams (raw: string): OAuthParams {
+export function parseOAuthParams(raw: string): OAuthParams {
   const entries: Array<[string, string]> = []
   const byName = new Map<string, string>()
   const resources: string[] = []
   for (const [k, v] of new URLSearchParams(raw)) {
     if (CONTROL_RE.test(k) || CONTROL_RE.test(v)) throw badRequest('parameters must not contain control characters (CR, LF, ...)')
     const name = canonicalName(k)
-    if (name === 'resource') { resources.push(v); continue }
+    if (name === 'resource') {
+      resources.push(v)
+      continue
+    }
     if (byName.has(name)) throw badRequest(`parameter ${name} is repeated`)
     byName.set(name, v)
     entries.push([k, v])

@@ -44,7 +44,7 @@ const ALLOWED: TakeResult = { retryAfter: 0, firstRefusal: false }
  * other IPv6 by its /64 prefix, since one host or home network usually holds
  * a whole /64 (RFC 6177) and could otherwise take a new address per request.
  */
-export function addressKey (address: string | undefined): string {
+export function addressKey(address: string | undefined): string {
   if (address === undefined || address === '') return 'unknown'
   if (!address.includes(':')) return address
   const lower = address.toLowerCase()
@@ -60,7 +60,12 @@ export function addressKey (address: string | undefined): string {
     const tail = cut + 2 === plain.length ? [] : plain.slice(cut + 2).split(':')
     groups = [...head, ...new Array<string>(Math.max(0, 8 - head.length - tail.length)).fill('0'), ...tail]
   }
-  return groups.slice(0, 4).map(g => (Number.parseInt(g, 16) || 0).toString(16)).join(':') + '::/64'
+  return (
+    groups
+      .slice(0, 4)
+      .map(g => (Number.parseInt(g, 16) || 0).toString(16))
+      .join(':') + '::/64'
+  )
 }
 
 export class RateLimiter {
@@ -71,7 +76,7 @@ export class RateLimiter {
   readonly #maxAddresses: number
   readonly #now: () => number
 
-  constructor (o: RateLimitOptions, now: () => number = () => performance.now()) {
+  constructor(o: RateLimitOptions, now: () => number = () => performance.now()) {
     this.#capacity = o.requests
     this.#rate = o.requests / (o.windowSeconds * 1000)
     this.#maxAddresses = o.maxAddresses
@@ -79,10 +84,12 @@ export class RateLimiter {
   }
 
   /** Addresses currently tracked. */
-  get size (): number { return this.#buckets.size }
+  get size(): number {
+    return this.#buckets.size
+  }
 
   /** Counts one request from `key`. */
-  take (key: string): TakeResult {
+  take(key: string): TakeResult {
     if (this.#capacity === 0) return ALLOWED
     const now = this.#now()
     let b = this.#buckets.get(key)
@@ -130,7 +137,7 @@ export class AddressLimiter {
   /** Addresses refused since last served, for one log line per streak (bounded like the local table). */
   readonly #refusing = new Set<string>()
 
-  constructor (opts: RateLimitOptions, shared: SharedBuckets | undefined, prefix = 'registration', now?: () => number) {
+  constructor(opts: RateLimitOptions, shared: SharedBuckets | undefined, prefix = 'registration', now?: () => number) {
     this.#opts = opts
     this.#local = new RateLimiter(opts, now)
     this.#shared = shared !== undefined && shared.kind !== 'memory' && opts.requests > 0 ? shared : undefined
@@ -138,11 +145,14 @@ export class AddressLimiter {
   }
 
   /** Counts one request from a client address (not yet keyed: `addressKey` is applied here). */
-  async take (clientAddress: string | undefined): Promise<TakeResult & { readonly address: string }> {
+  async take(clientAddress: string | undefined): Promise<TakeResult & { readonly address: string }> {
     const address = addressKey(clientAddress)
     if (this.#shared === undefined) return { ...this.#local.take(address), address }
     const waitMs = await this.#shared.take(`${this.#prefix}\u0000${address}`, this.#opts.requests, this.#opts.windowSeconds * 1000)
-    if (waitMs === 0) { this.#refusing.delete(address); return { retryAfter: 0, firstRefusal: false, address } }
+    if (waitMs === 0) {
+      this.#refusing.delete(address)
+      return { retryAfter: 0, firstRefusal: false, address }
+    }
     const firstRefusal = !this.#refusing.has(address)
     if (firstRefusal) {
       this.#refusing.add(address)

@@ -26,7 +26,7 @@ export const NEVER_PRIVATE_SCHEMES: readonly string[] = ['http', 'https', ...[..
 const NEVER_PRIVATE = new Set(NEVER_PRIVATE_SCHEMES)
 
 /** An operator's list of private-use schemes as `authorizeRedirectProblem` takes it (schemes are case-insensitive, RFC 3986 §3.1). */
-export function privateSchemes (list: readonly string[] | undefined): ReadonlySet<string> {
+export function privateSchemes(list: readonly string[] | undefined): ReadonlySet<string> {
   const set = new Set((list ?? []).map(s => s.toLowerCase()).filter(s => !NEVER_PRIVATE.has(s)))
   return set.size === 0 ? NO_SCHEMES : set
 }
@@ -39,7 +39,7 @@ export function privateSchemes (list: readonly string[] | undefined): ReadonlySe
  * `allowed` holds the private-use schemes (RFC 8252 §7.1) the operator
  * opted into, lower case (`privateSchemes`); none by default.
  */
-export function authorizeRedirectProblem (uri: string | undefined, allowed: ReadonlySet<string> = NO_SCHEMES): string | undefined {
+export function authorizeRedirectProblem(uri: string | undefined, allowed: ReadonlySet<string> = NO_SCHEMES): string | undefined {
   if (uri === undefined || uri === '') return 'is required'
   if (/[\s\\]/.test(uri)) return 'must not contain whitespace or backslashes'
   if (uri.includes('#')) return 'must not contain a fragment (RFC 6749 §3.1.2)'
@@ -49,7 +49,10 @@ export function authorizeRedirectProblem (uri: string | undefined, allowed: Read
     if (scheme !== undefined && allowed.has(scheme) && !NEVER_PRIVATE.has(scheme)) return privateUseProblem(uri)
   }
   const m = SCHEME_AUTHORITY_RE.exec(uri)
-  if (m === null) return allowed.size === 0 ? 'must be an absolute https URI, or http on a loopback address' : `must be an absolute https URI, http on a loopback address, or use one of the allowed schemes ${[...allowed].join(', ')}`
+  if (m === null)
+    return allowed.size === 0
+      ? 'must be an absolute https URI, or http on a loopback address'
+      : `must be an absolute https URI, http on a loopback address, or use one of the allowed schemes ${[...allowed].join(', ')}`
   const scheme = m[1]!.toLowerCase()
   const authority = m[2]!
   if (authority.includes('@')) return 'must not contain user information'
@@ -61,7 +64,11 @@ export function authorizeRedirectProblem (uri: string | undefined, allowed: Read
       : `must use https, http on a loopback address, or one of the allowed schemes ${[...allowed].join(', ')} (not ${scheme})`
   }
   let u: URL
-  try { u = new URL(uri) } catch { return 'must be an absolute https URI, or http on a loopback address' }
+  try {
+    u = new URL(uri)
+  } catch {
+    return 'must be an absolute https URI, or http on a loopback address'
+  }
   if (u.hostname === '') return 'must name a host'
   return undefined
 }
@@ -72,12 +79,16 @@ export function authorizeRedirectProblem (uri: string | undefined, allowed: Read
  * user information, parsed alike by the URL parser. Whitespace, backslashes
  * and fragments were refused before.
  */
-function privateUseProblem (uri: string): string | undefined {
+function privateUseProblem(uri: string): string | undefined {
   if (BAD_CHARS_RE.test(uri)) return 'must not contain control characters'
   const authority = SCHEME_AUTHORITY_RE.exec(uri)?.[2]
   if (authority?.includes('@') === true) return 'must not contain user information'
   let u: URL
-  try { u = new URL(uri) } catch { return 'must be an absolute URI' }
+  try {
+    u = new URL(uri)
+  } catch {
+    return 'must be an absolute URI'
+  }
   if (u.username !== '' || u.password !== '') return 'must not contain user information'
   const rest = uri.slice(u.protocol.length)
   if (rest === '' || rest === '/' || rest === '//') return 'must have a path after its scheme'
@@ -90,14 +101,18 @@ function privateUseProblem (uri: string): string | undefined {
  * https, http on a loopback host (RFC 8252 §7.3), or a private-use scheme for
  * native apps (RFC 8252 §7.1). Returns the reason it is not, or undefined.
  */
-export function redirectUriProblem (uri: unknown, maxLength: number): string | undefined {
+export function redirectUriProblem(uri: unknown, maxLength: number): string | undefined {
   if (typeof uri !== 'string' || uri === '') return 'must be a non-empty string'
   if (uri.length > maxLength) return `must be at most ${maxLength} characters`
   if (BAD_CHARS_RE.test(uri)) return 'must not contain whitespace or control characters'
   if (uri.includes('#')) return 'must not contain a fragment'
   if (!SCHEME_RE.test(uri)) return 'must be an absolute URI'
   let u: URL
-  try { u = new URL(uri) } catch { return 'must be an absolute URI' }
+  try {
+    u = new URL(uri)
+  } catch {
+    return 'must be an absolute URI'
+  }
   if (FORBIDDEN_SCHEMES.has(u.protocol)) return `scheme ${u.protocol} is not allowed`
   if (u.username !== '' || u.password !== '') return 'must not contain user information'
   if (u.protocol === 'http:' && !LOOPBACK_HOSTS.has(u.hostname)) return 'http is only allowed for loopback hosts; use https'

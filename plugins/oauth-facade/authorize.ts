@@ -18,11 +18,13 @@ import type { FacadeContext } from './facade-context.ts'
 
 const PKCE_CHALLENGE_RE = /^[A-Za-z0-9._~-]{43,128}$/
 
-export async function authorize (f: FacadeContext, ctx: RequestContext): Promise<Reply> {
+export async function authorize(f: FacadeContext, ctx: RequestContext): Promise<Reply> {
   const { idp } = f
   let params: ReadonlyMap<string, string>
   let resources: readonly string[]
-  try { ({ byName: params, resources } = parseOAuthParams(ctx.query)) } catch (err) {
+  try {
+    ;({ byName: params, resources } = parseOAuthParams(ctx.query))
+  } catch (err) {
     return errorPage(400, 'Invalid authorization request', (err as Error).message)
   }
   const clientId = params.get('client_id')
@@ -48,20 +50,33 @@ export async function authorize (f: FacadeContext, ctx: RequestContext): Promise
   if (bad.length > 0) return back('invalid_scope', `scope not offered by this gateway: ${bad.join(' ')}`)
   const badTarget = targetProblem(resources, idp.resource)
   if (badTarget !== undefined) {
-    ctx.log.info({ clientId: shortId(clientId) }, 'oauth facade: authorize refused: resource is not this gateway\'s')
+    ctx.log.info({ clientId: shortId(clientId) }, "oauth facade: authorize refused: resource is not this gateway's")
     return back('invalid_target', badTarget)
   }
   const scopes = requested.length > 0 ? requested : [...idp.scopesSupported]
   const verifier = randomToken(32)
   const flow: FlowState = {
-    c: clientId, k: client.kind, n: client.clientName, h: client.verifiedHost, tr: client.trusted,
-    r: redirectUri!, s: state, cc: challenge, sc: scopes.join(' '), v: verifier, rs: idp.resource,
+    c: clientId,
+    k: client.kind,
+    n: client.clientName,
+    h: client.verifiedHost,
+    tr: client.trusted,
+    r: redirectUri!,
+    s: state,
+    cc: challenge,
+    sc: scopes.join(' '),
+    v: verifier,
+    rs: idp.resource,
   }
   return toIdp(f, ctx, flow, scopes, verifier)
 }
 
 /** The resolved client, or the page that says why it is refused (429 while its metadata document is throttled). */
-async function clientOrPage (f: FacadeContext, ctx: RequestContext, clientId: string): Promise<{ client: ResolvedClient; page?: undefined } | { client?: undefined; page: Reply }> {
+async function clientOrPage(
+  f: FacadeContext,
+  ctx: RequestContext,
+  clientId: string
+): Promise<{ client: ResolvedClient; page?: undefined } | { client?: undefined; page: Reply }> {
   try {
     return { client: await resolveClient(f, clientId, ctx.clientAddress) }
   } catch (err) {
@@ -76,7 +91,7 @@ async function clientOrPage (f: FacadeContext, ctx: RequestContext, clientId: st
 }
 
 /** The redirect to the IdP's authorization endpoint: the gateway's client, callback and PKCE, the flow sealed in `state`. */
-async function toIdp (f: FacadeContext, ctx: RequestContext, flow: FlowState, scopes: readonly string[], verifier: string): Promise<Reply> {
+async function toIdp(f: FacadeContext, ctx: RequestContext, flow: FlowState, scopes: readonly string[], verifier: string): Promise<Reply> {
   const { idp } = f
   const sealed = await f.sealer.seal('state', flow, f.options.stateTtlSeconds)
   // Refresh tokens come from the IdP only when asked for (Entra: offline_access).

@@ -17,9 +17,11 @@ import { CONSENT_PATH } from './paths.ts'
 
 const ERROR_CODE_RE = /^[a-z_]{1,64}$/
 
-export async function callback (f: FacadeContext, ctx: RequestContext): Promise<Reply> {
+export async function callback(f: FacadeContext, ctx: RequestContext): Promise<Reply> {
   let params: ReadonlyMap<string, string>
-  try { params = parseOAuthParams(ctx.query).byName } catch (err) {
+  try {
+    params = parseOAuthParams(ctx.query).byName
+  } catch (err) {
     return errorPage(400, 'Invalid sign-in response', (err as Error).message)
   }
   let flow: FlowState
@@ -34,16 +36,21 @@ export async function callback (f: FacadeContext, ctx: RequestContext): Promise<
   const idpIss = params.get('iss')
   const expectedIss = f.discovery.peek()?.issuer
   if (idpIss !== undefined && idpIss !== (typeof expectedIss === 'string' ? expectedIss : f.idp.issuer)) {
-    ctx.log.warn({ clientId: shortId(flow.c) }, 'oauth facade: callback refused: iss is not the identity provider\'s')
+    ctx.log.warn({ clientId: shortId(flow.c) }, "oauth facade: callback refused: iss is not the identity provider's")
     return clientRedirect(f, flow.r, { error: 'server_error', error_description: 'the sign-in response came from another issuer', state: flow.s })
   }
   const idpError = params.get('error')
   if (idpError !== undefined) {
     ctx.log.info({ clientId: shortId(flow.c), error: idpError }, 'oauth facade: the identity provider answered with an error')
-    return clientRedirect(f, flow.r, { error: ERROR_CODE_RE.test(idpError) ? idpError : 'server_error', error_description: 'the identity provider did not sign the user in', state: flow.s })
+    return clientRedirect(f, flow.r, {
+      error: ERROR_CODE_RE.test(idpError) ? idpError : 'server_error',
+      error_description: 'the identity provider did not sign the user in',
+      state: flow.s,
+    })
   }
   const code = params.get('code')
-  if (code === undefined || code === '') return clientRedirect(f, flow.r, { error: 'server_error', error_description: 'the identity provider sent no code', state: flow.s })
+  if (code === undefined || code === '')
+    return clientRedirect(f, flow.r, { error: 'server_error', error_description: 'the identity provider sent no code', state: flow.s })
   const res = await idpToken(f, ctx, { grant_type: 'authorization_code', code, redirect_uri: f.callbackUrl, code_verifier: flow.v })
   const tokens = res.status === 200 ? tokensOf(res.body) : undefined
   if (tokens === undefined) {
@@ -53,7 +60,7 @@ export async function callback (f: FacadeContext, ctx: RequestContext): Promise<
 }
 
 /** The client's code when consent is not needed (trusted client, remembered approval), else the consent page. */
-async function consentOrCode (f: FacadeContext, ctx: RequestContext, flow: FlowState, tokens: IdpTokens, claims: Record<string, unknown>): Promise<Reply> {
+async function consentOrCode(f: FacadeContext, ctx: RequestContext, flow: FlowState, tokens: IdpTokens, claims: Record<string, unknown>): Promise<Reply> {
   const user = typeof claims.sub === 'string' ? claims.sub : typeof claims.oid === 'string' ? claims.oid : undefined
   const display = [claims.preferred_username, claims.email, claims.name, user].find((v): v is string => typeof v === 'string')
   if (flow.tr) {
@@ -61,7 +68,7 @@ async function consentOrCode (f: FacadeContext, ctx: RequestContext, flow: FlowS
     return issueCode(f, flow, tokens)
   }
   // Remembered only for what was approved: these scopes (or fewer) at this resource.
-  if (user !== undefined && await f.remembered.covers(ctx.req.headers.cookie, user, flow.c, flow.sc, flow.rs ?? f.idp.resource)) {
+  if (user !== undefined && (await f.remembered.covers(ctx.req.headers.cookie, user, flow.c, flow.sc, flow.rs ?? f.idp.resource))) {
     ctx.log.info({ clientId: shortId(flow.c), decision: 'remembered' }, 'oauth facade: consent remembered')
     return issueCode(f, flow, tokens)
   }
@@ -70,8 +77,16 @@ async function consentOrCode (f: FacadeContext, ctx: RequestContext, flow: FlowS
   const { stateTtlSeconds } = f.options
   const tx = await f.sealer.seal('consent-tx', { ...rest, t: tokens, u: user, x: csrf }, stateTtlSeconds)
   const body = renderConsent({
-    clientName: flow.n, clientId: flow.c, kind: flow.k, verifiedHost: flow.h, redirectHost: redirectShown(flow.r),
-    scopes: flow.sc.split(' ').filter(s => s !== ''), user: display, action: CONSENT_PATH, tx, csrf,
+    clientName: flow.n,
+    clientId: flow.c,
+    kind: flow.k,
+    verifiedHost: flow.h,
+    redirectHost: redirectShown(flow.r),
+    scopes: flow.sc.split(' ').filter(s => s !== ''),
+    user: display,
+    action: CONSENT_PATH,
+    tx,
+    csrf,
   })
   return {
     status: 200,
@@ -81,12 +96,14 @@ async function consentOrCode (f: FacadeContext, ctx: RequestContext, flow: FlowS
 }
 
 /** The payload of a JWT, unverified: only to name the user on the consent page and key the remembered consent. */
-function claimsOf (jwt: string | undefined): Record<string, unknown> | undefined {
+function claimsOf(jwt: string | undefined): Record<string, unknown> | undefined {
   if (typeof jwt !== 'string') return undefined
   const part = jwt.split('.')[1]
   if (part === undefined) return undefined
   try {
     const v = JSON.parse(Buffer.from(part, 'base64url').toString('utf8')) as unknown
-    return v !== null && typeof v === 'object' ? v as Record<string, unknown> : undefined
-  } catch { return undefined }
+    return v !== null && typeof v === 'object' ? (v as Record<string, unknown>) : undefined
+  } catch {
+    return undefined
+  }
 }

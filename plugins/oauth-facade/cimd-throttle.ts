@@ -17,7 +17,10 @@ export interface CimdFetchLimits {
 }
 
 /** A fetch refused by these bounds: `retryAfter` seconds (Retry-After). */
-export interface Throttled { readonly retryAfter: number; readonly reason: string }
+export interface Throttled {
+  readonly retryAfter: number
+  readonly reason: string
+}
 
 export class CimdThrottle {
   readonly #limits: CimdFetchLimits
@@ -26,14 +29,14 @@ export class CimdThrottle {
   readonly #inFlight = new Map<string, number>()
   #total = 0
 
-  constructor (limits: CimdFetchLimits) {
+  constructor(limits: CimdFetchLimits) {
     this.#limits = limits
     this.#perAddress = new RateLimiter({ requests: limits.maxFetchesPerAddress, windowSeconds: 60, maxAddresses: 10000 })
     this.#overall = new RateLimiter({ requests: limits.maxFetchesPerMinute, windowSeconds: 60, maxAddresses: 1 })
   }
 
   /** Starts a fetch for `clientAddress`: a release function, or why not. */
-  acquire (clientAddress: string | undefined): (() => void) | Throttled {
+  acquire(clientAddress: string | undefined): (() => void) | Throttled {
     const key = addressKey(clientAddress)
     const mine = this.#inFlight.get(key) ?? 0
     if (this.#total >= this.#limits.maxConcurrentFetches) return { retryAfter: 1, reason: 'concurrent fetches (all clients)' }

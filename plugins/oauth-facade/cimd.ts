@@ -35,7 +35,7 @@ export interface CimdClient {
 }
 
 /** What a client is told when a document cannot be used: the same for every cause, so the fetch is no oracle for arbitrary https URLs. */
-export const CIMD_UNUSABLE = 'the client metadata document at client_id could not be used (the gateway\'s log has the reason)'
+export const CIMD_UNUSABLE = "the client metadata document at client_id could not be used (the gateway's log has the reason)"
 
 /**
  * A metadata document client refused. `message` is the detail, for the log
@@ -45,7 +45,7 @@ export const CIMD_UNUSABLE = 'the client metadata document at client_id could no
 export class CimdError extends Error {
   readonly shown: string
   readonly retryAfter: number | undefined
-  constructor (detail: string, shown = CIMD_UNUSABLE, retryAfter?: number) {
+  constructor(detail: string, shown = CIMD_UNUSABLE, retryAfter?: number) {
     super(detail)
     this.shown = shown
     this.retryAfter = retryAfter
@@ -63,19 +63,43 @@ const REAL_NET: CimdNet = { lookup: host => dnsLookup(host, { all: true, verbati
 /** Addresses a metadata fetch may never reach (RFC 6890 special-purpose and private ranges). */
 const BLOCKED = new BlockList()
 for (const [net, prefix] of [
-  ['0.0.0.0', 8], ['10.0.0.0', 8], ['100.64.0.0', 10], ['127.0.0.0', 8], ['169.254.0.0', 16], ['172.16.0.0', 12],
-  ['192.0.0.0', 24], ['192.0.2.0', 24], ['192.88.99.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15], ['198.51.100.0', 24],
-  ['203.0.113.0', 24], ['224.0.0.0', 4], ['240.0.0.0', 4],
-] as const) BLOCKED.addSubnet(net, prefix, 'ipv4')
+  ['0.0.0.0', 8],
+  ['10.0.0.0', 8],
+  ['100.64.0.0', 10],
+  ['127.0.0.0', 8],
+  ['169.254.0.0', 16],
+  ['172.16.0.0', 12],
+  ['192.0.0.0', 24],
+  ['192.0.2.0', 24],
+  ['192.88.99.0', 24],
+  ['192.168.0.0', 16],
+  ['198.18.0.0', 15],
+  ['198.51.100.0', 24],
+  ['203.0.113.0', 24],
+  ['224.0.0.0', 4],
+  ['240.0.0.0', 4],
+] as const)
+  BLOCKED.addSubnet(net, prefix, 'ipv4')
 for (const [net, prefix] of [
-  ['::', 128], ['::1', 128], ['64:ff9b::', 96], ['64:ff9b:1::', 48], ['100::', 64], ['2001::', 23],
-  ['2001:db8::', 32], ['2002::', 16], ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8],
-] as const) BLOCKED.addSubnet(net, prefix, 'ipv6')
+  ['::', 128],
+  ['::1', 128],
+  ['64:ff9b::', 96],
+  ['64:ff9b:1::', 48],
+  ['100::', 64],
+  ['2001::', 23],
+  ['2001:db8::', 32],
+  ['2002::', 16],
+  ['fc00::', 7],
+  ['fe80::', 10],
+  ['fec0::', 10],
+  ['ff00::', 8],
+] as const)
+  BLOCKED.addSubnet(net, prefix, 'ipv6')
 
 const LOOPBACK = new Set(['127.0.0.1', '::1'])
 
 /** The 16 bytes of an IPv6 address (zone dropped, a dotted IPv4 tail read), or undefined. */
-export function ipv6Bytes (address: string): number[] | undefined {
+export function ipv6Bytes(address: string): number[] | undefined {
   let a = address.toLowerCase()
   const zone = a.indexOf('%')
   if (zone !== -1) a = a.slice(0, zone)
@@ -93,7 +117,10 @@ export function ipv6Bytes (address: string): number[] | undefined {
     const rest = cut + 2 === a.length ? [] : a.slice(cut + 2).split(':')
     groups = [...head, ...new Array<string>(8 - head.length - rest.length).fill('0'), ...rest]
   }
-  return groups.flatMap(g => { const n = parseInt(g, 16); return [n >> 8, n & 255] })
+  return groups.flatMap(g => {
+    const n = parseInt(g, 16)
+    return [n >> 8, n & 255]
+  })
 }
 
 /**
@@ -103,7 +130,7 @@ export function ipv6Bytes (address: string): number[] | undefined {
  * some stacks) and IPv4-translated ::ffff:0:0:0/96 (SIIT, RFC 2765). NAT64
  * 64:ff9b::/96 is blocked as a whole (BLOCKED), whatever it carries.
  */
-export function embeddedIpv4 (bytes: readonly number[]): string | undefined {
+export function embeddedIpv4(bytes: readonly number[]): string | undefined {
   const zero = (from: number, to: number): boolean => bytes.slice(from, to).every(b => b === 0)
   const ffff = (i: number): boolean => bytes[i] === 255 && bytes[i + 1] === 255
   const carried = zero(0, 10) && (ffff(10) || (bytes[10] === 0 && bytes[11] === 0))
@@ -112,7 +139,7 @@ export function embeddedIpv4 (bytes: readonly number[]): string | undefined {
 }
 
 /** Whether a metadata fetch may connect to `address`. */
-export function addressAllowed (address: string, allowLoopback: boolean): boolean {
+export function addressAllowed(address: string, allowLoopback: boolean): boolean {
   const family = isIP(address)
   if (family === 0) return false
   if (allowLoopback && LOOPBACK.has(address)) return true
@@ -127,15 +154,19 @@ export function addressAllowed (address: string, allowLoopback: boolean): boolea
 }
 
 /** Whether `clientId` is meant as a metadata document URL (and so must pass `checkCimdUrl`). */
-export function looksLikeCimd (clientId: string): boolean {
+export function looksLikeCimd(clientId: string): boolean {
   return /^https?:\/\//i.test(clientId)
 }
 
 /** Why `clientId` cannot be a metadata document URL (draft §3), or undefined. */
-export function cimdUrlProblem (clientId: string): string | undefined {
+export function cimdUrlProblem(clientId: string): string | undefined {
   if (clientId.length > 2048) return 'is too long'
   let u: URL
-  try { u = new URL(clientId) } catch { return 'is not a URL' }
+  try {
+    u = new URL(clientId)
+  } catch {
+    return 'is not a URL'
+  }
   if (u.protocol !== 'https:') return 'must use https'
   if (u.username !== '' || u.password !== '') return 'must not contain user information'
   if (u.hash !== '' || clientId.includes('#')) return 'must not contain a fragment'
@@ -145,7 +176,10 @@ export function cimdUrlProblem (clientId: string): string | undefined {
   return undefined
 }
 
-interface CacheEntry { readonly client: CimdClient; readonly until: number }
+interface CacheEntry {
+  readonly client: CimdClient
+  readonly until: number
+}
 
 export class CimdResolver {
   readonly #opts: CimdOptions
@@ -154,14 +188,14 @@ export class CimdResolver {
   readonly #throttle: CimdThrottle
   readonly #net: CimdNet
 
-  constructor (opts: CimdOptions, net: CimdNet = REAL_NET) {
+  constructor(opts: CimdOptions, net: CimdNet = REAL_NET) {
     this.#opts = opts
     this.#throttle = new CimdThrottle(opts)
     this.#net = net
   }
 
   /** The client a metadata document URL names, fetched for `clientAddress`; throws CimdError (`shown` is safe to show). */
-  async resolve (clientId: string, clientAddress?: string): Promise<CimdClient> {
+  async resolve(clientId: string, clientAddress?: string): Promise<CimdClient> {
     const problem = cimdUrlProblem(clientId)
     if (problem !== undefined) throw new CimdError(`client_id ${problem}`, `client_id ${problem}`)
     const hit = this.#cache.get(clientId)
@@ -170,14 +204,21 @@ export class CimdResolver {
     if (pending !== undefined) return pending
     const release = this.#throttle.acquire(clientAddress)
     if (typeof release !== 'function') {
-      throw new CimdError(`client metadata document fetches limited: ${release.reason}`, 'too many client metadata document fetches; retry later', release.retryAfter)
+      throw new CimdError(
+        `client metadata document fetches limited: ${release.reason}`,
+        'too many client metadata document fetches; retry later',
+        release.retryAfter
+      )
     }
-    const p = this.#fetch(clientId).finally(() => { release(); this.#inflight.delete(clientId) })
+    const p = this.#fetch(clientId).finally(() => {
+      release()
+      this.#inflight.delete(clientId)
+    })
     this.#inflight.set(clientId, p)
     return p
   }
 
-  async #fetch (clientId: string): Promise<CimdClient> {
+  async #fetch(clientId: string): Promise<CimdClient> {
     const url = new URL(clientId)
     const deadline = AbortSignal.timeout(this.#opts.timeoutMs)
     const host = url.hostname.replace(/^\[|\]$/g, '')
@@ -187,7 +228,9 @@ export class CimdResolver {
     } else {
       try {
         addresses = await this.#net.lookup(host)
-      } catch { throw new CimdError('client_id host does not resolve') }
+      } catch {
+        throw new CimdError('client_id host does not resolve')
+      }
     }
     if (deadline.aborted) throw new CimdError('client metadata document fetch timed out')
     // Every address must be public: a name that resolves to one private address is refused outright.
@@ -199,50 +242,67 @@ export class CimdResolver {
       if ((options as { all?: boolean }).all === true) (cb as unknown as (e: null, a: typeof addresses) => void)(null, [pinned])
       else cb(null, pinned.address, pinned.family)
     }
-    const { status, headers, body } = await new Promise<{ status: number; headers: Record<string, string | string[] | undefined>; body: Buffer }>((resolve, reject) => {
-      const req = this.#net.request(url, {
-        method: 'GET',
-        headers: { accept: 'application/json', 'user-agent': 'mcp-proxy oauth facade' },
-        lookup,
-        signal: deadline,
-        ...(this.#opts.testOnlyAllowLoopback && this.#opts.testOnlyCa !== undefined ? { ca: this.#opts.testOnlyCa } : {}),
-      }, res => {
-        const status = res.statusCode ?? 0
-        if (status >= 300 && status < 400) {
-          res.destroy()
-          reject(new CimdError(`client metadata document answered ${status}: redirects are not followed`))
-          return
-        }
-        const declared = Number(res.headers['content-length'] ?? '0')
-        if (declared > this.#opts.maxBytes) {
-          res.destroy()
-          reject(new CimdError(`client metadata document is larger than ${this.#opts.maxBytes} bytes`))
-          return
-        }
-        const chunks: Buffer[] = []
-        let size = 0
-        res.on('data', (c: Buffer) => {
-          size += c.length
-          if (size > this.#opts.maxBytes) {
-            res.destroy()
-            reject(new CimdError(`client metadata document is larger than ${this.#opts.maxBytes} bytes`))
-            return
+    const { status, headers, body } = await new Promise<{ status: number; headers: Record<string, string | string[] | undefined>; body: Buffer }>(
+      (resolve, reject) => {
+        const req = this.#net.request(
+          url,
+          {
+            method: 'GET',
+            headers: { accept: 'application/json', 'user-agent': 'mcp-proxy oauth facade' },
+            lookup,
+            signal: deadline,
+            ...(this.#opts.testOnlyAllowLoopback && this.#opts.testOnlyCa !== undefined ? { ca: this.#opts.testOnlyCa } : {}),
+          },
+          res => {
+            const status = res.statusCode ?? 0
+            if (status >= 300 && status < 400) {
+              res.destroy()
+              reject(new CimdError(`client metadata document answered ${status}: redirects are not followed`))
+              return
+            }
+            const declared = Number(res.headers['content-length'] ?? '0')
+            if (declared > this.#opts.maxBytes) {
+              res.destroy()
+              reject(new CimdError(`client metadata document is larger than ${this.#opts.maxBytes} bytes`))
+              return
+            }
+            const chunks: Buffer[] = []
+            let size = 0
+            res.on('data', (c: Buffer) => {
+              size += c.length
+              if (size > this.#opts.maxBytes) {
+                res.destroy()
+                reject(new CimdError(`client metadata document is larger than ${this.#opts.maxBytes} bytes`))
+                return
+              }
+              chunks.push(c)
+            })
+            res.on('end', () => resolve({ status, headers: res.headers, body: Buffer.concat(chunks) }))
+            res.on('error', () => reject(new CimdError('client metadata document fetch failed')))
           }
-          chunks.push(c)
+        )
+        req.on('error', (err: Error) => {
+          reject(
+            err instanceof CimdError
+              ? err
+              : new CimdError(deadline.aborted ? 'client metadata document fetch timed out' : 'client metadata document could not be fetched')
+          )
         })
-        res.on('end', () => resolve({ status, headers: res.headers, body: Buffer.concat(chunks) }))
-        res.on('error', () => reject(new CimdError('client metadata document fetch failed')))
-      })
-      req.on('error', (err: Error) => {
-        reject(err instanceof CimdError ? err : new CimdError(deadline.aborted ? 'client metadata document fetch timed out' : 'client metadata document could not be fetched'))
-      })
-      req.end()
-    })
+        req.end()
+      }
+    )
     if (status !== 200) throw new CimdError(`client metadata document answered ${status}`)
-    const type = String(headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
+    const type = String(headers['content-type'] ?? '')
+      .split(';')[0]!
+      .trim()
+      .toLowerCase()
     if (type !== 'application/json' && !type.endsWith('+json')) throw new CimdError('client metadata document is not application/json')
     let doc: unknown
-    try { doc = JSON.parse(body.toString('utf8')) } catch { throw new CimdError('client metadata document is not valid JSON') }
+    try {
+      doc = JSON.parse(body.toString('utf8'))
+    } catch {
+      throw new CimdError('client metadata document is not valid JSON')
+    }
     const client = parseDocument(clientId, doc, url.hostname)
     const seconds = cacheSeconds(headers['cache-control'], this.#opts)
     if (seconds > 0) {
@@ -254,7 +314,7 @@ export class CimdResolver {
 }
 
 /** Checks the document (draft §4): client_id equal to the URL, redirect URIs listed, a public client. */
-export function parseDocument (clientId: string, doc: unknown, host: string): CimdClient {
+export function parseDocument(clientId: string, doc: unknown, host: string): CimdClient {
   if (doc === null || typeof doc !== 'object' || Array.isArray(doc)) throw new CimdError('client metadata document is not a JSON object')
   const d = doc as Record<string, unknown>
   if (d.client_id !== clientId) throw new CimdError('client metadata document names another client_id than its URL')
@@ -270,7 +330,7 @@ export function parseDocument (clientId: string, doc: unknown, host: string): Ci
 }
 
 /** Seconds a response may be cached: its max-age (none for no-store/no-cache), bounded by the options. */
-export function cacheSeconds (header: string | string[] | undefined, opts: Pick<CimdOptions, 'maxCacheSeconds' | 'defaultCacheSeconds'>): number {
+export function cacheSeconds(header: string | string[] | undefined, opts: Pick<CimdOptions, 'maxCacheSeconds' | 'defaultCacheSeconds'>): number {
   const v = Array.isArray(header) ? header.join(',') : (header ?? '')
   if (/(^|,)\s*(no-store|no-cache)\s*(,|$)/i.test(v)) return 0
   const m = /(?:^|,)\s*max-age\s*=\s*"?(\d+)"?/i.exec(v)

@@ -11,13 +11,17 @@ import type { ResolvedClient } from './flow.ts'
 /** A client the authorize endpoint cannot accept; the reason is safe to show. */
 export class ClientRefused extends Error {}
 
-export async function resolveClient (f: FacadeContext, clientId: string, clientAddress: string): Promise<ResolvedClient> {
+export async function resolveClient(f: FacadeContext, clientId: string, clientAddress: string): Promise<ResolvedClient> {
   const { options } = f
   if (looksLikeCimd(clientId)) {
     if (!options.cimd.enabled) throw new ClientRefused('client ID metadata documents are not accepted here')
     const c = await f.cimd.resolve(clientId, clientAddress)
     return {
-      clientId, kind: 'cimd', clientName: c.clientName, redirectUris: c.redirectUris, verifiedHost: c.host,
+      clientId,
+      kind: 'cimd',
+      clientName: c.clientName,
+      redirectUris: c.redirectUris,
+      verifiedHost: c.host,
       trusted: domainTrusted(c.host, options.consent.trustedDomains),
     }
   }
@@ -37,10 +41,14 @@ export async function resolveClient (f: FacadeContext, clientId: string, clientA
 }
 
 /** A registered redirect URI matches exactly; a loopback one on any port (RFC 8252 §7.3). */
-export function redirectMatches (registered: readonly string[], uri: string): boolean {
+export function redirectMatches(registered: readonly string[], uri: string): boolean {
   if (registered.includes(uri)) return true
   let u: URL
-  try { u = new URL(uri) } catch { return false }
+  try {
+    u = new URL(uri)
+  } catch {
+    return false
+  }
   if (u.protocol !== 'http:' || !['127.0.0.1', '[::1]', 'localhost'].includes(u.hostname)) return false
   u.port = ''
   const portless = u.href
@@ -50,18 +58,20 @@ export function redirectMatches (registered: readonly string[], uri: string): bo
       if (v.protocol !== 'http:' || v.hostname !== u.hostname) return false
       v.port = ''
       return v.href === portless
-    } catch { return false }
+    } catch {
+      return false
+    }
   })
 }
 
 /** Where the consent page says the browser goes next: a web redirect's host, or an app's scheme (RFC 8252 §7.1). */
-export function redirectShown (uri: string): string {
+export function redirectShown(uri: string): string {
   const u = new URL(uri)
   if (u.protocol === 'https:' || u.protocol === 'http:') return u.host
   return `${u.protocol}${u.host === '' ? '' : `//${u.host}`} (an application on this device)`
 }
 
-export function domainTrusted (host: string, trusted: readonly string[]): boolean {
+export function domainTrusted(host: string, trusted: readonly string[]): boolean {
   const h = host.toLowerCase()
   return trusted.some(d => {
     const t = d.toLowerCase()

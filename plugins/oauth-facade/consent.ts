@@ -29,7 +29,7 @@ export interface ConsentView {
 export const CSRF_COOKIE = 'mcp_facade_csrf'
 export const REMEMBER_COOKIE = 'mcp_facade_consent'
 
-export function escapeHtml (s: string): string {
+export function escapeHtml(s: string): string {
   return s.replace(/[&<>"']/g, c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' })[c]!)
 }
 
@@ -44,16 +44,16 @@ export const PAGE_HEADERS: OutgoingHttpHeaders = Object.freeze({
   'x-content-type-options': 'nosniff',
 })
 
-export function renderConsent (v: ConsentView): string {
+export function renderConsent(v: ConsentView): string {
   const name = v.clientName ?? (v.kind === 'cimd' ? v.verifiedHost! : 'An unnamed application')
-  const who = v.kind === 'cimd'
-    ? `<p>Its identity was verified at <strong id="verified-host">${escapeHtml(v.verifiedHost!)}</strong>.</p>`
-    : v.kind === 'dcr'
-      ? '<p>This application registered itself; its name is not verified.</p>'
-      : '<p>This application was registered by the gateway\'s operator.</p>'
-  const scopes = v.scopes.length > 0
-    ? `<ul id="scopes">${v.scopes.map(s => `<li>${escapeHtml(s)}</li>`).join('')}</ul>`
-    : '<p id="scopes">No particular scopes.</p>'
+  const who =
+    v.kind === 'cimd'
+      ? `<p>Its identity was verified at <strong id="verified-host">${escapeHtml(v.verifiedHost!)}</strong>.</p>`
+      : v.kind === 'dcr'
+        ? '<p>This application registered itself; its name is not verified.</p>'
+        : "<p>This application was registered by the gateway's operator.</p>"
+  const scopes =
+    v.scopes.length > 0 ? `<ul id="scopes">${v.scopes.map(s => `<li>${escapeHtml(s)}</li>`).join('')}</ul>` : '<p id="scopes">No particular scopes.</p>'
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
 <title>Allow access?</title>
@@ -75,7 +75,7 @@ ${scopes}
 `
 }
 
-export function renderError (title: string, message: string): string {
+export function renderError(title: string, message: string): string {
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>${escapeHtml(title)}</title></head>
 <body><h1>${escapeHtml(title)}</h1><p id="error">${escapeHtml(message)}</p></body></html>
@@ -83,7 +83,7 @@ export function renderError (title: string, message: string): string {
 }
 
 /** One cookie's value from a Cookie header, or undefined. */
-export function readCookie (header: string | undefined, name: string): string | undefined {
+export function readCookie(header: string | undefined, name: string): string | undefined {
   if (header === undefined) return undefined
   for (const part of header.split(';')) {
     const i = part.indexOf('=')
@@ -99,12 +99,12 @@ export function readCookie (header: string | undefined, name: string): string | 
  * http page on the same host can set or shadow it. Plain http (loopback
  * development) keeps the bare name: browsers refuse `__Host-` without Secure.
  */
-export function cookieName (name: string, secure: boolean): string {
+export function cookieName(name: string, secure: boolean): string {
   return secure ? `__Host-${name}` : name
 }
 
 /** Set-Cookie for `name` (bare: the prefix is added here on https, where the path is always /). */
-export function cookie (name: string, value: string, o: { path: string; maxAge: number; secure: boolean }): string {
+export function cookie(name: string, value: string, o: { path: string; maxAge: number; secure: boolean }): string {
   return o.secure
     ? `${cookieName(name, true)}=${value}; Path=/; Max-Age=${o.maxAge}; Secure; HttpOnly; SameSite=Lax`
     : `${name}=${value}; Path=${o.path}; Max-Age=${o.maxAge}; HttpOnly; SameSite=Lax`

@@ -11,10 +11,11 @@ import { clientRedirect, errorPage, issueCode, shortId, type FlowState, type Idp
 import type { FacadeContext } from './facade-context.ts'
 import { CONSENT_PATH } from './paths.ts'
 
-export async function decision (f: FacadeContext, ctx: RequestContext): Promise<Reply> {
+export async function decision(f: FacadeContext, ctx: RequestContext): Promise<Reply> {
   const { secure } = f
   const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
-  if (type !== 'application/x-www-form-urlencoded') return errorPage(415, 'Invalid consent', 'the consent form must be posted as application/x-www-form-urlencoded')
+  if (type !== 'application/x-www-form-urlencoded')
+    return errorPage(415, 'Invalid consent', 'the consent form must be posted as application/x-www-form-urlencoded')
   const form = new URLSearchParams((await ctx.readBody(64 * 1024)).toString('utf8'))
   let tx: FlowState & { t: IdpTokens; u?: string; x: string }
   try {

@@ -8,11 +8,18 @@
 import { createError, ProxyError, type RequestContext } from '../../core/plugin-api.ts'
 
 /** A redeemed code could not be recorded: refusing it is the only safe answer (single use, RFC 6749 §4.1.2). */
-export const CodeStoreUnavailable = createError('MCPP_ERR_CODE_STORE_UNAVAILABLE', 503, 'The store of redeemed authorization codes is full or does not answer', {
-  oauthError: 'temporarily_unavailable', expose: true, headers: { 'retry-after': '5' },
-})
+export const CodeStoreUnavailable = createError(
+  'MCPP_ERR_CODE_STORE_UNAVAILABLE',
+  503,
+  'The store of redeemed authorization codes is full or does not answer',
+  {
+    oauthError: 'temporarily_unavailable',
+    expose: true,
+    headers: { 'retry-after': '5' },
+  }
+)
 
-export function oauthError (status: number, error: string, message: string, headers?: Record<string, string>): ProxyError {
+export function oauthError(status: number, error: string, message: string, headers?: Record<string, string>): ProxyError {
   return new ProxyError('MCPP_ERR_OAUTH_REQUEST', status, message, { oauthError: error, ...(headers !== undefined ? { headers } : {}) })
 }
 
@@ -25,7 +32,7 @@ const AUTH_SCHEME_RE = /^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/
  * WWW-Authenticate for the scheme it used; credentials in the body get 400
  * (a 401 would need a challenge for a scheme the client did not use).
  */
-export function refuseCredentials (ctx: RequestContext, p: ReadonlyMap<string, string>): void {
+export function refuseCredentials(ctx: RequestContext, p: ReadonlyMap<string, string>): void {
   const message = 'clients of this gateway are public (token_endpoint_auth_method none): send client_id, no credentials'
   const authorization = ctx.req.headers.authorization
   if (authorization !== undefined) {

@@ -43,7 +43,7 @@ export interface FacadeContext {
   readonly shared: PluginEnv['shared']
 }
 
-export function createFacadeContext (options: FacadeOptions, env: PluginEnv): FacadeContext {
+export function createFacadeContext(options: FacadeOptions, env: PluginEnv): FacadeContext {
   const idp = facadeIdpOf(env)
   const log = env.log
   const baseUrl = env.baseUrl.replace(/\/+$/, '')
@@ -56,17 +56,32 @@ export function createFacadeContext (options: FacadeOptions, env: PluginEnv): Fa
   }
   const { usedCodes, shared: usedCodesShared } = usedCodesOf(options, env)
   const discovery = new DiscoveryCache({
-    url: idp.discoveryUrl, ttlMs: idp.discovery.ttlSeconds * 1000, timeoutMs: idp.discovery.timeoutMs, log,
+    url: idp.discoveryUrl,
+    ttlMs: idp.discovery.ttlSeconds * 1000,
+    timeoutMs: idp.discovery.timeoutMs,
+    log,
   })
-  log.info({ provider: idp.family ?? 'oidc', discovery: discovery.url, callback: callbackUrl }, 'oauth facade: the gateway is the authorization server; register only its callback at the identity provider')
+  log.info(
+    { provider: idp.family ?? 'oidc', discovery: discovery.url, callback: callbackUrl },
+    'oauth facade: the gateway is the authorization server; register only its callback at the identity provider'
+  )
   // In the background, as the bridge does: an unreachable IdP must not hold up
   // start-up; a request that needs the document waits for this fetch.
   void discovery.start()
   return {
-    options, idp, log, baseUrl, issuer: `${baseUrl}/mcp`, callbackUrl, secure, sealer, cimd,
+    options,
+    idp,
+    log,
+    baseUrl,
+    issuer: `${baseUrl}/mcp`,
+    callbackUrl,
+    secure,
+    sealer,
+    cimd,
     preregistered: new Map(options.clients.map(c => [c.clientId, c])),
     redirectSchemes: privateSchemes(options.allowedRedirectSchemes),
-    usedCodes, usedCodesShared,
+    usedCodes,
+    usedCodesShared,
     families: new RefreshFamilies(usedCodes, options.refreshTokenTtlSeconds),
     remembered: new ConsentMemory(sealer, options.consent.rememberSeconds, secure),
     discovery,
@@ -74,14 +89,18 @@ export function createFacadeContext (options: FacadeOptions, env: PluginEnv): Fa
   }
 }
 
-function sealerOf (options: FacadeOptions, env: PluginEnv): Sealer {
+function sealerOf(options: FacadeOptions, env: PluginEnv): Sealer {
   // Without keys: one key for every worker and replica, derived from the secret they share (a random key of
   // each process's own would make a flow fail wherever its next step lands: "unknown client_id").
   const sealer = new Sealer(options.keys, options.keys === undefined || options.keys.length === 0 ? env.deriveKey?.('seal') : undefined)
   if (sealer.derived) {
-    env.log.info(`${FACADE_PATH}.keys is not set: sealing with a key derived from the secret the gateway's processes share (cluster.secret, else this run's); flows cross workers and replicas, and do not survive a change of that secret`)
+    env.log.info(
+      `${FACADE_PATH}.keys is not set: sealing with a key derived from the secret the gateway's processes share (cluster.secret, else this run's); flows cross workers and replicas, and do not survive a change of that secret`
+    )
   } else if (sealer.ephemeral) {
-    env.log.warn(`${FACADE_PATH}.keys is not set: sealing with an ephemeral key; flows, codes and refresh tokens do not survive a restart and do not cross replicas`)
+    env.log.warn(
+      `${FACADE_PATH}.keys is not set: sealing with an ephemeral key; flows, codes and refresh tokens do not survive a restart and do not cross replicas`
+    )
   }
   return sealer
 }
@@ -90,16 +109,22 @@ function sealerOf (options: FacadeOptions, env: PluginEnv): Sealer {
  * facade.redis wins; else the cluster's shared store when it is Redis (cluster.redis.url), so one setting
  * makes codes single-use across replicas (or, with workers, the primary's store); else this replica's memory.
  */
-function usedCodesOf (options: FacadeOptions, env: PluginEnv): { usedCodes: UsedCodes; shared: boolean } {
+function usedCodesOf(options: FacadeOptions, env: PluginEnv): { usedCodes: UsedCodes; shared: boolean } {
   const clusterShared = env.shared !== undefined && env.shared.kind !== 'memory' ? env.shared : undefined
-  const usedCodes: UsedCodes = options.redis !== undefined
-    ? new RedisUsedCodes(options.redis.url, options.redis.timeoutMs)
-    : clusterShared !== undefined ? new SharedUsedCodes(clusterShared) : new MemoryUsedCodes(options.maxUsedCodes)
+  const usedCodes: UsedCodes =
+    options.redis !== undefined
+      ? new RedisUsedCodes(options.redis.url, options.redis.timeoutMs)
+      : clusterShared !== undefined
+        ? new SharedUsedCodes(clusterShared)
+        : new MemoryUsedCodes(options.maxUsedCodes)
   if (options.redis !== undefined) {
     const u = new URL(options.redis.url)
     env.log.info({ redis: `${u.hostname}:${u.port || 6379}` }, 'oauth facade: redeemed codes are remembered in redis (single-use across replicas)')
   } else if (clusterShared !== undefined) {
-    env.log.info({ store: clusterShared.kind }, 'oauth facade: redeemed codes are remembered in the gateway\'s shared state (single-use across replicas and workers)')
+    env.log.info(
+      { store: clusterShared.kind },
+      "oauth facade: redeemed codes are remembered in the gateway's shared state (single-use across replicas and workers)"
+    )
   }
   return { usedCodes, shared: options.redis !== undefined || clusterShared !== undefined }
 }

@@ -43,12 +43,12 @@ export interface FlowState extends Record<string, unknown> {
 }
 
 /** An error shown in the browser: never a redirect, since the redirect target is not trusted (RFC 6749 §4.1.2.1). */
-export function errorPage (status: number, title: string, message: string): Reply {
+export function errorPage(status: number, title: string, message: string): Reply {
   return { status, headers: { ...PAGE_HEADERS }, body: renderError(title, message) }
 }
 
 /** A redirect to the client's (registered, checked) redirect URI with `params` and RFC 9207 `iss`. */
-export function clientRedirect (f: FacadeContext, redirectUri: string, params: Record<string, string | undefined>): Reply {
+export function clientRedirect(f: FacadeContext, redirectUri: string, params: Record<string, string | undefined>): Reply {
   const u = new URL(redirectUri)
   for (const [k, v] of Object.entries(params)) if (v !== undefined) u.searchParams.set(k, v)
   // RFC 9207: the client checks `iss` against the issuer it discovered.
@@ -57,12 +57,16 @@ export function clientRedirect (f: FacadeContext, redirectUri: string, params: R
 }
 
 /** The gateway's code (the IdP tokens sealed inside), sent to the client's redirect URI. */
-export async function issueCode (f: FacadeContext, flow: FlowState, tokens: IdpTokens): Promise<Reply> {
-  const code = await f.sealer.seal('code', { j: randomUUID(), c: flow.c, r: flow.r, cc: flow.cc, sc: flow.sc, rs: flow.rs, t: tokens }, f.options.codeTtlSeconds)
+export async function issueCode(f: FacadeContext, flow: FlowState, tokens: IdpTokens): Promise<Reply> {
+  const code = await f.sealer.seal(
+    'code',
+    { j: randomUUID(), c: flow.c, r: flow.r, cc: flow.cc, sc: flow.sc, rs: flow.rs, t: tokens },
+    f.options.codeTtlSeconds
+  )
   return clientRedirect(f, flow.r, { code, state: flow.s })
 }
 
 /** A client id as logs show it: a sealed (long) one by a short hash. */
-export function shortId (clientId: string): string {
+export function shortId(clientId: string): string {
   return clientId.length <= 80 ? clientId : `sealed:${createHash('sha256').update(clientId).digest('base64url').slice(0, 12)}`
 }

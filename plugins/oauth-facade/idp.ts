@@ -31,11 +31,15 @@ export interface FacadeIdp {
   readonly allowedScopes: ReadonlySet<string>
 }
 
-export function facadeIdpOf (env: Pick<PluginEnv, 'provided'>): FacadeIdp {
+export function facadeIdpOf(env: Pick<PluginEnv, 'provided'>): FacadeIdp {
   const idp = env.provided.idp as IdpIdentity
   const resource = env.provided.protectedResource as ProtectedResource
   if (idp.clientId === undefined) {
-    throw new ProxyError('MCPP_ERR_CONFIG', 500, `${FACADE_PATH.replace(/\.facade$/, '')}.clientId: is required with facade (the gateway's one client at the identity provider)`)
+    throw new ProxyError(
+      'MCPP_ERR_CONFIG',
+      500,
+      `${FACADE_PATH.replace(/\.facade$/, '')}.clientId: is required with facade (the gateway's one client at the identity provider)`
+    )
   }
   const scopesSupported = resource.scopesSupported ?? []
   return {

@@ -44,43 +44,94 @@ export { facadeOptions, facadeBlock, FACADE_PATH, type FacadeOptions } from './o
 export { AUTHORIZE_PATH, TOKEN_PATH, CONSENT_PATH } from './paths.ts'
 export { redirectMatches, redirectShown, domainTrusted } from './clients.ts'
 
-export async function createFacade (options: FacadeOptions, env: PluginEnv): Promise<Plugin> {
+export async function createFacade(options: FacadeOptions, env: PluginEnv): Promise<Plugin> {
   const f = createFacadeContext(options, env)
   const { discovery, sealer } = f
   return {
     name: 'oauthFacade',
     routes: facadeRoutes(f),
-    ready () {
+    ready() {
       return discovery.state.doc !== undefined
         ? { ready: true }
         : { ready: false, reason: `identity provider discovery document not fetched (${discovery.state.lastError ?? 'pending'})`, code: 'idp_unreachable' }
     },
-    describe () {
+    describe() {
       return {
-        issuer: f.issuer, callback: f.callbackUrl, provider: f.idp.family ?? null, ephemeralKeys: sealer.ephemeral,
-        preregisteredClients: options.clients.map(c => c.clientId), registration: options.registration.enabled,
-        cimd: options.cimd.enabled, trustedDomains: options.consent.trustedDomains,
+        issuer: f.issuer,
+        callback: f.callbackUrl,
+        provider: f.idp.family ?? null,
+        ephemeralKeys: sealer.ephemeral,
+        preregisteredClients: options.clients.map(c => c.clientId),
+        registration: options.registration.enabled,
+        cimd: options.cimd.enabled,
+        trustedDomains: options.consent.trustedDomains,
         usedCodes: f.usedCodesShared ? 'redis' : f.usedCodes.size,
       }
     },
-    async close () { discovery.close(); f.usedCodes.close() },
+    async close() {
+      discovery.close()
+      f.usedCodes.close()
+    },
   }
 }
 
 /** The facade's endpoints, each step a named handler over the one context. */
-function facadeRoutes (f: FacadeContext): RouteDef[] {
+function facadeRoutes(f: FacadeContext): RouteDef[] {
   const routes: RouteDef[] = [
-    { methods: ['GET', 'HEAD', 'OPTIONS'], path: ROOT_METADATA_PATH, handler: function facadeRootMetadata (ctx) { return metadataReply(f, ctx, f.baseUrl) } },
-    ...MCP_METADATA_PATHS.map((path): RouteDef => ({
-      methods: ['GET', 'HEAD', 'OPTIONS'], path, handler: function facadeMcpMetadata (ctx) { return metadataReply(f, ctx, f.issuer) },
-    })),
-    { methods: ['GET'], path: AUTHORIZE_PATH, kind: 'other', handler: function facadeAuthorize (ctx) { return authorize(f, ctx) } },
-    { methods: ['GET'], path: f.options.callbackPath, kind: 'other', handler: function facadeCallback (ctx) { return callback(f, ctx) } },
-    { methods: ['POST'], path: CONSENT_PATH, kind: 'other', handler: function facadeConsent (ctx) { return decision(f, ctx) } },
-    { methods: ['POST', 'OPTIONS'], path: TOKEN_PATH, handler: function facadeToken (ctx) { return token(f, ctx) } },
+    {
+      methods: ['GET', 'HEAD', 'OPTIONS'],
+      path: ROOT_METADATA_PATH,
+      handler: function facadeRootMetadata(ctx) {
+        return metadataReply(f, ctx, f.baseUrl)
+      },
+    },
+    ...MCP_METADATA_PATHS.map(
+      (path): RouteDef => ({
+        methods: ['GET', 'HEAD', 'OPTIONS'],
+        path,
+        handler: function facadeMcpMetadata(ctx) {
+          return metadataReply(f, ctx, f.issuer)
+        },
+      })
+    ),
+    {
+      methods: ['GET'],
+      path: AUTHORIZE_PATH,
+      kind: 'other',
+      handler: function facadeAuthorize(ctx) {
+        return authorize(f, ctx)
+      },
+    },
+    {
+      methods: ['GET'],
+      path: f.options.callbackPath,
+      kind: 'other',
+      handler: function facadeCallback(ctx) {
+        return callback(f, ctx)
+      },
+    },
+    {
+      methods: ['POST'],
+      path: CONSENT_PATH,
+      kind: 'other',
+      handler: function facadeConsent(ctx) {
+        return decision(f, ctx)
+      },
+    },
+    {
+      methods: ['POST', 'OPTIONS'],
+      path: TOKEN_PATH,
+      handler: function facadeToken(ctx) {
+        return token(f, ctx)
+      },
+    },
   ]
   if (f.options.registration.enabled) {
-    routes.push({ methods: ['POST', 'OPTIONS'], path: REGISTRATION_PATH, handler: facadeRegistration({ sealer: f.sealer, options: f.options, redirectSchemes: f.redirectSchemes, shared: f.shared, cors: CORS }) })
+    routes.push({
+      methods: ['POST', 'OPTIONS'],
+      path: REGISTRATION_PATH,
+      handler: facadeRegistration({ sealer: f.sealer, options: f.options, redirectSchemes: f.redirectSchemes, shared: f.shared, cors: CORS }),
+    })
   }
   return routes
 }
@@ -92,12 +143,16 @@ export default definePlugin<Record<string, never>>({
   optionsSchema: { type: 'object', additionalProperties: false, properties: {} },
   needs: ['idp', 'protectedResource', 'facade'],
   errors: [CodeStoreUnavailable],
-  summary (_options, provided) {
+  summary(_options, provided) {
     const keys = (provided.facade as FacadeOptions | undefined)?.keys ?? []
-    return `the gateway is the authorization server (consent, codes, tokens) in front of ${(provided.idp as FacadeIdp).issuer}; ` +
-      (keys.length > 0 ? `sealing keys: ${keys.map(k => k.kid).join(', ')}` : 'no sealing keys configured: derived from the secret the gateway\'s processes share, else ephemeral')
+    return (
+      `the gateway is the authorization server (consent, codes, tokens) in front of ${(provided.idp as FacadeIdp).issuer}; ` +
+      (keys.length > 0
+        ? `sealing keys: ${keys.map(k => k.kid).join(', ')}`
+        : "no sealing keys configured: derived from the secret the gateway's processes share, else ephemeral")
+    )
   },
-  create (_options, env) {
+  create(_options, env) {
     const options = env.provided.facade as FacadeOptions | undefined
     if (options === undefined) {
       throw new ProxyError('MCPP_ERR_CONFIG', 500, `${env.configPath}: oauthFacade is in the pipeline but ${FACADE_PATH} is not set`)

@@ -8,14 +8,18 @@ import type { FacadeContext } from './facade-context.ts'
 import { AUTHORIZE_PATH, TOKEN_PATH } from './paths.ts'
 
 /** Browser-based clients read the metadata and call the token and registration endpoints cross-origin. */
-export const CORS: Readonly<Record<string, string>> = { 'access-control-allow-origin': '*', 'access-control-allow-methods': 'GET, POST, OPTIONS', 'access-control-allow-headers': '*' }
+export const CORS: Readonly<Record<string, string>> = {
+  'access-control-allow-origin': '*',
+  'access-control-allow-methods': 'GET, POST, OPTIONS',
+  'access-control-allow-headers': '*',
+}
 
 /** The answer to a CORS preflight of a facade endpoint. */
-export function preflight (): Reply {
+export function preflight(): Reply {
   return { status: 204, headers: { ...CORS, 'access-control-max-age': '600' } }
 }
 
-function metadata (f: FacadeContext, iss: string): Record<string, unknown> {
+function metadata(f: FacadeContext, iss: string): Record<string, unknown> {
   const { baseUrl, options } = f
   return {
     issuer: iss,
@@ -33,7 +37,7 @@ function metadata (f: FacadeContext, iss: string): Record<string, unknown> {
   }
 }
 
-export function metadataReply (f: FacadeContext, ctx: RequestContext, iss: string): Reply {
+export function metadataReply(f: FacadeContext, ctx: RequestContext, iss: string): Reply {
   if (ctx.method === 'OPTIONS') return preflight()
   return { status: 200, headers: { ...CORS, 'cache-control': 'public, max-age=300' }, body: metadata(f, iss) }
 }

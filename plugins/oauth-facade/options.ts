@@ -28,7 +28,12 @@ export interface FacadeOptions {
   readonly consent: { readonly rememberSeconds: number; readonly trustedDomains: readonly string[] }
   /** Private-use redirect URI schemes accepted besides https and loopback http (RFC 8252 §7.1). */
   readonly allowedRedirectSchemes: readonly string[]
-  readonly clients: ReadonlyArray<{ readonly clientId: string; readonly clientName?: string; readonly redirectUris: readonly string[]; readonly trusted: boolean }>
+  readonly clients: ReadonlyArray<{
+    readonly clientId: string
+    readonly clientName?: string
+    readonly redirectUris: readonly string[]
+    readonly trusted: boolean
+  }>
   readonly registration: { readonly enabled: boolean; readonly maxBodyBytes: number; readonly maxRedirectUris: number; readonly maxRedirectUriLength: number }
   readonly cimd: CimdOptions & { readonly enabled: boolean }
 }
@@ -40,11 +45,18 @@ export const facadeBlock = {
 } as const
 
 /** Validates the facade block against schema.json (defaults applied to a copy), naming the config path. */
-export function facadeOptions (raw: unknown, path = FACADE_PATH): FacadeOptions {
+export function facadeOptions(raw: unknown, path = FACADE_PATH): FacadeOptions {
   const copy = structuredClone(raw ?? {})
   const validate = createAjv().compile(facadeSchema)
   if (!validate(copy)) {
-    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid facade options:\n' + formatAjvErrors(validate.errors ?? [], path).map(l => '  ' + l).join('\n'))
+    throw new ProxyError(
+      'MCPP_ERR_CONFIG',
+      500,
+      'invalid facade options:\n' +
+        formatAjvErrors(validate.errors ?? [], path)
+          .map(l => '  ' + l)
+          .join('\n')
+    )
   }
   const o = copy as unknown as FacadeOptions
   const schemes = privateSchemes(o.allowedRedirectSchemes)
@@ -64,4 +76,3 @@ export function facadeOptions (raw: unknown, path = FACADE_PATH): FacadeOptions 
   }
   return o
 }
-

@@ -26,7 +26,7 @@ export interface FamilyRef {
 }
 
 /** Family and generation of a sealed refresh token; one sealed before families existed is a family of its own. */
-export function familyOf (rt: { f?: unknown; g?: unknown }, sealed: string): FamilyRef {
+export function familyOf(rt: { f?: unknown; g?: unknown }, sealed: string): FamilyRef {
   if (typeof rt.f === 'string' && typeof rt.g === 'number' && Number.isInteger(rt.g) && rt.g >= 0) return { family: rt.f, generation: rt.g }
   return { family: createHash('sha256').update(sealed).digest('base64url').slice(0, 22), generation: 0 }
 }
@@ -37,13 +37,13 @@ export class RefreshFamilies {
   readonly #store: UsedCodes
   readonly #ttlSeconds: number
 
-  constructor (store: UsedCodes, ttlSeconds: number) {
+  constructor(store: UsedCodes, ttlSeconds: number) {
     this.#store = store
     this.#ttlSeconds = ttlSeconds
   }
 
   /** Records the token as used; false when it already was (a reuse). `exp`: the token's own expiry (seconds). */
-  redeem (ref: FamilyRef, exp: number): Promise<boolean> {
+  redeem(ref: FamilyRef, exp: number): Promise<boolean> {
     return this.#store.markUsed(slot(ref.family, ref.generation), exp)
   }
 
@@ -52,7 +52,7 @@ export class RefreshFamilies {
    * after it, until the longest a token issued now could live. Returns the
    * generation revoked, or undefined past MAX_REVOKE_WALK.
    */
-  async revoke (ref: FamilyRef): Promise<number | undefined> {
+  async revoke(ref: FamilyRef): Promise<number | undefined> {
     const until = Math.floor(Date.now() / 1000) + this.#ttlSeconds
     for (let g = ref.generation + 1; g <= ref.generation + MAX_REVOKE_WALK; g++) {
       if (await this.#store.markUsed(slot(ref.family, g), until)) return g

@@ -23,7 +23,7 @@ import type { FacadeOptions } from './options.ts'
  */
 export const MAX_CLIENT_ID_LENGTH = 4096
 
-function invalidMetadata (message: string, oauthError = 'invalid_client_metadata'): ProxyError {
+function invalidMetadata(message: string, oauthError = 'invalid_client_metadata'): ProxyError {
   return new ProxyError('MCPP_ERR_INVALID_CLIENT_METADATA', 400, message, { oauthError })
 }
 
@@ -35,22 +35,26 @@ export interface RegistrationDeps {
   readonly cors: Readonly<Record<string, string>>
 }
 
-export function facadeRegistration (d: RegistrationDeps): (ctx: RequestContext) => Promise<Reply> {
+export function facadeRegistration(d: RegistrationDeps): (ctx: RequestContext) => Promise<Reply> {
   const limiter = new AddressLimiter(REGISTRATION_RATE_LIMIT, d.shared)
-  return async function facadeRegister (ctx: RequestContext): Promise<Reply> {
+  return async function facadeRegister(ctx: RequestContext): Promise<Reply> {
     if (ctx.method === 'OPTIONS') return { status: 204, headers: { ...d.cors, 'access-control-max-age': '600' } }
     // The resolved client address (mcp.trustedProxies), not the TCP peer: behind a proxy every client is the proxy.
     const limited = await limiter.take(ctx.clientAddress)
     if (limited.retryAfter > 0) {
-      if (limited.firstRefusal) ctx.log.warn({ address: limited.address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
+      if (limited.firstRefusal)
+        ctx.log.warn({ address: limited.address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
       throw new ProxyError('MCPP_ERR_RATE_LIMITED', 429, 'too many client registrations from this address; retry later', {
-        oauthError: 'temporarily_unavailable', headers: { 'retry-after': String(limited.retryAfter) },
+        oauthError: 'temporarily_unavailable',
+        headers: { 'retry-after': String(limited.retryAfter) },
       })
     }
     const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
     if (type !== 'application/json') throw invalidMetadata('the request must be application/json')
     let body: unknown
-    try { body = JSON.parse((await ctx.readBody(d.options.registration.maxBodyBytes)).toString('utf8')) } catch (err) {
+    try {
+      body = JSON.parse((await ctx.readBody(d.options.registration.maxBodyBytes)).toString('utf8'))
+    } catch (err) {
       if (ProxyError.is(err)) throw err
       throw invalidMetadata('the request body is not valid JSON')
     }
@@ -64,7 +68,9 @@ export function facadeRegistration (d: RegistrationDeps): (ctx: RequestContext) 
     const clientId = await d.sealer.seal('client', { u: uris, ...(name !== undefined ? { n: name } : {}) })
     if (clientId.length > MAX_CLIENT_ID_LENGTH) {
       ctx.log.info({ clientName: name, redirectUris: uris.length, length: clientId.length }, 'oauth facade: registration refused: client id too long')
-      throw invalidMetadata(`the client id would be ${clientId.length} characters; at most ${MAX_CLIENT_ID_LENGTH} fit the authorization flow: register fewer or shorter redirect_uris or a shorter client_name`)
+      throw invalidMetadata(
+        `the client id would be ${clientId.length} characters; at most ${MAX_CLIENT_ID_LENGTH} fit the authorization flow: register fewer or shorter redirect_uris or a shorter client_name`
+      )
     }
     out.client_id = clientId
     ctx.log.info({ clientName: name, redirectUris: uris.length }, 'oauth facade: client registered (stateless)')

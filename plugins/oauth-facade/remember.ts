@@ -16,12 +16,19 @@ const MAX_ENTRIES = 20
 /** [user and client hashed, expiry (seconds), approved scopes space-separated, resource]. */
 type Entry = [string, number, string, string]
 
-function isEntry (e: unknown, now: number): e is Entry {
-  return Array.isArray(e) && e.length === 4 && typeof e[0] === 'string' && typeof e[1] === 'number' && e[1] > now &&
-    typeof e[2] === 'string' && typeof e[3] === 'string'
+function isEntry(e: unknown, now: number): e is Entry {
+  return (
+    Array.isArray(e) &&
+    e.length === 4 &&
+    typeof e[0] === 'string' &&
+    typeof e[1] === 'number' &&
+    e[1] > now &&
+    typeof e[2] === 'string' &&
+    typeof e[3] === 'string'
+  )
 }
 
-function keyOf (user: string, clientId: string): string {
+function keyOf(user: string, clientId: string): string {
   return createHash('sha256').update(`${user}\n${clientId}`).digest('base64url').slice(0, 22)
 }
 
@@ -32,26 +39,30 @@ export class ConsentMemory {
   readonly #seconds: number
   readonly #secure: boolean
 
-  constructor (sealer: Sealer, rememberSeconds: number, secure: boolean) {
+  constructor(sealer: Sealer, rememberSeconds: number, secure: boolean) {
     this.#sealer = sealer
     this.#seconds = rememberSeconds
     this.#secure = secure
   }
 
-  get enabled (): boolean { return this.#seconds > 0 }
+  get enabled(): boolean {
+    return this.#seconds > 0
+  }
 
-  async #entries (cookieHeader: string | undefined): Promise<Entry[]> {
+  async #entries(cookieHeader: string | undefined): Promise<Entry[]> {
     const raw = readCookie(cookieHeader, cookieName(REMEMBER_COOKIE, this.#secure))
     if (raw === undefined) return []
     try {
       const d = await this.#sealer.open<{ e: unknown }>('remember', raw)
       const now = Date.now() / 1000
       return Array.isArray(d.e) ? d.e.filter((e): e is Entry => isEntry(e, now)) : []
-    } catch { return [] }
+    } catch {
+      return []
+    }
   }
 
   /** Whether the user approved this client for at least `scopes` at `resource`, and the approval is still remembered. */
-  async covers (cookieHeader: string | undefined, user: string, clientId: string, scopes: string, resource: string): Promise<boolean> {
+  async covers(cookieHeader: string | undefined, user: string, clientId: string, scopes: string, resource: string): Promise<boolean> {
     if (!this.enabled) return false
     const key = keyOf(user, clientId)
     const entry = (await this.#entries(cookieHeader)).find(e => e[0] === key)
@@ -61,7 +72,7 @@ export class ConsentMemory {
   }
 
   /** The Set-Cookie remembering this approval (added to what the same resource had), or undefined when remembering is off. */
-  async remember (cookieHeader: string | undefined, user: string, clientId: string, scopes: string, resource: string): Promise<string | undefined> {
+  async remember(cookieHeader: string | undefined, user: string, clientId: string, scopes: string, resource: string): Promise<string | undefined> {
     if (!this.enabled) return undefined
     const key = keyOf(user, clientId)
     const entries = await this.#entries(cookieHeader)

@@ -16,15 +16,22 @@
  */
 
 /** The advertised resource and its WHATWG URL serialization (what SDK clients send after `new URL(resource)`). */
-function spellings (own: string): ReadonlySet<string> {
-  try { return new Set([own, new URL(own).href]) } catch { return new Set([own]) }
+function spellings(own: string): ReadonlySet<string> {
+  try {
+    return new Set([own, new URL(own).href])
+  } catch {
+    return new Set([own])
+  }
 }
 const cache = new Map<string, ReadonlySet<string>>()
 
 /** Why `resources` (every `resource` the request named) are refused, or undefined. */
-export function targetProblem (resources: readonly string[], own: string): string | undefined {
+export function targetProblem(resources: readonly string[], own: string): string | undefined {
   let accepted = cache.get(own)
-  if (accepted === undefined) { accepted = spellings(own); cache.set(own, accepted) }
+  if (accepted === undefined) {
+    accepted = spellings(own)
+    cache.set(own, accepted)
+  }
   if (resources.every(r => accepted.has(r))) return undefined
   return `resource must be this gateway's MCP resource (${own}), as its protected resource metadata names it`
 }

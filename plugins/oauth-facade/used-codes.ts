@@ -18,16 +18,20 @@ export interface UsedCodes {
   close(): void
 }
 
-function unavailable (message: string): ProxyError {
+function unavailable(message: string): ProxyError {
   return CodeStoreUnavailable(message)
 }
 
 export class MemoryUsedCodes implements UsedCodes {
   readonly #max: number
   readonly #codes = new Map<string, number>()
-  constructor (max: number) { this.#max = max }
-  get size (): number { return this.#codes.size }
-  async markUsed (id: string, exp: number): Promise<boolean> {
+  constructor(max: number) {
+    this.#max = max
+  }
+  get size(): number {
+    return this.#codes.size
+  }
+  async markUsed(id: string, exp: number): Promise<boolean> {
     const now = Date.now() / 1000
     if (this.#codes.size >= this.#max) {
       for (const [k, e] of this.#codes) if (e < now) this.#codes.delete(k)
@@ -37,7 +41,9 @@ export class MemoryUsedCodes implements UsedCodes {
     this.#codes.set(id, exp)
     return true
   }
-  close (): void { this.#codes.clear() }
+  close(): void {
+    this.#codes.clear()
+  }
 }
 
 /** What SharedUsedCodes needs of the gateway's shared state (`env.shared`, Redis with `cluster.redis.url`). */
@@ -53,8 +59,10 @@ export interface PutOnceStore {
 export class SharedUsedCodes implements UsedCodes {
   readonly #store: PutOnceStore
   size = 0
-  constructor (store: PutOnceStore) { this.#store = store }
-  async markUsed (id: string, exp: number): Promise<boolean> {
+  constructor(store: PutOnceStore) {
+    this.#store = store
+  }
+  async markUsed(id: string, exp: number): Promise<boolean> {
     const ttlMs = Math.max(1000, Math.ceil(exp * 1000 - Date.now()))
     try {
       return await this.#store.putOnce(`facade:code:${id}`, '1', ttlMs)
@@ -63,13 +71,17 @@ export class SharedUsedCodes implements UsedCodes {
       throw unavailable('the shared state (Redis) cannot record the code; retry later')
     }
   }
-  close (): void {}
+  close(): void {}
 }
 
-interface Pending { resolve: (v: string | null) => void; reject: (e: Error) => void; timer: NodeJS.Timeout }
+interface Pending {
+  resolve: (v: string | null) => void
+  reject: (e: Error) => void
+  timer: NodeJS.Timeout
+}
 
 /** RESP2 encoding of one command. */
-export function encodeCommand (args: readonly string[]): string {
+export function encodeCommand(args: readonly string[]): string {
   return `*${args.length}\r\n` + args.map(a => `$${Buffer.byteLength(a)}\r\n${a}\r\n`).join('')
 }
 
@@ -84,15 +96,18 @@ export class RedisUsedCodes implements UsedCodes {
   #closed = false
   size = 0
 
-  constructor (url: string, timeoutMs: number, prefix = 'mcp-proxy:facade:code:') {
+  constructor(url: string, timeoutMs: number, prefix = 'mcp-proxy:facade:code:') {
     this.#url = new URL(url)
     if (this.#url.protocol !== 'redis:') throw new Error('only redis:// URLs are supported')
     this.#timeoutMs = timeoutMs
     this.#prefix = prefix
   }
 
-  #fail (err: Error): void {
-    for (const p of this.#pending.splice(0)) { clearTimeout(p.timer); p.reject(err) }
+  #fail(err: Error): void {
+    for (const p of this.#pending.splice(0)) {
+      clearTimeout(p.timer)
+      p.reject(err)
+    }
     this.#socket?.destroy()
     this.#socket = undefined
     this.#ready = undefined
@@ -100,7 +115,7 @@ export class RedisUsedCodes implements UsedCodes {
   }
 
   /** Parses as many complete replies as the buffer holds (simple strings, errors, integers, bulk strings). */
-  #onData (chunk: string): void {
+  #onData(chunk: string): void {
     this.#buf += chunk
     for (;;) {
       const end = this.#buf.indexOf('\r\n')
@@ -122,7 +137,10 @@ export class RedisUsedCodes implements UsedCodes {
       } else if (type === '-') {
         this.#buf = this.#buf.slice(used)
         const p = this.#pending.shift()
-        if (p !== undefined) { clearTimeout(p.timer); p.reject(new Error(`redis: ${line}`)) }
+        if (p !== undefined) {
+          clearTimeout(p.timer)
+          p.reject(new Error(`redis: ${line}`))
+        }
         continue
       } else {
         this.#fail(new Error('redis: unexpected reply'))
@@ -130,19 +148,27 @@ export class RedisUsedCodes implements UsedCodes {
       }
       this.#buf = this.#buf.slice(used)
       const p = this.#pending.shift()
-      if (p !== undefined) { clearTimeout(p.timer); p.resolve(value) }
+      if (p !== undefined) {
+        clearTimeout(p.timer)
+        p.resolve(value)
+      }
     }
   }
 
-  #connect (): Promise<void> {
+  #connect(): Promise<void> {
     this.#ready ??= new Promise<void>((resolve, reject) => {
       const s = createConnection({ host: this.#url.hostname.replace(/^\[|\]$/g, ''), port: Number(this.#url.port || 6379) })
       this.#socket = s
       s.setEncoding('utf8')
       s.setNoDelay(true)
       s.on('data', (d: string) => this.#onData(d))
-      s.on('error', err => { this.#fail(err); reject(err) })
-      s.on('close', () => { if (this.#socket === s) this.#fail(new Error('redis: connection closed')) })
+      s.on('error', err => {
+        this.#fail(err)
+        reject(err)
+      })
+      s.on('close', () => {
+        if (this.#socket === s) this.#fail(new Error('redis: connection closed'))
+      })
       s.once('connect', () => {
         const setup: Array<Promise<unknown>> = []
         if (this.#url.password !== '') {
@@ -157,7 +183,7 @@ export class RedisUsedCodes implements UsedCodes {
     return this.#ready
   }
 
-  #send (args: readonly string[]): Promise<string | null> {
+  #send(args: readonly string[]): Promise<string | null> {
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => this.#fail(new Error('redis: timed out')), this.#timeoutMs)
       this.#pending.push({ resolve, reject, timer })
@@ -165,7 +191,7 @@ export class RedisUsedCodes implements UsedCodes {
     })
   }
 
-  async markUsed (id: string, exp: number): Promise<boolean> {
+  async markUsed(id: string, exp: number): Promise<boolean> {
     if (this.#closed) throw unavailable('shutting down')
     const ttlMs = Math.max(1000, Math.ceil(exp * 1000 - Date.now()) + 1000)
     try {
@@ -177,7 +203,7 @@ export class RedisUsedCodes implements UsedCodes {
     }
   }
 
-  close (): void {
+  close(): void {
     this.#closed = true
     this.#fail(new Error('closed'))
   }

@@ -37,14 +37,14 @@ export interface CloudProxyOptions {
 }
 
 /** Every scope of a space-delimited `scope` must be allowed. */
-export function checkScopes (scope: string | undefined, allowed: ReadonlySet<string>): void {
+export function checkScopes(scope: string | undefined, allowed: ReadonlySet<string>): void {
   if (scope === undefined) return
   const bad = scope.split(' ').filter(s => s !== '' && !allowed.has(s))
   if (bad.length > 0) throw badRequest(`scope not allowed through this gateway: ${bad.join(' ')}`, 'invalid_scope')
 }
 
 /** Whether the request carries client authentication of its own. */
-export function hasOwnClientCredentials (params: ReadonlyMap<string, string>, authorization: string | undefined): boolean {
+export function hasOwnClientCredentials(params: ReadonlyMap<string, string>, authorization: string | undefined): boolean {
   return params.has('client_secret') || params.has('client_assertion') || params.has('client_assertion_type') || authorization !== undefined
 }
 
@@ -53,18 +53,23 @@ export function hasOwnClientCredentials (params: ReadonlyMap<string, string>, au
  * and `refresh_token`, only for the configured client id, and only when the
  * request brings no client credentials of its own.
  */
-export function shouldInjectSecret (o: {
-  grantType: string | undefined; clientId: string | undefined; configuredClientId: string
-  secret: string | undefined; ownCredentials: boolean
+export function shouldInjectSecret(o: {
+  grantType: string | undefined
+  clientId: string | undefined
+  configuredClientId: string
+  secret: string | undefined
+  ownCredentials: boolean
 }): boolean {
-  return o.secret !== undefined &&
+  return (
+    o.secret !== undefined &&
     (o.grantType === 'authorization_code' || o.grantType === 'refresh_token') &&
     o.clientId === o.configuredClientId &&
     !o.ownCredentials
+  )
 }
 
-export function createCloudProxy (opts: CloudProxyOptions) {
-  async function authorizeHandler (ctx: RequestContext): Promise<Reply> {
+export function createCloudProxy(opts: CloudProxyOptions) {
+  async function authorizeHandler(ctx: RequestContext): Promise<Reply> {
     const { entries: params, byName: map } = parseOAuthParams(ctx.query)
     const redirectProblem = authorizeRedirectProblem(map.get('redirect_uri'), opts.redirectSchemes)
     if (redirectProblem !== undefined) {
@@ -87,7 +92,7 @@ export function createCloudProxy (opts: CloudProxyOptions) {
     return { status: 302, headers: { location: target.href, 'cache-control': 'no-store' } }
   }
 
-  async function tokenHandler (ctx: RequestContext): Promise<Reply> {
+  async function tokenHandler(ctx: RequestContext): Promise<Reply> {
     const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
     if (type !== 'application/x-www-form-urlencoded') {
       throw badRequest('the token request must be application/x-www-form-urlencoded')
@@ -107,7 +112,11 @@ export function createCloudProxy (opts: CloudProxyOptions) {
     }
     const own = hasOwnClientCredentials(map, authorization)
     const inject = shouldInjectSecret({
-      grantType, clientId: map.get('client_id'), configuredClientId: opts.clientId, secret: opts.clientSecret, ownCredentials: own,
+      grantType,
+      clientId: map.get('client_id'),
+      configuredClientId: opts.clientId,
+      secret: opts.clientSecret,
+      ownCredentials: own,
     })
     if (inject) {
       checkScopes(map.get('scope'), opts.allowedScopes)
@@ -115,20 +124,27 @@ export function createCloudProxy (opts: CloudProxyOptions) {
     }
     const endpoint = endpointOf(opts.discovery, 'token_endpoint', opts.fallbackToken)
     const headers: Record<string, string> = {
-      'content-type': 'application/x-www-form-urlencoded', accept: 'application/json',
+      'content-type': 'application/x-www-form-urlencoded',
+      accept: 'application/json',
     }
     // The client's own Basic credentials are for the IdP; nothing else is forwarded.
     if (authorization !== undefined) headers.authorization = authorization
     let res: BoundedResponse
     try {
       res = await boundedFetch(endpoint, {
-        method: 'POST', headers, body: new URLSearchParams(params).toString(), timeoutMs: opts.timeoutMs, maxBytes: TOKEN_RESPONSE_MAX_BYTES,
+        method: 'POST',
+        headers,
+        body: new URLSearchParams(params).toString(),
+        timeoutMs: opts.timeoutMs,
+        maxBytes: TOKEN_RESPONSE_MAX_BYTES,
       })
     } catch (err) {
       const timeout = (err as Error).name === 'TimeoutError'
       ctx.log.warn({ grantType, reason: timeout ? 'timeout' : (err as Error).message }, 'token request to the identity provider failed')
-      throw new ProxyError('MCPP_ERR_IDP_UNAVAILABLE', timeout ? 504 : 502, 'the identity provider\'s token endpoint could not be reached', {
-        oauthError: 'temporarily_unavailable', expose: true, cause: err,
+      throw new ProxyError('MCPP_ERR_IDP_UNAVAILABLE', timeout ? 504 : 502, "the identity provider's token endpoint could not be reached", {
+        oauthError: 'temporarily_unavailable',
+        expose: true,
+        cause: err,
       })
     }
     // grant_type, status and whether the secret was added: never codes, tokens or secrets.
@@ -146,7 +162,7 @@ export function createCloudProxy (opts: CloudProxyOptions) {
   return { authorizeHandler, tokenHandler }
 }
 
-function endpointOf (discovery: DiscoveryCache, field: 'authorization_endpoint' | 'token_endpoint', fallback: string): string {
+function endpointOf(discovery: DiscoveryCache, field: 'authorization_endpoint' | 'token_endpoint', fallback: string): string {
   const v = discovery.peek()?.[field]
   if (discovery.peek() === undefined) void discovery.get().catch(() => undefined)
   return typeof v === 'string' ? v : fallback

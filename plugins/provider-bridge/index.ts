@@ -26,7 +26,14 @@ import { IdpUnavailable, OAuthRequestInvalid } from '../oauth-common/errors.ts'
 import { privateSchemes } from '../oauth-common/redirect-uri.ts'
 
 export { DiscoveryCache } from '../oauth-common/discovery.ts'
-export { buildAuthorizationServerMetadata, AUTHORIZE_PATH, TOKEN_PATH, REGISTRATION_PATH, ROOT_METADATA_PATH, MCP_METADATA_PATHS } from '../oauth-common/metadata.ts'
+export {
+  buildAuthorizationServerMetadata,
+  AUTHORIZE_PATH,
+  TOKEN_PATH,
+  REGISTRATION_PATH,
+  ROOT_METADATA_PATH,
+  MCP_METADATA_PATHS,
+} from '../oauth-common/metadata.ts'
 export { cloudFallbackEndpoints } from '../oauth-common/idp-endpoints.ts'
 export { shouldInjectSecret } from './cloud-proxy.ts'
 
@@ -38,7 +45,7 @@ const METADATA_CORS = {
 } as const
 
 /** The scopes a request that gets the operator's secret may ask for. */
-export function allowedScopesOf (resource: ProtectedResource | undefined): Set<string> {
+export function allowedScopesOf(resource: ProtectedResource | undefined): Set<string> {
   return new Set<string>([...BASE_SCOPES, ...(resource?.scopesSupported ?? [])])
 }
 
@@ -53,7 +60,7 @@ export interface ProviderBridgePlugin extends Plugin {
   readonly discovery: DiscoveryCache | undefined
 }
 
-export async function createProviderBridge (env: PluginEnv, options: ProviderBridgeOptions = {}): Promise<ProviderBridgePlugin> {
+export async function createProviderBridge(env: PluginEnv, options: ProviderBridgeOptions = {}): Promise<ProviderBridgePlugin> {
   const idp = env.provided.idp as IdpIdentity | undefined
   const kind = idp?.family
   if (idp === undefined || kind === undefined) {
@@ -62,7 +69,10 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
   const redirectSchemes = privateSchemes(options.allowedRedirectSchemes)
   if (redirectSchemes.size > 0 && idp.cloud === undefined) {
     // oss_idp clients are sent to the IdP's own authorize endpoint, which checks its own list.
-    env.log.warn({ path: `${env.configPath}.allowedRedirectSchemes` }, 'provider bridge: allowedRedirectSchemes applies to cloud_idp only; the oss_idp IdP checks redirect URIs itself')
+    env.log.warn(
+      { path: `${env.configPath}.allowedRedirectSchemes` },
+      'provider bridge: allowedRedirectSchemes applies to cloud_idp only; the oss_idp IdP checks redirect URIs itself'
+    )
   }
   if (idp.clientId === undefined) {
     throw new ProxyError('MCPP_ERR_CONFIG', 500, `${env.configPath}: providerBridge needs the clientId of mcpAuthentication for ${kind}`)
@@ -75,11 +85,15 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
   const jwksUri = kind === 'oss_idp' && idp.keySet.kind === 'url' ? idp.keySet.url : undefined
   const cacheSeconds = Math.min(300, idp.discovery.ttlSeconds)
 
-  async function metadataReply (ctx: RequestContext, issuerOverride: string | undefined): Promise<Reply> {
+  async function metadataReply(ctx: RequestContext, issuerOverride: string | undefined): Promise<Reply> {
     if (ctx.method === 'OPTIONS') return { status: 204, headers: { ...METADATA_CORS, 'access-control-max-age': '600' } }
     const doc = await discovery.get()
     const body = buildAuthorizationServerMetadata({
-      kind: kind!, doc, baseUrl, jwksUri, issuer: issuerOverride ?? String(doc.issuer),
+      kind: kind!,
+      doc,
+      baseUrl,
+      jwksUri,
+      issuer: issuerOverride ?? String(doc.issuer),
     })
     return {
       status: 200,
@@ -89,10 +103,22 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
   }
 
   const routes: RouteDef[] = [
-    { methods: ['GET', 'HEAD', 'OPTIONS'], path: ROOT_METADATA_PATH, handler: function rootMetadata (ctx) { return metadataReply(ctx, undefined) } },
-    ...MCP_METADATA_PATHS.map((path): RouteDef => ({
-      methods: ['GET', 'HEAD', 'OPTIONS'], path, handler: function mcpMetadata (ctx) { return metadataReply(ctx, `${baseUrl}/mcp`) },
-    })),
+    {
+      methods: ['GET', 'HEAD', 'OPTIONS'],
+      path: ROOT_METADATA_PATH,
+      handler: function rootMetadata(ctx) {
+        return metadataReply(ctx, undefined)
+      },
+    },
+    ...MCP_METADATA_PATHS.map(
+      (path): RouteDef => ({
+        methods: ['GET', 'HEAD', 'OPTIONS'],
+        path,
+        handler: function mcpMetadata(ctx) {
+          return metadataReply(ctx, `${baseUrl}/mcp`)
+        },
+      })
+    ),
   ]
 
   if (tenant !== undefined) {
@@ -110,7 +136,7 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
     })
     routes.push(
       { methods: ['GET'], path: AUTHORIZE_PATH, handler: proxy.authorizeHandler },
-      { methods: ['POST'], path: TOKEN_PATH, handler: proxy.tokenHandler },
+      { methods: ['POST'], path: TOKEN_PATH, handler: proxy.tokenHandler }
     )
   }
 
@@ -119,13 +145,13 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
     provider: kind,
     discovery,
     routes,
-    ready () {
+    ready() {
       const s = discovery.state
       return s.doc !== undefined
         ? { ready: true }
         : { ready: false, reason: `identity provider discovery document not fetched (${s.lastError ?? 'pending'})`, code: 'idp_unreachable' }
     },
-    describe () {
+    describe() {
       const s = discovery.state
       return {
         // The section the admin's OAuth view shows (PluginDescription.discovery).
@@ -140,7 +166,9 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
         allowedRedirectSchemes: [...redirectSchemes],
       }
     },
-    async close () { discovery.close() },
+    async close() {
+      discovery.close()
+    },
   }
 }
 
@@ -149,7 +177,7 @@ export async function createProviderBridge (env: PluginEnv, options: ProviderBri
  * its fetch counter and gauges, and a start-up warning when it names another
  * issuer than the configured one.
  */
-function bridgeDiscovery (env: PluginEnv, idp: IdpIdentity): DiscoveryCache {
+function bridgeDiscovery(env: PluginEnv, idp: IdpIdentity): DiscoveryCache {
   // Tokens carry the issuer the IdP names in its discovery document; when the
   // configured one differs (a trailing slash, most often, for oss_idp), every
   // token would get 401 "token issuer not accepted": say so at start-up. A
@@ -159,10 +187,12 @@ function bridgeDiscovery (env: PluginEnv, idp: IdpIdentity): DiscoveryCache {
     const found = String(doc.issuer)
     if (found === idp.issuer || found === warnedIssuer || (idp.cloud !== undefined && !/\/v2\.0\/?$/.test(idp.issuer))) return
     warnedIssuer = found
-    env.log.warn({ path: 'mcp.policies.mcpAuthentication.issuer', configured: idp.issuer, discovered: found, discovery: idp.discoveryUrl },
-      `the identity provider's discovery document names issuer ${JSON.stringify(found)}, not the configured ${JSON.stringify(idp.issuer)}: tokens it issues will get 401 "token issuer not accepted" until mcp.policies.mcpAuthentication.issuer is set to ${JSON.stringify(found)}`)
+    env.log.warn(
+      { path: 'mcp.policies.mcpAuthentication.issuer', configured: idp.issuer, discovered: found, discovery: idp.discoveryUrl },
+      `the identity provider's discovery document names issuer ${JSON.stringify(found)}, not the configured ${JSON.stringify(idp.issuer)}: tokens it issues will get 401 "token issuer not accepted" until mcp.policies.mcpAuthentication.issuer is set to ${JSON.stringify(found)}`
+    )
   }
-  const fetchCounter = env.metrics.counter('mcp_proxy_discovery_fetches_total', 'Fetches of the identity provider\'s OIDC discovery document')
+  const fetchCounter = env.metrics.counter('mcp_proxy_discovery_fetches_total', "Fetches of the identity provider's OIDC discovery document")
   fetchCounter.init()
   const fetches = fetchCounter.labels()
   const discovery = new DiscoveryCache({
@@ -181,7 +211,7 @@ function bridgeDiscovery (env: PluginEnv, idp: IdpIdentity): DiscoveryCache {
     const at = discovery.state.fetchedAt
     return at === undefined ? [] : [[undefined, at / 1000]]
   }
-  env.log.info({ provider: idp.family, discovery: discovery.url }, 'provider bridge: fetching the identity provider\'s discovery document')
+  env.log.info({ provider: idp.family, discovery: discovery.url }, "provider bridge: fetching the identity provider's discovery document")
   // In the background: an unreachable IdP must not hold up start-up (docs/configuration.md
   // "Running"); a request that needs the document waits for this fetch.
   void discovery.start()
@@ -194,13 +224,15 @@ export default definePlugin<ProviderBridgeOptions>({
   optionsSchema: schema as Record<string, unknown>,
   needs: ['idp', 'protectedResource'],
   errors: [IdpUnavailable, OAuthRequestInvalid],
-  summary (options, provided) {
+  summary(options, provided) {
     const idp = provided.idp as IdpIdentity
     const schemes = options.allowedRedirectSchemes ?? []
-    return `authorization server metadata of ${idp.issuer} served${idp.family !== undefined ? ` and bridged for ${idp.family}` : ''}` +
+    return (
+      `authorization server metadata of ${idp.issuer} served${idp.family !== undefined ? ` and bridged for ${idp.family}` : ''}` +
       (schemes.length > 0 ? `; private-use redirect schemes: ${schemes.join(', ')}` : '')
+    )
   },
-  create (options, env) {
+  create(options, env) {
     return createProviderBridge(env, options)
   },
 })

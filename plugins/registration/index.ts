@@ -48,7 +48,7 @@ export const MAX_REDIRECT_URIS = DEFAULT_OPTIONS.maxRedirectUris
 export const MAX_URI_LENGTH = DEFAULT_OPTIONS.maxRedirectUriLength
 
 /** Fills what the options leave out (when the loader has not applied the schema's defaults). */
-export function withDefaults (o: RegistrationOptionsInput = {}): RegistrationOptions {
+export function withDefaults(o: RegistrationOptionsInput = {}): RegistrationOptions {
   return {
     maxBodyBytes: o.maxBodyBytes ?? DEFAULT_OPTIONS.maxBodyBytes,
     maxRedirectUris: o.maxRedirectUris ?? DEFAULT_OPTIONS.maxRedirectUris,
@@ -62,56 +62,73 @@ export const RateLimited = createError('MCPP_ERR_RATE_LIMITED', 429, 'Too many r
 })
 
 /** redirectUriProblem with this plugin's default length limit. */
-export function redirectUriProblem (uri: unknown, maxLength = MAX_URI_LENGTH): string | undefined {
+export function redirectUriProblem(uri: unknown, maxLength = MAX_URI_LENGTH): string | undefined {
   return clientRedirectUriProblem(uri, maxLength)
 }
 
 /** Validates a registration request body and builds the RFC 7591 §3.2.1 response (this plugin's default limits). */
-export function buildRegistrationResponse (
-  body: unknown, clientId: string, now = Date.now(), limits: ClientMetadataLimits = DEFAULT_OPTIONS,
+export function buildRegistrationResponse(
+  body: unknown,
+  clientId: string,
+  now = Date.now(),
+  limits: ClientMetadataLimits = DEFAULT_OPTIONS
 ): Record<string, unknown> {
   return buildClientRegistration(body, clientId, now, limits)
 }
 
-function invalid (message: string): ProxyError {
+function invalid(message: string): ProxyError {
   return InvalidClientMetadata(message, { oauthError: 'invalid_client_metadata' })
 }
 
-export function createRegistration (env: PluginEnv, options?: RegistrationOptionsInput): Plugin {
+export function createRegistration(env: PluginEnv, options?: RegistrationOptionsInput): Plugin {
   const idp = env.provided.idp as IdpIdentity | undefined
   if (idp?.family === undefined) return { name: 'registration', routes: [] }
   // The options' schema already rejects this; never answer a made-up client id.
   if (idp.clientId === undefined) {
-    throw new ProxyError('MCPP_ERR_CONFIG', 500, `${env.configPath}: registration needs the clientId of mcpAuthentication (mcp.policies.mcpAuthentication.clientId: is required for client registration)`)
+    throw new ProxyError(
+      'MCPP_ERR_CONFIG',
+      500,
+      `${env.configPath}: registration needs the clientId of mcpAuthentication (mcp.policies.mcpAuthentication.clientId: is required for client registration)`
+    )
   }
   const clientId = idp.clientId
   const opts = withDefaults(options)
   // With cluster.redis (or workers) every replica and worker draws from one bucket per address; else this process's table.
   const limiter = new AddressLimiter(opts.rateLimit, env.shared, 'registration', env.now)
 
-  async function registerClient (ctx: RequestContext): Promise<Reply> {
+  async function registerClient(ctx: RequestContext): Promise<Reply> {
     if (ctx.method === 'OPTIONS') {
       return {
         status: 204,
         headers: {
-          'access-control-allow-origin': '*', 'access-control-allow-methods': 'POST, OPTIONS',
-          'access-control-allow-headers': '*', 'access-control-max-age': '600',
+          'access-control-allow-origin': '*',
+          'access-control-allow-methods': 'POST, OPTIONS',
+          'access-control-allow-headers': '*',
+          'access-control-max-age': '600',
         },
       }
     }
     // Counted before anything is read: a refused request costs a map lookup.
     const limited = await limiter.take(ctx.clientAddress)
     if (limited.retryAfter > 0) {
-      if (limited.firstRefusal) ctx.log.warn({ address: limited.address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
+      if (limited.firstRefusal)
+        ctx.log.warn({ address: limited.address, retryAfter: limited.retryAfter }, 'client registration rate limit reached for this address')
       throw RateLimited('too many client registrations from this address; retry later', { headers: { 'retry-after': String(limited.retryAfter) } })
     }
     const type = (ctx.req.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase()
     if (type !== 'application/json') throw invalid('the request must be application/json')
     const raw = await ctx.readBody(opts.maxBodyBytes)
     let body: unknown
-    try { body = JSON.parse(raw.toString('utf8')) } catch { throw invalid('the request body is not valid JSON') }
+    try {
+      body = JSON.parse(raw.toString('utf8'))
+    } catch {
+      throw invalid('the request body is not valid JSON')
+    }
     const out = buildRegistrationResponse(body, clientId, Date.now(), opts)
-    ctx.log.info({ clientName: out.client_name, redirectUris: (out.redirect_uris as string[]).length }, 'client registration answered with the configured client id')
+    ctx.log.info(
+      { clientName: out.client_name, redirectUris: (out.redirect_uris as string[]).length },
+      'client registration answered with the configured client id'
+    )
     return {
       status: 201,
       headers: { 'cache-control': 'no-store', pragma: 'no-cache', 'access-control-allow-origin': '*' },
@@ -122,7 +139,9 @@ export function createRegistration (env: PluginEnv, options?: RegistrationOption
   return {
     name: 'registration',
     routes: [{ methods: ['POST', 'OPTIONS'], path: REGISTRATION_PATH, handler: registerClient }],
-    describe () { return { path: REGISTRATION_PATH, clientId, limits: opts } },
+    describe() {
+      return { path: REGISTRATION_PATH, clientId, limits: opts }
+    },
   }
 }
 
@@ -132,11 +151,13 @@ export default definePlugin<RegistrationOptionsInput>({
   optionsSchema: schema as Record<string, unknown>,
   needs: ['idp'],
   errors: [InvalidClientMetadata, RateLimited],
-  summary (_options, provided) {
+  summary(_options, provided) {
     const clientId = (provided.idp as IdpIdentity).clientId
-    return clientId !== undefined ? `client registration answered with the pre-registered client ${clientId}` : 'client registration: no clientId configured, nothing served'
+    return clientId !== undefined
+      ? `client registration answered with the pre-registered client ${clientId}`
+      : 'client registration: no clientId configured, nothing served'
   },
-  create (options, env) {
+  create(options, env) {
     return createRegistration(env, options)
   },
 })

@@ -39,7 +39,7 @@ export interface AdminGateway {
   bobToken: () => Promise<string>
 }
 
-export async function adminGateway (t: Test, opts: { issuer?: string } = {}): Promise<AdminGateway> {
+export async function adminGateway(t: Test, opts: { issuer?: string } = {}): Promise<AdminGateway> {
   const idp = opts.issuer === undefined ? await devIdp(t) : undefined
   const issuer = opts.issuer ?? idp!.issuer
   const clientId = idp?.clientId ?? 'mcp-gateway-dev'
@@ -85,7 +85,12 @@ admin:
   const call = (path: string, init: RequestInit = {}): Promise<Response> =>
     fetch(admin + path, { ...init, headers: { authorization: `Bearer ${SECRETS.adminToken}`, ...(init.headers as Record<string, string> | undefined) } })
   return {
-    gw, idp, admin, mcp, logText: text, call,
+    gw,
+    idp,
+    admin,
+    mcp,
+    logText: text,
+    call,
     aliceToken: () => idp!.mintToken({ sub: 'alice', groups: ['mcp-users'] }),
     bobToken: () => idp!.mintToken({ sub: 'bob', groups: ['other'] }),
   }
@@ -93,13 +98,22 @@ admin:
 
 // ---- Prometheus text format ----------------------------------------------------
 
-export interface Sample { name: string; labels: Record<string, string>; value: number }
-export interface Family { name: string; type: string; help: string; samples: Sample[] }
+export interface Sample {
+  name: string
+  labels: Record<string, string>
+  value: number
+}
+export interface Family {
+  name: string
+  type: string
+  help: string
+  samples: Sample[]
+}
 
 const NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/
 const SUFFIXES = ['_bucket', '_sum', '_count', '_total', '_created']
 
-function parseLabels (s: string, line: string): Record<string, string> {
+function parseLabels(s: string, line: string): Record<string, string> {
   const out: Record<string, string> = {}
   let i = 0
   while (i < s.length) {
@@ -113,7 +127,16 @@ function parseLabels (s: string, line: string): Record<string, string> {
     for (; j < s.length && s[j] !== '"'; j++) {
       if (s[j] === '\\') {
         const c = s[++j]
-        value += c === 'n' ? '\n' : c === '\\' ? '\\' : c === '"' ? '"' : (() => { throw new Error(`bad escape in: ${line}`) })()
+        value +=
+          c === 'n'
+            ? '\n'
+            : c === '\\'
+              ? '\\'
+              : c === '"'
+                ? '"'
+                : (() => {
+                    throw new Error(`bad escape in: ${line}`)
+                  })()
       } else value += s[j]
     }
     if (s[j] !== '"') throw new Error(`unterminated label value in: ${line}`)
@@ -126,7 +149,7 @@ function parseLabels (s: string, line: string): Record<string, string> {
   return out
 }
 
-function parseValue (v: string, line: string): number {
+function parseValue(v: string, line: string): number {
   if (v === '+Inf') return Infinity
   if (v === '-Inf') return -Infinity
   if (v === 'NaN') return NaN
@@ -135,7 +158,7 @@ function parseValue (v: string, line: string): number {
 }
 
 /** Parses Prometheus text exposition format 0.0.4 strictly enough to catch malformed output. */
-export function parsePrometheus (text: string): Map<string, Family> {
+export function parsePrometheus(text: string): Map<string, Family> {
   const families = new Map<string, Family>()
   if (!text.endsWith('\n')) throw new Error('exposition must end with a newline')
   for (const line of text.split('\n')) {
@@ -187,7 +210,7 @@ export function parsePrometheus (text: string): Map<string, Family> {
 }
 
 /** Sum of the samples named `name` whose labels include `match`. */
-export function sampleSum (families: Map<string, Family>, name: string, match: Record<string, string> = {}): number {
+export function sampleSum(families: Map<string, Family>, name: string, match: Record<string, string> = {}): number {
   let sum = 0
   for (const f of families.values()) {
     for (const s of f.samples) {

@@ -29,17 +29,22 @@ export interface BridgeServer {
   close(): Promise<void>
 }
 
-export async function makeEnv (auth: Record<string, unknown> | undefined, log: Logger): Promise<{ env: PluginEnv; config: GatewayConfig }> {
-  const config = deepFreeze(await validateConfig({
-    mcp: {
-      port: 1,
-      targets: [{ name: 'stub', stdio: { cmd: 'node' } }],
-      policies: auth === undefined ? {} : { mcpAuthentication: { mode: 'strict', resourceMetadata: { resource: `${BASE_URL}/mcp` }, ...auth } },
-    },
-  }, builtins))
+export async function makeEnv(auth: Record<string, unknown> | undefined, log: Logger): Promise<{ env: PluginEnv; config: GatewayConfig }> {
+  const config = deepFreeze(
+    await validateConfig(
+      {
+        mcp: {
+          port: 1,
+          targets: [{ name: 'stub', stdio: { cmd: 'node' } }],
+          policies: auth === undefined ? {} : { mcpAuthentication: { mode: 'strict', resourceMetadata: { resource: `${BASE_URL}/mcp` }, ...auth } },
+        },
+      },
+      builtins
+    )
+  )
   // What the plugin loader hands the bridge and registration: mcpAuthentication's `idp` and `protectedResource`.
   const options = config.mcp.policies.mcpAuthentication as McpAuthenticationOptions | undefined
-  const provided = options === undefined ? {} : provides(options) as unknown as Record<string, unknown>
+  const provided = options === undefined ? {} : (provides(options) as unknown as Record<string, unknown>)
   return { env: { log, config: config as never, baseUrl: BASE_URL, configPath: 'mcp.policies', metrics: new Metrics(), provided }, config }
 }
 
@@ -56,7 +61,7 @@ export interface BridgeServerOptions {
   now?: () => number
 }
 
-export async function startBridgeServer (auth: Record<string, unknown> | undefined, opts: BridgeServerOptions = {}): Promise<BridgeServer> {
+export async function startBridgeServer(auth: Record<string, unknown> | undefined, opts: BridgeServerOptions = {}): Promise<BridgeServer> {
   const mem = memoryLogger('debug')
   const made = await makeEnv(auth, mem.log)
   const config = made.config
@@ -66,8 +71,11 @@ export async function startBridgeServer (auth: Record<string, unknown> | undefin
     pipeline: new Pipeline(plugins),
     routes: new RouteTable(plugins),
     mcp: {
-      async handle (ctx) { await ctx.writeHead(204); ctx.res.end() },
-      async close () {},
+      async handle(ctx) {
+        await ctx.writeHead(204)
+        ctx.res.end()
+      },
+      async close() {},
     },
     log: mem.log,
     limits: { maxBodyBytes: opts.maxBodyBytes ?? 16384, headersTimeoutMs: 10_000, requestTimeoutMs: 10_000, keepAliveTimeoutMs: 1000 },
@@ -80,7 +88,7 @@ export async function startBridgeServer (auth: Record<string, unknown> | undefin
     plugins,
     config,
     logText: mem.text,
-    async close () {
+    async close() {
       await server.close(0)
       await Promise.all(plugins.map(p => p.close?.()))
     },

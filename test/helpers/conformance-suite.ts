@@ -27,7 +27,7 @@ export interface Suite {
 }
 
 /** The version package.json pins, refused unless exact: a range would let CI drift to a newer suite. */
-export function pinnedVersion (): string {
+export function pinnedVersion(): string {
   const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { devDependencies: Record<string, string> }
   const spec = pkg.devDependencies[SUITE_NAME]
   if (spec === undefined || !/^\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?$/.test(spec)) {
@@ -37,7 +37,7 @@ export function pinnedVersion (): string {
 }
 
 /** Resolves the installed suite and the node that runs it; throws with the reason when either is missing or off the pin. */
-export async function resolveSuite (): Promise<Suite> {
+export async function resolveSuite(): Promise<Suite> {
   const pinned = pinnedVersion()
   const manifest = join(SUITE_DIR, 'package.json')
   if (!existsSync(manifest)) throw new Error(`${SUITE_NAME} is not installed in node_modules: run npm ci`)
@@ -64,12 +64,12 @@ export class Reruns {
   #total = 0
   readonly #comment: (line: string) => void
 
-  constructor (comment: (line: string) => void) {
+  constructor(comment: (line: string) => void) {
     this.#comment = comment
   }
 
   /** Whether `scenario` under `label` may run again; if so, counts and prints the re-run. */
-  take (label: string, scenario: string): boolean {
+  take(label: string, scenario: string): boolean {
     const key = `${label} ${scenario}`
     const n = (this.#counts.get(key) ?? 0) + 1
     if (n > Reruns.PER_SCENARIO) return false
@@ -79,6 +79,10 @@ export class Reruns {
     return true
   }
 
-  get total (): number { return this.#total }
-  get withinCap (): boolean { return this.#total <= Reruns.TOTAL }
+  get total(): number {
+    return this.#total
+  }
+  get withinCap(): boolean {
+    return this.#total <= Reruns.TOTAL
+  }
 }

@@ -100,17 +100,30 @@ export interface EntraEmulator {
 }
 
 interface CodeGrant {
-  clientId: string; redirectUri: string; scope: string; challenge?: string; method?: string; nonce?: string; expires: number
+  clientId: string
+  redirectUri: string
+  scope: string
+  challenge?: string
+  method?: string
+  nonce?: string
+  expires: number
 }
-interface RefreshGrant { clientId: string; scope: string }
+interface RefreshGrant {
+  clientId: string
+  scope: string
+}
 
-function isLoopback (u: URL): boolean {
+function isLoopback(u: URL): boolean {
   return u.protocol === 'http:' && (u.hostname === '127.0.0.1' || u.hostname === 'localhost' || u.hostname === '[::1]')
 }
 
-function redirectAllowed (registered: readonly string[], value: string): boolean {
+function redirectAllowed(registered: readonly string[], value: string): boolean {
   let v: URL
-  try { v = new URL(value) } catch { return false }
+  try {
+    v = new URL(value)
+  } catch {
+    return false
+  }
   return registered.some(r => {
     if (r === value) return true
     const ru = new URL(r)
@@ -119,16 +132,16 @@ function redirectAllowed (registered: readonly string[], value: string): boolean
 }
 
 /** Parameter names are matched case-insensitively, as ASP.NET's collections do. */
-function hasResource (params: URLSearchParams): boolean {
+function hasResource(params: URLSearchParams): boolean {
   for (const k of params.keys()) if (k.toLowerCase() === 'resource') return true
   return false
 }
 
-function correlation (): string {
+function correlation(): string {
   return `Trace ID: ${randomUUID()} Correlation ID: ${randomUUID()} Timestamp: ${new Date().toISOString().replace('T', ' ').slice(0, 19)}Z`
 }
 
-export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Promise<EntraEmulator> {
+export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promise<EntraEmulator> {
   const tenant = opts.tenant ?? randomUUID()
   const clientId = opts.clientId ?? randomUUID()
   const exposed = opts.exposedScopes ?? ['mcp_access']
@@ -143,7 +156,7 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
   const registered = opts.redirectUris ?? ['http://127.0.0.1/callback', 'http://localhost/callback']
   const { privateKey, publicKey } = await generateKeyPair('RS256', { extractable: true })
   const kid = randomBytes(15).toString('base64url')
-  const publicJwk: JWK = { ...await exportJWK(publicKey), kid, use: 'sig', kty: 'RSA' }
+  const publicJwk: JWK = { ...(await exportJWK(publicKey)), kid, use: 'sig', kty: 'RSA' }
   const codes = new Map<string, CodeGrant>()
   const refreshTokens = new Map<string, RefreshGrant>()
   const requests: RecordedRequest[] = []
@@ -151,12 +164,10 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
 
   let origin = ''
   const issuerV2 = (): string => `${origin}/${tenant}/v2.0`
-  const issuerV1 = (): string => typeof opts.v1Issuer === 'function'
-    ? opts.v1Issuer(origin, tenant)
-    : opts.v1Issuer ?? `https://sts.windows.net/${tenant}/`
+  const issuerV1 = (): string => (typeof opts.v1Issuer === 'function' ? opts.v1Issuer(origin, tenant) : (opts.v1Issuer ?? `https://sts.windows.net/${tenant}/`))
   const apiPrefix = `api://${clientId}/`
 
-  function discovery (): Record<string, unknown> {
+  function discovery(): Record<string, unknown> {
     const t = `${origin}/${tenant}`
     return {
       token_endpoint: `${t}/oauth2/v2.0/token`,
@@ -175,7 +186,27 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
       http_logout_supported: true,
       frontchannel_logout_supported: true,
       end_session_endpoint: `${t}/oauth2/v2.0/logout`,
-      claims_supported: ['sub', 'iss', 'cloud_instance_name', 'cloud_instance_host_name', 'cloud_graph_host_name', 'msgraph_host', 'aud', 'exp', 'iat', 'auth_time', 'acr', 'nonce', 'preferred_username', 'name', 'tid', 'ver', 'at_hash', 'c_hash', 'email'],
+      claims_supported: [
+        'sub',
+        'iss',
+        'cloud_instance_name',
+        'cloud_instance_host_name',
+        'cloud_graph_host_name',
+        'msgraph_host',
+        'aud',
+        'exp',
+        'iat',
+        'auth_time',
+        'acr',
+        'nonce',
+        'preferred_username',
+        'name',
+        'tid',
+        'ver',
+        'at_hash',
+        'c_hash',
+        'email',
+      ],
       kerberos_endpoint: `${t}/kerberos`,
       tenant_region_scope: 'EU',
       cloud_instance_name: 'microsoftonline.com',
@@ -185,22 +216,37 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
     }
   }
 
-  function send (res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  function send(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
     const text = JSON.stringify(body)
-    res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store, no-cache', pragma: 'no-cache', 'content-length': Buffer.byteLength(text), ...headers })
+    res.writeHead(status, {
+      'content-type': 'application/json; charset=utf-8',
+      'cache-control': 'no-store, no-cache',
+      pragma: 'no-cache',
+      'content-length': Buffer.byteLength(text),
+      ...headers,
+    })
     res.end(text)
   }
 
-  function oauthError (res: ServerResponse, status: number, error: string, aadsts: string, headers: Record<string, string> = {}): void {
+  function oauthError(res: ServerResponse, status: number, error: string, aadsts: string, headers: Record<string, string> = {}): void {
     const code = Number(aadsts.slice(6, aadsts.indexOf(':')))
-    send(res, status, {
-      error, error_description: `${aadsts} ${correlation()}`, error_codes: [code], timestamp: new Date().toISOString(),
-      trace_id: randomUUID(), correlation_id: randomUUID(),
-    }, headers)
+    send(
+      res,
+      status,
+      {
+        error,
+        error_description: `${aadsts} ${correlation()}`,
+        error_codes: [code],
+        timestamp: new Date().toISOString(),
+        trace_id: randomUUID(),
+        correlation_id: randomUUID(),
+      },
+      headers
+    )
   }
 
   /** Turns requested scopes into the API's short scope names; undefined when a scope is unknown. */
-  function apiScopesOf (scope: string): string[] | undefined {
+  function apiScopesOf(scope: string): string[] | undefined {
     const out: string[] = []
     for (const s of scope.split(' ').filter(x => x !== '')) {
       if (['openid', 'profile', 'email', 'offline_access'].includes(s)) continue
@@ -211,7 +257,7 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
     return out
   }
 
-  async function accessToken (claims: Record<string, unknown>): Promise<string> {
+  async function accessToken(claims: Record<string, unknown>): Promise<string> {
     const v1 = tokenVersion === 1
     return new SignJWT({
       ...claims,
@@ -228,7 +274,7 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
       .sign(privateKey as CryptoKey)
   }
 
-  async function userTokens (grant: { scope: string; nonce?: string }): Promise<Record<string, unknown>> {
+  async function userTokens(grant: { scope: string; nonce?: string }): Promise<Record<string, unknown>> {
     const scopes = grant.scope.split(' ').filter(s => s !== '')
     const scp = apiScopesOf(grant.scope) ?? []
     const out: Record<string, unknown> = {
@@ -237,7 +283,10 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
       expires_in: ttl,
       ext_expires_in: ttl,
       access_token: await accessToken({
-        sub: createHash('sha256').update(user.oid + clientId).digest('base64url').slice(0, 43),
+        sub: createHash('sha256')
+          .update(user.oid + clientId)
+          .digest('base64url')
+          .slice(0, 43),
         oid: user.oid,
         name: user.name,
         ...(tokenVersion === 1 ? { upn: user.preferredUsername } : { preferred_username: user.preferredUsername }),
@@ -251,15 +300,26 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
       out.refresh_token = rt
     }
     if (scopes.includes('openid')) {
-      out.id_token = await new SignJWT({ oid: user.oid, tid: tenant, name: user.name, preferred_username: user.preferredUsername, ver: '2.0', ...(grant.nonce !== undefined ? { nonce: grant.nonce } : {}) })
+      out.id_token = await new SignJWT({
+        oid: user.oid,
+        tid: tenant,
+        name: user.name,
+        preferred_username: user.preferredUsername,
+        ver: '2.0',
+        ...(grant.nonce !== undefined ? { nonce: grant.nonce } : {}),
+      })
         .setProtectedHeader({ alg: 'RS256', typ: 'JWT', kid })
-        .setIssuer(issuerV2()).setAudience(clientId).setSubject(user.oid).setIssuedAt().setExpirationTime('1h')
+        .setIssuer(issuerV2())
+        .setAudience(clientId)
+        .setSubject(user.oid)
+        .setIssuedAt()
+        .setExpirationTime('1h')
         .sign(privateKey as CryptoKey)
     }
     return out
   }
 
-  function authorize (res: ServerResponse, q: URLSearchParams): void {
+  function authorize(res: ServerResponse, q: URLSearchParams): void {
     const cid = q.get('client_id')
     const redirectUri = q.get('redirect_uri')
     if (cid !== clientId) {
@@ -267,7 +327,12 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
       return
     }
     if (redirectUri === null || !redirectAllowed(registered, redirectUri)) {
-      oauthError(res, 400, 'invalid_request', `AADSTS50011: The redirect URI '${redirectUri ?? ''}' specified in the request does not match the redirect URIs configured for the application '${clientId}'.`)
+      oauthError(
+        res,
+        400,
+        'invalid_request',
+        `AADSTS50011: The redirect URI '${redirectUri ?? ''}' specified in the request does not match the redirect URIs configured for the application '${clientId}'.`
+      )
       return
     }
     const back = new URL(redirectUri)
@@ -279,15 +344,24 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
       res.writeHead(302, { location: back.href }).end()
     }
     if (hasResource(q)) {
-      fail('invalid_target', 'AADSTS9010010: The resource parameter provided in the request doesn\'t match with the requested scopes.')
+      fail('invalid_target', "AADSTS9010010: The resource parameter provided in the request doesn't match with the requested scopes.")
       return
     }
-    if (q.get('response_type') !== 'code') { fail('unsupported_response_type', 'AADSTS700054: response_type \'code\' is required.'); return }
+    if (q.get('response_type') !== 'code') {
+      fail('unsupported_response_type', "AADSTS700054: response_type 'code' is required.")
+      return
+    }
     const scope = q.get('scope') ?? ''
-    if (apiScopesOf(scope) === undefined) { fail('invalid_scope', `AADSTS70011: The provided value for the input parameter 'scope' is not valid. The scope '${scope}' does not exist.`); return }
+    if (apiScopesOf(scope) === undefined) {
+      fail('invalid_scope', `AADSTS70011: The provided value for the input parameter 'scope' is not valid. The scope '${scope}' does not exist.`)
+      return
+    }
     const challenge = q.get('code_challenge') ?? undefined
     const method = q.get('code_challenge_method') ?? (challenge !== undefined ? 'plain' : undefined)
-    if (challenge !== undefined && method !== 'S256' && method !== 'plain') { fail('invalid_request', 'AADSTS501491: Invalid code_challenge_method.'); return }
+    if (challenge !== undefined && method !== 'S256' && method !== 'plain') {
+      fail('invalid_request', 'AADSTS501491: Invalid code_challenge_method.')
+      return
+    }
     const code = randomBytes(64).toString('base64url')
     codes.set(code, { clientId, redirectUri, scope, challenge, method, nonce: q.get('nonce') ?? undefined, expires: Date.now() + 600_000 })
     back.searchParams.set('code', code)
@@ -296,9 +370,9 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
     res.writeHead(302, { location: back.href }).end()
   }
 
-  async function token (req: IncomingMessage, res: ServerResponse, form: URLSearchParams): Promise<void> {
+  async function token(req: IncomingMessage, res: ServerResponse, form: URLSearchParams): Promise<void> {
     if (hasResource(form)) {
-      oauthError(res, 400, 'invalid_target', 'AADSTS9010010: The resource parameter provided in the request doesn\'t match with the requested scopes.')
+      oauthError(res, 400, 'invalid_target', "AADSTS9010010: The resource parameter provided in the request doesn't match with the requested scopes.")
       return
     }
     let cid = form.get('client_id')
@@ -316,11 +390,16 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
     const grantType = form.get('grant_type')
     if (opts.clientSecret !== undefined || grantType === 'client_credentials') {
       if (secret === null) {
-        oauthError(res, 401, 'invalid_client', 'AADSTS7000218: The request body must contain the following parameter: \'client_assertion\' or \'client_secret\'.')
+        oauthError(res, 401, 'invalid_client', "AADSTS7000218: The request body must contain the following parameter: 'client_assertion' or 'client_secret'.")
         return
       }
       if (secret !== opts.clientSecret) {
-        oauthError(res, 401, 'invalid_client', `AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in the request is the client secret value, not the client secret ID, for a secret added to app '${clientId}'.`)
+        oauthError(
+          res,
+          401,
+          'invalid_client',
+          `AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in the request is the client secret value, not the client secret ID, for a secret added to app '${clientId}'.`
+        )
         return
       }
     }
@@ -356,7 +435,12 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
       }
       const scope = form.get('scope') ?? grant.scope
       if (apiScopesOf(scope) === undefined) {
-        oauthError(res, 400, 'invalid_scope', `AADSTS70011: The provided value for the input parameter 'scope' is not valid. The scope '${scope}' does not exist.`)
+        oauthError(
+          res,
+          400,
+          'invalid_scope',
+          `AADSTS70011: The provided value for the input parameter 'scope' is not valid. The scope '${scope}' does not exist.`
+        )
         return
       }
       send(res, 200, await userTokens({ scope }))
@@ -365,11 +449,18 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
     if (grantType === 'client_credentials') {
       const scope = form.get('scope') ?? ''
       if (scope !== `${apiPrefix}.default`) {
-        oauthError(res, 400, 'invalid_scope', `AADSTS1002012: The provided value for scope ${scope} is not valid. Client credential flows must have a scope value with /.default suffixed to the resource identifier (application ID URI).`)
+        oauthError(
+          res,
+          400,
+          'invalid_scope',
+          `AADSTS1002012: The provided value for scope ${scope} is not valid. Client credential flows must have a scope value with /.default suffixed to the resource identifier (application ID URI).`
+        )
         return
       }
       send(res, 200, {
-        token_type: 'Bearer', expires_in: ttl, ext_expires_in: ttl,
+        token_type: 'Bearer',
+        expires_in: ttl,
+        ext_expires_in: ttl,
         access_token: await accessToken({ sub: clientId, oid: randomUUID(), roles: [...(opts.appRoles ?? ['mcp.admin'])], idtyp: 'app' }),
       })
       return
@@ -377,7 +468,7 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
     oauthError(res, 400, 'unsupported_grant_type', `AADSTS70003: The app requested an unsupported grant type '${grantType ?? ''}'.`)
   }
 
-  async function handle (req: IncomingMessage, res: ServerResponse): Promise<void> {
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = new URL(req.url ?? '/', 'http://emulator')
     const chunks: Buffer[] = []
     for await (const c of req) chunks.push(c as Buffer)
@@ -387,21 +478,33 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
     const t = `/${tenant}`
     switch (url.pathname) {
       case `${t}/v2.0/.well-known/openid-configuration`:
-        if (!available) { send(res, 503, { error: 'temporarily_unavailable' }); return }
+        if (!available) {
+          send(res, 503, { error: 'temporarily_unavailable' })
+          return
+        }
         send(res, 200, discovery(), { 'cache-control': 'max-age=86400, private' })
         return
       case `${t}/discovery/v2.0/keys`:
-        if (!available) { send(res, 503, { error: 'temporarily_unavailable' }); return }
+        if (!available) {
+          send(res, 503, { error: 'temporarily_unavailable' })
+          return
+        }
         send(res, 200, { keys: [publicJwk] }, { 'cache-control': 'max-age=86400, private' })
         return
       case `${t}/oauth2/v2.0/authorize`:
-        if (req.method !== 'GET') { res.writeHead(405).end(); return }
+        if (req.method !== 'GET') {
+          res.writeHead(405).end()
+          return
+        }
         authorize(res, url.searchParams)
         return
       case `${t}/oauth2/v2.0/token`:
-        if (req.method !== 'POST') { oauthError(res, 405, 'invalid_request', 'AADSTS900561: The endpoint only accepts POST requests.'); return }
+        if (req.method !== 'POST') {
+          oauthError(res, 405, 'invalid_request', 'AADSTS900561: The endpoint only accepts POST requests.')
+          return
+        }
         if (!(req.headers['content-type'] ?? '').startsWith('application/x-www-form-urlencoded')) {
-          oauthError(res, 400, 'invalid_request', 'AADSTS900144: The request body must contain the following parameter: \'grant_type\'.')
+          oauthError(res, 400, 'invalid_request', "AADSTS900144: The request body must contain the following parameter: 'grant_type'.")
           return
         }
         await token(req, res, new URLSearchParams(body))
@@ -413,7 +516,9 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
   }
 
   const server = createServer((req, res) => {
-    handle(req, res).catch(err => { if (!res.headersSent) send(res, 500, { error: 'server_error', error_description: String(err) }) })
+    handle(req, res).catch(err => {
+      if (!res.headersSent) send(res, 500, { error: 'server_error', error_description: String(err) })
+    })
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
   origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
@@ -433,9 +538,13 @@ export async function startEntraEmulator (opts: EntraEmulatorOptions = {}): Prom
     apiScopes: exposed.map(s => `${apiPrefix}${s}`),
     user,
     requests,
-    count (path: string) { return requests.filter(r => r.path === path).length },
-    setAvailable (v: boolean) { available = v },
-    close () {
+    count(path: string) {
+      return requests.filter(r => r.path === path).length
+    },
+    setAvailable(v: boolean) {
+      available = v
+    },
+    close() {
       return new Promise<void>(resolve => {
         server.close(() => resolve())
         server.closeAllConnections()

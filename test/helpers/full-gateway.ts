@@ -21,7 +21,7 @@ export interface FullGateway {
  * `mcp` is the config's `mcp` section; host defaults to 127.0.0.1 and port to 0 (any free port).
  * `sections`: other top-level sections (`tracing`, ...).
  */
-export async function fullGateway (t: Test, mcp: Record<string, unknown>, logLevel = 'info', sections: Record<string, unknown> = {}): Promise<FullGateway> {
+export async function fullGateway(t: Test, mcp: Record<string, unknown>, logLevel = 'info', sections: Record<string, unknown> = {}): Promise<FullGateway> {
   const config = deepFreeze(await validateConfig({ mcp: { host: '127.0.0.1', port: 0, ...mcp }, admin: { enabled: false }, ...sections }, builtins))
   const loaded: LoadedConfig = { config, baseDir: ROOT, secretPaths: new Set() }
   const mem = memoryLogger(logLevel)

@@ -25,13 +25,13 @@ export const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-
 export const MEMORY = join(ROOT, 'node_modules/@modelcontextprotocol/server-memory/dist/index.js')
 export const FAULTY = join(ROOT, 'test/fixtures/faulty-server.mjs')
 
-export function everythingTarget (name = 'everything'): TargetConfig {
+export function everythingTarget(name = 'everything'): TargetConfig {
   return { name, stdio: { cmd: process.execPath, args: [EVERYTHING, 'stdio'], env: {} } }
 }
-export function memoryTarget (name = 'memory'): TargetConfig {
+export function memoryTarget(name = 'memory'): TargetConfig {
   return { name, stdio: { cmd: process.execPath, args: [MEMORY], env: { MEMORY_FILE_PATH: join(tmpdir(), `mcp-proxy-memory-${process.pid}-${name}.jsonl`) } } }
 }
-export function faultyTarget (name = 'faulty', args: string[] = []): TargetConfig {
+export function faultyTarget(name = 'faulty', args: string[] = []): TargetConfig {
   return { name, stdio: { cmd: process.execPath, args: [FAULTY, ...args], env: {} } }
 }
 
@@ -41,15 +41,18 @@ export interface GatewayHarness {
   logText: () => string
 }
 
-export async function startGateway (t: Test, opts: {
-  targets: TargetConfig[]
-  /** Upstream factories to use instead of the targets' own (unit tests with in-memory upstreams). */
-  factories?: UpstreamFactory[]
-  plugins?: Plugin[]
-  session?: Partial<GatewayConfig['mcp']['session']>
-  limits?: Partial<GatewayConfig['mcp']['limits']>
-  failClosed?: boolean
-}): Promise<GatewayHarness> {
+export async function startGateway(
+  t: Test,
+  opts: {
+    targets: TargetConfig[]
+    /** Upstream factories to use instead of the targets' own (unit tests with in-memory upstreams). */
+    factories?: UpstreamFactory[]
+    plugins?: Plugin[]
+    session?: Partial<GatewayConfig['mcp']['session']>
+    limits?: Partial<GatewayConfig['mcp']['limits']>
+    failClosed?: boolean
+  }
+): Promise<GatewayHarness> {
   const { log, text } = memoryLogger('debug')
   const metrics = new Metrics()
   const plugins = opts.plugins ?? []
@@ -81,7 +84,7 @@ export async function startGateway (t: Test, opts: {
 }
 
 /** True when `pid` no longer runs (a zombie counts as gone). */
-export function processGone (pid: number): boolean {
+export function processGone(pid: number): boolean {
   try {
     process.kill(pid, 0)
   } catch (err) {
@@ -96,7 +99,7 @@ export function processGone (pid: number): boolean {
 }
 
 /** Polls `fn` until true, a bounded number of times. */
-export async function until (fn: () => boolean | Promise<boolean>, tries = 200, stepMs = 25): Promise<boolean> {
+export async function until(fn: () => boolean | Promise<boolean>, tries = 200, stepMs = 25): Promise<boolean> {
   for (let i = 0; i < tries; i++) {
     if (await fn()) return true
     await new Promise(resolve => setTimeout(resolve, stepMs))
@@ -107,21 +110,34 @@ export async function until (fn: () => boolean | Promise<boolean>, tries = 200, 
 export const INIT_HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' } as const
 
 /** Parses the `message` events of an SSE body. */
-export function sseMessages (text: string): Array<Record<string, unknown>> {
+export function sseMessages(text: string): Array<Record<string, unknown>> {
   const out: Array<Record<string, unknown>> = []
   for (const block of text.split('\n\n')) {
-    const data = block.split('\n').filter(l => l.startsWith('data: ')).map(l => l.slice(6)).join('\n')
+    const data = block
+      .split('\n')
+      .filter(l => l.startsWith('data: '))
+      .map(l => l.slice(6))
+      .join('\n')
     if (data !== '') out.push(JSON.parse(data) as Record<string, unknown>)
   }
   return out
 }
 
 /** Raw initialize over fetch; returns the session id and the result message. */
-export async function rawInitialize (url: string, protocolVersion = '2025-11-25', headers: Record<string, string> = {}): Promise<{ status: number; sessionId: string | null; body: string; response: Response }> {
+export async function rawInitialize(
+  url: string,
+  protocolVersion = '2025-11-25',
+  headers: Record<string, string> = {}
+): Promise<{ status: number; sessionId: string | null; body: string; response: Response }> {
   const res = await fetch(url, {
     method: 'POST',
     headers: { ...INIT_HEADERS, ...headers },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion, capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }),
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion, capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+    }),
   })
   return { status: res.status, sessionId: res.headers.get('mcp-session-id'), body: await res.text(), response: res }
 }

@@ -6,7 +6,7 @@
  */
 
 /** The encodings of `secret` a test searches for; each at least 4 bytes long, so chance hits stay negligible. */
-function forms (secret: string | Buffer): Array<[string, string]> {
+function forms(secret: string | Buffer): Array<[string, string]> {
   const bytes = Buffer.isBuffer(secret) ? secret : Buffer.from(secret, 'utf8')
   if (bytes.length < 4) throw new Error('hidden(): a secret of at least 4 bytes, or chance matches make the check meaningless')
   const out: Array<[string, string]> = [
@@ -23,9 +23,12 @@ function forms (secret: string | Buffer): Array<[string, string]> {
  * The places where `secret` shows in `id` ("hex in the id", "raw bytes in the base64url-decoded id", ...);
  * empty when it is hidden. A UUID is also searched as its 16 bytes.
  */
-export function foundIn (id: string, secrets: Array<string | Buffer>): string[] {
+export function foundIn(id: string, secrets: Array<string | Buffer>): string[] {
   const hits: string[] = []
-  const decoded: Array<[string, Buffer]> = [['base64url-decoded id', Buffer.from(id, 'base64url')], ['base64-decoded id', Buffer.from(id, 'base64')]]
+  const decoded: Array<[string, Buffer]> = [
+    ['base64url-decoded id', Buffer.from(id, 'base64url')],
+    ['base64-decoded id', Buffer.from(id, 'base64')],
+  ]
   const all: Array<string | Buffer> = []
   for (const s of secrets) {
     all.push(s)

@@ -9,22 +9,29 @@ import { EVERYTHING } from './facade.ts'
 
 export const SECRET = 'cluster-secret-for-tests-0123456789abcdef'
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }
-export const INIT = JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } } })
+export const INIT = JSON.stringify({
+  jsonrpc: '2.0',
+  id: 0,
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '1' } },
+})
 export const everything = { name: 'everything', stdio: { cmd: process.execPath, args: [EVERYTHING, 'stdio'] } }
 
 /** Stops `child` now; teardown continues it whatever the test did (its owner kills it). */
-export function stop (t: Test, child: ChildProcess): void {
+export function stop(t: Test, child: ChildProcess): void {
   child.kill('SIGSTOP')
-  t.teardown(() => { child.kill('SIGCONT') })
+  t.teardown(() => {
+    child.kill('SIGCONT')
+  })
 }
 
-export async function post (url: string, body: string, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; text: string }> {
+export async function post(url: string, body: string, headers: Record<string, string> = {}): Promise<{ status: number; headers: Headers; text: string }> {
   const res = await fetch(url, { method: 'POST', headers: { ...HEADERS, ...headers }, body })
   return { status: res.status, headers: res.headers, text: await res.text() }
 }
 
 /** A session-era session, initialized; its id. */
-export async function initialize (url: string): Promise<string> {
+export async function initialize(url: string): Promise<string> {
   const res = await post(url, INIT)
   if (res.status !== 200) throw new Error(`initialize: ${res.status} ${res.text}`)
   const sid = res.headers.get('mcp-session-id')!

@@ -16,14 +16,14 @@ import mcpAuthentication, { type McpAuthenticationOptions } from '../../plugins/
 import cors, { type CorsOptions } from '../../plugins/cors/index.ts'
 import { memoryLogger } from './logger.ts'
 
-export async function devIdp (t: Test, opts: DevIdpOptions = {}): Promise<DevIdp> {
+export async function devIdp(t: Test, opts: DevIdpOptions = {}): Promise<DevIdp> {
   const idp = await startDevIdp(opts)
   t.teardown(() => idp.close())
   return idp
 }
 
 /** Validates options against the plugin's schema (defaults applied), like the plugin loader does. */
-export function validated<O> (schema: Record<string, unknown> | undefined, options: O): O {
+export function validated<O>(schema: Record<string, unknown> | undefined, options: O): O {
   const copy = structuredClone(options)
   const validate = createAjv().compile(schema ?? {})
   if (!validate(copy)) throw new Error('invalid options: ' + JSON.stringify(validate.errors))
@@ -41,7 +41,7 @@ export interface AuthGateway {
 }
 
 /** The mcpAuthentication options of an oss_idp configuration for `idp`. */
-export function ossOptions (idp: DevIdp, extra: Partial<McpAuthenticationOptions> = {}): McpAuthenticationOptions {
+export function ossOptions(idp: DevIdp, extra: Partial<McpAuthenticationOptions> = {}): McpAuthenticationOptions {
   return {
     mode: 'strict',
     issuer: idp.issuer,
@@ -61,7 +61,7 @@ export const BASE = 'https://gateway.example.test'
  * an error): create() starts it in the background, and the drills here
  * start from a known state.
  */
-export async function firstKeyFetch (auth: Plugin): Promise<void> {
+export async function firstKeyFetch(auth: Plugin): Promise<void> {
   for (let i = 0; i < 400; i++) {
     const ks = (auth.describe?.() as { keySet?: { loaded: boolean; lastError?: string } } | undefined)?.keySet
     if (ks === undefined || ks.loaded || ks.lastError !== undefined) return
@@ -76,12 +76,18 @@ export async function firstKeyFetch (auth: Plugin): Promise<void> {
  * [{ module, options }]` through the plugin loader) instead of the built-in.
  */
 /** `extra.now`: the clock handed to the plugins (PluginEnv.now), so a test moves the key set's time instead of sleeping. */
-export async function authGateway (t: Test, authOptions: McpAuthenticationOptions, corsOptions?: CorsOptions, corsModule?: string, extra: { now?: () => number } = {}): Promise<AuthGateway> {
+export async function authGateway(
+  t: Test,
+  authOptions: McpAuthenticationOptions,
+  corsOptions?: CorsOptions,
+  corsModule?: string,
+  extra: { now?: () => number } = {}
+): Promise<AuthGateway> {
   const { log, text } = memoryLogger('debug')
   const metrics = new Metrics()
   let seen: ReturnType<AuthGateway['lastSeen']>
   const endpoint: McpEndpoint = {
-    async handle (ctx) {
+    async handle(ctx) {
       seen = {
         authorization: ctx.req.headers.authorization,
         rawAuthorization: ctx.req.rawHeaders.some(h => h.toLowerCase() === 'authorization'),
@@ -89,14 +95,26 @@ export async function authGateway (t: Test, authOptions: McpAuthenticationOption
       }
       await sendReply(ctx, { status: 200, body: { subject: ctx.auth?.subject ?? null, groups: ctx.auth?.claims.groups ?? null } })
     },
-    async close () {},
+    async close() {},
   }
-  const env = (configPath: string): PluginEnv => ({ log, config: {}, baseUrl: BASE, configPath, metrics, provided: {}, ...(extra.now !== undefined ? { now: extra.now } : {}) })
+  const env = (configPath: string): PluginEnv => ({
+    log,
+    config: {},
+    baseUrl: BASE,
+    configPath,
+    metrics,
+    provided: {},
+    ...(extra.now !== undefined ? { now: extra.now } : {}),
+  })
   const plugins: Plugin[] = []
-  t.teardown(async () => { for (const p of plugins) await p.close?.() })
+  t.teardown(async () => {
+    for (const p of plugins) await p.close?.()
+  })
   if (corsOptions !== undefined && corsModule !== undefined) {
-    const config = await validateConfig({ mcp: { port: 0, baseUrl: BASE, targets: [{ name: 'a', stdio: { cmd: 'node' } }], plugins: [{ module: corsModule, options: corsOptions }] } })
-    plugins.push(...await loadPlugins({ config, baseDir: process.cwd(), env: { log, config: config as never, baseUrl: BASE, metrics } }))
+    const config = await validateConfig({
+      mcp: { port: 0, baseUrl: BASE, targets: [{ name: 'a', stdio: { cmd: 'node' } }], plugins: [{ module: corsModule, options: corsOptions }] },
+    })
+    plugins.push(...(await loadPlugins({ config, baseDir: process.cwd(), env: { log, config: config as never, baseUrl: BASE, metrics } })))
   } else if (corsOptions !== undefined) {
     plugins.push(await cors.create(validated(cors.optionsSchema, corsOptions), env('mcp.policies.cors')))
   }
@@ -104,7 +122,11 @@ export async function authGateway (t: Test, authOptions: McpAuthenticationOption
   plugins.push(authPlugin)
   await firstKeyFetch(authPlugin)
   const server = new GatewayServer({
-    pipeline: new Pipeline(plugins), routes: new RouteTable(plugins), mcp: endpoint, log, metrics,
+    pipeline: new Pipeline(plugins),
+    routes: new RouteTable(plugins),
+    mcp: endpoint,
+    log,
+    metrics,
     limits: { maxBodyBytes: 1 << 20, headersTimeoutMs: 10000, requestTimeoutMs: 30000, keepAliveTimeoutMs: 5000 },
   })
   const { port } = await server.listen(0, '127.0.0.1')

@@ -34,46 +34,46 @@ export class MemoryUpstream implements Upstream {
   readonly #rounds = new Map<number | string, unknown[]>()
   #serverSeq = 0
 
-  constructor (target: string, server: MemoryServer, pid: number) {
+  constructor(target: string, server: MemoryServer, pid: number) {
     this.target = target
     this.#server = server
     this.pid = pid
   }
 
-  async start (): Promise<void> {
+  async start(): Promise<void> {
     this.alive = true
     this.startedAt = Date.now()
   }
 
-  send (msg: JsonRpcMessage): void {
+  send(msg: JsonRpcMessage): void {
     if (!this.alive) throw new Error('closed')
     this.#server.received.push(structuredClone(msg))
     queueMicrotask(() => this.#handle(msg))
   }
 
   /** Sends a message of the upstream's own to the gateway. */
-  emit (msg: JsonRpcMessage): void {
+  emit(msg: JsonRpcMessage): void {
     if (this.alive) this.onMessage(msg)
   }
 
   /** Ends as a crashed server would. */
-  crash (): void {
+  crash(): void {
     if (!this.alive) return
     this.alive = false
     this.onClose(new Error('crashed'))
   }
 
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     if (!this.alive) return
     this.alive = false
     this.onClose(undefined)
   }
 
-  #answer (id: JsonRpcMessage['id'], result: unknown): void {
+  #answer(id: JsonRpcMessage['id'], result: unknown): void {
     this.emit({ jsonrpc: '2.0', id: id!, result })
   }
 
-  #handle (msg: JsonRpcMessage): void {
+  #handle(msg: JsonRpcMessage): void {
     if (!this.alive) return
     if (msg.method === undefined) {
       const callId = msg.id === undefined || msg.id === null ? undefined : this.#asks.get(msg.id)
@@ -101,19 +101,35 @@ export class MemoryUpstream implements Upstream {
           serverInfo: { name: `memory-${this.target}`, version: '1.0.0' },
           instructions: `instructions of ${this.target}`,
         })
-      case 'ping': case 'logging/setLevel': case 'resources/subscribe': case 'resources/unsubscribe':
+      case 'ping':
+      case 'logging/setLevel':
+      case 'resources/subscribe':
+      case 'resources/unsubscribe':
         return this.#answer(msg.id, {})
       case 'tools/list':
         return params.cursor === undefined
-          ? this.#answer(msg.id, { tools: [{ name: 'echo', inputSchema: { type: 'object' } }, { name: 'hang', inputSchema: { type: 'object' } }], nextCursor: 'page2' })
-          : this.#answer(msg.id, { tools: [{ name: 'progress', inputSchema: { type: 'object' } }, { name: 'ask', inputSchema: { type: 'object' } }] })
+          ? this.#answer(msg.id, {
+              tools: [
+                { name: 'echo', inputSchema: { type: 'object' } },
+                { name: 'hang', inputSchema: { type: 'object' } },
+              ],
+              nextCursor: 'page2',
+            })
+          : this.#answer(msg.id, {
+              tools: [
+                { name: 'progress', inputSchema: { type: 'object' } },
+                { name: 'ask', inputSchema: { type: 'object' } },
+              ],
+            })
       case 'resources/read':
         return this.#answer(msg.id, { contents: [{ uri: params.uri, text: `contents of ${String(params.uri)}` }] })
       case 'tools/call': {
         const args = (params.arguments ?? {}) as Record<string, unknown>
         switch (params.name) {
-          case 'echo': return this.#answer(msg.id, { content: [{ type: 'text', text: String(args.message ?? '') }] })
-          case 'hang': return
+          case 'echo':
+            return this.#answer(msg.id, { content: [{ type: 'text', text: String(args.message ?? '') }] })
+          case 'hang':
+            return
           case 'progress': {
             const token = (params._meta as Record<string, unknown> | undefined)?.progressToken
             if (token !== undefined) this.emit({ jsonrpc: '2.0', method: 'notifications/progress', params: { progressToken: token, progress: 1, total: 2 } })
@@ -124,7 +140,12 @@ export class MemoryUpstream implements Upstream {
             this.#asks.set(sid, msg.id)
             // As SDK servers do for a request's own server requests: the call's progress token goes along.
             const token = (params._meta as Record<string, unknown> | undefined)?.progressToken
-            return this.emit({ jsonrpc: '2.0', id: sid, method: 'sampling/createMessage', params: { messages: [], maxTokens: 1, ...(token === undefined ? {} : { _meta: { progressToken: token } }) } })
+            return this.emit({
+              jsonrpc: '2.0',
+              id: sid,
+              method: 'sampling/createMessage',
+              params: { messages: [], maxTokens: 1, ...(token === undefined ? {} : { _meta: { progressToken: token } }) },
+            })
           }
           case 'ask2': {
             const a = `srv-${++this.#serverSeq}`
@@ -133,7 +154,12 @@ export class MemoryUpstream implements Upstream {
             this.#asks.set(b, msg.id)
             this.#rounds.set(msg.id, [])
             this.emit({ jsonrpc: '2.0', id: a, method: 'sampling/createMessage', params: { messages: [], maxTokens: 1 } })
-            return this.emit({ jsonrpc: '2.0', id: b, method: 'elicitation/create', params: { message: 'name?', requestedSchema: { type: 'object', properties: {} } } })
+            return this.emit({
+              jsonrpc: '2.0',
+              id: b,
+              method: 'elicitation/create',
+              params: { message: 'name?', requestedSchema: { type: 'object', properties: {} } },
+            })
           }
           default:
             return this.emit({ jsonrpc: '2.0', id: msg.id, error: { code: -32602, message: `Unknown tool: ${String(params.name)}` } })
@@ -148,14 +174,14 @@ export class MemoryUpstream implements Upstream {
 let pids = 1_000_000
 
 /** A factory of in-memory upstreams for `target`, and what they received. */
-export function memoryFactory (target: string, extra: Partial<UpstreamFactory> = {}): UpstreamFactory & { server: MemoryServer } {
+export function memoryFactory(target: string, extra: Partial<UpstreamFactory> = {}): UpstreamFactory & { server: MemoryServer } {
   const server: MemoryServer = { received: [], created: [] }
   return {
     target,
     kind: 'stdio',
     ...extra,
     server,
-    create (): Upstream {
+    create(): Upstream {
       const up = new MemoryUpstream(target, server, ++pids)
       server.created.push(up)
       return up

@@ -14,7 +14,7 @@ export type NodeLine = 22 | 24
 const MIN_MAJOR = 22
 
 /** The running Node's major version. */
-export function currentMajor (): number {
+export function currentMajor(): number {
   return Number(process.versions.node.split('.')[0])
 }
 
@@ -23,16 +23,18 @@ export function currentMajor (): number {
  * process's node when it is Node 22 or later. Throws a message that says
  * what to set otherwise, so a test fails with the reason instead of a spawn error.
  */
-export function nodeBinary (line: NodeLine): string {
+export function nodeBinary(line: NodeLine): string {
   const name = `MCPP_NODE${line}`
   const fromEnv = process.env[name]
   if (fromEnv !== undefined && fromEnv !== '') return fromEnv
   if (currentMajor() >= MIN_MAJOR) return process.execPath
-  throw new Error(`${name} is not set and this Node (${process.version}) is older than ${MIN_MAJOR}: set ${name} to a Node ${line} binary (.ci/run installs one) or run the tests on Node ${MIN_MAJOR} or later`)
+  throw new Error(
+    `${name} is not set and this Node (${process.version}) is older than ${MIN_MAJOR}: set ${name} to a Node ${line} binary (.ci/run installs one) or run the tests on Node ${MIN_MAJOR} or later`
+  )
 }
 
 /** The bin script `bin` of the installed package `pkg` (under node_modules of `root`). */
-export function packageBin (root: string, pkg: string, bin: string): string {
+export function packageBin(root: string, pkg: string, bin: string): string {
   const dir = join(root, 'node_modules', pkg)
   const manifest = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { bin?: string | Record<string, string> }
   const rel = typeof manifest.bin === 'string' ? manifest.bin : manifest.bin?.[bin]

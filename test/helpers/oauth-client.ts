@@ -11,30 +11,58 @@ export class HeadlessProvider {
   #tokens: unknown
   #verifier = ''
   readonly scope: string | undefined
-  constructor (scope?: string) { this.scope = scope }
-  get clientMetadata () {
+  constructor(scope?: string) {
+    this.scope = scope
+  }
+  get clientMetadata() {
     return {
-      client_name: 'oauth-flow test', redirect_uris: [this.redirectUrl],
-      grant_types: ['authorization_code', 'refresh_token'], response_types: ['code'], token_endpoint_auth_method: 'none',
+      client_name: 'oauth-flow test',
+      redirect_uris: [this.redirectUrl],
+      grant_types: ['authorization_code', 'refresh_token'],
+      response_types: ['code'],
+      token_endpoint_auth_method: 'none',
       ...(this.scope !== undefined ? { scope: this.scope } : {}),
     }
   }
-  clientInformation () { return this.#client as never }
-  saveClientInformation (info: unknown) { this.#client = info }
-  tokens () { return this.#tokens as never }
-  saveTokens (tokens: unknown) { this.#tokens = tokens }
-  saveCodeVerifier (v: string) { this.#verifier = v }
-  codeVerifier () { return this.#verifier }
+  clientInformation() {
+    return this.#client as never
+  }
+  saveClientInformation(info: unknown) {
+    this.#client = info
+  }
+  tokens() {
+    return this.#tokens as never
+  }
+  saveTokens(tokens: unknown) {
+    this.#tokens = tokens
+  }
+  saveCodeVerifier(v: string) {
+    this.#verifier = v
+  }
+  codeVerifier() {
+    return this.#verifier
+  }
   #discovery: unknown
-  saveDiscoveryState (state: unknown) { this.#discovery = state }
-  discoveryState () { return this.#discovery as never }
-  get registered () { return this.#client as { client_id: string } | undefined }
-  get accessToken () { return (this.#tokens as { access_token?: string } | undefined)?.access_token }
-  async redirectToAuthorization (authorizationUrl: URL): Promise<void> {
+  saveDiscoveryState(state: unknown) {
+    this.#discovery = state
+  }
+  discoveryState() {
+    return this.#discovery as never
+  }
+  get registered() {
+    return this.#client as { client_id: string } | undefined
+  }
+  get accessToken() {
+    return (this.#tokens as { access_token?: string } | undefined)?.access_token
+  }
+  async redirectToAuthorization(authorizationUrl: URL): Promise<void> {
     let next = authorizationUrl.href
     for (let i = 0; i < 10; i++) {
       this.hops.push(next)
-      if (next.startsWith(this.redirectUrl)) { this.callback = new URL(next); return }
+      if (next.startsWith(this.redirectUrl)) {
+        this.callback = new URL(next)
+        return
+      }
       const res = await fetch(next, { redirect: 'manual' })
       const location = res.headers.get('location')
       if (res.status < 300 || res.status >= 400 || location === null) {
@@ -44,7 +72,7 @@ export class HeadlessProvider {
     }
     throw new Error('too many redirects')
   }
-  code (): string {
+  code(): string {
     const cb = this.callback
     if (cb === undefined) throw new Error('no callback')
     const code = cb.searchParams.get('code')

@@ -3,7 +3,7 @@
  * error's code and message. Used to show that a refused call is answered
  * exactly like a call to an item that does not exist.
  */
-export async function outcome (call: () => Promise<unknown>, names: readonly string[]): Promise<string> {
+export async function outcome(call: () => Promise<unknown>, names: readonly string[]): Promise<string> {
   let text: string
   try {
     text = JSON.stringify({ result: await call() })

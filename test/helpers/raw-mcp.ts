@@ -10,7 +10,7 @@ import { INIT_HEADERS, sseMessages } from './gateway-harness.ts'
 export type Message = Record<string, any>
 
 /** Every JSON-RPC message of a POST answer, SSE or JSON. */
-async function messagesOf (res: Response): Promise<Message[]> {
+async function messagesOf(res: Response): Promise<Message[]> {
   const text = await res.text()
   if ((res.headers.get('content-type') ?? '').startsWith('application/json')) {
     const json = JSON.parse(text) as Message | Message[]
@@ -22,17 +22,22 @@ async function messagesOf (res: Response): Promise<Message[]> {
 export interface RawSession {
   readonly id: string
   /** One request: its answer (the message with its id) and everything the POST stream carried before it. */
-  call (method: string, params?: Record<string, unknown>): Promise<{ answer: Message; notes: Message[] }>
+  call(method: string, params?: Record<string, unknown>): Promise<{ answer: Message; notes: Message[] }>
   /** A JSON-RPC batch (protocol 2025-03-26 only): the answers by id. */
-  batch (requests: Array<{ method: string; params?: Record<string, unknown> }>): Promise<Map<number, Message>>
-  close (): Promise<void>
+  batch(requests: Array<{ method: string; params?: Record<string, unknown> }>): Promise<Map<number, Message>>
+  close(): Promise<void>
 }
 
-export async function openSession (url: string, protocolVersion = '2025-11-25'): Promise<RawSession> {
+export async function openSession(url: string, protocolVersion = '2025-11-25'): Promise<RawSession> {
   const init = await fetch(url, {
     method: 'POST',
     headers: { ...INIT_HEADERS },
-    body: JSON.stringify({ jsonrpc: '2.0', id: 0, method: 'initialize', params: { protocolVersion, capabilities: {}, clientInfo: { name: 'raw', version: '1' } } }),
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 0,
+      method: 'initialize',
+      params: { protocolVersion, capabilities: {}, clientInfo: { name: 'raw', version: '1' } },
+    }),
   })
   const id = init.headers.get('mcp-session-id')
   const [first] = await messagesOf(init)
@@ -42,7 +47,7 @@ export async function openSession (url: string, protocolVersion = '2025-11-25'):
   let seq = 0
   return {
     id,
-    async call (method, params = {}) {
+    async call(method, params = {}) {
       const rid = ++seq
       const res = await fetch(url, { method: 'POST', headers, body: JSON.stringify({ jsonrpc: '2.0', id: rid, method, params }) })
       const all = await messagesOf(res)
@@ -50,7 +55,7 @@ export async function openSession (url: string, protocolVersion = '2025-11-25'):
       if (answer === undefined) throw new Error(`${method}: no answer (status ${res.status}): ${JSON.stringify(all)}`)
       return { answer, notes: all.filter(m => m !== answer) }
     },
-    async batch (requests) {
+    async batch(requests) {
       const body = requests.map(r => ({ jsonrpc: '2.0', id: ++seq, method: r.method, params: r.params ?? {} }))
       const res = await fetch(url, { method: 'POST', headers, body: JSON.stringify(body) })
       const out = new Map<number, Message>()
@@ -58,7 +63,7 @@ export async function openSession (url: string, protocolVersion = '2025-11-25'):
       if (out.size !== body.length) throw new Error(`batch: ${out.size} of ${body.length} answered (status ${res.status})`)
       return new Map(body.map((b, i) => [i, out.get(b.id)!]))
     },
-    async close () {
+    async close() {
       await fetch(url, { method: 'DELETE', headers }).then(r => r.arrayBuffer())
     },
   }
@@ -67,10 +72,19 @@ export async function openSession (url: string, protocolVersion = '2025-11-25'):
 export const MODERN = '2026-07-28'
 
 /** One 2026-07-28 request: the answer's status and its final JSON-RPC message. */
-export async function modernCall (url: string, method: string, params: Record<string, unknown> = {}, id = 1): Promise<{ status: number; answer: Message }> {
+export async function modernCall(url: string, method: string, params: Record<string, unknown> = {}, id = 1): Promise<{ status: number; answer: Message }> {
   const body = {
-    jsonrpc: '2.0', id, method,
-    params: { ...params, _meta: { 'io.modelcontextprotocol/protocolVersion': MODERN, 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' } } },
+    jsonrpc: '2.0',
+    id,
+    method,
+    params: {
+      ...params,
+      _meta: {
+        'io.modelcontextprotocol/protocolVersion': MODERN,
+        'io.modelcontextprotocol/clientCapabilities': {},
+        'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' },
+      },
+    },
   }
   const headers: Record<string, string> = { ...INIT_HEADERS, 'mcp-protocol-version': MODERN, 'mcp-method': method }
   const name = params.name ?? params.uri
@@ -86,15 +100,24 @@ export async function modernCall (url: string, method: string, params: Record<st
  * Opens a 2026-07-28 `subscriptions/listen` stream, reads its first message (the
  * acknowledgement, MCP 2026-07-28 Subscriptions) and closes the stream.
  */
-export async function listenAck (url: string, notifications: Record<string, unknown>): Promise<Message> {
+export async function listenAck(url: string, notifications: Record<string, unknown>): Promise<Message> {
   const ac = new AbortController()
   const res = await fetch(url, {
     method: 'POST',
     signal: ac.signal,
     headers: { ...INIT_HEADERS, 'mcp-protocol-version': MODERN, 'mcp-method': 'subscriptions/listen' },
     body: JSON.stringify({
-      jsonrpc: '2.0', id: 'listen-1', method: 'subscriptions/listen',
-      params: { _meta: { 'io.modelcontextprotocol/protocolVersion': MODERN, 'io.modelcontextprotocol/clientCapabilities': {}, 'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' } }, notifications },
+      jsonrpc: '2.0',
+      id: 'listen-1',
+      method: 'subscriptions/listen',
+      params: {
+        _meta: {
+          'io.modelcontextprotocol/protocolVersion': MODERN,
+          'io.modelcontextprotocol/clientCapabilities': {},
+          'io.modelcontextprotocol/clientInfo': { name: 'raw', version: '1' },
+        },
+        notifications,
+      },
     }),
   })
   if (res.body === null) throw new Error(`subscriptions/listen: no stream (status ${res.status})`)

@@ -24,16 +24,23 @@ export interface RealAuth {
 }
 
 /** The dev IdP with a service account for each of `subjects`, and the plugin that trusts it. */
-export async function realAuth (t: Test, subjects: readonly string[]): Promise<RealAuth> {
+export async function realAuth(t: Test, subjects: readonly string[]): Promise<RealAuth> {
   const passwords = new Map(subjects.map(s => [s, `${s}-dev-password`]))
   const idp = await devIdp(t, {
     serviceAccounts: Object.fromEntries(subjects.map(s => [s, { password: passwords.get(s)!, groups: ['mcp-users'] }])),
   })
   const { log } = memoryLogger('warn')
   const plugin = await mcpAuthentication.create(validated(mcpAuthentication.optionsSchema, ossOptions(idp)), {
-    log, config: {}, baseUrl: BASE, configPath: 'mcp.policies.mcpAuthentication', metrics: new Metrics(), provided: {},
+    log,
+    config: {},
+    baseUrl: BASE,
+    configPath: 'mcp.policies.mcpAuthentication',
+    metrics: new Metrics(),
+    provided: {},
   })
-  t.teardown(async () => { await plugin.close?.() })
+  t.teardown(async () => {
+    await plugin.close?.()
+  })
   await firstKeyFetch(plugin)
   const tokens = new Map<string, Promise<string>>()
   const token = (subject: string): Promise<string> => {

@@ -21,10 +21,13 @@ export interface RedisServer {
   restart(): Promise<void>
 }
 
-function accepts (port: number): Promise<boolean> {
+function accepts(port: number): Promise<boolean> {
   return new Promise(resolve => {
     const s = connect(port, '127.0.0.1')
-    s.once('connect', () => { s.destroy(); resolve(true) })
+    s.once('connect', () => {
+      s.destroy()
+      resolve(true)
+    })
     s.once('error', () => resolve(false))
   })
 }
@@ -33,10 +36,24 @@ function accepts (port: number): Promise<boolean> {
  * `alsoBind`: another local address to listen on too (replicas in network namespaces reach it there); protected
  * mode, which only lets loopback clients in while no password is set, is off then: the address is a test bridge's.
  */
-export async function startRedis (t: Test, alsoBind?: string): Promise<RedisServer> {
+export async function startRedis(t: Test, alsoBind?: string): Promise<RedisServer> {
   const dir = await mkdtemp(join(tmpdir(), 'mcpp-redis-'))
   const port = await freePort()
-  const args = ['--port', String(port), '--bind', '127.0.0.1', ...(alsoBind !== undefined ? [alsoBind] : []), '--save', '', '--appendonly', 'no', '--dir', dir, '--protected-mode', alsoBind !== undefined ? 'no' : 'yes']
+  const args = [
+    '--port',
+    String(port),
+    '--bind',
+    '127.0.0.1',
+    ...(alsoBind !== undefined ? [alsoBind] : []),
+    '--save',
+    '',
+    '--appendonly',
+    'no',
+    '--dir',
+    dir,
+    '--protected-mode',
+    alsoBind !== undefined ? 'no' : 'yes',
+  ]
   let child: ChildProcess
   let exited: Promise<void>
   const kill = async (): Promise<void> => {
@@ -46,8 +63,12 @@ export async function startRedis (t: Test, alsoBind?: string): Promise<RedisServ
   const run = async (): Promise<void> => {
     child = spawn('redis-server', args, { stdio: ['ignore', 'pipe', 'pipe'] })
     let out = ''
-    child.stdout!.on('data', d => { out += d })
-    child.stderr!.on('data', d => { out += d })
+    child.stdout!.on('data', d => {
+      out += d
+    })
+    child.stderr!.on('data', d => {
+      out += d
+    })
     exited = new Promise<void>(resolve => child.once('exit', () => resolve()))
     // Bounded: redis-server is up in milliseconds.
     for (let i = 0; i < 500 && !(await accepts(port)); i++) {
@@ -56,7 +77,18 @@ export async function startRedis (t: Test, alsoBind?: string): Promise<RedisServ
     }
     if (!(await accepts(port))) throw new Error(`redis-server did not accept connections on ${port}: ${out}`)
   }
-  t.teardown(async () => { await kill(); await rm(dir, { recursive: true, force: true }) })
+  t.teardown(async () => {
+    await kill()
+    await rm(dir, { recursive: true, force: true })
+  })
   await run()
-  return { url: `redis://127.0.0.1:${port}`, port, get child () { return child }, kill, restart: run }
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    port,
+    get child() {
+      return child
+    },
+    kill,
+    restart: run,
+  }
 }

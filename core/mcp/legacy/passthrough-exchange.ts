@@ -39,7 +39,11 @@ const DROP = new Set(['authorization', 'cookie', 'proxy-authorization', 'mcp-ses
  * http-proxy's copy and node's ClientRequest then walk. The pipeline has run
  * by then, so nothing downstream reads the dropped headers.
  */
-export function upstreamRequestHeaders (headers: IncomingHttpHeaders, upstreamId: string | undefined, staticHeaders: ReadonlyArray<readonly [string, string]>): IncomingHttpHeaders {
+export function upstreamRequestHeaders(
+  headers: IncomingHttpHeaders,
+  upstreamId: string | undefined,
+  staticHeaders: ReadonlyArray<readonly [string, string]>
+): IncomingHttpHeaders {
   const out: IncomingHttpHeaders = {}
   for (const k of Object.keys(headers)) if (!DROP.has(k)) out[k] = headers[k]
   if (upstreamId !== undefined) out['mcp-session-id'] = upstreamId
@@ -52,7 +56,7 @@ export function upstreamRequestHeaders (headers: IncomingHttpHeaders, upstreamId
  * ones, the upstream's session id (the caller maps it) and its
  * `WWW-Authenticate` (the target's authorization server is not the client's).
  */
-export function clientResponseHeaders (src: IncomingHttpHeaders): OutgoingHttpHeaders {
+export function clientResponseHeaders(src: IncomingHttpHeaders): OutgoingHttpHeaders {
   const out: OutgoingHttpHeaders = {}
   for (const k of Object.keys(src)) {
     const v = src[k]
@@ -62,7 +66,7 @@ export function clientResponseHeaders (src: IncomingHttpHeaders): OutgoingHttpHe
 }
 
 /** Sends the upstream's body after the head; settles the exchange when the response is done. */
-export function forwardBody (proxyRes: IncomingMessage, res: ServerResponse, ex: Exchange): void {
+export function forwardBody(proxyRes: IncomingMessage, res: ServerResponse, ex: Exchange): void {
   if (res.destroyed) {
     // The client is gone ('close' has been emitted already): drain the upstream answer.
     proxyRes.resume()
@@ -85,13 +89,13 @@ export function forwardBody (proxyRes: IncomingMessage, res: ServerResponse, ex:
   // has been read after this turn.
   proxyRes.pipe(res)
   if (proxyRes.readableLength === 0) {
-    setImmediate(function flushIdleHead () {
+    setImmediate(function flushIdleHead() {
       if (!proxyRes.readableDidRead && !res.writableEnded && !res.destroyed) res.flushHeaders()
     })
   }
   proxyRes.once('error', () => res.destroy())
   // 'close' follows 'finish' on a finished response, and comes alone when the client goes away.
-  res.once('close', function responseClosed () {
+  res.once('close', function responseClosed() {
     if (!proxyRes.complete) proxyRes.destroy()
     ex.resolve()
   })

@@ -55,13 +55,15 @@ export class PassthroughSessions {
   #opening = 0
   readonly #sweep: NodeJS.Timeout
 
-  constructor (opts: PassthroughSessionsOptions) {
+  constructor(opts: PassthroughSessionsOptions) {
     this.#opts = opts
     this.#sweep = setInterval(() => this.#sweepIdle(), Math.min(Math.max(Math.floor(opts.idleMs / 4), 100), 30_000))
     this.#sweep.unref()
   }
 
-  has (id: string): boolean { return this.#byId.has(id) }
+  has(id: string): boolean {
+    return this.#byId.has(id)
+  }
 
   /**
    * The caller's session named by `presented`, or undefined (unknown, or
@@ -69,7 +71,7 @@ export class PassthroughSessions {
    * another worker or replica, or before this one forgot it) is opened once,
    * then held like one made here.
    */
-  find (ctx: RequestContext, presented: string): Mapping | undefined {
+  find(ctx: RequestContext, presented: string): Mapping | undefined {
     const key = subjectKeyOf(ctx)
     let m = this.#byId.get(presented)
     if (m === undefined && this.#opts.sealed !== undefined) {
@@ -90,15 +92,17 @@ export class PassthroughSessions {
    * the upstream answers): refused at `maxSessions`, counting the requests
    * still under way. Give it back with `release`.
    */
-  reserve (): void {
+  reserve(): void {
     if (this.#byId.size + this.#opening >= this.#opts.maxSessions) throw sessionLimit()
     this.#opening++
   }
 
-  release (): void { this.#opening-- }
+  release(): void {
+    this.#opening--
+  }
 
   /** Records the session the upstream just made; its gateway id. */
-  open (ctx: RequestContext, upstreamSid: string): string {
+  open(ctx: RequestContext, upstreamSid: string): string {
     const key = subjectKeyOf(ctx)
     const sealedId = this.#opts.sealed?.seal(key, upstreamSid)
     const id = sealedId ?? this.#opts.makeId()
@@ -108,9 +112,11 @@ export class PassthroughSessions {
   }
 
   /** Forgets a session the upstream ended (its 404, or a DELETE). */
-  forget (id: string): void { this.#byId.delete(id) }
+  forget(id: string): void {
+    this.#byId.delete(id)
+  }
 
-  list (): PassthroughSession[] {
+  list(): PassthroughSession[] {
     return [...this.#byId].map(([id, m]) => ({ id: id.slice(0, 8), subject: m.subject, createdAt: m.createdAt, lastSeenAt: m.lastSeenAt }))
   }
 
@@ -119,7 +125,7 @@ export class PassthroughSessions {
    * too; a sealed one is only forgotten here (other workers and replicas may
    * go on serving it; the next request opens it again).
    */
-  #sweepIdle (): void {
+  #sweepIdle(): void {
     const now = Date.now()
     for (const [id, m] of this.#byId) {
       if (m.inFlight > 0) m.lastSeenAt = now
@@ -130,12 +136,14 @@ export class PassthroughSessions {
     }
   }
 
-  #endUpstream (upstream: string): void {
-    this.#opts.endUpstream(upstream).catch((err: unknown) => { this.#opts.log.debug({ err }, 'ending an idle upstream session failed') })
+  #endUpstream(upstream: string): void {
+    this.#opts.endUpstream(upstream).catch((err: unknown) => {
+      this.#opts.log.debug({ err }, 'ending an idle upstream session failed')
+    })
   }
 
   /** Best-effort end of every upstream session only this process knows (not sealed ones), then forgets them all. */
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     clearInterval(this.#sweep)
     const all = [...this.#byId.values()].filter(m => !m.sealed)
     this.#byId.clear()

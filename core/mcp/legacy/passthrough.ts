@@ -68,23 +68,23 @@ const DEFAULT_IDLE_SECONDS = 1800
  * `WWW-Authenticate`, which would make the client take its valid gateway token for bad or follow the
  * target's authorization server (its `resource_metadata`). Logged, since only the operator can fix it.
  */
-export function targetRefused (name: string, log: Logger): ProxyError {
+export function targetRefused(name: string, log: Logger): ProxyError {
   const message = `target "${name}" refused the gateway's credentials (401)`
   log.warn({ target: name }, message)
   return new ProxyError('MCPP_ERR_UPSTREAM', 502, message, { rpcCode: RPC.SERVER_ERROR, expose: true })
 }
 
 /** A gateway session id: 32 random bytes, base64url (visible ASCII per MCP). */
-export function newSessionId (): string {
+export function newSessionId(): string {
   return randomBytes(32).toString('base64url')
 }
 
-function sessionNotFound (): ProxyError {
+function sessionNotFound(): ProxyError {
   return new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: SESSION_NOT_FOUND_RPC })
 }
 
 /** The keep-alive agent and the http-proxy server for one target URL. */
-function createProxy (url: string, proxyTimeoutMs: number): { proxy: httpProxy; agent: HttpAgent } {
+function createProxy(url: string, proxyTimeoutMs: number): { proxy: httpProxy; agent: HttpAgent } {
   // Without an agent http-proxy sends `Connection: close` and opens a new
   // upstream connection per request; that was most of its cost per request.
   const agentOptions = { keepAlive: true, maxSockets: 256, maxFreeSockets: 64 }
@@ -113,17 +113,25 @@ function createProxy (url: string, proxyTimeoutMs: number): { proxy: httpProxy; 
 }
 
 /** An exchange with the promise its request's handler returns. */
-interface PendingExchange extends Exchange { readonly done: Promise<void> }
+interface PendingExchange extends Exchange {
+  readonly done: Promise<void>
+}
 
 /** What ending an exchange gives back: its request forgotten, its session no longer busy, its slot free. Always true. */
-function endExchange (exchanges: WeakMap<IncomingMessage, Exchange>, req: IncomingMessage, table: PassthroughSessions, mapping: Mapping | undefined, reserved: boolean): true {
+function endExchange(
+  exchanges: WeakMap<IncomingMessage, Exchange>,
+  req: IncomingMessage,
+  table: PassthroughSessions,
+  mapping: Mapping | undefined,
+  reserved: boolean
+): true {
   exchanges.delete(req)
   if (mapping !== undefined) mapping.inFlight--
   else if (reserved) table.release()
   return true
 }
 
-export function createHttpPassthrough (target: TargetConfig, opts: HttpPassthroughOptions): HttpPassthrough {
+export function createHttpPassthrough(target: TargetConfig, opts: HttpPassthroughOptions): HttpPassthrough {
   if (target.mcp === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `mcp.targets: target ${target.name} is not an HTTP target`)
   return new Passthrough(target.name, target.mcp, opts)
 }
@@ -144,7 +152,7 @@ class Passthrough implements HttpPassthrough {
   readonly #proxy: httpProxy
   readonly #agent: HttpAgent
 
-  constructor (name: string, mcp: NonNullable<TargetConfig['mcp']>, opts: HttpPassthroughOptions) {
+  constructor(name: string, mcp: NonNullable<TargetConfig['mcp']>, opts: HttpPassthroughOptions) {
     this.#name = name
     this.#url = mcp.url
     this.#staticHeaders = mcp.headers ?? {}
@@ -171,7 +179,7 @@ class Passthrough implements HttpPassthrough {
    * returned, settled by the response path, so a request costs no extra
    * async frame and await.
    */
-  handle (ctx: RequestContext): Promise<void> {
+  handle(ctx: RequestContext): Promise<void> {
     const presented = ctx.req.headers['mcp-session-id']
     let mapping: Mapping | undefined
     let gatewayId: string | undefined
@@ -191,16 +199,24 @@ class Passthrough implements HttpPassthrough {
     }
     const ex = this.#exchange(ctx, gatewayId, mapping)
     // Traced: a client span, its context in the traceparent header and params._meta (the body is rewritten).
-    if (tracer !== undefined) return tracer.passthroughCall(ctx, this.#name).then(body => this.#forward(ex, body), err => this.#fail(ex, err))
+    if (tracer !== undefined)
+      return tracer.passthroughCall(ctx, this.#name).then(
+        body => this.#forward(ex, body),
+        err => this.#fail(ex, err)
+      )
     // core may already have read the body (a plugin parsed the MCP message):
     // then it is replayed from the cached Buffer; otherwise req is piped.
     const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead
-    if (consumed) return ctx.readBody().then(buffered => this.#forward(ex, buffered), err => this.#fail(ex, err))
+    if (consumed)
+      return ctx.readBody().then(
+        buffered => this.#forward(ex, buffered),
+        err => this.#fail(ex, err)
+      )
     return this.#forward(ex, undefined)
   }
 
   /** The exchange of one request; its promise settles when the exchange is over (and it is then forgotten). */
-  #exchange (ctx: RequestContext, gatewayId: string | undefined, mapping: Mapping | undefined): PendingExchange {
+  #exchange(ctx: RequestContext, gatewayId: string | undefined, mapping: Mapping | undefined): PendingExchange {
     const req = ctx.req
     const table = this.#table
     const exchanges = this.#exchanges
@@ -210,30 +226,33 @@ class Passthrough implements HttpPassthrough {
     let settled = false
     let resolve!: () => void
     let reject!: (err: unknown) => void
-    const done = new Promise<void>((res, rej) => { resolve = res; reject = rej })
+    const done = new Promise<void>((res, rej) => {
+      resolve = res
+      reject = rej
+    })
     return {
       ctx,
       gatewayId,
       mapping,
       done,
-      resolve () {
+      resolve() {
         if (!settled) settled = endExchange(exchanges, req, table, mapping, reserved)
         resolve()
       },
-      reject (err) {
+      reject(err) {
         if (!settled) settled = endExchange(exchanges, req, table, mapping, reserved)
         reject(err)
       },
     }
   }
 
-  #fail (ex: PendingExchange, err: unknown): Promise<void> {
+  #fail(ex: PendingExchange, err: unknown): Promise<void> {
     ex.reject(err)
     return ex.done
   }
 
   /** Sends the request upstream; the promise settles when the exchange is over. */
-  #forward (ex: PendingExchange, buffered: Buffer | undefined): Promise<void> {
+  #forward(ex: PendingExchange, buffered: Buffer | undefined): Promise<void> {
     const { ctx } = ex
     const req = ctx.req
     ctx.target = this.#name
@@ -251,9 +270,12 @@ class Passthrough implements HttpPassthrough {
   }
 
   /** The head of the upstream's answer: the session id mapped, the head written through the pipeline, then the body. */
-  #forwardResponse (proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse): void {
+  #forwardResponse(proxyRes: IncomingMessage, req: IncomingMessage, res: ServerResponse): void {
     const ex = this.#exchanges.get(req)
-    if (ex === undefined) { proxyRes.resume(); return }
+    if (ex === undefined) {
+      proxyRes.resume()
+      return
+    }
     // proxyTimeout bounds the wait for the head only: an SSE answer may stay
     // silent for longer (a slow tool) and must not be cut. The next request on
     // this keep-alive socket sets it again.
@@ -276,7 +298,7 @@ class Passthrough implements HttpPassthrough {
     }
     // Always after a turn of the microtask queue: by then the parser has
     // taken in whatever arrived with the head (often the whole answer).
-    head.then(function sendBody () {
+    head.then(function sendBody() {
       try {
         forwardBody(proxyRes, res, ex)
       } catch (err) {
@@ -286,7 +308,7 @@ class Passthrough implements HttpPassthrough {
   }
 
   /** The client's response headers: the upstream's without hop-by-hop ones, the session id mapped. */
-  #responseHeaders (proxyRes: IncomingMessage, ex: Exchange, status: number): ReturnType<typeof clientResponseHeaders> {
+  #responseHeaders(proxyRes: IncomingMessage, ex: Exchange, status: number): ReturnType<typeof clientResponseHeaders> {
     const out = clientResponseHeaders(proxyRes.headers)
     const upstreamSid = proxyRes.headers['mcp-session-id']
     if (ex.gatewayId !== undefined) {
@@ -300,26 +322,36 @@ class Passthrough implements HttpPassthrough {
     return out
   }
 
-  #upstreamError (err: Error, req: IncomingMessage): void {
+  #upstreamError(err: Error, req: IncomingMessage): void {
     const ex = this.#exchanges.get(req)
     this.#errors?.inc({ target: this.#name })
     this.#log.warn({ err: err.message }, 'upstream request failed')
     ex?.reject(new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.#name} is unreachable`, { rpcCode: RPC.INTERNAL_ERROR, expose: true, cause: err }))
   }
 
-  async #deleteUpstream (upstreamId: string): Promise<void> {
-    const res = await fetch(this.#url, { method: 'DELETE', headers: { ...this.#staticHeaders, 'mcp-session-id': upstreamId }, signal: AbortSignal.timeout(2000) })
+  async #deleteUpstream(upstreamId: string): Promise<void> {
+    const res = await fetch(this.#url, {
+      method: 'DELETE',
+      headers: { ...this.#staticHeaders, 'mcp-session-id': upstreamId },
+      signal: AbortSignal.timeout(2000),
+    })
     await res.body?.cancel()
   }
 
   /** The endpoint's parser (McpEndpoint.parse), for a plugin or a trace that reads the body this pipes. */
-  parse (body: Buffer): McpMessageInfo { return parseMcpBody(body) }
+  parse(body: Buffer): McpMessageInfo {
+    return parseMcpBody(body)
+  }
 
-  holds (id: string): boolean { return this.#table.has(id) }
+  holds(id: string): boolean {
+    return this.#table.has(id)
+  }
 
-  sessions (): PassthroughSession[] { return this.#table.list() }
+  sessions(): PassthroughSession[] {
+    return this.#table.list()
+  }
 
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     // A sealed session is not this process's alone: other workers and replicas go on serving it.
     await this.#table.close()
     this.#proxy.close()

@@ -25,11 +25,11 @@ export interface SessionRoutes {
   readonly log: Logger
   readonly failClosed: boolean
   /** Answers the client request under its own id (once; later answers are dropped). */
-  reply (inflight: Inflight, msg: JsonRpcMessage): void
+  reply(inflight: Inflight, msg: JsonRpcMessage): void
   /** Sends the client request to `link`; `post` rewrites the answer: results only, unless `postErrors`. */
-  forward (inflight: Inflight, link: SessionLink, msg: JsonRpcMessage, post: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined, postErrors?: boolean): void
+  forward(inflight: Inflight, link: SessionLink, msg: JsonRpcMessage, post: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined, postErrors?: boolean): void
   /** A request of the gateway's own made for this client request (list pages, fan-outs). */
-  request (link: SessionLink, method: string, params: Record<string, unknown>, inflight: Inflight): Promise<JsonRpcMessage>
+  request(link: SessionLink, method: string, params: Record<string, unknown>, inflight: Inflight): Promise<JsonRpcMessage>
 }
 
 /** A page of nothing: what a target that is down contributes to a merged list. */
@@ -41,7 +41,7 @@ const NO_PAGE: Promise<JsonRpcMessage> = Promise.resolve({ jsonrpc: '2.0', resul
  * completions by their reference. One target: every other method goes to
  * it unchanged; several: methods the gateway cannot route are unknown.
  */
-export function dispatch (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
+export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
   const method = msg.method!
   if (method === 'ping') {
     s.reply(inflight, { jsonrpc: '2.0', result: {} })
@@ -67,22 +67,35 @@ export function dispatch (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMess
   const router = s.router
   if (isListMethod(method)) {
     if (router.multi) {
-      void router.mergeLists(inflight.post.ctx, method, (link, params) => link.up || params.cursor !== undefined ? s.request(link, method, params, inflight) : NO_PAGE, () => inflight.finished, s.log, s.failClosed)
+      void router
+        .mergeLists(
+          inflight.post.ctx,
+          method,
+          (link, params) => (link.up || params.cursor !== undefined ? s.request(link, method, params, inflight) : NO_PAGE),
+          () => inflight.finished,
+          s.log,
+          s.failClosed
+        )
         .then(r => s.reply(inflight, r))
       return
     }
     const link = s.links[0]!
-    s.forward(inflight, link, msg, router.checkers.length === 0
-      ? undefined
-      : (r) => {
-          const invalid = router.checkList(link.target, method, r.result)
-          if (invalid === undefined) {
-            router.filterResult(inflight.post.ctx, method, r.result, link.target)
-            return r
+    s.forward(
+      inflight,
+      link,
+      msg,
+      router.checkers.length === 0
+        ? undefined
+        : r => {
+            const invalid = router.checkList(link.target, method, r.result)
+            if (invalid === undefined) {
+              router.filterResult(inflight.post.ctx, method, r.result, link.target)
+              return r
+            }
+            s.log.warn({ target: link.target, method, err: invalid.message }, 'invalid upstream list result')
+            return rpcError(invalid.code, invalid.message)
           }
-          s.log.warn({ target: link.target, method, err: invalid.message }, 'invalid upstream list result')
-          return rpcError(invalid.code, invalid.message)
-        })
+    )
     return
   }
   if (method === 'completion/complete' && (router.multi || router.checkers.length > 0)) {
@@ -103,14 +116,14 @@ export function dispatch (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMess
 }
 
 /** completion/complete: to the target of its reference; one the rules deny under a stand-in (routing/namespace.ts). */
-function complete (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
+function complete(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
   const routed = s.router.completion(inflight.post.ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
   if (routed === undefined) s.reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
   else s.forward(inflight, routed.target, msg, routed.standIn?.restore, routed.standIn !== undefined)
 }
 
 /** tools/call, prompts/get, resources/read and (un)subscribe: to the item's target, refused ones under a stand-in. */
-function namedItem (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, method: NamedMethod): void {
+function namedItem(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, method: NamedMethod): void {
   const router = s.router
   const params = msg.params ?? {}
   const call = resolveNamedCall(router, inflight.post.ctx, method, params)
@@ -121,7 +134,7 @@ function namedItem (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, m
   const { target: link, name, standIn: refused } = call
   const read = method === 'resources/read'
   if (refused !== undefined) {
-    s.forward(inflight, link, msg, read ? (r) => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
+    s.forward(inflight, link, msg, read ? r => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
     return
   }
   const kind = NAMED[method].kind
@@ -130,19 +143,22 @@ function namedItem (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, m
     if (!s.tasks.begin(inflight)) {
       const limit = s.tasks.limit
       s.log.warn({ target: link.target, tool: String(name), limit }, 'task-augmented call refused: too many unfinished tasks (mcp.limits.maxTasksPerSession)')
-      s.reply(inflight, rpcError(RPC.SERVER_ERROR, `Too many tasks: this session has ${limit} unfinished tasks (mcp.limits.maxTasksPerSession: ${limit}); wait for one to end`))
+      s.reply(
+        inflight,
+        rpcError(RPC.SERVER_ERROR, `Too many tasks: this session has ${limit} unfinished tasks (mcp.limits.maxTasksPerSession: ${limit}); wait for one to end`)
+      )
       return
     }
   }
   // Several targets: URIs inside answers are the gateway's (resources/read contents; links and embedded resources of calls and prompts).
   let mark: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined
-  if (augmented) mark = (r) => s.tasks.created(inflight, link.target, name, router.markTasks(link.target, r))
-  else if (router.multi && (read || kind !== 'resource')) mark = (r) => markNamedAnswer(router, link.target, method, r)
+  if (augmented) mark = r => s.tasks.created(inflight, link.target, name, router.markTasks(link.target, r))
+  else if (router.multi && (read || kind !== 'resource')) mark = r => markNamedAnswer(router, link.target, method, r)
   s.forward(inflight, link, msg, mark)
 }
 
 /** tasks/get, tasks/result, tasks/cancel: to the task's target under its own id. */
-function taskRequest (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, method: string): void {
+function taskRequest(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, method: string): void {
   const router = s.router
   const taskId = msg.params?.taskId
   const r = router.resolveTask(taskId)
@@ -153,7 +169,7 @@ function taskRequest (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage,
   msg.params!.taskId = r.taskId
   const target = r.target.target
   // A result given, a cancellation answered or a terminal status seen: the task has ended.
-  s.forward(inflight, r.target, msg, (resp) => {
+  s.forward(inflight, r.target, msg, resp => {
     if (endsTask(method, resp.result)) s.tasks.ended(taskId as string)
     router.markTasks(target, resp)
     return method === 'tasks/result' ? router.markUris(target, resp) : resp
@@ -161,16 +177,17 @@ function taskRequest (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage,
 }
 
 /** tasks/list: one target's, or merged over the targets that list tasks; with rules, only the caller's tasks. */
-function listTasks (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
+function listTasks(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
   const router = s.router
   const ctx = inflight.post.ctx
-  const mine = router.checkers.length === 0
-    ? undefined
-    : (r: JsonRpcMessage): JsonRpcMessage => {
-        const result = r.result as { tasks?: Array<{ taskId?: unknown }> } | undefined
-        if (Array.isArray(result?.tasks)) result.tasks = result.tasks.filter(x => s.tasks.mayUse(ctx, x.taskId))
-        return r
-      }
+  const mine =
+    router.checkers.length === 0
+      ? undefined
+      : (r: JsonRpcMessage): JsonRpcMessage => {
+          const result = r.result as { tasks?: Array<{ taskId?: unknown }> } | undefined
+          if (Array.isArray(result?.tasks)) result.tasks = result.tasks.filter(x => s.tasks.mayUse(ctx, x.taskId))
+          return r
+        }
   if (!router.multi) {
     s.forward(inflight, s.links[0]!, msg, mine)
     return
@@ -180,12 +197,23 @@ function listTasks (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): 
     s.reply(inflight, rpcError(RPC.METHOD_NOT_FOUND, 'Method not found: tasks/list'))
     return
   }
-  void router.mergeLists(ctx, 'tasks/list', (link, params) => listing.has(link) ? s.request(link, 'tasks/list', params, inflight) : NO_PAGE, () => inflight.finished, s.log, s.failClosed)
+  void router
+    .mergeLists(
+      ctx,
+      'tasks/list',
+      (link, params) => (listing.has(link) ? s.request(link, 'tasks/list', params, inflight) : NO_PAGE),
+      () => inflight.finished,
+      s.log,
+      s.failClosed
+    )
     .then(r => s.reply(inflight, mine === undefined ? r : mine(r)))
 }
 
-async function fanOutSetLevel (s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): Promise<void> {
+async function fanOutSetLevel(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): Promise<void> {
   const rs = await Promise.all(s.links.filter(l => l.up).map(l => s.request(l, 'logging/setLevel', msg.params ?? {}, inflight)))
   const err = rs.find(r => r.error !== undefined)
-  s.reply(inflight, err !== undefined && (s.failClosed || rs.every(r => r.error !== undefined)) ? rpcError(err.error!.code, err.error!.message) : { jsonrpc: '2.0', result: {} })
+  s.reply(
+    inflight,
+    err !== undefined && (s.failClosed || rs.every(r => r.error !== undefined)) ? rpcError(err.error!.code, err.error!.message) : { jsonrpc: '2.0', result: {} }
+  )
 }

@@ -42,7 +42,7 @@ export class SessionLink {
   initResult: Record<string, unknown> | undefined
   readonly #log: Logger
 
-  constructor (target: string, upstream: Upstream, log: Logger, meter: TargetCallMeter | undefined) {
+  constructor(target: string, upstream: Upstream, log: Logger, meter: TargetCallMeter | undefined) {
     this.target = target
     this.upstream = upstream
     this.#log = log
@@ -50,7 +50,7 @@ export class SessionLink {
   }
 
   /** Sends `msg` under a fresh upstream id; undefined (and `done` with an error) when the upstream is closed. */
-  send (msg: JsonRpcMessage, done: (r: JsonRpcMessage) => void, timeoutMs: number): UpstreamCall | undefined {
+  send(msg: JsonRpcMessage, done: (r: JsonRpcMessage) => void, timeoutMs: number): UpstreamCall | undefined {
     const id = this.pending.nextId()
     msg.id = id
     const call: UpstreamCall = { link: this, id, done, deadline: Date.now() + timeoutMs }
@@ -66,7 +66,7 @@ export class SessionLink {
   }
 
   /** Fire-and-forget send: a closed upstream reports itself through onClose. */
-  sendQuietly (msg: JsonRpcMessage): void {
+  sendQuietly(msg: JsonRpcMessage): void {
     if (!this.up) return
     try {
       this.upstream.send(msg)
@@ -76,12 +76,12 @@ export class SessionLink {
   }
 
   /** `reason` absent: none is sent (it is optional, MCP 2025-11-25 utilities, Cancellation). */
-  cancel (id: number, reason: string | undefined): void {
+  cancel(id: number, reason: string | undefined): void {
     this.sendQuietly({ jsonrpc: '2.0', method: 'notifications/cancelled', params: reason === undefined ? { requestId: id } : { requestId: id, reason } })
   }
 
   /** Cancels the calls past their deadline; each gets a timeout error. */
-  expire (now: number): void {
+  expire(now: number): void {
     if (this.pending.size === 0) return
     for (const call of this.pending.values()) {
       if (call.deadline > now || !this.pending.remove(call)) continue
@@ -91,7 +91,7 @@ export class SessionLink {
   }
 
   /** Every call in flight gets a connection-closed error. */
-  failPending (message: string): void {
+  failPending(message: string): void {
     for (const call of this.pending.drain()) {
       call.done(rpcError(RPC.CONNECTION_CLOSED, message))
     }

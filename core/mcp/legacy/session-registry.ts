@@ -54,11 +54,11 @@ export interface SessionRegistryOptions {
   readonly newSessionId?: () => string
 }
 
-export function sessionNotFound (): ProxyError {
+export function sessionNotFound(): ProxyError {
   return new ProxyError('MCPP_ERR_SESSION_NOT_FOUND', 404, 'Session not found', { rpcCode: RPC.REQUEST_TIMEOUT })
 }
 
-export function badRequest (code: 'MCPP_ERR_INVALID_REQUEST' | 'MCPP_ERR_SESSION_REQUIRED' | 'MCPP_ERR_PROTOCOL_VERSION', message: string): ProxyError {
+export function badRequest(code: 'MCPP_ERR_INVALID_REQUEST' | 'MCPP_ERR_SESSION_REQUIRED' | 'MCPP_ERR_PROTOCOL_VERSION', message: string): ProxyError {
   return new ProxyError(code, 400, message, { rpcCode: RPC.INVALID_REQUEST })
 }
 
@@ -72,7 +72,7 @@ export class SessionRegistry {
   #draining = false
   #closed = false
 
-  constructor (opts: SessionRegistryOptions) {
+  constructor(opts: SessionRegistryOptions) {
     this.#opts = opts
     const gauge = opts.metrics.gauge('mcp_proxy_sessions', 'Open MCP sessions')
     gauge.collect = () => [[undefined, this.#sessions.size]]
@@ -83,14 +83,16 @@ export class SessionRegistry {
       onEnd: (session, reason) => {
         if (this.#sessions.get(session.id) !== session) return
         this.#sessions.delete(session.id)
-        opts.caps.leave(session.subjectKey, session.id).catch((err: unknown) => { opts.log.warn({ err }, 'freeing a session slot in shared state failed (its lease expires)') })
+        opts.caps.leave(session.subjectKey, session.id).catch((err: unknown) => {
+          opts.log.warn({ err }, 'freeing a session slot in shared state failed (its lease expires)')
+        })
         sessionsEnded.inc({ reason: reason.startsWith('upstream') ? 'upstream' : reason })
       },
     }
     this.#startTimers()
   }
 
-  #startTimers (): void {
+  #startTimers(): void {
     const { idleMs, leaseMs, caps, log } = this.#opts
     const sessions = this.#sessions
     const every = (ms: number, fn: () => void): void => {
@@ -111,20 +113,26 @@ export class SessionRegistry {
       const now = Date.now()
       for (const s of sessions.values()) s.expireCalls(now)
     })
-    every(KEEPALIVE_MS, () => { for (const s of sessions.values()) s.keepAlive() })
+    every(KEEPALIVE_MS, () => {
+      for (const s of sessions.values()) s.keepAlive()
+    })
     // Shared slots are leases: renewed while their sessions live, so a dead replica's slots expire.
     if (caps.kind !== 'memory') {
       every(Math.max(1000, Math.floor(leaseMs / 3)), () => {
         const entries = [...sessions.values()].map(s => ({ key: s.subjectKey, member: s.id }))
-        caps.renew(entries, leaseMs).catch((err: unknown) => { log.warn({ err }, 'renewing session leases in shared state failed') })
+        caps.renew(entries, leaseMs).catch((err: unknown) => {
+          log.warn({ err }, 'renewing session leases in shared state failed')
+        })
       })
     }
   }
 
-  has (id: string): boolean { return this.#sessions.has(id) }
+  has(id: string): boolean {
+    return this.#sessions.has(id)
+  }
 
   /** The caller's session, or 400/404. Another subject's session is "not found". */
-  lookup (ctx: RequestContext): Session {
+  lookup(ctx: RequestContext): Session {
     const sid = header(ctx, 'mcp-session-id')
     if (sid === undefined || sid === '') throw badRequest('MCPP_ERR_SESSION_REQUIRED', 'Bad Request: Mcp-Session-Id header is required')
     const s = this.#sessions.get(sid)
@@ -140,21 +148,26 @@ export class SessionRegistry {
    * with the result to answer. Registered before the upstream handshake, so
    * concurrent initializes count against the caps.
    */
-  async open (ctx: RequestContext, msg: JsonRpcMessage): Promise<{ session: Session; result: unknown }> {
+  async open(ctx: RequestContext, msg: JsonRpcMessage): Promise<{ session: Session; result: unknown }> {
     const { caps, leaseMs, maxSessions } = this.#opts
     if (this.#draining || this.#closed) throw shuttingDown()
     if (this.#sessions.size >= maxSessions) throw sessionLimit()
     const subjectKey = subjectKeyOf(ctx)
     const params = (msg.params ?? {}) as Record<string, unknown>
     const id = this.#opts.newSessionId?.() ?? randomBytes(24).toString('base64url')
-    if (!await caps.join(subjectKey, id, this.#opts.maxSessionsPerSubject, leaseMs)) throw subjectSessionLimit()
+    if (!(await caps.join(subjectKey, id, this.#opts.maxSessionsPerSubject, leaseMs))) throw subjectSessionLimit()
     if (this.#draining || this.#closed || this.#sessions.size >= maxSessions) {
       // Another initialize took the last slot (or shutdown began) while the cap was checked.
       void caps.leave(subjectKey, id).catch(() => {})
       throw sessionLimit()
     }
     const session = new Session({
-      id, subject: ctx.auth?.subject, subjectKey, version: negotiateRevision(params.protocolVersion), factories: this.#opts.factories, env: this.env,
+      id,
+      subject: ctx.auth?.subject,
+      subjectKey,
+      version: negotiateRevision(params.protocolVersion),
+      factories: this.#opts.factories,
+      env: this.env,
     })
     this.#sessions.set(id, session)
     ctx.sessionId = id
@@ -168,15 +181,17 @@ export class SessionRegistry {
    * ended: all synchronous in Session.end) and lets its upstreams finish
    * closing in the background, tracked.
    */
-  end (session: Session, reason: string): Promise<void> {
-    const done = session.end(reason).catch((err: unknown) => { this.#opts.log.warn({ err }, 'ending a session failed') })
+  end(session: Session, reason: string): Promise<void> {
+    const done = session.end(reason).catch((err: unknown) => {
+      this.#opts.log.warn({ err }, 'ending a session failed')
+    })
     this.#ending.add(done)
     void done.finally(() => this.#ending.delete(done))
     return done
   }
 
   /** Ends the session whose id or unique 8+ character prefix is given. */
-  endByPrefix (idOrPrefix: string, reason: string): boolean {
+  endByPrefix(idOrPrefix: string, reason: string): boolean {
     let found = this.#sessions.get(idOrPrefix)
     if (found === undefined && idOrPrefix.length >= 8) {
       const matches = [...this.#sessions.values()].filter(s => s.id.startsWith(idOrPrefix))
@@ -188,9 +203,11 @@ export class SessionRegistry {
   }
 
   /** No new sessions from now on (initialize gets 503); existing ones keep working. */
-  drain (): void { this.#draining = true }
+  drain(): void {
+    this.#draining = true
+  }
 
-  summaries (): SessionSummary[] {
+  summaries(): SessionSummary[] {
     return [...this.#sessions.values()].map(s => ({
       id: s.id.slice(0, 8),
       subject: s.subject,
@@ -198,19 +215,19 @@ export class SessionRegistry {
       protocolVersion: s.version,
       createdAt: s.createdAt,
       lastActivityAt: s.lastActivityAt,
-      pids: s.links.flatMap(l => l.upstream.pid === undefined || !l.up ? [] : [l.upstream.pid]),
+      pids: s.links.flatMap(l => (l.upstream.pid === undefined || !l.up ? [] : [l.upstream.pid])),
       getStream: s.hasGetStream,
       inFlight: s.inFlight,
     }))
   }
 
   /** Sessions with a running upstream of `target`. */
-  countWith (target: string): number {
+  countWith(target: string): number {
     return [...this.#sessions.values()].filter(s => s.links.some(l => l.target === target && l.up)).length
   }
 
   /** Stops the timers, ends every session and waits for their upstreams to close. */
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     this.#closed = true
     for (const timer of this.#timers) clearInterval(timer)
     for (const s of [...this.#sessions.values()]) void this.end(s, 'gateway closing')

@@ -14,18 +14,20 @@ import { header } from '../headers.ts'
 import { badRequest, type SessionRegistry } from './session-registry.ts'
 
 /** A parsed POST body of the session era: initialize opens a session, anything else goes to the caller's. */
-export async function postToSession (sessions: SessionRegistry, ctx: RequestContext, body: unknown): Promise<void> {
+export async function postToSession(sessions: SessionRegistry, ctx: RequestContext, body: unknown): Promise<void> {
   if (Array.isArray(body)) {
     const list = body as JsonRpcMessage[]
     if (list.some(m => m.method === 'initialize')) throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must not be part of a batch')
     const session = sessions.lookup(ctx)
-    if (!allowsBatch(session.version)) throw badRequest('MCPP_ERR_INVALID_REQUEST', `Invalid Request: JSON-RPC batches are not supported in protocol revision ${session.version}`)
+    if (!allowsBatch(session.version))
+      throw badRequest('MCPP_ERR_INVALID_REQUEST', `Invalid Request: JSON-RPC batches are not supported in protocol revision ${session.version}`)
     await session.receive(ctx, list)
     return
   }
   const msg = body as JsonRpcMessage
   if (msg.method === 'initialize') {
-    if (header(ctx, 'mcp-session-id') !== undefined) throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must not carry an Mcp-Session-Id')
+    if (header(ctx, 'mcp-session-id') !== undefined)
+      throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must not carry an Mcp-Session-Id')
     if (msg.id === undefined || msg.id === null) throw badRequest('MCPP_ERR_INVALID_REQUEST', 'Invalid Request: initialize must be a request')
     await initialize(sessions, ctx, msg)
     return
@@ -33,7 +35,7 @@ export async function postToSession (sessions: SessionRegistry, ctx: RequestCont
   await sessions.lookup(ctx).receive(ctx, msg)
 }
 
-async function initialize (sessions: SessionRegistry, ctx: RequestContext, msg: JsonRpcMessage): Promise<void> {
+async function initialize(sessions: SessionRegistry, ctx: RequestContext, msg: JsonRpcMessage): Promise<void> {
   const { session, result } = await sessions.open(ctx, msg)
   ctx.log.debug({ session: session.id.slice(0, 8), protocolVersion: session.version }, 'session started')
   await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': session.id })
@@ -41,7 +43,7 @@ async function initialize (sessions: SessionRegistry, ctx: RequestContext, msg: 
 }
 
 /** GET: the session's server-to-client stream, or the continuation of a POST stream (Last-Event-ID). */
-export async function openSessionStream (sessions: SessionRegistry, ctx: RequestContext): Promise<void> {
+export async function openSessionStream(sessions: SessionRegistry, ctx: RequestContext): Promise<void> {
   const accept = header(ctx, 'accept') ?? ''
   if (!accept.includes('text/event-stream')) {
     throw new ProxyError('MCPP_ERR_NOT_ACCEPTABLE', 406, 'Not Acceptable: Accept must list text/event-stream', { rpcCode: RPC.INVALID_REQUEST })
@@ -65,7 +67,7 @@ export async function openSessionStream (sessions: SessionRegistry, ctx: Request
 }
 
 /** DELETE: ends the caller's session. */
-export async function deleteSession (sessions: SessionRegistry, ctx: RequestContext): Promise<void> {
+export async function deleteSession(sessions: SessionRegistry, ctx: RequestContext): Promise<void> {
   const session = sessions.lookup(ctx)
   // Answer once the session is gone from the registry; a stdio child can
   // take up to its stage timeout to exit, which the client need not wait for.

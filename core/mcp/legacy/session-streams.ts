@@ -39,7 +39,7 @@ export class SessionStreams {
   /** Answered POST streams nobody held, kept for a GET with `Last-Event-ID`. */
   readonly #undelivered = new Map<string, PostStream>()
 
-  constructor (limits: StreamLimits, log: Logger, touch: () => void) {
+  constructor(limits: StreamLimits, log: Logger, touch: () => void) {
     this.#limits = limits
     this.#log = log
     this.#touch = touch
@@ -47,10 +47,12 @@ export class SessionStreams {
     this.#getReplay = new Replay(limits.maxBacklogBytes)
   }
 
-  get hasGetStream (): boolean { return this.#getStream?.open === true }
+  get hasGetStream(): boolean {
+    return this.#getStream?.open === true
+  }
 
   /** Answers a POST with `requests` requests: 200 and an SSE stream, primed with its first event id. */
-  async openPost (ctx: RequestContext, requests: number, sessionId: string): Promise<PostStream> {
+  async openPost(ctx: RequestContext, requests: number, sessionId: string): Promise<PostStream> {
     await ctx.writeHead(200, { ...SSE_HEADERS, 'mcp-session-id': sessionId })
     const stream = new SseStream(ctx.res, this.#limits)
     const post: PostStream = { ctx, stream, open: requests, key: `p${++this.#streamSeq}`, seq: 0, replay: new Replay(this.#limits.maxBacklogBytes) }
@@ -65,7 +67,7 @@ export class SessionStreams {
    * Attaches the standalone GET stream; false when one is already open. With the id of
    * an event of an earlier GET stream, the events written after it are sent first.
    */
-  attachGetStream (stream: SseStream, lastEventId?: string): boolean {
+  attachGetStream(stream: SseStream, lastEventId?: string): boolean {
     if (this.#getStream?.open === true) return false
     this.#getStream = stream
     this.#touch()
@@ -80,7 +82,7 @@ export class SessionStreams {
   }
 
   /** Whether `lastEventId` names an event of a POST stream this session still knows. */
-  canResume (lastEventId: string): boolean {
+  canResume(lastEventId: string): boolean {
     return this.#resumable(lastEventId) !== undefined
   }
 
@@ -89,13 +91,19 @@ export class SessionStreams {
    * transports, Resumability): the events after that id, then, while its requests
    * are in flight, the rest as it comes; ends once they are answered.
    */
-  resume (lastEventId: string, stream: SseStream): void {
+  resume(lastEventId: string, stream: SseStream): void {
     const found = this.#resumable(lastEventId)
-    if (found === undefined) { stream.end(); return }
+    if (found === undefined) {
+      stream.end()
+      return
+    }
     const [post, seq] = found
     this.#touch()
     for (const event of post.replay.after(seq)) if (!stream.sendFrame(event)) return
-    if (post.open === 0) { stream.end(); return }
+    if (post.open === 0) {
+      stream.end()
+      return
+    }
     const old = post.stream
     post.stream = stream
     stream.onClose(() => this.#postClosed(post, stream))
@@ -111,18 +119,21 @@ export class SessionStreams {
    * Once: the stream that resumes it stays until the answers (a client resumes once, then
    * reads to the end, as the conformance suite's server-sse-polling does).
    */
-  #pollLater (post: PostStream, stream: SseStream): void {
+  #pollLater(post: PostStream, stream: SseStream): void {
     const after = this.#limits.pollAfterMs
     const timer = setTimeout(() => {
       if (post.stream !== stream || post.open === 0 || !stream.open) return
-      this.#log.debug({ stream: post.key, open: post.open }, 'POST stream polled: closed before its answers (mcp.streams.pollAfterMs); the client resumes with Last-Event-ID')
+      this.#log.debug(
+        { stream: post.key, open: post.open },
+        'POST stream polled: closed before its answers (mcp.streams.pollAfterMs); the client resumes with Last-Event-ID'
+      )
       stream.end()
     }, after)
     timer.unref()
     stream.onClose(() => clearTimeout(timer))
   }
 
-  #resumable (lastEventId: string): [PostStream, number] | undefined {
+  #resumable(lastEventId: string): [PostStream, number] | undefined {
     const m = /^(p\d+)\.(\d+)$/.exec(lastEventId)
     if (m === null) return undefined
     for (const post of this.#posts) if (post.key === m[1]) return [post, Number(m[2])]
@@ -130,12 +141,12 @@ export class SessionStreams {
     return done === undefined ? undefined : [done, Number(m[2])]
   }
 
-  keepAlive (): void {
+  keepAlive(): void {
     this.#getStream?.keepAlive()
   }
 
   /** Ends every stream (the session's end). */
-  endAll (): void {
+  endAll(): void {
     this.#getStream?.end()
     for (const post of this.#posts) post.stream.end()
     this.#posts.clear()
@@ -143,7 +154,7 @@ export class SessionStreams {
   }
 
   /** The answer to one of `post`'s requests; the last one ends its stream (kept for a resumption when nobody held it). */
-  answer (post: PostStream, msg: JsonRpcMessage): void {
+  answer(post: PostStream, msg: JsonRpcMessage): void {
     if (--post.open > 0) {
       this.emit(post, msg)
       return
@@ -158,14 +169,14 @@ export class SessionStreams {
   }
 
   /** One of `post`'s requests ended unanswered (cancelled by the client): the last one ends its stream. */
-  drop (post: PostStream): void {
+  drop(post: PostStream): void {
     if (--post.open > 0) return
     this.#posts.delete(post)
     post.stream.end()
   }
 
   /** Writes one message on a POST's stream, with its id, and keeps it for a reconnection. */
-  emit (post: PostStream, msg: JsonRpcMessage, last = false): void {
+  emit(post: PostStream, msg: JsonRpcMessage, last = false): void {
     const seq = ++post.seq
     const event = frameWithId(`${post.key}.${seq}`, frame(msg))
     post.replay.push(seq, event)
@@ -174,7 +185,7 @@ export class SessionStreams {
   }
 
   /** Writes one event on the GET stream with the next id; false when there is none. */
-  #getWrite (event: string): boolean {
+  #getWrite(event: string): boolean {
     if (this.#getStream?.open !== true) return false
     const seq = ++this.#getSeq
     const withId = frameWithId(`g.${seq}`, event)
@@ -187,19 +198,28 @@ export class SessionStreams {
    * cancellation (MCP 2025-11-25 transports, "Sending Messages to the Server"); only
    * notifications/cancelled, the request timeout or the session's end stop them.
    */
-  #postClosed (post: PostStream, stream: SseStream): void {
+  #postClosed(post: PostStream, stream: SseStream): void {
     if (post.stream !== stream) return
-    if (post.open === 0) { this.#posts.delete(post); return }
+    if (post.open === 0) {
+      this.#posts.delete(post)
+      return
+    }
     this.#log.debug({ stream: post.key, open: post.open }, 'POST stream closed before its answers; requests go on (resumable with Last-Event-ID)')
   }
 
   /** Preferred stream, else the GET stream, else the newest open POST stream, else the backlog. */
-  deliver (msg: JsonRpcMessage, preferred: PostStream | undefined): void {
-    if (preferred?.stream.open === true) { this.emit(preferred, msg); return }
+  deliver(msg: JsonRpcMessage, preferred: PostStream | undefined): void {
+    if (preferred?.stream.open === true) {
+      this.emit(preferred, msg)
+      return
+    }
     if (this.#getStream?.open === true && this.#getWrite(frame(msg))) return
     let last: PostStream | undefined
     for (const post of this.#posts) if (post.stream.open) last = post
-    if (last !== undefined) { this.emit(last, msg); return }
+    if (last !== undefined) {
+      this.emit(last, msg)
+      return
+    }
     this.#backlog.push(msg)
   }
 }

@@ -11,7 +11,9 @@ import { EarlyTaskStatus } from '../upstreams/early-task-status.ts'
 import { TaskLedger, isTerminal } from '../upstreams/task-ledger.ts'
 
 /** What a task-augmented call is to the tasks: its progress token. */
-interface Call { readonly progressToken: unknown }
+interface Call {
+  readonly progressToken: unknown
+}
 
 export class SessionTasks<C extends Call> {
   readonly #router: TargetNamespace<{ readonly target: string }>
@@ -29,29 +31,31 @@ export class SessionTasks<C extends Call> {
   /** With per-operation rules: status notifications of tasks the session does not know yet. */
   readonly #early: EarlyTaskStatus
 
-  constructor (router: TargetNamespace<{ readonly target: string }>, maxTasks: number, deliver: (msg: JsonRpcMessage) => void) {
+  constructor(router: TargetNamespace<{ readonly target: string }>, maxTasks: number, deliver: (msg: JsonRpcMessage) => void) {
     this.#router = router
     this.#deliver = deliver
     this.#tasks = new TaskLedger(maxTasks)
     this.#early = new EarlyTaskStatus(maxTasks)
   }
 
-  get limit (): number { return this.#tasks.limit }
+  get limit(): number {
+    return this.#tasks.limit
+  }
 
   /** Takes a slot for a task-augmented call; false when the session is at its task limit. */
-  begin (call: C): boolean {
+  begin(call: C): boolean {
     if (this.#tasks.full(this.#calls.size)) return false
     this.#calls.add(call)
     return true
   }
 
   /** A request ended: a task-augmented one frees its slot (and, the last one, what was held early). */
-  finished (call: C): void {
+  finished(call: C): void {
     if (this.#calls.size > 0 && this.#calls.delete(call) && this.#calls.size === 0) this.#early.clear()
   }
 
   /** Whether `token` is the progress token of a task still running. */
-  ownsToken (token: unknown): boolean {
+  ownsToken(token: unknown): boolean {
     return this.#tokens.has(token)
   }
 
@@ -60,7 +64,7 @@ export class SessionTasks<C extends Call> {
    * session remembers it (which tool it runs, for the rules) and its progress token
    * stays valid while it runs. Without a task it was a plain result.
    */
-  created (call: C, target: string, tool: string, r: JsonRpcMessage): JsonRpcMessage {
+  created(call: C, target: string, tool: string, r: JsonRpcMessage): JsonRpcMessage {
     const task = (r.result as { task?: { taskId?: unknown; status?: unknown } } | undefined)?.task
     const taskId = task?.taskId
     if (typeof taskId !== 'string') return this.#router.markUris(target, r)
@@ -69,19 +73,22 @@ export class SessionTasks<C extends Call> {
     if (isTerminal(task?.status)) this.ended(taskId)
     const held = this.#early.take(taskId)
     // After the result, which is written once this returns.
-    if (held.length > 0) queueMicrotask(() => { for (const m of held) this.#status(m) })
+    if (held.length > 0)
+      queueMicrotask(() => {
+        for (const m of held) this.#status(m)
+      })
     return r
   }
 
   /** Whether the caller may use the task (client-facing id): always without per-operation rules. */
-  mayUse (ctx: RequestContext, taskId: unknown): boolean {
+  mayUse(ctx: RequestContext, taskId: unknown): boolean {
     if (this.#router.checkers.length === 0) return true
     const task = this.#tasks.get(taskId)
     return task !== undefined && this.#router.allows(ctx, 'tools/call', 'tool', task.tool, task.target)
   }
 
   /** The task has ended: its slot is free (it stays known a while: task-ledger.ts) and its progress token is spent. */
-  ended (taskId: string): void {
+  ended(taskId: string): void {
     const task = this.#tasks.get(taskId)
     this.#tasks.end(taskId)
     if (task?.token !== undefined && this.#tokens.get(task.token) === taskId) this.#tokens.delete(task.token)
@@ -92,7 +99,7 @@ export class SessionTasks<C extends Call> {
    * With rules, only the session's own tasks (its children are its own, but a shared child is
    * its subject's); one not known yet is held while a task-augmented call is in flight.
    */
-  fromUpstream (msg: JsonRpcMessage): void {
+  fromUpstream(msg: JsonRpcMessage): void {
     if (this.#router.checkers.length > 0 && !this.#tasks.has(msg.params?.taskId)) {
       this.#early.hold(msg, this.#calls.size > 0)
       return
@@ -101,7 +108,7 @@ export class SessionTasks<C extends Call> {
   }
 
   /** A task's status for the client; a terminal one ends the task. */
-  #status (msg: JsonRpcMessage): void {
+  #status(msg: JsonRpcMessage): void {
     const taskId = msg.params?.taskId
     if (typeof taskId === 'string' && isTerminal(msg.params?.status)) this.ended(taskId)
     this.#deliver(msg)

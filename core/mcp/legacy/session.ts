@@ -42,7 +42,7 @@ export interface SessionEnv {
   readonly onEnd: (session: Session, reason: string) => void
 }
 
-function isResponse (m: JsonRpcMessage): boolean {
+function isResponse(m: JsonRpcMessage): boolean {
   return m.method === undefined
 }
 
@@ -72,23 +72,34 @@ export class Session {
   /** What session-dispatch.ts routes a client request with. */
   readonly #routes: SessionRoutes
 
-  constructor (opts: { id: string; subject: string | undefined; subjectKey: string; version: SessionRevision; factories: readonly SessionUpstreamFactory[]; env: SessionEnv }) {
+  constructor(opts: {
+    id: string
+    subject: string | undefined
+    subjectKey: string
+    version: SessionRevision
+    factories: readonly SessionUpstreamFactory[]
+    env: SessionEnv
+  }) {
     this.id = opts.id
     this.subject = opts.subject
     this.subjectKey = opts.subjectKey
     this.version = opts.version
     this.#env = opts.env
     this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
-    this.#streams = new SessionStreams(opts.env.streams, this.#log, () => { this.lastActivityAt = Date.now() })
+    this.#streams = new SessionStreams(opts.env.streams, this.#log, () => {
+      this.lastActivityAt = Date.now()
+    })
     this.links = opts.factories.map(f => {
       const link = new SessionLink(f.target, f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), this.#log, opts.env.meters?.get(f.target))
-      link.upstream.onMessage = (msg) => this.#fromUpstream(link, msg)
-      link.upstream.onClose = (err) => this.#upstreamClosed(link, err)
+      link.upstream.onMessage = msg => this.#fromUpstream(link, msg)
+      link.upstream.onClose = err => this.#upstreamClosed(link, err)
       return link
     })
     this.#router = new TargetNamespace(this.links, opts.env.checkers)
     this.multi = this.#router.multi
-    this.#tasks = new SessionTasks(this.#router, opts.env.maxTasks, (m) => { if (!this.ended) this.#streams.deliver(m, undefined) })
+    this.#tasks = new SessionTasks(this.#router, opts.env.maxTasks, m => {
+      if (!this.ended) this.#streams.deliver(m, undefined)
+    })
     this.#routes = {
       links: this.links,
       router: this.#router,
@@ -101,10 +112,16 @@ export class Session {
     }
   }
 
-  get hasGetStream (): boolean { return this.#streams.hasGetStream }
-  get inFlight (): number { return this.#inflight.size }
+  get hasGetStream(): boolean {
+    return this.#streams.hasGetStream
+  }
+  get inFlight(): number {
+    return this.#inflight.size
+  }
   /** Starting, a request in flight, or a GET stream open: not idle. */
-  get busy (): boolean { return this.#starting || this.#inflight.size > 0 || this.hasGetStream }
+  get busy(): boolean {
+    return this.#starting || this.#inflight.size > 0 || this.hasGetStream
+  }
 
   /**
    * Starts every upstream and runs the initialize handshake with each.
@@ -112,22 +129,27 @@ export class Session {
    * when no target (or, fail-closed, any target) could be initialized.
    * `ctx`: the client's initialize request, whose trace the handshakes join.
    */
-  async start (params: Record<string, unknown>, ctx?: RequestContext): Promise<Record<string, unknown>> {
+  async start(params: Record<string, unknown>, ctx?: RequestContext): Promise<Record<string, unknown>> {
     const upParams = { ...params, protocolVersion: this.version }
-    const results = await Promise.allSettled(this.links.map(async link => {
-      await link.upstream.start()
-      const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
-      if (res.error !== undefined) throw new Error(res.error.message)
-      link.initResult = res.result as Record<string, unknown>
-      link.up = true
-    }))
+    const results = await Promise.allSettled(
+      this.links.map(async link => {
+        await link.upstream.start()
+        const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
+        if (res.error !== undefined) throw new Error(res.error.message)
+        link.initResult = res.result as Record<string, unknown>
+        link.up = true
+      })
+    )
     this.#starting = false
     this.lastActivityAt = Date.now()
-    const failed = results.flatMap((r, i) => r.status === 'rejected' ? [[this.links[i]!.target, (r.reason as Error).message] as const] : [])
+    const failed = results.flatMap((r, i) => (r.status === 'rejected' ? [[this.links[i]!.target, (r.reason as Error).message] as const] : []))
     for (const [target, message] of failed) this.#log.warn({ target, err: message }, 'upstream failed to initialize')
     if (failed.length === this.links.length || (failed.length > 0 && this.#env.failClosed)) {
       await this.end('initialize failed')
-      throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${failed.map(f => f[0]).join(', ')} failed to start`, { rpcCode: RPC.SERVER_ERROR, expose: true })
+      throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${failed.map(f => f[0]).join(', ')} failed to start`, {
+        rpcCode: RPC.SERVER_ERROR,
+        expose: true,
+      })
     }
     if (!this.multi) {
       const r = this.links[0]!.initResult!
@@ -150,7 +172,7 @@ export class Session {
    * 202. With requests: answers 200 with an SSE stream that ends after the
    * last result.
    */
-  async receive (ctx: RequestContext, body: JsonRpcMessage | JsonRpcMessage[]): Promise<void> {
+  async receive(ctx: RequestContext, body: JsonRpcMessage | JsonRpcMessage[]): Promise<void> {
     this.lastActivityAt = Date.now()
     const list = Array.isArray(body) ? body : undefined
     const single = Array.isArray(body) ? undefined : body
@@ -178,38 +200,43 @@ export class Session {
    * Attaches the standalone GET stream; false when one is already open. With the id of
    * an event of an earlier GET stream, the events written after it are sent first.
    */
-  attachGetStream (stream: SseStream, lastEventId?: string): boolean {
+  attachGetStream(stream: SseStream, lastEventId?: string): boolean {
     return this.#streams.attachGetStream(stream, lastEventId)
   }
 
   /** Whether `lastEventId` names an event of a POST stream this session still knows. */
-  canResume (lastEventId: string): boolean {
+  canResume(lastEventId: string): boolean {
     return this.#streams.canResume(lastEventId)
   }
 
   /** Continues a POST stream the client lost (GET with `Last-Event-ID`): session-streams.ts. */
-  resume (lastEventId: string, stream: SseStream): void {
+  resume(lastEventId: string, stream: SseStream): void {
     this.#streams.resume(lastEventId, stream)
   }
 
-  keepAlive (): void {
+  keepAlive(): void {
     this.#streams.keepAlive()
   }
 
   /** Ends the session: pending requests get an error, streams end, upstreams close (children die). */
-  async end (reason: string): Promise<void> {
+  async end(reason: string): Promise<void> {
     if (this.ended) return
     this.ended = true
     this.#log.info({ reason }, 'session ended')
     for (const link of this.links) link.failPending(`session ended: ${reason}`)
     this.#streams.endAll()
     this.#env.onEnd(this, reason)
-    await Promise.allSettled(this.links.map(l => { l.up = false; return l.upstream.close() }))
+    await Promise.allSettled(
+      this.links.map(l => {
+        l.up = false
+        return l.upstream.close()
+      })
+    )
   }
 
   // ---- client -> upstream ------------------------------------------------
 
-  #clientNotice (msg: JsonRpcMessage): void {
+  #clientNotice(msg: JsonRpcMessage): void {
     if (isResponse(msg)) {
       const entry = typeof msg.id === 'number' ? this.#serverRequests.get(msg.id) : undefined
       if (entry === undefined) {
@@ -232,10 +259,15 @@ export class Session {
     for (const link of this.links) link.sendQuietly(msg)
   }
 
-  #clientRequest (post: PostStream, msg: JsonRpcMessage): void {
+  #clientRequest(post: PostStream, msg: JsonRpcMessage): void {
     const meta = msg.params?._meta as Record<string, unknown> | undefined
     const inflight: Inflight = {
-      clientId: msg.id as JsonRpcId, post, progressToken: meta?.progressToken, calls: [], link: undefined, finished: false,
+      clientId: msg.id as JsonRpcId,
+      post,
+      progressToken: meta?.progressToken,
+      calls: [],
+      link: undefined,
+      finished: false,
     }
     this.#inflight.set(inflight.clientId, inflight)
     if (inflight.progressToken !== undefined) this.#progress.set(inflight.progressToken, inflight)
@@ -249,7 +281,7 @@ export class Session {
 
   /** Sends a client request upstream under a fresh upstream id; the answer goes back under the client's id. */
   /** `post` rewrites the answer: results only, unless `postErrors` (stand-ins for refused calls rewrite errors too). */
-  #forward (inflight: Inflight, link: SessionLink, msg: JsonRpcMessage, post: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined, postErrors = false): void {
+  #forward(inflight: Inflight, link: SessionLink, msg: JsonRpcMessage, post: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined, postErrors = false): void {
     if (!link.up) {
       this.#reply(inflight, rpcError(RPC.SERVER_ERROR, `upstream ${link.target} unavailable`))
       return
@@ -259,10 +291,14 @@ export class Session {
     inflight.post.ctx.target ??= link.target
     link.active.add(inflight)
     const traced = tracer?.upstreamCall(inflight.post.ctx, link.target, msg)
-    const call = link.send(msg, (r) => {
-      traced?.(r)
-      this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : this.#rewrite(link, msg.method!, r, post))
-    }, this.#env.requestTimeoutMs)
+    const call = link.send(
+      msg,
+      r => {
+        traced?.(r)
+        this.#reply(inflight, post === undefined || (r.error !== undefined && !postErrors) ? r : this.#rewrite(link, msg.method!, r, post))
+      },
+      this.#env.requestTimeoutMs
+    )
     if (call !== undefined) inflight.calls.push(call)
   }
 
@@ -272,7 +308,7 @@ export class Session {
    * answer arrives in the upstream's message handler, where a throw would leave the
    * request unanswered and the session and its child pinned.
    */
-  #rewrite (link: SessionLink, method: string, r: JsonRpcMessage, post: (r: JsonRpcMessage) => JsonRpcMessage): JsonRpcMessage {
+  #rewrite(link: SessionLink, method: string, r: JsonRpcMessage, post: (r: JsonRpcMessage) => JsonRpcMessage): JsonRpcMessage {
     try {
       return post(r)
     } catch (err) {
@@ -283,11 +319,27 @@ export class Session {
 
   /** A request of the gateway's own (initialize, list pages, fan-outs). */
   /** `ctx`: the client request this serves (for its trace), when there is no `inflight` (initialize). */
-  #request (link: SessionLink, method: string, params: Record<string, unknown>, inflight: Inflight | undefined, timeoutMs = this.#env.requestTimeoutMs, ctx = inflight?.post.ctx): Promise<JsonRpcMessage> {
+  #request(
+    link: SessionLink,
+    method: string,
+    params: Record<string, unknown>,
+    inflight: Inflight | undefined,
+    timeoutMs = this.#env.requestTimeoutMs,
+    ctx = inflight?.post.ctx
+  ): Promise<JsonRpcMessage> {
     return new Promise(resolve => {
       const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
       const traced = ctx === undefined ? undefined : tracer?.upstreamCall(ctx, link.target, msg)
-      const call = link.send(msg, traced === undefined ? resolve : (r) => { traced(r); resolve(r) }, timeoutMs)
+      const call = link.send(
+        msg,
+        traced === undefined
+          ? resolve
+          : r => {
+              traced(r)
+              resolve(r)
+            },
+        timeoutMs
+      )
       if (call !== undefined) inflight?.calls.push(call)
     })
   }
@@ -296,7 +348,7 @@ export class Session {
    * Cancels the upstream calls past their deadline. The endpoint calls this
    * on one shared timer instead of a timer per request.
    */
-  expireCalls (now: number): void {
+  expireCalls(now: number): void {
     for (const link of this.links) link.expire(now)
   }
 
@@ -305,7 +357,7 @@ export class Session {
    * upstream ids with the client's own reason (the gateway's reasons are only for
    * what the gateway cancels itself: timeouts, the session's end).
    */
-  #abandon (inflight: Inflight, reason: string | undefined): void {
+  #abandon(inflight: Inflight, reason: string | undefined): void {
     if (inflight.finished) return
     for (const call of inflight.calls) {
       if (!call.link.pending.remove(call)) continue
@@ -315,7 +367,7 @@ export class Session {
     this.#streams.drop(inflight.post)
   }
 
-  #finish (inflight: Inflight): void {
+  #finish(inflight: Inflight): void {
     inflight.finished = true
     this.#inflight.delete(inflight.clientId)
     this.#tasks.finished(inflight)
@@ -324,7 +376,7 @@ export class Session {
     this.lastActivityAt = Date.now()
   }
 
-  #reply (inflight: Inflight, msg: JsonRpcMessage): void {
+  #reply(inflight: Inflight, msg: JsonRpcMessage): void {
     if (inflight.finished) return
     this.#finish(inflight)
     msg.id = inflight.clientId
@@ -333,7 +385,7 @@ export class Session {
 
   // ---- upstream -> client ------------------------------------------------
 
-  #fromUpstream (link: SessionLink, msg: JsonRpcMessage): void {
+  #fromUpstream(link: SessionLink, msg: JsonRpcMessage): void {
     if (this.ended) return
     if (msg.method === undefined) {
       const call = link.pending.answered(msg)
@@ -355,7 +407,10 @@ export class Session {
     switch (msg.method) {
       case 'notifications/progress': {
         const inflight = this.#progress.get(msg.params?.progressToken)
-        if (inflight !== undefined) { this.#streams.emit(inflight.post, msg); return }
+        if (inflight !== undefined) {
+          this.#streams.emit(inflight.post, msg)
+          return
+        }
         // A task's progress outlives the call that created it (MCP 2025-11-25 tasks).
         if (this.#tasks.ownsToken(msg.params?.progressToken)) break
         // Its request was answered or cancelled: the client no longer knows the token
@@ -366,7 +421,11 @@ export class Session {
       case 'notifications/cancelled': {
         const rid = msg.params?.requestId
         let found: number | undefined
-        for (const [cid, e] of this.#serverRequests) if (e.link === link && e.id === rid) { found = cid; break }
+        for (const [cid, e] of this.#serverRequests)
+          if (e.link === link && e.id === rid) {
+            found = cid
+            break
+          }
         if (found === undefined) return
         this.#serverRequests.delete(found)
         msg.params!.requestId = found
@@ -390,13 +449,13 @@ export class Session {
    * request that caused it; the latest client request in flight on the same
    * target is the best guess (MCP: related messages SHOULD use that stream).
    */
-  #relatedStream (link: SessionLink): PostStream | undefined {
+  #relatedStream(link: SessionLink): PostStream | undefined {
     let found: PostStream | undefined
     for (const inflight of link.active) if (inflight.post.stream.open) found = inflight.post
     return found
   }
 
-  #upstreamClosed (link: SessionLink, err: Error | undefined): void {
+  #upstreamClosed(link: SessionLink, err: Error | undefined): void {
     const wasUp = link.up
     link.up = false
     if (this.ended) return

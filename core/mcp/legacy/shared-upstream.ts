@@ -56,17 +56,24 @@ export interface SessionUpstreamFactory extends UpstreamFactory {
 const OK: Readonly<{ jsonrpc: '2.0'; result: Record<string, never> }> = { jsonrpc: '2.0', result: {} }
 
 /** The bridged part of a client's declared capabilities, and a key naming it (stable: sorted keys). */
-function declared (caps: Record<string, unknown>): { caps: Record<string, unknown>; key: string } {
+function declared(caps: Record<string, unknown>): { caps: Record<string, unknown>; key: string } {
   const out: Record<string, unknown> = {}
   for (const k of SHARED_CHILD_BRIDGED) if (caps[k] !== null && typeof caps[k] === 'object') out[k] = caps[k]
   return { caps: out, key: canonical(out) }
 }
 
-function canonical (v: unknown): string {
+function canonical(v: unknown): string {
   if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null'
   if (Array.isArray(v)) return '[' + v.map(canonical).join(',') + ']'
   const o = v as Record<string, unknown>
-  return '{' + Object.keys(o).sort().map(k => JSON.stringify(k) + ':' + canonical(o[k])).join(',') + '}'
+  return (
+    '{' +
+    Object.keys(o)
+      .sort()
+      .map(k => JSON.stringify(k) + ':' + canonical(o[k]))
+      .join(',') +
+    '}'
+  )
 }
 
 export class SharedUpstream implements Upstream {
@@ -92,7 +99,7 @@ export class SharedUpstream implements Upstream {
   #closed = false
   #startedAt: number | undefined
 
-  constructor (pool: UpstreamPool, factory: UpstreamFactory, owner: UpstreamOwner, maxTasks: number) {
+  constructor(pool: UpstreamPool, factory: UpstreamFactory, owner: UpstreamOwner, maxTasks: number) {
     this.target = factory.target
     this.#pool = pool
     this.#factory = factory
@@ -101,19 +108,27 @@ export class SharedUpstream implements Upstream {
     this.#early = new EarlyTaskStatus(maxTasks)
   }
 
-  get pid (): number | undefined { return this.#entry?.upstream.pid }
-  get startedAt (): number | undefined { return this.#startedAt }
-  get lastError (): string | undefined { return this.#entry?.upstream.lastError }
-  get alive (): boolean { return !this.#closed && this.#entry?.up === true }
+  get pid(): number | undefined {
+    return this.#entry?.upstream.pid
+  }
+  get startedAt(): number | undefined {
+    return this.#startedAt
+  }
+  get lastError(): string | undefined {
+    return this.#entry?.upstream.lastError
+  }
+  get alive(): boolean {
+    return !this.#closed && this.#entry?.up === true
+  }
 
   /**
    * One set of hooks for every call of this lease. No timer on the child: the
    * session times each request itself and cancels it (`notifications/cancelled`).
    */
   readonly #hooks: CallHooks = {
-    onProgress: (m) => this.#deliver(m),
-    onLog: (m) => this.#deliver(m),
-    onServerRequest: (req) => this.#serverRequest(req),
+    onProgress: m => this.#deliver(m),
+    onLog: m => this.#deliver(m),
+    onServerRequest: req => this.#serverRequest(req),
     timeoutMs: 0,
   }
 
@@ -136,8 +151,11 @@ export class SharedUpstream implements Upstream {
   }
 
   /** A task-augmented call of this session was answered: `taskId` is the session's now, and its held statuses follow the result. */
-  #created (taskId: string | undefined): void {
-    if (--this.#creating === 0 && taskId === undefined) { this.#early.clear(); return }
+  #created(taskId: string | undefined): void {
+    if (--this.#creating === 0 && taskId === undefined) {
+      this.#early.clear()
+      return
+    }
     if (taskId === undefined) return
     const held = this.#early.take(taskId)
     if (this.#creating === 0) this.#early.clear()
@@ -155,18 +173,20 @@ export class SharedUpstream implements Upstream {
   }
 
   /** Nothing to start yet: which child serves this lease depends on the capabilities its initialize declares. */
-  async start (): Promise<void> {
+  async start(): Promise<void> {
     if (this.#closed) throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${this.target} closed`, { rpcCode: RPC.SERVER_ERROR, expose: true })
   }
 
   /** Leases a child of this subject initialized with the client's capabilities (`declared`), then answers the session's initialize from its result. */
-  async #initialize (id: JsonRpcId, params: Record<string, unknown>): Promise<void> {
+  async #initialize(id: JsonRpcId, params: Record<string, unknown>): Promise<void> {
     this.#clientCaps = (params.capabilities ?? {}) as Record<string, unknown>
     const { caps, key } = declared(this.#clientCaps)
     let entry: PooledUpstream
     try {
       // The child's initialize declares `caps` (upstreams/pool.ts): no wrapper on its message path.
-      entry = await this.#pool.acquire(this.#factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1, { declare: caps })
+      entry = await this.#pool.acquire(this.#factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1, {
+        declare: caps,
+      })
     } catch (err) {
       this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.SERVER_ERROR, message: (err as Error).message } })
       return
@@ -182,7 +202,7 @@ export class SharedUpstream implements Upstream {
     this.#answerSoon({ jsonrpc: '2.0', id, result: { ...entry.initResult, protocolVersion: params.protocolVersion ?? entry.initResult?.protocolVersion } })
   }
 
-  send (msg: JsonRpcMessage): void {
+  send(msg: JsonRpcMessage): void {
     if (msg.method === 'initialize' && msg.id !== undefined && msg.id !== null && this.#entry === undefined && !this.#closed) {
       void this.#initialize(msg.id, msg.params ?? {})
       return
@@ -205,7 +225,8 @@ export class SharedUpstream implements Upstream {
       case 'initialize':
         this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.INVALID_REQUEST, message: 'already initialized' } })
         return
-      case 'resources/subscribe': case 'resources/unsubscribe': {
+      case 'resources/subscribe':
+      case 'resources/unsubscribe': {
         const uri = msg.params?.uri
         if (typeof uri !== 'string') break
         if (msg.method === 'resources/unsubscribe') {
@@ -263,14 +284,14 @@ export class SharedUpstream implements Upstream {
   }
 
   /** What an answer tells of this session's tasks: a terminal one is ended, tasks/list keeps only this session's. */
-  #tasksSeen (method: string, taskId: unknown, r: JsonRpcMessage): void {
+  #tasksSeen(method: string, taskId: unknown, r: JsonRpcMessage): void {
     const result = r.result as { status?: unknown; tasks?: Array<{ taskId?: unknown }> } | undefined
     if (result === undefined) return
     if (method === 'tasks/list' && Array.isArray(result.tasks)) result.tasks = result.tasks.filter(x => this.#tasks.has(x.taskId))
     else if (method === 'tasks/result' || (TASK_METHODS.has(method) && isTerminal(result.status))) this.#tasks.end(taskId)
   }
 
-  #notification (entry: PooledUpstream, msg: JsonRpcMessage): void {
+  #notification(entry: PooledUpstream, msg: JsonRpcMessage): void {
     switch (msg.method) {
       case 'notifications/initialized':
         return
@@ -291,7 +312,7 @@ export class SharedUpstream implements Upstream {
     }
   }
 
-  #serverRequest (req: JsonRpcMessage): void {
+  #serverRequest(req: JsonRpcMessage): void {
     // A lease bridges to its session (and so declared to the shared child) all but roots.
     const cap = CAPABILITY_OF_REQUEST[req.method!]
     if (cap === undefined || !SHARED_CHILD_BRIDGED.includes(cap) || this.#clientCaps[cap] === undefined || this.#closed) {
@@ -301,16 +322,16 @@ export class SharedUpstream implements Upstream {
     this.#deliver(req)
   }
 
-  #deliver (msg: JsonRpcMessage): void {
+  #deliver(msg: JsonRpcMessage): void {
     if (!this.#closed) this.onMessage(msg)
   }
 
   /** Answers given here, not by the child, still arrive after `send()` returns, as the child's would. */
-  #answerSoon (msg: JsonRpcMessage): void {
+  #answerSoon(msg: JsonRpcMessage): void {
     queueMicrotask(() => this.#deliver(msg))
   }
 
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     if (this.#closed) return
     this.#closed = true
     const entry = this.#entry
@@ -329,10 +350,10 @@ export class SharedUpstream implements Upstream {
 }
 
 /** The factory a session uses for a `share: subject` target: a lease per session. */
-export function sharedFactory (factory: UpstreamFactory, pool: UpstreamPool, maxTasks: number): SessionUpstreamFactory {
+export function sharedFactory(factory: UpstreamFactory, pool: UpstreamPool, maxTasks: number): SessionUpstreamFactory {
   return {
     ...factory,
-    create (owner?: UpstreamOwner): Upstream {
+    create(owner?: UpstreamOwner): Upstream {
       if (owner === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `target ${factory.target}: a shared upstream needs its owner`)
       return new SharedUpstream(pool, factory, owner, maxTasks)
     },

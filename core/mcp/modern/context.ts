@@ -55,10 +55,16 @@ export interface Running {
 }
 
 /** An upstream's final answer, and the upstream that gave it (whose serverInfo the answer carries). */
-export interface Settled { readonly res: JsonRpcMessage; readonly entry: PooledUpstream }
+export interface Settled {
+  readonly res: JsonRpcMessage
+  readonly entry: PooledUpstream
+}
 
 /** One server-to-client request of a parked call, under the key the client answers it by. */
-export interface Ask { readonly key: string; readonly serverRequestId: JsonRpcId }
+export interface Ask {
+  readonly key: string
+  readonly serverRequestId: JsonRpcId
+}
 
 /** An upstream call parked on an InputRequiredResult until the client retries. */
 export interface Continuation {
@@ -70,7 +76,6 @@ export interface Continuation {
   readonly asks: readonly Ask[]
   readonly timer: NodeJS.Timeout
 }
-
 
 /** The state of one handler, shared by its modules. */
 export interface ModernContext {
@@ -105,7 +110,7 @@ export interface ModernContext {
   readonly mintState: (() => string) | undefined
 }
 
-export function createModernContext (opts: ModernOptions): ModernContext {
+export function createModernContext(opts: ModernOptions): ModernContext {
   const cluster = opts.cluster ?? createMcpCluster()
   const router = new TargetNamespace(opts.targets, opts.checkers)
   return {

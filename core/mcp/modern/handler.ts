@@ -59,7 +59,7 @@ const METHODS: Readonly<Record<string, Method>> = {
   'tasks/cancel': (cx, ex, params, _msg, method) => taskRequest(cx, ex, method, params),
 }
 
-function dispatch (cx: ModernContext, ex: ModernRequest, msg: JsonRpcMessage): Promise<void> {
+function dispatch(cx: ModernContext, ex: ModernRequest, msg: JsonRpcMessage): Promise<void> {
   const method = msg.method!
   const run = Object.hasOwn(METHODS, method) ? METHODS[method] : undefined
   if (run === undefined) return ex.fail(RPC.METHOD_NOT_FOUND, `Method not found: ${method}`, 404)
@@ -67,22 +67,26 @@ function dispatch (cx: ModernContext, ex: ModernRequest, msg: JsonRpcMessage): P
 }
 
 /** The request's shape before its headers are checked: one request, with an id (a notification is dropped). */
-function refuseShape (body: unknown): JsonRpcMessage {
+function refuseShape(body: unknown): JsonRpcMessage {
   if (Array.isArray(body)) {
-    throw new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, `Invalid Request: JSON-RPC batches are not part of protocol revision ${MODERN_REVISION}`, { rpcCode: RPC.INVALID_REQUEST })
+    throw new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, `Invalid Request: JSON-RPC batches are not part of protocol revision ${MODERN_REVISION}`, {
+      rpcCode: RPC.INVALID_REQUEST,
+    })
   }
   const msg = body as JsonRpcMessage
   if (msg.method === undefined) {
-    throw new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, 'Invalid Request: clients send no JSON-RPC responses in this revision', { rpcCode: RPC.INVALID_REQUEST })
+    throw new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, 'Invalid Request: clients send no JSON-RPC responses in this revision', {
+      rpcCode: RPC.INVALID_REQUEST,
+    })
   }
   return msg
 }
 
-export function createModernHandler (opts: ModernOptions): ModernHandler {
+export function createModernHandler(opts: ModernOptions): ModernHandler {
   const cx = createModernContext(opts)
   const { log } = cx
   return {
-    async post (ctx: RequestContext, body: unknown): Promise<void> {
+    async post(ctx: RequestContext, body: unknown): Promise<void> {
       const msg = refuseShape(body)
       if (msg.id === undefined || msg.id === null) {
         // No client notification is defined over HTTP in this revision; accepted and dropped.
@@ -93,7 +97,14 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       validate(ctx, msg)
       const meta = msg.params?._meta as Record<string, unknown>
       const level = meta[META.logLevel]
-      const ex = new ModernRequest(ctx, msg.id, subjectKeyOf(ctx), typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined, meta[META.clientCapabilities] as Record<string, unknown>, opts.streams)
+      const ex = new ModernRequest(
+        ctx,
+        msg.id,
+        subjectKeyOf(ctx),
+        typeof level === 'string' && LOG_LEVELS.includes(level) ? level : undefined,
+        meta[META.clientCapabilities] as Record<string, unknown>,
+        opts.streams
+      )
       ex.meta = meta
       try {
         await dispatch(cx, ex, msg)
@@ -107,9 +118,11 @@ export function createModernHandler (opts: ModernOptions): ModernHandler {
       }
     },
 
-    get listening (): number { return cx.listens.size },
+    get listening(): number {
+      return cx.listens.size
+    },
 
-    close (): void {
+    close(): void {
       for (const end of [...cx.listens]) end()
       closeParked(cx)
     },

@@ -33,14 +33,28 @@ const ROUND_GATHER_MS = 25
  * (with workers or replicas the retry is relayed to this process: endpoint.ts).
  * Resolves with the final answer and the upstream that gave it, or undefined when `ex` was answered here.
  */
-export async function settle (cx: ModernContext, ex: ModernRequest, run: Running, method: string, name: unknown): Promise<Settled | undefined> {
+export async function settle(cx: ModernContext, ex: ModernRequest, run: Running, method: string, name: unknown): Promise<Settled | undefined> {
   ex.calls.add(run.call)
   let answered: JsonRpcMessage | undefined
-  void run.call.done.then(res => { answered = res; run.wake?.() })
-  const wait = (ms?: number): Promise<void> => new Promise<void>(resolve => {
-    const timer = ms === undefined ? undefined : setTimeout(() => { run.wake = undefined; resolve() }, ms)
-    run.wake = () => { clearTimeout(timer); run.wake = undefined; resolve() }
+  void run.call.done.then(res => {
+    answered = res
+    run.wake?.()
   })
+  const wait = (ms?: number): Promise<void> =>
+    new Promise<void>(resolve => {
+      const timer =
+        ms === undefined
+          ? undefined
+          : setTimeout(() => {
+              run.wake = undefined
+              resolve()
+            }, ms)
+      run.wake = () => {
+        clearTimeout(timer)
+        run.wake = undefined
+        resolve()
+      }
+    })
   // The first server request (or the answer), then the rest of its round.
   while (answered === undefined && run.asked.length === 0) await wait()
   if (answered === undefined) {
@@ -54,12 +68,13 @@ export async function settle (cx: ModernContext, ex: ModernRequest, run: Running
   ex.calls.delete(run.call)
   const reqs = run.asked.splice(0)
   // Past the bound the round is cut: the rest are refused, the tool decides what that means.
-  for (const req of reqs.splice(cx.maxInputs)) run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'too many input requests in one round' })
+  for (const req of reqs.splice(cx.maxInputs))
+    run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'too many input requests in one round' })
   if (answered !== undefined || reqs.length === 0) {
     // Asked and answered without waiting for the client: its requests are moot, the answer stands.
     for (const req of reqs) run.entry.answer(req.id!, undefined, { code: RPC.INTERNAL_ERROR, message: 'request already answered' })
     cx.pool.release(run.entry)
-    return { res: modernError(answered ?? await run.call.done), entry: run.entry }
+    return { res: modernError(answered ?? (await run.call.done)), entry: run.entry }
   }
   const refuse = (why: string): void => {
     for (const req of reqs) run.entry.answer(req.id!, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
@@ -70,7 +85,9 @@ export async function settle (cx: ModernContext, ex: ModernRequest, run: Running
   if (missing !== undefined || ex.aborted) {
     // A server MUST NOT rely on capabilities the client did not declare (MCP 2026-07-28 `_meta`).
     refuse('client lacks a required capability')
-    await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, { requiredCapabilities: { [missing ?? 'sampling']: {} } })
+    await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, {
+      requiredCapabilities: { [missing ?? 'sampling']: {} },
+    })
     return undefined
   }
   const parked = [...cx.parked.values()].filter(c => c.subjectKey === ex.subjectKey).length
@@ -114,7 +131,13 @@ export async function settle (cx: ModernContext, ex: ModernRequest, run: Running
 }
 
 /** A retry carrying `requestState`: answers the upstream's request and goes on waiting for the original call. */
-export async function resume (cx: ModernContext, ex: ModernRequest, method: string, name: unknown, params: Record<string, unknown>): Promise<Settled | undefined> {
+export async function resume(
+  cx: ModernContext,
+  ex: ModernRequest,
+  method: string,
+  name: unknown,
+  params: Record<string, unknown>
+): Promise<Settled | undefined> {
   const state = params.requestState
   const cont = typeof state === 'string' ? cx.parked.get(state) : undefined
   // requestState is attacker-controlled: only an unexpired, unused state of this subject, method and name counts.
@@ -137,7 +160,7 @@ export async function resume (cx: ModernContext, ex: ModernRequest, method: stri
 }
 
 /** Cancels every parked call and releases its upstream (the gateway closing). */
-export function closeParked (cx: ModernContext): void {
+export function closeParked(cx: ModernContext): void {
   for (const [state, c] of cx.parked) {
     cx.parked.delete(state)
     clearTimeout(c.timer)

@@ -14,30 +14,41 @@ import type { ModernContext } from './context.ts'
 import type { ModernRequest } from './request.ts'
 import { lease } from './upstream-call.ts'
 
-interface Wanted { toolsListChanged?: unknown; promptsListChanged?: unknown; resourcesListChanged?: unknown; resourceSubscriptions?: unknown }
+interface Wanted {
+  toolsListChanged?: unknown
+  promptsListChanged?: unknown
+  resourcesListChanged?: unknown
+  resourceSubscriptions?: unknown
+}
 
 const LIST_FLAGS = ['toolsListChanged', 'promptsListChanged', 'resourcesListChanged'] as const
 
 /** The opt-in flag of a list-change notification. */
-function listFlagOf (method: string | undefined): string | undefined {
+function listFlagOf(method: string | undefined): string | undefined {
   switch (method) {
-    case 'notifications/tools/list_changed': return 'toolsListChanged'
-    case 'notifications/prompts/list_changed': return 'promptsListChanged'
-    case 'notifications/resources/list_changed': return 'resourcesListChanged'
+    case 'notifications/tools/list_changed':
+      return 'toolsListChanged'
+    case 'notifications/prompts/list_changed':
+      return 'promptsListChanged'
+    case 'notifications/resources/list_changed':
+      return 'resourcesListChanged'
   }
   return undefined
 }
 
-function capOf (e: PooledUpstream, kind: string, flag: string): boolean {
+function capOf(e: PooledUpstream, kind: string, flag: string): boolean {
   const c = (e.initResult?.capabilities as Record<string, Record<string, unknown> | undefined> | undefined)?.[kind]
   return c?.[flag] === true
 }
 
-export async function listen (cx: ModernContext, ex: ModernRequest, params: Record<string, unknown>): Promise<void> {
+export async function listen(cx: ModernContext, ex: ModernRequest, params: Record<string, unknown>): Promise<void> {
   const all: PooledUpstream[] = []
   const parts = await Promise.allSettled(cx.opts.targets.map(f => lease(cx, ex, f)))
   for (const p of parts) if (p.status === 'fulfilled') all.push(p.value)
-  if (all.length === 0) { await ex.fail(RPC.SERVER_ERROR, 'no upstream available', 502); return }
+  if (all.length === 0) {
+    await ex.fail(RPC.SERVER_ERROR, 'no upstream available', 502)
+    return
+  }
   await new Listen(cx, ex, (params.notifications ?? {}) as Wanted, all).open()
 }
 
@@ -65,9 +76,11 @@ class Listen {
   /** Set once the stream is open: before that, an upstream's end leaves the opening to notice. */
   #live = false
   /** Ends the stream gracefully (one identity: registered in `listens` and each upstream's `onGone`). */
-  readonly shutdown = (): void => { if (this.#live) this.#end(true) }
+  readonly shutdown = (): void => {
+    if (this.#live) this.#end(true)
+  }
 
-  constructor (cx: ModernContext, ex: ModernRequest, want: Wanted, all: readonly PooledUpstream[]) {
+  constructor(cx: ModernContext, ex: ModernRequest, want: Wanted, all: readonly PooledUpstream[]) {
     this.#cx = cx
     this.#ex = ex
     this.#want = want
@@ -75,11 +88,11 @@ class Listen {
     this.#held = all.filter(e => e.era === 'legacy')
   }
 
-  #tag (): Record<string, unknown> {
+  #tag(): Record<string, unknown> {
     return { [META.subscriptionId]: this.#ex.id }
   }
 
-  async open (): Promise<void> {
+  async open(): Promise<void> {
     for (const k of LIST_FLAGS) {
       const kind = k.slice(0, -'ListChanged'.length)
       if (this.#want[k] === true && this.#held.some(e => capOf(e, kind, 'listChanged'))) this.#agreed[k] = true
@@ -89,7 +102,10 @@ class Listen {
     this.#natives = await Promise.all(this.#all.filter(e => e.era === 'modern').map(e => this.#listenNative(e)))
     if (this.#acked.length > 0) this.#agreed.resourceSubscriptions = this.#acked
     const ex = this.#ex
-    if (ex.aborted || ex.ctx.res.destroyed) { this.#release(); return }
+    if (ex.aborted || ex.ctx.res.destroyed) {
+      this.#release()
+      return
+    }
     await ex.ctx.writeHead(200, { ...SSE_HEADERS })
     const out = new SseStream(ex.ctx.res, this.#cx.opts.streams)
     this.#stream = out
@@ -108,11 +124,13 @@ class Listen {
     out.onClose(() => this.#end(false))
     // An upstream that ends ends the subscription: its state (subscriptions) is gone.
     for (const entry of this.#all) entry.onGone.add(this.shutdown)
-    out.onClose(() => { for (const entry of this.#all) entry.onGone.delete(this.shutdown) })
+    out.onClose(() => {
+      for (const entry of this.#all) entry.onGone.delete(this.shutdown)
+    })
   }
 
   /** Subscribes the requested resources of held upstreams (counted on the upstream, shared with other holders). */
-  async #subscribeHeld (): Promise<void> {
+  async #subscribeHeld(): Promise<void> {
     const { router } = this.#cx
     if (!Array.isArray(this.#want.resourceSubscriptions)) return
     for (const uri of this.#want.resourceSubscriptions) {
@@ -123,7 +141,10 @@ class Listen {
       const name = (routed as { name: string }).name
       if (!router.allowsWatch(this.#ex.ctx, name, entry.target)) continue
       const set = this.#subscribed.get(entry) ?? new Set<string>()
-      if (set.has(name)) { this.#acked.push(uri); continue }
+      if (set.has(name)) {
+        this.#acked.push(uri)
+        continue
+      }
       // Counted on the upstream: another holder of the same URI keeps its subscription when this stream ends.
       const r = await entry.subscribe(name)
       if (r.error !== undefined) continue
@@ -134,7 +155,7 @@ class Listen {
   }
 
   /** The requested URIs of `entry`'s target the caller may watch: upstream URI -> client URI. */
-  #urisOf (entry: PooledUpstream): Map<string, string> | undefined {
+  #urisOf(entry: PooledUpstream): Map<string, string> | undefined {
     if (!Array.isArray(this.#want.resourceSubscriptions)) return undefined
     const uris = new Map<string, string>()
     for (const uri of this.#want.resourceSubscriptions) {
@@ -149,7 +170,7 @@ class Listen {
   }
 
   /** A native upstream's own subscriptions/listen; resolves once it acknowledged (or ended). */
-  async #listenNative (entry: PooledUpstream): Promise<PoolCall> {
+  async #listenNative(entry: PooledUpstream): Promise<PoolCall> {
     const ex = this.#ex
     const mine: Record<string, unknown> = {}
     for (const k of LIST_FLAGS) if (this.#want[k] === true) mine[k] = true
@@ -157,34 +178,47 @@ class Listen {
     if (known !== undefined) mine.resourceSubscriptions = [...known.keys()]
     const uris = known ?? new Map<string, string>()
     let ack!: (n: Record<string, unknown> | undefined) => void
-    const acknowledged = new Promise<Record<string, unknown> | undefined>(resolve => { ack = resolve })
-    const params = { _meta: { ...ex.meta }, notifications: mine }
-    const call = entry.call({ jsonrpc: '2.0', method: 'subscriptions/listen', params }, {
-      timeoutMs: 0,
-      headers: { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': 'subscriptions/listen' },
-      onNotification: (m) => {
-        const p = { ...(m.params ?? {}) } as Record<string, unknown>
-        if (m.method === 'notifications/subscriptions/acknowledged') { ack(p.notifications as Record<string, unknown> | undefined); return }
-        if (this.#ended) return
-        if (m.method === 'notifications/resources/updated') {
-          const uri = typeof p.uri === 'string' ? uris.get(p.uri) : undefined
-          if (uri === undefined) return
-          p.uri = uri
-        } else {
-          const flag = listFlagOf(m.method)
-          if (flag === undefined || this.#agreed[flag] !== true) return
-        }
-        this.#relay({ jsonrpc: '2.0', method: m.method, params: { ...p, _meta: { ...((p._meta ?? {}) as Record<string, unknown>), ...this.#tag() } } })
-      },
+    const acknowledged = new Promise<Record<string, unknown> | undefined>(resolve => {
+      ack = resolve
     })
+    const params = { _meta: { ...ex.meta }, notifications: mine }
+    const call = entry.call(
+      { jsonrpc: '2.0', method: 'subscriptions/listen', params },
+      {
+        timeoutMs: 0,
+        headers: { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': 'subscriptions/listen' },
+        onNotification: m => {
+          const p = { ...(m.params ?? {}) } as Record<string, unknown>
+          if (m.method === 'notifications/subscriptions/acknowledged') {
+            ack(p.notifications as Record<string, unknown> | undefined)
+            return
+          }
+          if (this.#ended) return
+          if (m.method === 'notifications/resources/updated') {
+            const uri = typeof p.uri === 'string' ? uris.get(p.uri) : undefined
+            if (uri === undefined) return
+            p.uri = uri
+          } else {
+            const flag = listFlagOf(m.method)
+            if (flag === undefined || this.#agreed[flag] !== true) return
+          }
+          this.#relay({ jsonrpc: '2.0', method: m.method, params: { ...p, _meta: { ...((p._meta ?? {}) as Record<string, unknown>), ...this.#tag() } } })
+        },
+      }
+    )
     // The upstream's listen ending (its graceful result, or a failure) ends the client's.
     let upstreamAcked = false
-    void acknowledged.then(() => { upstreamAcked = true })
+    void acknowledged.then(() => {
+      upstreamAcked = true
+    })
     void call.done.then(res => {
       if (!upstreamAcked && res.error !== undefined) {
         // Refused before acknowledging: the target is left out of the acknowledgement, which lists
         // only what was agreed (MCP 2026-07-28 subscriptions, "Acknowledgment"); the operator sees why.
-        this.#cx.log.warn({ target: entry.target, code: res.error.code, err: res.error.message }, 'upstream refused subscriptions/listen; left out of the acknowledgement')
+        this.#cx.log.warn(
+          { target: entry.target, code: res.error.code, err: res.error.message },
+          'upstream refused subscriptions/listen; left out of the acknowledgement'
+        )
       } else if (res.error !== undefined) {
         this.#cx.log.debug({ target: entry.target, err: res.error.message }, 'upstream subscriptions/listen ended')
       }
@@ -195,18 +229,19 @@ class Listen {
     const got = await acknowledged
     if (got !== undefined) {
       for (const k of LIST_FLAGS) if (got[k] === true) this.#agreed[k] = true
-      if (Array.isArray(got.resourceSubscriptions)) for (const u of got.resourceSubscriptions) if (typeof u === 'string' && uris.has(u)) this.#acked.push(uris.get(u)!)
+      if (Array.isArray(got.resourceSubscriptions))
+        for (const u of got.resourceSubscriptions) if (typeof u === 'string' && uris.has(u)) this.#acked.push(uris.get(u)!)
     }
     return call
   }
 
-  #relay (m: JsonRpcMessage): void {
+  #relay(m: JsonRpcMessage): void {
     if (this.#stream === undefined) this.#early.push(m)
     else this.#stream.send(m)
   }
 
   /** A held upstream's notification: relayed when the client opted in (its URIs as the client sees them). */
-  #fromHeld (entry: PooledUpstream, msg: JsonRpcMessage): void {
+  #fromHeld(entry: PooledUpstream, msg: JsonRpcMessage): void {
     const out = this.#stream!
     if (msg.method === 'notifications/resources/updated') {
       const uri = msg.params?.uri
@@ -220,14 +255,17 @@ class Listen {
   }
 
   /** Cancels the native listens, unsubscribes, releases every upstream. */
-  #release (): void {
-    for (const c of this.#natives) { this.#ex.calls.delete(c); c.cancel('subscription ended') }
+  #release(): void {
+    for (const c of this.#natives) {
+      this.#ex.calls.delete(c)
+      c.cancel('subscription ended')
+    }
     for (const [entry, uris] of this.#subscribed) for (const uri of uris) entry.unsubscribe(uri)
     this.#subscribed.clear()
     for (const e of this.#all) this.#cx.pool.release(e)
   }
 
-  #end (graceful: boolean): void {
+  #end(graceful: boolean): void {
     if (this.#ended) return
     this.#ended = true
     this.#ex.finished = true

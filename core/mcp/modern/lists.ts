@@ -15,12 +15,15 @@ import type { ModernRequest } from './request.ts'
 import { forward, lease } from './upstream-call.ts'
 import { SUPPORTED_VERSIONS } from './validation.ts'
 
-export async function discover (cx: ModernContext, ex: ModernRequest): Promise<void> {
+export async function discover(cx: ModernContext, ex: ModernRequest): Promise<void> {
   const parts = await Promise.allSettled(cx.opts.targets.map(f => lease(cx, ex, f)))
   const live: PooledUpstream[] = []
   const failed: string[] = []
   parts.forEach((p, i) => {
-    if (p.status === 'fulfilled') { live.push(p.value); cx.pool.release(p.value) } else failed.push(cx.opts.targets[i]!.target)
+    if (p.status === 'fulfilled') {
+      live.push(p.value)
+      cx.pool.release(p.value)
+    } else failed.push(cx.opts.targets[i]!.target)
   })
   if (live.length === 0 || (failed.length > 0 && cx.opts.failClosed)) {
     await ex.fail(RPC.SERVER_ERROR, `upstream ${failed.join(', ')} failed to start`, 502)
@@ -40,12 +43,17 @@ export async function discover (cx: ModernContext, ex: ModernRequest): Promise<v
   await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, 'server/discover', result, serverInfoOf(cx, live[0])) })
 }
 
-export async function list (cx: ModernContext, ex: ModernRequest, method: ListMethod, params: Record<string, unknown>): Promise<void> {
+export async function list(cx: ModernContext, ex: ModernRequest, method: ListMethod, params: Record<string, unknown>): Promise<void> {
   if (!cx.multi) {
     const { res, entry } = await forward(cx, ex, cx.opts.targets[0]!, method, params)
-    if (res.error !== undefined) { await ex.answer(res); return }
+    if (res.error !== undefined) {
+      await ex.answer(res)
+      return
+    }
     // The result is decorated below, so it must be an object even when no rule reads its items.
-    const invalid = cx.router.checkList(entry.target, method, res.result) ?? (res.result === null || typeof res.result !== 'object' ? invalidList(entry.target, method, LIST_KEYS[method], res.result) : undefined)
+    const invalid =
+      cx.router.checkList(entry.target, method, res.result) ??
+      (res.result === null || typeof res.result !== 'object' ? invalidList(entry.target, method, LIST_KEYS[method], res.result) : undefined)
     if (invalid !== undefined) {
       cx.log.warn({ target: entry.target, method, err: invalid.message }, 'invalid upstream list result')
       await ex.fail(invalid.code, invalid.message)
@@ -63,19 +71,28 @@ export async function list (cx: ModernContext, ex: ModernRequest, method: ListMe
     return res
   }
   const merged = await cx.router.mergeLists(ex.ctx, method, fetch, () => ex.aborted, cx.log, cx.opts.failClosed)
-  if (merged.error !== undefined) { await ex.answer(merged); return }
+  if (merged.error !== undefined) {
+    await ex.answer(merged)
+    return
+  }
   await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, method, merged.result as Record<string, unknown>, GATEWAY_INFO) })
 }
 
-export async function complete (cx: ModernContext, ex: ModernRequest, params: Record<string, unknown>): Promise<void> {
+export async function complete(cx: ModernContext, ex: ModernRequest, params: Record<string, unknown>): Promise<void> {
   const routed = cx.router.completion(ex.ctx, params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
-  if (routed === undefined) { await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference'); return }
+  if (routed === undefined) {
+    await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference')
+    return
+  }
   const factory = routed.target
   ex.ctx.target = factory.target
   const forwarded = await forward(cx, ex, factory, 'completion/complete', params)
   const { entry } = forwarded
   // Refused: the upstream's answer for a reference it does not have, with the caller's name.
   const res = routed.standIn === undefined ? forwarded.res : routed.standIn.restore(forwarded.res)
-  if (res.error !== undefined) { await ex.answer(res); return }
+  if (res.error !== undefined) {
+    await ex.answer(res)
+    return
+  }
   await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, 'completion/complete', (res.result ?? {}) as Record<string, unknown>, serverInfoOf(cx, entry)) })
 }

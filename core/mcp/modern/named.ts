@@ -14,7 +14,7 @@ import { adoptTask } from './tasks.ts'
 import { start } from './upstream-call.ts'
 
 /** tools/call, prompts/get, resources/read: route by name or URI, refuse what the rules deny. */
-export async function named (cx: ModernContext, ex: ModernRequest, method: NamedMethod, params: Record<string, unknown>): Promise<void> {
+export async function named(cx: ModernContext, ex: ModernRequest, method: NamedMethod, params: Record<string, unknown>): Promise<void> {
   const { kind, field } = NAMED[method]
   const value = params[field]
   // An unknown target prefix (the gateway's own namespace), or a resource URI refused (resource-uri.ts).
@@ -47,7 +47,10 @@ export async function named (cx: ModernContext, ex: ModernRequest, method: Named
   }
   if (settled === undefined) return
   const { res, entry } = settled
-  if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
+  if (res.error !== undefined) {
+    await ex.answer(res, errorStatus(res))
+    return
+  }
   if (native && kind === 'tool' && (res.result as { resultType?: unknown } | undefined)?.resultType === 'task') {
     await adoptTask(cx, ex, factory, name, res, entry)
     return

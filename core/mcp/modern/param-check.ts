@@ -12,7 +12,7 @@ import { header } from '../headers.ts'
 import { mismatch } from './validation.ts'
 
 /** A tool's `Mcp-Param-*` annotations: learnt from lists, else one shared `tools/list` per target. */
-export async function paramHeadersFor (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, tool: string): Promise<ParamHeader[]> {
+export async function paramHeadersFor(cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, tool: string): Promise<ParamHeader[]> {
   const known = cx.paramHeaders.lookup(factory.target, tool)
   if (known !== undefined) return known
   let fetching = cx.paramFetches.get(factory.target)
@@ -44,7 +44,7 @@ export async function paramHeadersFor (cx: ModernContext, ex: ModernRequest, fac
  * streamable HTTP, "Server Behavior for Custom Headers"): whoever routed on the header saw
  * what the upstream would not execute.
  */
-export async function checkParamHeaders (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, tool: string, args: unknown): Promise<void> {
+export async function checkParamHeaders(cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, tool: string, args: unknown): Promise<void> {
   const annotations = await paramHeadersFor(cx, ex, factory, tool)
   if (annotations.length === 0) return
   const why = paramHeaderMismatch(annotations, args, name => header(ex.ctx, name))

@@ -11,7 +11,10 @@
  */
 
 /** One annotated argument: the header's name part and the `properties` chain to the value. */
-export interface ParamHeader { readonly name: string; readonly path: readonly string[] }
+export interface ParamHeader {
+  readonly name: string
+  readonly path: readonly string[]
+}
 
 /** RFC 9110 field-name token (`1*tchar`), which an `x-mcp-header` value must be. */
 const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/
@@ -25,7 +28,7 @@ const MAX_DEPTH = 8
  * The annotated arguments of a tool's `inputSchema`. Only annotations reachable through
  * `properties` keys alone count (the revision makes any other placement invalid).
  */
-export function paramHeadersOf (inputSchema: unknown): ParamHeader[] {
+export function paramHeadersOf(inputSchema: unknown): ParamHeader[] {
   const out: ParamHeader[] = []
   const walk = (schema: unknown, path: string[]): void => {
     if (path.length > MAX_DEPTH || schema === null || typeof schema !== 'object') return
@@ -42,7 +45,7 @@ export function paramHeadersOf (inputSchema: unknown): ParamHeader[] {
   return out
 }
 
-function valueAt (args: unknown, path: readonly string[]): unknown {
+function valueAt(args: unknown, path: readonly string[]): unknown {
   let v: unknown = args
   for (const key of path) {
     if (v === null || typeof v !== 'object' || !Object.hasOwn(v, key)) return undefined
@@ -55,7 +58,7 @@ function valueAt (args: unknown, path: readonly string[]): unknown {
  * Why the request's `Mcp-Param-*` headers do not match `args`, or undefined when they do.
  * `header` reads a request header by its lower-case name.
  */
-export function paramHeaderMismatch (annotations: readonly ParamHeader[], args: unknown, header: (lowerName: string) => string | undefined): string | undefined {
+export function paramHeaderMismatch(annotations: readonly ParamHeader[], args: unknown, header: (lowerName: string) => string | undefined): string | undefined {
   for (const { name, path } of annotations) {
     const label = `Mcp-Param-${name}`
     const raw = header(`mcp-param-${name.toLowerCase()}`)
@@ -78,7 +81,7 @@ export function paramHeaderMismatch (annotations: readonly ParamHeader[], args: 
   return undefined
 }
 
-function matches (value: string, body: unknown): boolean {
+function matches(value: string, body: unknown): boolean {
   if (typeof body === 'string') return value === body
   if (typeof body === 'boolean') return value === String(body)
   // Integers are compared as numbers (42.0 equals 42), as the revision recommends.
@@ -94,7 +97,7 @@ export class ParamHeaderCache {
   readonly #byTarget = new Map<string, { at: number; tools: Map<string, ParamHeader[]> }>()
 
   /** Records one page of a target's `tools/list` answer (upstream names). */
-  learn (target: string, tools: readonly unknown[], firstPage: boolean): void {
+  learn(target: string, tools: readonly unknown[], firstPage: boolean): void {
     let entry = this.#byTarget.get(target)
     if (entry === undefined || firstPage) {
       entry = { at: Date.now(), tools: new Map() }
@@ -109,7 +112,7 @@ export class ParamHeaderCache {
   }
 
   /** The tool's annotations, or undefined when the target's list is unknown or older than REFRESH_MS and lacks the tool. */
-  lookup (target: string, tool: string): ParamHeader[] | undefined {
+  lookup(target: string, tool: string): ParamHeader[] | undefined {
     const entry = this.#byTarget.get(target)
     if (entry === undefined) return undefined
     const found = entry.tools.get(tool)

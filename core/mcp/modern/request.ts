@@ -27,7 +27,14 @@ export class ModernRequest {
   aborted = false
   #queue: Promise<void> = Promise.resolve()
 
-  constructor (ctx: RequestContext, id: JsonRpcId, subjectKey: string, logLevel: string | undefined, clientCapabilities: Record<string, unknown>, streams: StreamLimits) {
+  constructor(
+    ctx: RequestContext,
+    id: JsonRpcId,
+    subjectKey: string,
+    logLevel: string | undefined,
+    clientCapabilities: Record<string, unknown>,
+    streams: StreamLimits
+  ) {
     this.ctx = ctx
     this.streams = streams
     this.id = id
@@ -42,15 +49,19 @@ export class ModernRequest {
     })
   }
 
-  get subject (): string | undefined { return this.ctx.auth?.subject }
+  get subject(): string | undefined {
+    return this.ctx.auth?.subject
+  }
 
   /** Writes in order: the first notification turns the answer into an SSE stream. */
-  #enqueue (fn: () => Promise<void> | void): Promise<void> {
-    this.#queue = this.#queue.then(fn).catch(err => { this.ctx.log.debug({ err }, 'write failed') })
+  #enqueue(fn: () => Promise<void> | void): Promise<void> {
+    this.#queue = this.#queue.then(fn).catch(err => {
+      this.ctx.log.debug({ err }, 'write failed')
+    })
     return this.#queue
   }
 
-  notify (msg: JsonRpcMessage): void {
+  notify(msg: JsonRpcMessage): void {
     if (this.finished || this.aborted) return
     void this.#enqueue(async () => {
       if (this.finished) return
@@ -62,7 +73,7 @@ export class ModernRequest {
     })
   }
 
-  answer (msg: JsonRpcMessage, status = 200): Promise<void> {
+  answer(msg: JsonRpcMessage, status = 200): Promise<void> {
     msg.id = this.id
     return this.#enqueue(async () => {
       if (this.finished) return
@@ -78,15 +89,20 @@ export class ModernRequest {
     })
   }
 
-  fail (code: number, message: string, status = 200, data?: unknown): Promise<void> {
+  fail(code: number, message: string, status = 200, data?: unknown): Promise<void> {
     return this.answer({ jsonrpc: '2.0', error: data === undefined ? { code, message } : { code, message, data } }, status)
   }
 }
 
 /** Progress and log hooks of `ex` (a retried request takes over the upstream call's hooks). */
-export function hookTo (ex: ModernRequest, hooks: CallHooks): CallHooks {
+export function hookTo(ex: ModernRequest, hooks: CallHooks): CallHooks {
   const min = ex.logLevel === undefined ? -1 : LOG_LEVELS.indexOf(ex.logLevel)
-  hooks.onProgress = (m) => ex.notify(m)
-  hooks.onLog = min < 0 ? undefined : (m) => { if (LOG_LEVELS.indexOf(String(m.params?.level)) >= min) ex.notify(m) }
+  hooks.onProgress = m => ex.notify(m)
+  hooks.onLog =
+    min < 0
+      ? undefined
+      : m => {
+          if (LOG_LEVELS.indexOf(String(m.params?.level)) >= min) ex.notify(m)
+        }
   return hooks
 }

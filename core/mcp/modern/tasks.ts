@@ -17,7 +17,7 @@ import { forward } from './upstream-call.ts'
 const TASK_LEASE_MAX_MS = 2 ** 31 - 1
 
 /** Where a subject's unfinished tasks are counted in shared state. */
-function taskSlotKey (subjectKey: string): string {
+function taskSlotKey(subjectKey: string): string {
   return 'tasks\u0000' + subjectKey
 }
 
@@ -26,7 +26,14 @@ function taskSlotKey (subjectKey: string): string {
  * sees it. Past the subject's limit the upstream's task is cancelled and the call refused: whether
  * a call becomes a task is the server's decision, known only from its answer.
  */
-export async function adoptTask (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, tool: string, res: JsonRpcMessage, entry: PooledUpstream): Promise<void> {
+export async function adoptTask(
+  cx: ModernContext,
+  ex: ModernRequest,
+  factory: UpstreamFactory,
+  tool: string,
+  res: JsonRpcMessage,
+  entry: PooledUpstream
+): Promise<void> {
   const result = res.result as Record<string, unknown>
   const upstreamId = result.taskId
   if (typeof upstreamId !== 'string') {
@@ -48,7 +55,12 @@ export async function adoptTask (cx: ModernContext, ex: ModernRequest, factory: 
   }
   let joined: boolean
   try {
-    joined = await cx.tasks.slots.join(taskSlotKey(ex.subjectKey), factory.target + '\n' + upstreamId, cx.tasks.max, Math.min(ttlMs ?? TASK_LEASE_MAX_MS, TASK_LEASE_MAX_MS))
+    joined = await cx.tasks.slots.join(
+      taskSlotKey(ex.subjectKey),
+      factory.target + '\n' + upstreamId,
+      cx.tasks.max,
+      Math.min(ttlMs ?? TASK_LEASE_MAX_MS, TASK_LEASE_MAX_MS)
+    )
   } catch (err) {
     cancelUpstream()
     throw err
@@ -70,11 +82,13 @@ export async function adoptTask (cx: ModernContext, ex: ModernRequest, factory: 
  * tool the rules still allow; anything else is an unknown task (-32602), as the extension answers
  * an id it does not recognize. Forwarded to the task's target under its own id.
  */
-export async function taskRequest (cx: ModernContext, ex: ModernRequest, method: string, params: Record<string, unknown>): Promise<void> {
+export async function taskRequest(cx: ModernContext, ex: ModernRequest, method: string, params: Record<string, unknown>): Promise<void> {
   const ext = (ex.clientCapabilities.extensions as Record<string, unknown> | undefined)?.[TASKS_EXTENSION]
   if (ext === undefined || ext === null) {
     // SEP-2663: the task methods need the extension negotiated (SEP-2575 Missing Required Capabilities).
-    await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, { requiredCapabilities: { extensions: { [TASKS_EXTENSION]: {} } } })
+    await ex.fail(MODERN_RPC.MISSING_REQUIRED_CLIENT_CAPABILITY, 'Missing required client capability', 400, {
+      requiredCapabilities: { extensions: { [TASKS_EXTENSION]: {} } },
+    })
     return
   }
   const clientId = params.taskId
@@ -87,7 +101,10 @@ export async function taskRequest (cx: ModernContext, ex: ModernRequest, method:
   }
   ex.ctx.target = factory.target
   const { res, entry } = await forward(cx, ex, factory, method, { ...params, taskId: task.taskId })
-  if (res.error !== undefined) { await ex.answer(res, errorStatus(res)); return }
+  if (res.error !== undefined) {
+    await ex.answer(res, errorStatus(res))
+    return
+  }
   const result = (res.result ?? {}) as Record<string, unknown>
   // The slot is free once the task is seen ended (a terminal status, or the cancel acknowledged).
   if (endsTask(method, result)) {

@@ -20,8 +20,8 @@ import { NAME_SOURCE, encodeHeaderValue } from './validation.ts'
  * A leased upstream of `factory` in its era (`known`: already asked for this request); a native one
  * that stopped speaking the revision is asked again.
  */
-export async function lease (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, known?: TargetEra): Promise<PooledUpstream> {
-  const era = known ?? await cx.eras.of(factory, ex.subjectKey, ex.subject)
+export async function lease(cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, known?: TargetEra): Promise<PooledUpstream> {
+  const era = known ?? (await cx.eras.of(factory, ex.subjectKey, ex.subject))
   // A translated upstream declares exactly the bridgeable capabilities this client declared (pooled per set).
   const capabilities = bridgedOf(ex.clientCapabilities)
   try {
@@ -36,7 +36,7 @@ export async function lease (cx: ModernContext, ex: ModernRequest, factory: Upst
 }
 
 /** The revision's request headers for a native HTTP upstream (MCP 2026-07-28 streamable HTTP, "Standard Headers"). */
-export function modernHeaders (cx: ModernContext, ex: ModernRequest, target: string, method: string, params: Record<string, unknown>): Record<string, string> {
+export function modernHeaders(cx: ModernContext, ex: ModernRequest, target: string, method: string, params: Record<string, unknown>): Record<string, string> {
   const h: Record<string, string> = { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': method }
   const source = NAME_SOURCE[method]
   const name = source === undefined ? undefined : params[source]
@@ -52,7 +52,15 @@ export function modernHeaders (cx: ModernContext, ex: ModernRequest, target: str
 }
 
 /** Leases an upstream of `factory` and starts one request on it; the caller releases the lease. */
-export async function start (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, method: string, params: Record<string, unknown>, bridge = false, era?: TargetEra): Promise<Running> {
+export async function start(
+  cx: ModernContext,
+  ex: ModernRequest,
+  factory: UpstreamFactory,
+  method: string,
+  params: Record<string, unknown>,
+  bridge = false,
+  era?: TargetEra
+): Promise<Running> {
   const entry = await lease(cx, ex, factory, era)
   try {
     const caps = entry.initResult?.capabilities as Record<string, unknown> | undefined
@@ -70,7 +78,13 @@ export async function start (cx: ModernContext, ex: ModernRequest, factory: Upst
     const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }
     const traced = tracer?.upstreamCall(ex.ctx, factory.target, msg)
     const asked: JsonRpcMessage[] = []
-    const take = bridge && !native ? (req: JsonRpcMessage): void => { asked.push(req); run.wake?.() } : undefined
+    const take =
+      bridge && !native
+        ? (req: JsonRpcMessage): void => {
+            asked.push(req)
+            run.wake?.()
+          }
+        : undefined
     const run: Running & { call: PoolCall } = { entry, hooks, call: undefined as unknown as PoolCall, asked, wake: undefined, take }
     hooks.onServerRequest = take
     run.call = entry.call(msg, hooks)
@@ -83,7 +97,13 @@ export async function start (cx: ModernContext, ex: ModernRequest, factory: Upst
 }
 
 /** Leases an upstream, forwards one request, releases. */
-export async function forward (cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, method: string, params: Record<string, unknown>): Promise<{ res: JsonRpcMessage; entry: PooledUpstream }> {
+export async function forward(
+  cx: ModernContext,
+  ex: ModernRequest,
+  factory: UpstreamFactory,
+  method: string,
+  params: Record<string, unknown>
+): Promise<{ res: JsonRpcMessage; entry: PooledUpstream }> {
   // The access log's target: with one target every request is its; fan-outs name none.
   if (!cx.multi) ex.ctx.target = factory.target
   const run = await start(cx, ex, factory, method, params)

@@ -17,27 +17,32 @@ export const SUPPORTED_VERSIONS: readonly string[] = [MODERN_REVISION, ...SESSIO
  * HTTP "Standard Headers"; the tasks extension, SEP-2663, adds its methods naming `params.taskId`).
  */
 export const NAME_SOURCE: Record<string, 'name' | 'uri' | 'taskId'> = {
-  'tools/call': 'name', 'prompts/get': 'name', 'resources/read': 'uri', 'tasks/get': 'taskId', 'tasks/update': 'taskId', 'tasks/cancel': 'taskId',
+  'tools/call': 'name',
+  'prompts/get': 'name',
+  'resources/read': 'uri',
+  'tasks/get': 'taskId',
+  'tasks/update': 'taskId',
+  'tasks/cancel': 'taskId',
 }
 const SENTINEL = /^=\?base64\?([A-Za-z0-9+/]*={0,2})\?=$/
 /** A header value sent as it is (MCP 2026-07-28 "Value Encoding"); anything else is Base64-wrapped. */
 const PLAIN_VALUE = /^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$/
 
 /** `Mcp-Name` (and `Mcp-Param-*`) value for an upstream: plain when it can be, else the Base64 sentinel form. */
-export function encodeHeaderValue (v: string): string {
+export function encodeHeaderValue(v: string): string {
   return PLAIN_VALUE.test(v) && !v.startsWith('=?base64?') ? v : `=?base64?${Buffer.from(v, 'utf8').toString('base64')}?=`
 }
 
-export function mismatch (message: string): ProxyError {
+export function mismatch(message: string): ProxyError {
   return new ProxyError('MCPP_ERR_HEADER_MISMATCH', 400, 'Header mismatch: ' + message, { rpcCode: MODERN_RPC.HEADER_MISMATCH })
 }
 
-function invalidParams (message: string): ProxyError {
+function invalidParams(message: string): ProxyError {
   return new ProxyError('MCPP_ERR_INVALID_REQUEST', 400, message, { rpcCode: RPC.INVALID_PARAMS })
 }
 
 /** `Mcp-Name` as the client meant it: the Base64 sentinel form decoded (MCP 2026-07-28 "Value Encoding"). */
-function decodeHeaderValue (v: string): string | undefined {
+function decodeHeaderValue(v: string): string | undefined {
   if (!v.startsWith('=?base64?')) return v
   const m = SENTINEL.exec(v)
   if (m === null) return undefined
@@ -45,11 +50,14 @@ function decodeHeaderValue (v: string): string | undefined {
 }
 
 /** Checks the request metadata headers against the body (MCP 2026-07-28 "Server Validation"). */
-export function validate (ctx: RequestContext, msg: JsonRpcMessage): void {
+export function validate(ctx: RequestContext, msg: JsonRpcMessage): void {
   const version = header(ctx, 'mcp-protocol-version')
   if (version === undefined || version === '') throw mismatch('required MCP-Protocol-Version header is missing')
   if (version !== MODERN_REVISION) {
-    throw new ProxyError('MCPP_ERR_PROTOCOL_VERSION', 400, 'Unsupported protocol version', { rpcCode: MODERN_RPC.UNSUPPORTED_PROTOCOL_VERSION, data: { supported: SUPPORTED_VERSIONS, requested: version } })
+    throw new ProxyError('MCPP_ERR_PROTOCOL_VERSION', 400, 'Unsupported protocol version', {
+      rpcCode: MODERN_RPC.UNSUPPORTED_PROTOCOL_VERSION,
+      data: { supported: SUPPORTED_VERSIONS, requested: version },
+    })
   }
   const meta = msg.params?._meta as Record<string, unknown> | undefined
   const metaVersion = meta?.[META.protocolVersion]
@@ -72,7 +80,7 @@ export function validate (ctx: RequestContext, msg: JsonRpcMessage): void {
 }
 
 /** Params for the session-era upstream: the revision's own `_meta` keys removed. */
-export function upstreamParams (params: Record<string, unknown> | undefined): Record<string, unknown> {
+export function upstreamParams(params: Record<string, unknown> | undefined): Record<string, unknown> {
   const out: Record<string, unknown> = { ...(params ?? {}) }
   const meta = out._meta as Record<string, unknown> | undefined
   if (meta !== undefined) {

@@ -24,7 +24,12 @@ export interface NamedCall<T> {
  * (its own name, or the stand-in). Or the answer to give instead (an unknown target prefix, a
  * resource URI refused).
  */
-export function resolveNamedCall<T extends { readonly target: string }> (router: TargetNamespace<T>, ctx: RequestContext, method: NamedMethod, params: Record<string, unknown>): NamedCall<T> | { readonly answer: JsonRpcMessage } {
+export function resolveNamedCall<T extends { readonly target: string }>(
+  router: TargetNamespace<T>,
+  ctx: RequestContext,
+  method: NamedMethod,
+  params: Record<string, unknown>
+): NamedCall<T> | { readonly answer: JsonRpcMessage } {
   const { kind, field } = NAMED[method]
   const routed = router.route(kind, params[field])
   if ('answer' in routed) return routed
@@ -32,9 +37,8 @@ export function resolveNamedCall<T extends { readonly target: string }> (router:
   const name = String(routed.name)
   // A subscription the rules deny goes on under a stand-in too: the upstream never hears of the
   // denied URI, and the answer is its answer for a URI it does not have.
-  const standIn = kind !== 'resource' || method === 'resources/read'
-    ? router.refuse(ctx, method, kind, name, target.target)
-    : router.refuseWatch(ctx, name, target.target)
+  const standIn =
+    kind !== 'resource' || method === 'resources/read' ? router.refuse(ctx, method, kind, name, target.target) : router.refuseWatch(ctx, name, target.target)
   params[field] = standIn === undefined ? routed.name : standIn.value
   return { target, name, standIn }
 }
@@ -43,7 +47,12 @@ export function resolveNamedCall<T extends { readonly target: string }> (router:
  * The answer of a named call with the names and URIs in it as the client sees them (several
  * targets): a read's contents, the links and embedded resources of a call or a prompt.
  */
-export function markNamedAnswer<T extends { readonly target: string }> (router: TargetNamespace<T>, target: string, method: NamedMethod, r: JsonRpcMessage): JsonRpcMessage {
+export function markNamedAnswer<T extends { readonly target: string }>(
+  router: TargetNamespace<T>,
+  target: string,
+  method: NamedMethod,
+  r: JsonRpcMessage
+): JsonRpcMessage {
   if (method === 'resources/read') return router.markContents(target, r)
   return NAMED[method].kind === 'resource' ? r : router.markUris(target, r)
 }

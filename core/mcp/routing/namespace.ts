@@ -31,7 +31,7 @@ const ITEM_NAME = { tools: 'name', prompts: 'name', resources: 'uri', resourceTe
  * rules could not be applied to (dropping the item instead would hide the upstream's fault
  * and show a list that is not the upstream's).
  */
-export function invalidList (target: string, method: string, key: ListKey | 'tasks', result: unknown): RpcError | undefined {
+export function invalidList(target: string, method: string, key: ListKey | 'tasks', result: unknown): RpcError | undefined {
   let why: string | undefined
   if (result === null || typeof result !== 'object' || Array.isArray(result)) why = 'the result is not an object'
   else {
@@ -45,7 +45,6 @@ export function invalidList (target: string, method: string, key: ListKey | 'tas
   }
   return why === undefined ? undefined : { code: RPC.INTERNAL_ERROR, message: `upstream ${target} answered an invalid ${method} result: ${why}` }
 }
-
 
 export type RpcError = { code: number; message: string; data?: unknown }
 
@@ -63,7 +62,7 @@ export class TargetNamespace<T extends { readonly target: string }> {
   readonly checkers: readonly Plugin[]
   readonly #byTarget: ReadonlyMap<string, T>
 
-  constructor (targets: readonly T[], checkers: readonly Plugin[]) {
+  constructor(targets: readonly T[], checkers: readonly Plugin[]) {
     this.targets = targets
     this.multi = targets.length > 1
     this.checkers = checkers
@@ -74,7 +73,7 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * The target of a client-facing tool or prompt name or resource URI, and
    * the upstream's own name for it. One target: everything is its, unrenamed.
    */
-  resolve (kind: OperationKind, value: string): { target: T; name: string } | undefined {
+  resolve(kind: OperationKind, value: string): { target: T; name: string } | undefined {
     if (!this.multi) return { target: this.targets[0]!, name: value }
     const split = kind === 'resource' ? unmarkUri(value) : splitName(value)
     const target = split === undefined ? undefined : this.#byTarget.get(split[0])
@@ -87,7 +86,7 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * that does not parse or is ambiguous. With rules a resource URI is the normalized
    * one (resource-uri.ts): the rules see it and the upstream is sent it.
    */
-  route (kind: OperationKind, value: unknown): { target: T; name: unknown } | { answer: JsonRpcMessage } {
+  route(kind: OperationKind, value: unknown): { target: T; name: unknown } | { answer: JsonRpcMessage } {
     let target = this.targets[0]!
     let name = value
     if (this.multi) {
@@ -103,14 +102,14 @@ export class TargetNamespace<T extends { readonly target: string }> {
   }
 
   /** The answer for a name or URI that no target has (the gateway's own namespace). */
-  unknown (kind: OperationKind, value: unknown): JsonRpcMessage {
+  unknown(kind: OperationKind, value: unknown): JsonRpcMessage {
     return kind === 'resource'
       ? rpcError(RPC.RESOURCE_NOT_FOUND, `Resource not found: ${String(value)}`)
       : rpcError(RPC.INVALID_PARAMS, `Unknown ${kind}: ${String(value)}`)
   }
 
   /** completion/complete: the target of `ref`, whose name or URI is rewritten to the upstream's in place. */
-  completionTarget (ref: { type?: string; name?: unknown; uri?: unknown } | undefined): T | undefined {
+  completionTarget(ref: { type?: string; name?: unknown; uri?: unknown } | undefined): T | undefined {
     if (!this.multi) return this.targets[0]
     if (ref?.type === 'ref/prompt' && typeof ref.name === 'string') {
       const r = this.resolve('prompt', ref.name)
@@ -134,7 +133,7 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * `resources/templates/list`); templates are compared as the upstream compares them, as
    * strings (RFC 6570 templates are not URIs: no URI normalization).
    */
-  completion (ctx: RequestContext, ref: { type?: string; name?: unknown; uri?: unknown } | undefined): { target: T; standIn: StandIn | undefined } | undefined {
+  completion(ctx: RequestContext, ref: { type?: string; name?: unknown; uri?: unknown } | undefined): { target: T; standIn: StandIn | undefined } | undefined {
     const target = this.completionTarget(ref)
     if (target === undefined) return undefined
     let standIn: StandIn | undefined
@@ -154,12 +153,12 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * call goes on with, so that a refusal reads exactly as the upstream's
    * answer for an item it does not have (policy.ts).
    */
-  refuse (ctx: RequestContext, method: string, kind: OperationKind, name: string, target: string): StandIn | undefined {
+  refuse(ctx: RequestContext, method: string, kind: OperationKind, name: string, target: string): StandIn | undefined {
     return allowOperation(this.checkers, ctx, method, kind, name, target) ? undefined : deniedStandIn(name, kind)
   }
 
   /** Whether the caller may see `name` of `target` (resource subscriptions). */
-  allows (ctx: RequestContext, method: string, kind: OperationKind, name: string, target: string): boolean {
+  allows(ctx: RequestContext, method: string, kind: OperationKind, name: string, target: string): boolean {
     return allowOperation(this.checkers, ctx, method, kind, name, target)
   }
 
@@ -168,12 +167,12 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * caller may watch what it may read. Both eras' subscriptions ask this: `resources/subscribe`
    * and `unsubscribe` (session era) and `subscriptions/listen` (2026-07-28).
    */
-  allowsWatch (ctx: RequestContext, uri: string, target: string): boolean {
+  allowsWatch(ctx: RequestContext, uri: string, target: string): boolean {
     return allowOperation(this.checkers, ctx, 'resources/read', 'resource', uri, target)
   }
 
   /** As refuse, for a subscription: undefined when allowsWatch, else the stand-in it goes on with. */
-  refuseWatch (ctx: RequestContext, uri: string, target: string): StandIn | undefined {
+  refuseWatch(ctx: RequestContext, uri: string, target: string): StandIn | undefined {
     return this.allowsWatch(ctx, uri, target) ? undefined : deniedStandIn(uri, 'resource')
   }
 
@@ -181,12 +180,12 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * Why one target's list result cannot be filtered (invalidList), or undefined. Without
    * rules the gateway does not read the items of one target's list, so nothing is checked.
    */
-  checkList (target: string, method: ListMethod, result: unknown): RpcError | undefined {
+  checkList(target: string, method: ListMethod, result: unknown): RpcError | undefined {
     return this.checkers.length === 0 ? undefined : invalidList(target, method, LIST_KEYS[method], result)
   }
 
   /** One target's list result (checked by checkList), in place: only the items the caller may see. */
-  filterResult (ctx: RequestContext, method: ListMethod, result: unknown, target: string): void {
+  filterResult(ctx: RequestContext, method: ListMethod, result: unknown, target: string): void {
     if (this.checkers.length === 0) return
     const key = LIST_KEYS[method]
     const r = result as Record<string, unknown> | undefined
@@ -194,12 +193,12 @@ export class TargetNamespace<T extends { readonly target: string }> {
   }
 
   /** A URI of `target` as the client sees it (resources/read contents, resources/updated). */
-  clientUri (target: string, uri: string): string {
+  clientUri(target: string, uri: string): string {
     return this.multi ? markUri(target, uri) : uri
   }
 
   /** A resources/read result of `target`, in place: its contents' URIs as the client sees them. */
-  markContents (target: string, r: JsonRpcMessage): JsonRpcMessage {
+  markContents(target: string, r: JsonRpcMessage): JsonRpcMessage {
     if (!this.multi) return r
     const contents = (r.result as { contents?: Array<{ uri?: unknown }> } | undefined)?.contents
     if (Array.isArray(contents)) for (const c of contents) if (typeof c.uri === 'string') c.uri = markUri(target, c.uri)
@@ -212,7 +211,7 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * gateway's resources/read takes them (MCP 2025-11-25 server/tools, "Resource
    * Links" and "Embedded Resources"; server/prompts, "Embedded Resources").
    */
-  markUris (target: string, r: JsonRpcMessage): JsonRpcMessage {
+  markUris(target: string, r: JsonRpcMessage): JsonRpcMessage {
     if (!this.multi) return r
     const result = r.result as { content?: unknown; messages?: unknown } | undefined
     if (Array.isArray(result?.content)) for (const c of result.content) markBlock(target, c)
@@ -221,7 +220,7 @@ export class TargetNamespace<T extends { readonly target: string }> {
   }
 
   /** The target a client-facing task id names, and the upstream's own id. One target: its, unrenamed. */
-  resolveTask (taskId: unknown): { target: T; taskId: string } | undefined {
+  resolveTask(taskId: unknown): { target: T; taskId: string } | undefined {
     if (typeof taskId !== 'string') return undefined
     const r = this.resolve('tool', taskId)
     return r === undefined ? undefined : { target: r.target, taskId: r.name }
@@ -232,12 +231,12 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * sees them (a task-augmented call's `task`, tasks/get and tasks/cancel
    * results, notifications/tasks/status, related-task `_meta`).
    */
-  markTasks (target: string, m: JsonRpcMessage): JsonRpcMessage {
+  markTasks(target: string, m: JsonRpcMessage): JsonRpcMessage {
     if (!this.multi) return m
     const mark = (o: { taskId?: unknown } | undefined | null): void => {
       if (typeof o?.taskId === 'string') o.taskId = prefixName(target, o.taskId)
     }
-    const result = m.result as ({ taskId?: unknown; task?: { taskId?: unknown }; _meta?: Record<string, { taskId?: unknown }> } | undefined)
+    const result = m.result as { taskId?: unknown; task?: { taskId?: unknown }; _meta?: Record<string, { taskId?: unknown }> } | undefined
     if (result !== undefined && result !== null && typeof result === 'object') {
       mark(result)
       mark(result.task)
@@ -251,7 +250,7 @@ export class TargetNamespace<T extends { readonly target: string }> {
   }
 
   /** A client message to `target`, in place: a related-task `_meta` id back to the upstream's. */
-  unmarkTasks (m: JsonRpcMessage): void {
+  unmarkTasks(m: JsonRpcMessage): void {
     if (!this.multi) return
     for (const holder of [m.params, m.result as Record<string, unknown> | undefined]) {
       const related = (holder?._meta as Record<string, { taskId?: unknown }> | undefined)?.[RELATED_TASK]
@@ -266,30 +265,41 @@ export class TargetNamespace<T extends { readonly target: string }> {
    * A failing target is left out and logged, or, fail-closed, fails the
    * whole list. `stopped` ends the paging when the client went away.
    */
-  async mergeLists (ctx: RequestContext, method: ListMethod | 'tasks/list', fetch: PageFetch<T>, stopped: () => boolean, log: Logger, failClosed: boolean): Promise<JsonRpcMessage> {
+  async mergeLists(
+    ctx: RequestContext,
+    method: ListMethod | 'tasks/list',
+    fetch: PageFetch<T>,
+    stopped: () => boolean,
+    log: Logger,
+    failClosed: boolean
+  ): Promise<JsonRpcMessage> {
     // tasks/list: every task is listed here; which are the caller's is the era's to say (legacy/session.ts).
     const key = method === 'tasks/list' ? 'tasks' : LIST_KEYS[method]
-    const parts = await Promise.all(this.targets.map(async (t): Promise<unknown[] | RpcError> => {
-      const out: unknown[] = []
-      const seen = new Set<unknown>()
-      let cursor: unknown
-      try {
-        do {
-          const r = await fetch(t, cursor === undefined ? {} : { cursor })
-          if (r.error !== undefined) return r.error
-          const invalid = invalidList(t.target, method, key, r.result)
-          if (invalid !== undefined) return invalid
-          const result = r.result as Record<string, unknown>
-          const items = result[key]
-          if (Array.isArray(items)) for (const it of key === 'tasks' ? items : filterListItems(this.checkers, ctx, method, items, t.target)) out.push(renameListItem(t.target, key, it))
-          seen.add(cursor)
-          cursor = result.nextCursor
-        } while (typeof cursor === 'string' && !seen.has(cursor) && !stopped())
-      } catch (err) {
-        return { code: RPC.SERVER_ERROR, message: (err as Error).message }
-      }
-      return out
-    }))
+    const parts = await Promise.all(
+      this.targets.map(async (t): Promise<unknown[] | RpcError> => {
+        const out: unknown[] = []
+        const seen = new Set<unknown>()
+        let cursor: unknown
+        try {
+          do {
+            const r = await fetch(t, cursor === undefined ? {} : { cursor })
+            if (r.error !== undefined) return r.error
+            const invalid = invalidList(t.target, method, key, r.result)
+            if (invalid !== undefined) return invalid
+            const result = r.result as Record<string, unknown>
+            const items = result[key]
+            if (Array.isArray(items))
+              for (const it of key === 'tasks' ? items : filterListItems(this.checkers, ctx, method, items, t.target))
+                out.push(renameListItem(t.target, key, it))
+            seen.add(cursor)
+            cursor = result.nextCursor
+          } while (typeof cursor === 'string' && !seen.has(cursor) && !stopped())
+        } catch (err) {
+          return { code: RPC.SERVER_ERROR, message: (err as Error).message }
+        }
+        return out
+      })
+    )
     const merged: unknown[] = []
     for (let i = 0; i < parts.length; i++) {
       const p = parts[i]!
@@ -305,14 +315,16 @@ export class TargetNamespace<T extends { readonly target: string }> {
   }
 
   /** Several targets' `instructions`, each marked with its target; one target's as they are. */
-  instructions (live: ReadonlyArray<{ readonly target: string; readonly initResult?: Record<string, unknown> | undefined }>): string | undefined {
-    const parts = live.flatMap(l => typeof l.initResult?.instructions === 'string' ? [this.multi ? `[${l.target}] ${l.initResult.instructions}` : l.initResult.instructions] : [])
+  instructions(live: ReadonlyArray<{ readonly target: string; readonly initResult?: Record<string, unknown> | undefined }>): string | undefined {
+    const parts = live.flatMap(l =>
+      typeof l.initResult?.instructions === 'string' ? [this.multi ? `[${l.target}] ${l.initResult.instructions}` : l.initResult.instructions] : []
+    )
     return parts.length > 0 ? parts.join('\n\n') : undefined
   }
 }
 
 /** One content block, in place: a resource link's or an embedded resource's URI marked with its target. */
-function markBlock (target: string, block: unknown): void {
+function markBlock(target: string, block: unknown): void {
   if (block === null || typeof block !== 'object') return
   const b = block as { type?: unknown; uri?: unknown; resource?: { uri?: unknown } | null }
   if (b.type === 'resource_link' && typeof b.uri === 'string') b.uri = markUri(target, b.uri)

@@ -13,27 +13,34 @@ import { normalizeResourceUri } from './resource-uri.ts'
 export type OperationKind = 'tool' | 'prompt' | 'resource'
 
 /** Whether every checker allows `method` on the named item of `target`. No checkers: always. */
-export function allowOperation (checkers: readonly Plugin[], ctx: RequestContext, method: string, kind: OperationKind, name: string, target: string): boolean {
+export function allowOperation(checkers: readonly Plugin[], ctx: RequestContext, method: string, kind: OperationKind, name: string, target: string): boolean {
   if (checkers.length === 0) return true
-  const op: McpOperation = kind === 'tool'
-    ? { method, tool: { name, target } }
-    : kind === 'prompt' ? { method, prompt: { name, target } } : { method, resource: { uri: name, target } }
+  const op: McpOperation =
+    kind === 'tool'
+      ? { method, tool: { name, target } }
+      : kind === 'prompt'
+        ? { method, prompt: { name, target } }
+        : { method, resource: { uri: name, target } }
   for (const p of checkers) if (!p.allowMcpOperation!(ctx, op)) return false
   return true
 }
 
 /** The items of one list result (upstream names) the caller may see. */
-export function filterListItems (checkers: readonly Plugin[], ctx: RequestContext, listMethod: string, items: unknown[], target: string): unknown[] {
+export function filterListItems(checkers: readonly Plugin[], ctx: RequestContext, listMethod: string, items: unknown[], target: string): unknown[] {
   if (checkers.length === 0) return items
   switch (listMethod) {
-    case 'tools/list': return items.filter(t => allowOperation(checkers, ctx, 'tools/call', 'tool', (t as { name: string }).name, target))
-    case 'prompts/list': return items.filter(p => allowOperation(checkers, ctx, 'prompts/get', 'prompt', (p as { name: string }).name, target))
+    case 'tools/list':
+      return items.filter(t => allowOperation(checkers, ctx, 'tools/call', 'tool', (t as { name: string }).name, target))
+    case 'prompts/list':
+      return items.filter(p => allowOperation(checkers, ctx, 'prompts/get', 'prompt', (p as { name: string }).name, target))
     // As a read would see it (resource-uri.ts): a URI the gateway would refuse to read is not listed.
-    case 'resources/list': return items.filter(r => {
-      const uri = normalizeResourceUri((r as { uri: string }).uri)
-      return 'uri' in uri && allowOperation(checkers, ctx, 'resources/read', 'resource', uri.uri, target)
-    })
-    default: return items.filter(r => allowOperation(checkers, ctx, 'resources/read', 'resource', (r as { uriTemplate: string }).uriTemplate, target))
+    case 'resources/list':
+      return items.filter(r => {
+        const uri = normalizeResourceUri((r as { uri: string }).uri)
+        return 'uri' in uri && allowOperation(checkers, ctx, 'resources/read', 'resource', uri.uri, target)
+      })
+    default:
+      return items.filter(r => allowOperation(checkers, ctx, 'resources/read', 'resource', (r as { uriTemplate: string }).uriTemplate, target))
   }
 }
 
@@ -46,16 +53,16 @@ export function filterListItems (checkers: readonly Plugin[], ctx: RequestContex
  * answer. Resources keep their URI scheme, so scheme-specific handling stays
  * the same.
  */
-export function deniedStandIn (original: string, kind: OperationKind): { value: string; restore (message: JsonRpcMessage): JsonRpcMessage } {
+export function deniedStandIn(original: string, kind: OperationKind): { value: string; restore(message: JsonRpcMessage): JsonRpcMessage } {
   const token = `mcp-proxy-denied-${randomBytes(12).toString('hex')}`
   const scheme = kind === 'resource' ? /^[A-Za-z][A-Za-z0-9+.-]*:/.exec(original)?.[0] : undefined
   const value = scheme === undefined ? token : `${scheme}//${token}`
   const escaped = JSON.stringify(original).slice(1, -1)
   return {
     value,
-    restore (message) {
+    restore(message) {
       const text = JSON.stringify(message)
-      return text.includes(value) ? JSON.parse(text.split(value).join(escaped)) as JsonRpcMessage : message
+      return text.includes(value) ? (JSON.parse(text.split(value).join(escaped)) as JsonRpcMessage) : message
     },
   }
 }

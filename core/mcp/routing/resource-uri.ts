@@ -25,7 +25,7 @@ const AMBIGUOUS = /%2f|%5c|%00|\\/i
 export type ResourceUri = { readonly uri: string } | { readonly invalid: string }
 
 /** The normalized form of `uri`, or why it is refused. */
-export function normalizeResourceUri (uri: string): ResourceUri {
+export function normalizeResourceUri(uri: string): ResourceUri {
   let href: string
   try {
     href = new URL(uri).href

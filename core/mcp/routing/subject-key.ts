@@ -9,7 +9,7 @@
  */
 import type { RequestContext } from '../../context.ts'
 
-export function subjectKeyOf (ctx: RequestContext): string {
+export function subjectKeyOf(ctx: RequestContext): string {
   const subject = ctx.auth?.subject
   if (subject !== undefined) return subject
   // The NUL prefix keeps it apart from real subjects: those come from IdP-signed claims,

@@ -11,16 +11,31 @@ import { methodLabel, AdvertisedNames } from '../../observability/metric-labels.
 
 /** `outcome` of mcp_proxy_tool_calls_total: `tool_error` is a result with isError (MCP server/tools, "Error Handling"). */
 const TOOL_OUTCOMES = ['ok', 'tool_error', 'error', 'closed'] as const
-type ToolOutcome = typeof TOOL_OUTCOMES[number]
+type ToolOutcome = (typeof TOOL_OUTCOMES)[number]
 type ToolMeters = { duration: HistogramHandle } & Record<ToolOutcome, CounterHandle>
-interface MethodMeters { duration: HistogramHandle; ok: CounterHandle; error: CounterHandle; closed: CounterHandle }
-interface Meters { duration: Histogram; requests: Counter; toolDuration: Histogram; toolCalls: Counter }
+interface MethodMeters {
+  duration: HistogramHandle
+  ok: CounterHandle
+  error: CounterHandle
+  closed: CounterHandle
+}
+interface Meters {
+  duration: Histogram
+  requests: Counter
+  toolDuration: Histogram
+  toolCalls: Counter
+}
 
 /** How a call ended: answered (`ok`, `error`), or never answered (upstream closed, send failed, timed out, cancelled). */
 export type CallOutcome = 'ok' | 'error' | 'closed'
 
 /** What a call in flight carries for its metrics. */
-export interface CallTiming { readonly meters: MethodMeters; readonly t0: bigint; readonly tool?: ToolMeters; readonly list?: boolean }
+export interface CallTiming {
+  readonly meters: MethodMeters
+  readonly t0: bigint
+  readonly tool?: ToolMeters
+  readonly list?: boolean
+}
 
 /** Methods a client can name freely: past this many, handles are made per call instead of kept. */
 const MAX_METHOD_HANDLES = 256
@@ -34,7 +49,7 @@ export class TargetCallMeter {
   readonly #tools: AdvertisedNames
   readonly #byTool = new Map<string, ToolMeters>()
 
-  constructor (target: string, meters: Meters, maxToolLabels: number) {
+  constructor(target: string, meters: Meters, maxToolLabels: number) {
     this.target = target
     this.#meters = meters
     this.#tools = new AdvertisedNames(maxToolLabels)
@@ -42,7 +57,7 @@ export class TargetCallMeter {
   }
 
   /** A request goes upstream. */
-  sent (message: JsonRpcMessage): CallTiming {
+  sent(message: JsonRpcMessage): CallTiming {
     const method = message.method ?? ''
     let tool: ToolMeters | undefined
     if (method === 'tools/call') {
@@ -53,7 +68,7 @@ export class TargetCallMeter {
   }
 
   /** The call ended; `response` is the upstream's answer when there is one. */
-  settled (timing: CallTiming, outcome: CallOutcome, response?: JsonRpcMessage): void {
+  settled(timing: CallTiming, outcome: CallOutcome, response?: JsonRpcMessage): void {
     const seconds = Number(process.hrtime.bigint() - timing.t0) / 1e9
     timing.meters.duration.observe(seconds)
     timing.meters[outcome].inc()
@@ -72,7 +87,7 @@ export class TargetCallMeter {
     }
   }
 
-  #method (name: string): MethodMeters {
+  #method(name: string): MethodMeters {
     // A label value from a bounded set: the client names the method (metric-labels.ts).
     const method = methodLabel(name)
     let m = this.#byMethod.get(method)
@@ -91,7 +106,7 @@ export class TargetCallMeter {
   }
 
   /** The handles of one tool label, made once; every series starts at 0. */
-  #tool (tool: string): ToolMeters {
+  #tool(tool: string): ToolMeters {
     let m = this.#byTool.get(tool)
     if (m === undefined) {
       const labels = { target: this.target, tool }
@@ -110,11 +125,14 @@ export class TargetCallMeter {
 }
 
 /** One TargetCallMeter per target name, registering the call metrics once. */
-export function createCallMeters (targets: readonly string[], metrics: Metrics, maxToolLabels = 200): Map<string, TargetCallMeter> {
+export function createCallMeters(targets: readonly string[], metrics: Metrics, maxToolLabels = 200): Map<string, TargetCallMeter> {
   const meters: Meters = {
     duration: metrics.histogram('mcp_proxy_upstream_duration_seconds', 'Time from forwarding a request to an upstream to its answer, by target and MCP method'),
     requests: metrics.counter('mcp_proxy_upstream_requests_total', 'Requests forwarded to upstreams by target, MCP method and outcome (ok, error, closed)'),
-    toolCalls: metrics.counter('mcp_proxy_tool_calls_total', 'tools/call requests forwarded to upstreams by target, tool (advertised names, else other) and outcome (ok, tool_error, error, closed)'),
+    toolCalls: metrics.counter(
+      'mcp_proxy_tool_calls_total',
+      'tools/call requests forwarded to upstreams by target, tool (advertised names, else other) and outcome (ok, tool_error, error, closed)'
+    ),
     toolDuration: metrics.histogram('mcp_proxy_tool_call_duration_seconds', 'Time from forwarding a tools/call upstream to its answer, by target and tool'),
   }
   return new Map(targets.map(t => [t, new TargetCallMeter(t, meters, maxToolLabels)]))

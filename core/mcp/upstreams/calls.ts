@@ -18,23 +18,23 @@ export class UpstreamCalls<C extends { readonly id: number }> {
   readonly #meter: TargetCallMeter | undefined
   readonly #timings = new Map<number, CallTiming>()
 
-  constructor (meter?: TargetCallMeter) {
+  constructor(meter?: TargetCallMeter) {
     this.#meter = meter
   }
 
   /** A fresh id on this upstream. */
-  nextId (): number {
+  nextId(): number {
     return ++this.#seq
   }
 
   /** `call` goes upstream as `request` (timed when the table has a meter). */
-  add (call: C, request: JsonRpcMessage): void {
+  add(call: C, request: JsonRpcMessage): void {
     this.#byId.set(call.id, call)
     if (this.#meter !== undefined) this.#timings.set(call.id, this.#meter.sent(request))
   }
 
   /** The call `response` answers, taken out; undefined for an id that is not in flight. */
-  answered (response: JsonRpcMessage): C | undefined {
+  answered(response: JsonRpcMessage): C | undefined {
     const { id } = response
     if (typeof id !== 'number') return undefined
     const call = this.#byId.get(id)
@@ -46,7 +46,7 @@ export class UpstreamCalls<C extends { readonly id: number }> {
   }
 
   /** Takes `call` out unanswered (send failed, timed out, cancelled); false when it was settled already. */
-  remove (call: C): boolean {
+  remove(call: C): boolean {
     if (this.#byId.get(call.id) !== call) return false
     this.#byId.delete(call.id)
     this.#settled(call.id, 'closed')
@@ -54,14 +54,14 @@ export class UpstreamCalls<C extends { readonly id: number }> {
   }
 
   /** Every call in flight, taken out (the upstream closed). */
-  drain (): C[] {
+  drain(): C[] {
     const all = [...this.#byId.values()]
     this.#byId.clear()
     for (const c of all) this.#settled(c.id, 'closed')
     return all
   }
 
-  #settled (id: number, outcome: CallOutcome, response?: JsonRpcMessage): void {
+  #settled(id: number, outcome: CallOutcome, response?: JsonRpcMessage): void {
     if (this.#meter === undefined) return
     const t = this.#timings.get(id)
     if (t === undefined) return
@@ -69,11 +69,11 @@ export class UpstreamCalls<C extends { readonly id: number }> {
     this.#meter.settled(t, outcome, response)
   }
 
-  get size (): number {
+  get size(): number {
     return this.#byId.size
   }
 
-  values (): IterableIterator<C> {
+  values(): IterableIterator<C> {
     return this.#byId.values()
   }
 }

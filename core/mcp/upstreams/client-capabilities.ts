@@ -25,7 +25,7 @@ export const CAPABILITY_OF_REQUEST: Readonly<Record<string, Bridged>> = {
 export const UPSTREAM_CAPABILITIES = { sampling: {}, elicitation: { form: {} } } as const
 
 /** The bridgeable capabilities `caps` declares (present and not null). */
-export function bridgedOf (caps: Readonly<Record<string, unknown>>, among: readonly Bridged[] = BRIDGED): Bridged[] {
+export function bridgedOf(caps: Readonly<Record<string, unknown>>, among: readonly Bridged[] = BRIDGED): Bridged[] {
   return among.filter(k => caps[k] !== undefined && caps[k] !== null)
 }
 
@@ -33,7 +33,7 @@ export function bridgedOf (caps: Readonly<Record<string, unknown>>, among: reado
  * The session-era client capabilities declaring exactly `kinds` (form elicitation only; roots
  * without listChanged: a stateless client cannot tell of a change).
  */
-export function upstreamCapabilities (kinds: readonly Bridged[]): Record<string, unknown> {
+export function upstreamCapabilities(kinds: readonly Bridged[]): Record<string, unknown> {
   const caps: Record<string, unknown> = {}
   if (kinds.includes('sampling')) caps.sampling = {}
   if (kinds.includes('elicitation')) caps.elicitation = { form: {} }

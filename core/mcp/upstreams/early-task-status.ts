@@ -11,26 +11,26 @@ export class EarlyTaskStatus {
   readonly #limit: number
   #held: JsonRpcMessage[] = []
 
-  constructor (limit: number) {
+  constructor(limit: number) {
     this.#limit = limit
   }
 
   /** Holds the status of a task not known yet, when a call that may create it is in flight (`creating`). */
-  hold (msg: JsonRpcMessage, creating: boolean): void {
+  hold(msg: JsonRpcMessage, creating: boolean): void {
     if (!creating || typeof msg.params?.taskId !== 'string') return
     if (this.#held.length >= this.#limit) this.#held.shift()
     this.#held.push(msg)
   }
 
   /** The held statuses of `taskId`, in order, no longer held. */
-  take (taskId: string): JsonRpcMessage[] {
+  take(taskId: string): JsonRpcMessage[] {
     const held = this.#held.filter(m => m.params?.taskId === taskId)
     if (held.length > 0) this.#held = this.#held.filter(m => m.params?.taskId !== taskId)
     return held
   }
 
   /** No call that may create a task is in flight any more: nothing held can become known. */
-  clear (): void {
+  clear(): void {
     this.#held = []
   }
 }

@@ -52,22 +52,33 @@ export class UpstreamPool {
   #size = 0
   #closed = false
 
-  constructor (opts: PoolOptions) {
+  constructor(opts: PoolOptions) {
     this.#opts = opts
     this.#sweeper = setInterval(() => this.#sweep(), Math.min(Math.max(Math.floor(opts.idleMs / 4), 100), 30_000))
     this.#sweeper.unref()
   }
 
-  get size (): number { return this.#size }
+  get size(): number {
+    return this.#size
+  }
 
   /**
    * An initialized upstream of `factory` for `subjectKey`, leased: the caller
    * must call `release()` when its request (or listen stream, or shared
    * session) is over. `perKeyMax` caps the upstreams of this key.
    */
-  async acquire (factory: UpstreamFactory, subjectKey: string, subject: string | undefined, perKeyMax = this.#opts.perKeyMax, how: AcquireHow = {}): Promise<PooledUpstream> {
+  async acquire(
+    factory: UpstreamFactory,
+    subjectKey: string,
+    subject: string | undefined,
+    perKeyMax = this.#opts.perKeyMax,
+    how: AcquireHow = {}
+  ): Promise<PooledUpstream> {
     if (this.#closed) throw shuttingDown()
-    const key = factory.target + '\u0000' + subjectKey +
+    const key =
+      factory.target +
+      '\u0000' +
+      subjectKey +
       (how.era === 'modern' ? '\u0000modern' : how.capabilities === undefined ? '' : '\u0000caps:' + [...how.capabilities].sort().join(','))
     const list = this.#byKey.get(key) ?? []
     const live = list.filter(e => !e.closed)
@@ -78,7 +89,16 @@ export class UpstreamPool {
       if (this.#size >= this.#opts.globalMax && !this.#evictIdle()) {
         if (entry === undefined) throw processLimit()
       } else {
-        entry = new PooledUpstream(factory, key, subject, this.#opts.log, this.#opts.requestTimeoutMs, (e) => this.#remove(e), this.#opts.meters?.get(factory.target), how)
+        entry = new PooledUpstream(
+          factory,
+          key,
+          subject,
+          this.#opts.log,
+          this.#opts.requestTimeoutMs,
+          e => this.#remove(e),
+          this.#opts.meters?.get(factory.target),
+          how
+        )
         live.push(entry)
         this.#byKey.set(key, live)
         this.#size++
@@ -99,29 +119,37 @@ export class UpstreamPool {
     return entry
   }
 
-  release (entry: PooledUpstream): void {
+  release(entry: PooledUpstream): void {
     if (entry.leases > 0) entry.leases--
     entry.lastUsedAt = Date.now()
   }
 
-  describe (): PooledSummary[] {
+  describe(): PooledSummary[] {
     const out: PooledSummary[] = []
     for (const list of this.#byKey.values()) {
       for (const e of list) {
-        out.push({ target: e.target, subject: e.subject, pid: e.upstream.pid, inFlight: e.inFlight, leases: e.leases, createdAt: e.createdAt, lastUsedAt: e.lastUsedAt })
+        out.push({
+          target: e.target,
+          subject: e.subject,
+          pid: e.upstream.pid,
+          inFlight: e.inFlight,
+          leases: e.leases,
+          createdAt: e.createdAt,
+          lastUsedAt: e.lastUsedAt,
+        })
       }
     }
     return out
   }
 
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     this.#closed = true
     clearInterval(this.#sweeper)
     const all = [...this.#byKey.values()].flat()
     await Promise.allSettled(all.map(e => e.close()))
   }
 
-  #remove (e: PooledUpstream): void {
+  #remove(e: PooledUpstream): void {
     const list = this.#byKey.get(e.key)
     if (list === undefined) return
     const i = list.indexOf(e)
@@ -132,7 +160,7 @@ export class UpstreamPool {
   }
 
   /** Closes the longest-idle upstream without leases; false when there is none. */
-  #evictIdle (): boolean {
+  #evictIdle(): boolean {
     let victim: PooledUpstream | undefined
     for (const list of this.#byKey.values()) {
       for (const e of list) if (e.leases === 0 && e.up && (victim === undefined || e.lastUsedAt < victim.lastUsedAt)) victim = e
@@ -142,7 +170,7 @@ export class UpstreamPool {
     return true
   }
 
-  #sweep (): void {
+  #sweep(): void {
     const now = Date.now()
     for (const list of [...this.#byKey.values()]) {
       for (const e of [...list]) {

@@ -56,7 +56,7 @@ const SUBSCRIPTION_ID = META.subscriptionId
 export class NotModernError extends Error {}
 
 /** Whether `err` from `acquire(..., { era: 'modern' })` says the target speaks only the session era. */
-export function isNotModern (err: unknown): boolean {
+export function isNotModern(err: unknown): boolean {
   return (err as { cause?: unknown } | undefined)?.cause instanceof NotModernError
 }
 
@@ -74,7 +74,6 @@ interface Pending {
   readonly clientToken: unknown
   timer: NodeJS.Timeout | undefined
 }
-
 
 /** How `acquire()` reaches the target: its era, and (session era) which capabilities to declare. */
 export interface AcquireHow {
@@ -121,7 +120,16 @@ export class PooledUpstream {
   readonly #timeoutMs: number
   readonly #unregister: (entry: PooledUpstream) => void
 
-  constructor (factory: UpstreamFactory, key: string, subject: string | undefined, log: Logger, timeoutMs: number, onGone: (entry: PooledUpstream) => void, meter?: TargetCallMeter, how: AcquireHow = {}) {
+  constructor(
+    factory: UpstreamFactory,
+    key: string,
+    subject: string | undefined,
+    log: Logger,
+    timeoutMs: number,
+    onGone: (entry: PooledUpstream) => void,
+    meter?: TargetCallMeter,
+    how: AcquireHow = {}
+  ) {
     this.target = factory.target
     this.era = how.era ?? 'legacy'
     this.declared = how.declare ?? (how.capabilities === undefined ? UPSTREAM_CAPABILITIES : upstreamCapabilities(how.capabilities))
@@ -132,15 +140,17 @@ export class PooledUpstream {
     this.#timeoutMs = timeoutMs
     this.#unregister = onGone
     this.upstream = factory.create()
-    this.upstream.onMessage = (msg) => this.#fromUpstream(msg)
-    this.upstream.onClose = (err) => this.#closedByUpstream(err)
+    this.upstream.onMessage = msg => this.#fromUpstream(msg)
+    this.upstream.onClose = err => this.#closedByUpstream(err)
     this.ready = this.#start()
   }
 
-  get inFlight (): number { return this.#pending.size }
+  get inFlight(): number {
+    return this.#pending.size
+  }
 
   /** The upstream's name and version: `initialize`'s serverInfo, or `server/discover`'s `_meta` serverInfo. */
-  get serverInfo (): unknown {
+  get serverInfo(): unknown {
     if (this.era === 'legacy') return this.initResult?.serverInfo
     return (this.initResult?._meta as Record<string, unknown> | undefined)?.[META.serverInfo]
   }
@@ -151,10 +161,15 @@ export class PooledUpstream {
    * or silence on stdio, is a session-era one (NotModernError); a transport
    * failure (HTTP 5xx, network, a crash) is only a failure, asked again later.
    */
-  async #discover (): Promise<void> {
-    const res = await this.call({
-      jsonrpc: '2.0', method: 'server/discover', params: { _meta: { [META.protocolVersion]: MODERN_REVISION, [META.clientInfo]: GATEWAY_INFO, [META.clientCapabilities]: {} } },
-    }, { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS), headers: { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': 'server/discover' } }).done
+  async #discover(): Promise<void> {
+    const res = await this.call(
+      {
+        jsonrpc: '2.0',
+        method: 'server/discover',
+        params: { _meta: { [META.protocolVersion]: MODERN_REVISION, [META.clientInfo]: GATEWAY_INFO, [META.clientCapabilities]: {} } },
+      },
+      { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS), headers: { 'mcp-protocol-version': MODERN_REVISION, 'mcp-method': 'server/discover' } }
+    ).done
     const versions = (res.result as { supportedVersions?: unknown } | undefined)?.supportedVersions
     if (Array.isArray(versions) && versions.includes(MODERN_REVISION)) {
       this.initResult = res.result as Record<string, unknown>
@@ -166,7 +181,7 @@ export class PooledUpstream {
     throw new NotModernError(`target ${this.target} does not speak ${MODERN_REVISION}: ${res.error?.message ?? 'server/discover lists other versions'}`)
   }
 
-  async #start (): Promise<void> {
+  async #start(): Promise<void> {
     try {
       await this.upstream.start()
       if (this.era === 'modern') {
@@ -178,9 +193,14 @@ export class PooledUpstream {
       // to multi round-trip results (modern/input-required.ts): by default sampling and form
       // elicitation; for 2026-07-28 clients exactly the ones they declare
       // (sampling, elicitation, roots), so that no tool gated on another shows.
-      const res = await this.call({
-        jsonrpc: '2.0', method: 'initialize', params: { protocolVersion: LATEST_SESSION_REVISION, capabilities: this.declared, clientInfo: GATEWAY_INFO },
-      }, { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS) }).done
+      const res = await this.call(
+        {
+          jsonrpc: '2.0',
+          method: 'initialize',
+          params: { protocolVersion: LATEST_SESSION_REVISION, capabilities: this.declared, clientInfo: GATEWAY_INFO },
+        },
+        { timeoutMs: Math.max(this.#timeoutMs, INIT_TIMEOUT_MIN_MS) }
+      ).done
       if (res.error !== undefined) throw new Error(res.error.message)
       this.initResult = (res.result ?? {}) as Record<string, unknown>
       this.upstream.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
@@ -197,7 +217,7 @@ export class PooledUpstream {
    * Sends one request upstream under a fresh id (the message is mutated:
    * id, and a progress token mapped to one unique on this upstream).
    */
-  call (msg: JsonRpcMessage, hooks: CallHooks = {}): PoolCall {
+  call(msg: JsonRpcMessage, hooks: CallHooks = {}): PoolCall {
     const id = this.#pending.nextId()
     msg.id = id
     const meta = msg.params?._meta as Record<string, unknown> | undefined
@@ -211,21 +231,23 @@ export class PooledUpstream {
       meta.progressToken = token
     }
     let resolve!: (m: JsonRpcMessage) => void
-    const done = new Promise<JsonRpcMessage>(r => { resolve = r })
+    const done = new Promise<JsonRpcMessage>(r => {
+      resolve = r
+    })
     const pending: Pending = { id, resolve, hooks, token, clientToken, timer: undefined }
     this.lastUsedAt = Date.now()
     if (this.closed) {
       resolve(rpcError(RPC.CONNECTION_CLOSED, `upstream ${this.target} closed`))
-      return { done, cancel () {} }
+      return { done, cancel() {} }
     }
     this.#pending.add(pending, msg)
     if (token !== undefined) this.#progress.set(token, pending)
     try {
-      if (ownStream) this.upstream.sendModern!(msg, hooks.headers ?? {}, (m) => this.#related(pending, m))
+      if (ownStream) this.upstream.sendModern!(msg, hooks.headers ?? {}, m => this.#related(pending, m))
       else this.upstream.send(msg)
     } catch {
       this.#settle(pending, rpcError(RPC.CONNECTION_CLOSED, `upstream ${this.target} closed`))
-      return { done, cancel () {} }
+      return { done, cancel() {} }
     }
     if (hooks.timeoutMs !== 0) {
       pending.timer = setTimeout(() => {
@@ -248,7 +270,7 @@ export class PooledUpstream {
    * `resources/subscribe` counted per URI: the upstream is asked once, however
    * many holders (listen streams, shared sessions) want the URI.
    */
-  async subscribe (uri: string): Promise<JsonRpcMessage> {
+  async subscribe(uri: string): Promise<JsonRpcMessage> {
     const n = this.#subscriptions.get(uri) ?? 0
     if (n > 0) {
       this.#subscriptions.set(uri, n + 1)
@@ -260,7 +282,7 @@ export class PooledUpstream {
   }
 
   /** Drops one holder of `uri`; the last one unsubscribes upstream (fire and forget). */
-  unsubscribe (uri: string): void {
+  unsubscribe(uri: string): void {
     const n = this.#subscriptions.get(uri) ?? 0
     if (n > 1) {
       this.#subscriptions.set(uri, n - 1)
@@ -272,17 +294,21 @@ export class PooledUpstream {
   }
 
   /** Answers a server-to-client request of this upstream. */
-  answer (id: JsonRpcId, result: unknown, error?: { code: number; message: string }): void {
+  answer(id: JsonRpcId, result: unknown, error?: { code: number; message: string }): void {
     this.notify(error === undefined ? { jsonrpc: '2.0', id, result } : { jsonrpc: '2.0', id, error })
   }
 
   /** Fire-and-forget request whose answer is not needed (e.g. resources/unsubscribe on close). */
-  notify (msg: JsonRpcMessage): void {
+  notify(msg: JsonRpcMessage): void {
     if (!this.up || this.closed) return
-    try { this.upstream.send(msg) } catch { /* reported through onClose */ }
+    try {
+      this.upstream.send(msg)
+    } catch {
+      /* reported through onClose */
+    }
   }
 
-  #settle (p: Pending, msg: JsonRpcMessage): void {
+  #settle(p: Pending, msg: JsonRpcMessage): void {
     this.#pending.remove(p)
     if (p.token !== undefined) this.#progress.delete(p.token)
     clearTimeout(p.timer)
@@ -291,22 +317,27 @@ export class PooledUpstream {
   }
 
   /** `reason` absent: none is sent (it is optional, MCP 2025-11-25 utilities, Cancellation). */
-  #cancelUpstream (id: number, reason: string | undefined): void {
+  #cancelUpstream(id: number, reason: string | undefined): void {
     // 2026-07-28 over HTTP: closing the request's stream is the cancellation.
     if (this.era === 'modern' && this.upstream.abortModern !== undefined) this.upstream.abortModern(id)
     else this.notify({ jsonrpc: '2.0', method: 'notifications/cancelled', params: reason === undefined ? { requestId: id } : { requestId: id, reason } })
   }
 
   /** A notification on the stream of one 2026-07-28 HTTP request: it is that request's. */
-  #related (p: Pending, msg: JsonRpcMessage): void {
+  #related(p: Pending, msg: JsonRpcMessage): void {
     switch (msg.method) {
-      case 'notifications/progress': p.hooks.onProgress?.(msg); return
-      case 'notifications/message': p.hooks.onLog?.(msg); return
-      default: p.hooks.onNotification?.(msg)
+      case 'notifications/progress':
+        p.hooks.onProgress?.(msg)
+        return
+      case 'notifications/message':
+        p.hooks.onLog?.(msg)
+        return
+      default:
+        p.hooks.onNotification?.(msg)
     }
   }
 
-  #fromUpstream (msg: JsonRpcMessage): void {
+  #fromUpstream(msg: JsonRpcMessage): void {
     if (msg.method === undefined) {
       const p = this.#pending.answered(msg)
       if (p === undefined) {
@@ -331,7 +362,11 @@ export class PooledUpstream {
       // when there is exactly one; otherwise it is refused rather than guessed.
       let target: Pending | undefined
       let candidates = 0
-      for (const p of this.#pending.values()) if (p.hooks.onServerRequest !== undefined) { target = p; candidates++ }
+      for (const p of this.#pending.values())
+        if (p.hooks.onServerRequest !== undefined) {
+          target = p
+          candidates++
+        }
       // roots/list only where roots were declared: asked within a call, it is bridged like the others.
       if (target === undefined || candidates > 1 || (msg.method === 'roots/list' && this.declared.roots === undefined)) {
         this.answer(msg.id, undefined, { code: RPC.METHOD_NOT_FOUND, message: 'Method not found' })
@@ -381,11 +416,11 @@ export class PooledUpstream {
     }
   }
 
-  #failAll (message: string): void {
+  #failAll(message: string): void {
     for (const p of this.#pending.drain()) this.#settle(p, rpcError(RPC.CONNECTION_CLOSED, message))
   }
 
-  #closedByUpstream (err: Error | undefined): void {
+  #closedByUpstream(err: Error | undefined): void {
     const wasClosed = this.closed
     this.closed = true
     this.up = false
@@ -394,14 +429,14 @@ export class PooledUpstream {
     this.#gone()
   }
 
-  #gone (): void {
+  #gone(): void {
     this.#unregister(this)
     const hs = [...this.onGone]
     this.onGone.clear()
     for (const h of hs) h()
   }
 
-  async close (): Promise<void> {
+  async close(): Promise<void> {
     if (!this.closed) {
       this.closed = true
       this.up = false

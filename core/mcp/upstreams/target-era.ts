@@ -24,7 +24,7 @@ export class TargetEras {
   readonly #known = new Map<string, TargetEra>()
   readonly #probes = new Map<string, Promise<void>>()
 
-  constructor (pool: UpstreamPool, log: Logger) {
+  constructor(pool: UpstreamPool, log: Logger) {
     this.#pool = pool
     this.#log = log
   }
@@ -34,7 +34,7 @@ export class TargetEras {
    * and is tried again by the next one; the probing upstream stays pooled under the asking
    * subject, whose request uses it next.
    */
-  async of (factory: UpstreamFactory, subjectKey: string, subject: string | undefined): Promise<TargetEra> {
+  async of(factory: UpstreamFactory, subjectKey: string, subject: string | undefined): Promise<TargetEra> {
     if (factory.protocol === '2026-07-28') return 'modern'
     if (factory.protocol === 'session') return 'legacy'
     const known = this.#known.get(factory.target)
@@ -50,7 +50,10 @@ export class TargetEras {
           this.#known.set(factory.target, 'legacy')
         }
         // Logged in the config's words (`protocol: session`), as operators set it.
-        this.#log.info({ target: factory.target, era: this.#known.get(factory.target) === 'modern' ? 'modern' : 'session' }, 'target era found by server/discover')
+        this.#log.info(
+          { target: factory.target, era: this.#known.get(factory.target) === 'modern' ? 'modern' : 'session' },
+          'target era found by server/discover'
+        )
       })().finally(() => this.#probes.delete(factory.target))
       this.#probes.set(factory.target, probe)
     }
@@ -59,7 +62,7 @@ export class TargetEras {
   }
 
   /** A target found native that stopped speaking the revision: the session era from now on. */
-  demote (target: string): void {
+  demote(target: string): void {
     this.#known.set(target, 'legacy')
   }
 }

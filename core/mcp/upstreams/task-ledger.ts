@@ -9,7 +9,7 @@
  */
 
 /** Terminal task statuses (MCP 2025-11-25 tasks, "Task Status"): a task in one never changes again. */
-export function isTerminal (status: unknown): boolean {
+export function isTerminal(status: unknown): boolean {
   return status === 'completed' || status === 'failed' || status === 'cancelled'
 }
 
@@ -18,7 +18,7 @@ export function isTerminal (status: unknown): boolean {
  * the task ended: a result given, a cancellation acknowledged, or a terminal status seen. The one
  * rule of both eras' task slots (legacy/session-tasks.ts, modern/tasks.ts).
  */
-export function endsTask (method: string, result: unknown): boolean {
+export function endsTask(method: string, result: unknown): boolean {
   return method === 'tasks/result' || method === 'tasks/cancel' || isTerminal((result as { status?: unknown } | undefined)?.status)
 }
 
@@ -28,31 +28,31 @@ export class TaskLedger<V> {
   /** Ended tasks, oldest first, at most `limit`. */
   readonly #ended = new Map<string, V>()
 
-  constructor (limit: number) {
+  constructor(limit: number) {
     this.limit = limit
   }
 
   /** Whether `reserved` more tasks (calls that may create one, not answered yet) would pass the limit. */
-  full (reserved: number): boolean {
+  full(reserved: number): boolean {
     return this.#working.size + reserved >= this.limit
   }
 
-  add (taskId: string, value: V): void {
+  add(taskId: string, value: V): void {
     this.#ended.delete(taskId)
     this.#working.set(taskId, value)
   }
 
-  get (taskId: unknown): V | undefined {
+  get(taskId: unknown): V | undefined {
     if (typeof taskId !== 'string') return undefined
     return this.#working.get(taskId) ?? this.#ended.get(taskId)
   }
 
-  has (taskId: unknown): boolean {
+  has(taskId: unknown): boolean {
     return typeof taskId === 'string' && (this.#working.has(taskId) || this.#ended.has(taskId))
   }
 
   /** The task reached a terminal status: its slot is free. */
-  end (taskId: unknown): void {
+  end(taskId: unknown): void {
     if (typeof taskId !== 'string') return
     const v = this.#working.get(taskId)
     if (v === undefined) return
@@ -62,18 +62,18 @@ export class TaskLedger<V> {
   }
 
   /** Forgets the task, ended or not (its server forgot it: its TTL passed). */
-  delete (taskId: string): void {
+  delete(taskId: string): void {
     this.#working.delete(taskId)
     this.#ended.delete(taskId)
   }
 
   /** Tasks known, ended or not. */
-  get size (): number {
+  get size(): number {
     return this.#working.size + this.#ended.size
   }
 
   /** Tasks not seen ended yet. */
-  get working (): number {
+  get working(): number {
     return this.#working.size
   }
 }

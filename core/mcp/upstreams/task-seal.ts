@@ -35,12 +35,10 @@ export interface TaskSeal {
   open(subjectKey: string, id: unknown, now?: number): SealedTask | undefined
 }
 
-export function createTaskSeal (secret: string | undefined): TaskSeal {
-  const key = secret === undefined
-    ? randomBytes(32)
-    : sealKey(secret, 'task-id seal v1')
+export function createTaskSeal(secret: string | undefined): TaskSeal {
+  const key = secret === undefined ? randomBytes(32) : sealKey(secret, 'task-id seal v1')
   return {
-    seal (subjectKey, task) {
+    seal(subjectKey, task) {
       const fields = [task.target, task.tool, task.taskId].map(f => Buffer.from(f, 'utf8'))
       if (fields.some(f => f.length > MAX_SEALED_FIELD)) return undefined
       const head = Buffer.alloc(8)
@@ -54,7 +52,7 @@ export function createTaskSeal (secret: string | undefined): TaskSeal {
       return seal(key, parts, Buffer.from(subjectKey, 'utf8'))
     },
 
-    open (subjectKey, id, now = Date.now()) {
+    open(subjectKey, id, now = Date.now()) {
       if (typeof id !== 'string') return undefined
       const plain = unseal(key, id, 8 + 6, MAX_ID_CHARS, Buffer.from(subjectKey, 'utf8'))
       if (plain === undefined) return undefined
