@@ -20,7 +20,7 @@ import type { SessionTasks } from './session-tasks.ts'
 /** What routing a client request needs of its session. */
 export interface SessionRoutes {
   readonly links: readonly SessionLink[]
-  readonly router: TargetNamespace<SessionLink>
+  readonly namespace: TargetNamespace<SessionLink>
   readonly tasks: SessionTasks<Inflight>
   readonly log: Logger
   readonly failClosed: boolean
@@ -64,10 +64,10 @@ export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessa
     listTasks(s, inflight, msg)
     return
   }
-  const router = s.router
+  const namespace = s.namespace
   if (isListMethod(method)) {
-    if (router.multi) {
-      void router
+    if (namespace.multi) {
+      void namespace
         .mergeLists(
           inflight.post.ctx,
           method,
@@ -84,12 +84,12 @@ export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessa
       inflight,
       link,
       msg,
-      router.checkers.length === 0
+      namespace.checkers.length === 0
         ? undefined
         : r => {
-            const invalid = router.checkList(link.target, method, r.result)
+            const invalid = namespace.checkList(link.target, method, r.result)
             if (invalid === undefined) {
-              router.filterResult(inflight.post.ctx, method, r.result, link.target)
+              namespace.filterResult(inflight.post.ctx, method, r.result, link.target)
               return r
             }
             s.log.warn({ target: link.target, method, err: invalid.message }, 'invalid upstream list result')
@@ -98,11 +98,11 @@ export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessa
     )
     return
   }
-  if (method === 'completion/complete' && (router.multi || router.checkers.length > 0)) {
+  if (method === 'completion/complete' && (namespace.multi || namespace.checkers.length > 0)) {
     complete(s, inflight, msg)
     return
   }
-  if (!router.multi) {
+  if (!namespace.multi) {
     s.forward(inflight, s.links[0]!, msg, undefined)
     return
   }
@@ -117,16 +117,16 @@ export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessa
 
 /** completion/complete: to the target of its reference; one the rules deny under a stand-in (routing/namespace.ts). */
 function complete(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
-  const routed = s.router.completion(inflight.post.ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+  const routed = s.namespace.completion(inflight.post.ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
   if (routed === undefined) s.reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
   else s.forward(inflight, routed.target, msg, routed.standIn?.restore, routed.standIn !== undefined)
 }
 
 /** tools/call, prompts/get, resources/read and (un)subscribe: to the item's target, refused ones under a stand-in. */
 function namedItem(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, method: NamedMethod): void {
-  const router = s.router
+  const namespace = s.namespace
   const params = msg.params ?? {}
-  const call = resolveNamedCall(router, inflight.post.ctx, method, params)
+  const call = resolveNamedCall(namespace, inflight.post.ctx, method, params)
   if ('answer' in call) {
     s.reply(inflight, call.answer)
     return
@@ -134,7 +134,7 @@ function namedItem(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, me
   const { target: link, name, standIn: refused } = call
   const read = method === 'resources/read'
   if (refused !== undefined) {
-    s.forward(inflight, link, msg, read ? r => router.markContents(link.target, refused.restore(r)) : refused.restore, true)
+    s.forward(inflight, link, msg, read ? r => namespace.markContents(link.target, refused.restore(r)) : refused.restore, true)
     return
   }
   const kind = NAMED[method].kind
@@ -152,16 +152,16 @@ function namedItem(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, me
   }
   // Several targets: URIs inside answers are the gateway's (resources/read contents; links and embedded resources of calls and prompts).
   let mark: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined
-  if (augmented) mark = r => s.tasks.created(inflight, link.target, name, router.markTasks(link.target, r))
-  else if (router.multi && (read || kind !== 'resource')) mark = r => markNamedAnswer(router, link.target, method, r)
+  if (augmented) mark = r => s.tasks.created(inflight, link.target, name, namespace.markTasks(link.target, r))
+  else if (namespace.multi && (read || kind !== 'resource')) mark = r => markNamedAnswer(namespace, link.target, method, r)
   s.forward(inflight, link, msg, mark)
 }
 
 /** tasks/get, tasks/result, tasks/cancel: to the task's target under its own id. */
 function taskRequest(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, method: string): void {
-  const router = s.router
+  const namespace = s.namespace
   const taskId = msg.params?.taskId
-  const r = router.resolveTask(taskId)
+  const r = namespace.resolveTask(taskId)
   if (r === undefined || !s.tasks.mayUse(inflight.post.ctx, taskId)) {
     s.reply(inflight, rpcError(RPC.INVALID_PARAMS, `Unknown task: ${String(taskId)}`))
     return
@@ -171,24 +171,24 @@ function taskRequest(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, 
   // A result given, a cancellation answered or a terminal status seen: the task has ended.
   s.forward(inflight, r.target, msg, resp => {
     if (endsTask(method, resp.result)) s.tasks.ended(taskId as string)
-    router.markTasks(target, resp)
-    return method === 'tasks/result' ? router.markUris(target, resp) : resp
+    namespace.markTasks(target, resp)
+    return method === 'tasks/result' ? namespace.markUris(target, resp) : resp
   })
 }
 
 /** tasks/list: one target's, or merged over the targets that list tasks; with rules, only the caller's tasks. */
 function listTasks(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
-  const router = s.router
+  const namespace = s.namespace
   const ctx = inflight.post.ctx
   const mine =
-    router.checkers.length === 0
+    namespace.checkers.length === 0
       ? undefined
       : (r: JsonRpcMessage): JsonRpcMessage => {
           const result = r.result as { tasks?: Array<{ taskId?: unknown }> } | undefined
           if (Array.isArray(result?.tasks)) result.tasks = result.tasks.filter(x => s.tasks.mayUse(ctx, x.taskId))
           return r
         }
-  if (!router.multi) {
+  if (!namespace.multi) {
     s.forward(inflight, s.links[0]!, msg, mine)
     return
   }
@@ -197,7 +197,7 @@ function listTasks(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): v
     s.reply(inflight, rpcError(RPC.METHOD_NOT_FOUND, 'Method not found: tasks/list'))
     return
   }
-  void router
+  void namespace
     .mergeLists(
       ctx,
       'tasks/list',

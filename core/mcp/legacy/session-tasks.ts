@@ -16,7 +16,7 @@ interface Call {
 }
 
 export class SessionTasks<C extends Call> {
-  readonly #router: TargetNamespace<{ readonly target: string }>
+  readonly #namespace: TargetNamespace<{ readonly target: string }>
   /** Writes a task status to the client (unless the session ended). */
   readonly #deliver: (msg: JsonRpcMessage) => void
   /**
@@ -31,8 +31,8 @@ export class SessionTasks<C extends Call> {
   /** With per-operation rules: status notifications of tasks the session does not know yet. */
   readonly #early: EarlyTaskStatus
 
-  constructor(router: TargetNamespace<{ readonly target: string }>, maxTasks: number, deliver: (msg: JsonRpcMessage) => void) {
-    this.#router = router
+  constructor(namespace: TargetNamespace<{ readonly target: string }>, maxTasks: number, deliver: (msg: JsonRpcMessage) => void) {
+    this.#namespace = namespace
     this.#deliver = deliver
     this.#tasks = new TaskLedger(maxTasks)
     this.#early = new EarlyTaskStatus(maxTasks)
@@ -67,7 +67,7 @@ export class SessionTasks<C extends Call> {
   created(call: C, target: string, tool: string, r: JsonRpcMessage): JsonRpcMessage {
     const task = (r.result as { task?: { taskId?: unknown; status?: unknown } } | undefined)?.task
     const taskId = task?.taskId
-    if (typeof taskId !== 'string') return this.#router.markUris(target, r)
+    if (typeof taskId !== 'string') return this.#namespace.markUris(target, r)
     this.#tasks.add(taskId, { target, tool, token: call.progressToken })
     if (call.progressToken !== undefined) this.#tokens.set(call.progressToken, taskId)
     if (isTerminal(task?.status)) this.ended(taskId)
@@ -82,9 +82,9 @@ export class SessionTasks<C extends Call> {
 
   /** Whether the caller may use the task (client-facing id): always without per-operation rules. */
   mayUse(ctx: RequestContext, taskId: unknown): boolean {
-    if (this.#router.checkers.length === 0) return true
+    if (this.#namespace.checkers.length === 0) return true
     const task = this.#tasks.get(taskId)
-    return task !== undefined && this.#router.allows(ctx, 'tools/call', 'tool', task.tool, task.target)
+    return task !== undefined && this.#namespace.allows(ctx, 'tools/call', 'tool', task.tool, task.target)
   }
 
   /** The task has ended: its slot is free (it stays known a while: task-ledger.ts) and its progress token is spent. */
@@ -100,7 +100,7 @@ export class SessionTasks<C extends Call> {
    * its subject's); one not known yet is held while a task-augmented call is in flight.
    */
   fromUpstream(msg: JsonRpcMessage): void {
-    if (this.#router.checkers.length > 0 && !this.#tasks.has(msg.params?.taskId)) {
+    if (this.#namespace.checkers.length > 0 && !this.#tasks.has(msg.params?.taskId)) {
       this.#early.hold(msg, this.#calls.size > 0)
       return
     }

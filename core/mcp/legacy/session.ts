@@ -65,7 +65,7 @@ export class Session {
   /** Client-facing id of a server->client request -> where it came from. */
   readonly #serverRequests = new Map<number, { link: SessionLink; id: JsonRpcId }>()
   #serverSeq = 0
-  readonly #router: TargetNamespace<SessionLink>
+  readonly #namespace: TargetNamespace<SessionLink>
   #starting = true
   readonly #streams: SessionStreams
   readonly #tasks: SessionTasks<Inflight>
@@ -95,14 +95,14 @@ export class Session {
       link.upstream.onClose = err => this.#upstreamClosed(link, err)
       return link
     })
-    this.#router = new TargetNamespace(this.links, opts.env.checkers)
-    this.multi = this.#router.multi
-    this.#tasks = new SessionTasks(this.#router, opts.env.maxTasks, m => {
+    this.#namespace = new TargetNamespace(this.links, opts.env.checkers)
+    this.multi = this.#namespace.multi
+    this.#tasks = new SessionTasks(this.#namespace, opts.env.maxTasks, m => {
       if (!this.ended) this.#streams.deliver(m, undefined)
     })
     this.#routes = {
       links: this.links,
-      router: this.#router,
+      namespace: this.#namespace,
       tasks: this.#tasks,
       log: this.#log,
       failClosed: opts.env.failClosed,
@@ -162,7 +162,7 @@ export class Session {
       capabilities: mergeCapabilities(live.map(l => (l.initResult!.capabilities ?? {}) as Record<string, unknown>)),
       serverInfo: GATEWAY_INFO,
     }
-    const instructions = this.#router.instructions(live)
+    const instructions = this.#namespace.instructions(live)
     if (instructions !== undefined) result.instructions = instructions
     return result
   }
@@ -245,7 +245,7 @@ export class Session {
       }
       this.#serverRequests.delete(msg.id as number)
       msg.id = entry.id
-      this.#router.unmarkTasks(msg)
+      this.#namespace.unmarkTasks(msg)
       entry.link.sendQuietly(msg)
       return
     }
@@ -400,7 +400,7 @@ export class Session {
       const cid = ++this.#serverSeq
       this.#serverRequests.set(cid, { link, id: msg.id })
       msg.id = cid
-      if (this.multi && msg.params?._meta !== undefined) this.#router.markTasks(link.target, msg)
+      if (this.multi && msg.params?._meta !== undefined) this.#namespace.markTasks(link.target, msg)
       this.#streams.deliver(msg, this.#relatedStream(link))
       return
     }
@@ -432,15 +432,15 @@ export class Session {
         break
       }
       case 'notifications/resources/updated':
-        if (typeof msg.params?.uri === 'string') msg.params.uri = this.#router.clientUri(link.target, msg.params.uri)
+        if (typeof msg.params?.uri === 'string') msg.params.uri = this.#namespace.clientUri(link.target, msg.params.uri)
         break
       case 'notifications/tasks/status': {
-        this.#router.markTasks(link.target, msg)
+        this.#namespace.markTasks(link.target, msg)
         this.#tasks.fromUpstream(msg)
         return
       }
     }
-    if (this.multi && msg.params?._meta !== undefined) this.#router.markTasks(link.target, msg)
+    if (this.multi && msg.params?._meta !== undefined) this.#namespace.markTasks(link.target, msg)
     this.#streams.deliver(msg, undefined)
   }
 

@@ -1,6 +1,6 @@
 /**
  * What a 2026-07-28 handler holds between requests, as one explicit record handed to each of its
- * modules (handler.ts composes them): the options, the target namespace (`router`), the target eras, the calls
+ * modules (handler.ts composes them): the options, the target namespace (`namespace`), the target eras, the calls
  * parked on an InputRequiredResult, the learnt `Mcp-Param-*` annotations, the task seal and slots,
  * and the open listen streams. Also the shapes of an upstream call in flight and a parked one.
  */
@@ -83,7 +83,7 @@ export interface ModernContext {
   readonly pool: UpstreamPool
   readonly checkers: readonly Plugin[]
   readonly log: Logger
-  readonly router: TargetNamespace<UpstreamFactory>
+  readonly namespace: TargetNamespace<UpstreamFactory>
   /** Several targets: names carry their target, answers the gateway's serverInfo. */
   readonly multi: boolean
   /** `mcp.limits.maxInputRequestsPerRound`. */
@@ -112,14 +112,14 @@ export interface ModernContext {
 
 export function createModernContext(opts: ModernOptions): ModernContext {
   const cluster = opts.cluster ?? createMcpCluster()
-  const router = new TargetNamespace(opts.targets, opts.checkers)
+  const namespace = new TargetNamespace(opts.targets, opts.checkers)
   return {
     opts,
     pool: opts.pool,
     checkers: opts.checkers,
     log: opts.log,
-    router,
-    multi: router.multi,
+    namespace,
+    multi: namespace.multi,
     maxInputs: opts.maxInputsPerRound ?? 16,
     eras: new TargetEras(opts.pool, opts.log),
     listens: new Set(),

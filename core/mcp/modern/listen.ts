@@ -131,15 +131,15 @@ class Listen {
 
   /** Subscribes the requested resources of held upstreams (counted on the upstream, shared with other holders). */
   async #subscribeHeld(): Promise<void> {
-    const { router } = this.#cx
+    const { namespace } = this.#cx
     if (!Array.isArray(this.#want.resourceSubscriptions)) return
     for (const uri of this.#want.resourceSubscriptions) {
       if (typeof uri !== 'string') continue
-      const routed = router.route('resource', uri)
+      const routed = namespace.route('resource', uri)
       const entry = 'answer' in routed ? undefined : this.#held.find(e => e.target === routed.target.target)
       if (entry === undefined || !capOf(entry, 'resources', 'subscribe')) continue
       const name = (routed as { name: string }).name
-      if (!router.allowsWatch(this.#ex.ctx, name, entry.target)) continue
+      if (!namespace.allowsWatch(this.#ex.ctx, name, entry.target)) continue
       const set = this.#subscribed.get(entry) ?? new Set<string>()
       if (set.has(name)) {
         this.#acked.push(uri)
@@ -160,10 +160,10 @@ class Listen {
     const uris = new Map<string, string>()
     for (const uri of this.#want.resourceSubscriptions) {
       if (typeof uri !== 'string') continue
-      const routed = this.#cx.router.route('resource', uri)
+      const routed = this.#cx.namespace.route('resource', uri)
       if ('answer' in routed || routed.target.target !== entry.target) continue
       const name = routed.name as string
-      if (!this.#cx.router.allowsWatch(this.#ex.ctx, name, entry.target)) continue
+      if (!this.#cx.namespace.allowsWatch(this.#ex.ctx, name, entry.target)) continue
       uris.set(name, uri)
     }
     return uris
@@ -246,7 +246,7 @@ class Listen {
     if (msg.method === 'notifications/resources/updated') {
       const uri = msg.params?.uri
       if (typeof uri !== 'string' || this.#subscribed.get(entry)?.has(uri) !== true) return
-      out.send({ jsonrpc: '2.0', method: msg.method, params: { ...msg.params, uri: this.#cx.router.clientUri(entry.target, uri), _meta: this.#tag() } })
+      out.send({ jsonrpc: '2.0', method: msg.method, params: { ...msg.params, uri: this.#cx.namespace.clientUri(entry.target, uri), _meta: this.#tag() } })
       return
     }
     const flag = listFlagOf(msg.method)

@@ -38,7 +38,7 @@ export async function discover(cx: ModernContext, ex: ModernRequest): Promise<vo
     supportedVersions: SUPPORTED_VERSIONS,
     capabilities: cx.multi ? mergeCapabilities(live.map(caps)) : caps(live[0]!),
   }
-  const instructions = cx.router.instructions(live)
+  const instructions = cx.namespace.instructions(live)
   if (instructions !== undefined) result.instructions = instructions
   await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, 'server/discover', result, serverInfoOf(cx, live[0])) })
 }
@@ -52,7 +52,7 @@ export async function list(cx: ModernContext, ex: ModernRequest, method: ListMet
     }
     // The result is decorated below, so it must be an object even when no rule reads its items.
     const invalid =
-      cx.router.checkList(entry.target, method, res.result) ??
+      cx.namespace.checkList(entry.target, method, res.result) ??
       (res.result === null || typeof res.result !== 'object' ? invalidList(entry.target, method, LIST_KEYS[method], res.result) : undefined)
     if (invalid !== undefined) {
       cx.log.warn({ target: entry.target, method, err: invalid.message }, 'invalid upstream list result')
@@ -61,7 +61,7 @@ export async function list(cx: ModernContext, ex: ModernRequest, method: ListMet
     }
     const result = res.result as Record<string, unknown>
     if (method === 'tools/list') cx.paramHeaders.learn(entry.target, toolsOf(result), params.cursor === undefined)
-    cx.router.filterResult(ex.ctx, method, result, entry.target)
+    cx.namespace.filterResult(ex.ctx, method, result, entry.target)
     await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, method, result, serverInfoOf(cx, entry)) })
     return
   }
@@ -70,7 +70,7 @@ export async function list(cx: ModernContext, ex: ModernRequest, method: ListMet
     if (method === 'tools/list') cx.paramHeaders.learn(f.target, toolsOf(res.result), page.cursor === undefined)
     return res
   }
-  const merged = await cx.router.mergeLists(ex.ctx, method, fetch, () => ex.aborted, cx.log, cx.opts.failClosed)
+  const merged = await cx.namespace.mergeLists(ex.ctx, method, fetch, () => ex.aborted, cx.log, cx.opts.failClosed)
   if (merged.error !== undefined) {
     await ex.answer(merged)
     return
@@ -79,7 +79,7 @@ export async function list(cx: ModernContext, ex: ModernRequest, method: ListMet
 }
 
 export async function complete(cx: ModernContext, ex: ModernRequest, params: Record<string, unknown>): Promise<void> {
-  const routed = cx.router.completion(ex.ctx, params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+  const routed = cx.namespace.completion(ex.ctx, params.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
   if (routed === undefined) {
     await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference')
     return

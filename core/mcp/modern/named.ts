@@ -18,7 +18,7 @@ export async function named(cx: ModernContext, ex: ModernRequest, method: NamedM
   const { kind, field } = NAMED[method]
   const value = params[field]
   // An unknown target prefix (the gateway's own namespace), or a resource URI refused (resource-uri.ts).
-  const routed = typeof value === 'string' ? resolveNamedCall(cx.router, ex.ctx, method, params) : { answer: cx.router.unknown(kind, value) }
+  const routed = typeof value === 'string' ? resolveNamedCall(cx.namespace, ex.ctx, method, params) : { answer: cx.namespace.unknown(kind, value) }
   if ('answer' in routed) {
     await ex.answer(modernError(routed.answer))
     return
@@ -56,7 +56,7 @@ export async function named(cx: ModernContext, ex: ModernRequest, method: NamedM
     return
   }
   // As in the session era: URIs in results carry their target, so the gateway's resources/read takes them.
-  markNamedAnswer(cx.router, factory.target, method, res)
+  markNamedAnswer(cx.namespace, factory.target, method, res)
   const result = (res.result ?? {}) as Record<string, unknown>
   await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, method, result, serverInfoOf(cx, entry)) })
 }

@@ -73,7 +73,7 @@ export async function adoptTask(
   }
   result.taskId = sealed
   // With several targets the id is named <target>_<sealed id>, as every other name of a target.
-  cx.router.markTasks(factory.target, res)
+  cx.namespace.markTasks(factory.target, res)
   await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, 'tools/call', result, serverInfoOf(cx, entry)) })
 }
 
@@ -92,10 +92,10 @@ export async function taskRequest(cx: ModernContext, ex: ModernRequest, method: 
     return
   }
   const clientId = params.taskId
-  const named = cx.multi ? cx.router.resolveTask(clientId) : undefined
+  const named = cx.multi ? cx.namespace.resolveTask(clientId) : undefined
   const task = cx.tasks.seal.open(ex.subjectKey, cx.multi ? named?.taskId : clientId)
   const factory = task === undefined || (cx.multi && named?.target.target !== task.target) ? undefined : cx.opts.targets.find(f => f.target === task.target)
-  if (task === undefined || factory === undefined || !cx.router.allows(ex.ctx, 'tools/call', 'tool', task.tool, factory.target)) {
+  if (task === undefined || factory === undefined || !cx.namespace.allows(ex.ctx, 'tools/call', 'tool', task.tool, factory.target)) {
     await ex.fail(RPC.INVALID_PARAMS, `Unknown task: ${String(clientId)}`)
     return
   }
@@ -112,9 +112,9 @@ export async function taskRequest(cx: ModernContext, ex: ModernRequest, method: 
       cx.log.warn({ err: (err as Error).message }, 'freeing a task slot in shared state failed (its lease expires)')
     })
   }
-  cx.router.markTasks(factory.target, res)
+  cx.namespace.markTasks(factory.target, res)
   if (typeof result.taskId === 'string') result.taskId = clientId
   // A finished task's inlined result: its URIs as the client sees them, as a tools/call result's.
-  if (result.result !== null && typeof result.result === 'object') cx.router.markUris(factory.target, { jsonrpc: '2.0', result: result.result })
+  if (result.result !== null && typeof result.result === 'object') cx.namespace.markUris(factory.target, { jsonrpc: '2.0', result: result.result })
   await ex.answer({ jsonrpc: '2.0', result: decorate(cx, ex, method, result, serverInfoOf(cx, entry)) })
 }

@@ -25,20 +25,20 @@ export interface NamedCall<T> {
  * resource URI refused).
  */
 export function resolveNamedCall<T extends { readonly target: string }>(
-  router: TargetNamespace<T>,
+  namespace: TargetNamespace<T>,
   ctx: RequestContext,
   method: NamedMethod,
   params: Record<string, unknown>
 ): NamedCall<T> | { readonly answer: JsonRpcMessage } {
   const { kind, field } = NAMED[method]
-  const routed = router.route(kind, params[field])
+  const routed = namespace.route(kind, params[field])
   if ('answer' in routed) return routed
   const { target } = routed
   const name = String(routed.name)
   // A subscription the rules deny goes on under a stand-in too: the upstream never hears of the
   // denied URI, and the answer is its answer for a URI it does not have.
   const standIn =
-    kind !== 'resource' || method === 'resources/read' ? router.refuse(ctx, method, kind, name, target.target) : router.refuseWatch(ctx, name, target.target)
+    kind !== 'resource' || method === 'resources/read' ? namespace.refuse(ctx, method, kind, name, target.target) : namespace.refuseWatch(ctx, name, target.target)
   params[field] = standIn === undefined ? routed.name : standIn.value
   return { target, name, standIn }
 }
@@ -48,11 +48,11 @@ export function resolveNamedCall<T extends { readonly target: string }>(
  * targets): a read's contents, the links and embedded resources of a call or a prompt.
  */
 export function markNamedAnswer<T extends { readonly target: string }>(
-  router: TargetNamespace<T>,
+  namespace: TargetNamespace<T>,
   target: string,
   method: NamedMethod,
   r: JsonRpcMessage
 ): JsonRpcMessage {
-  if (method === 'resources/read') return router.markContents(target, r)
-  return NAMED[method].kind === 'resource' ? r : router.markUris(target, r)
+  if (method === 'resources/read') return namespace.markContents(target, r)
+  return NAMED[method].kind === 'resource' ? r : namespace.markUris(target, r)
 }
