@@ -38,7 +38,9 @@ export function resolveNamedCall<T extends { readonly target: string }>(
   // A subscription the rules deny goes on under a stand-in too: the upstream never hears of the
   // denied URI, and the answer is its answer for a URI it does not have.
   const standIn =
-    kind !== 'resource' || method === 'resources/read' ? namespace.refuse(ctx, method, kind, name, target.target) : namespace.refuseWatch(ctx, name, target.target)
+    kind !== 'resource' || method === 'resources/read'
+      ? namespace.refuse(ctx, method, kind, name, target.target)
+      : namespace.refuseWatch(ctx, name, target.target)
   params[field] = standIn === undefined ? routed.name : standIn.value
   return { target, name, standIn }
 }
