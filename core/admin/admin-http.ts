@@ -4,6 +4,7 @@
  * error bodies, and a bounded request body.
  */
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import { readBounded } from '../request-body.ts'
 
 const MAX_BODY = 64 * 1024
 
@@ -32,22 +33,7 @@ export function apiError(res: ServerResponse, status: number, error: string, des
   send(res, status, { error, error_description: description }, undefined, extra)
 }
 
-/** The request body, at most 64 KiB (rejects beyond). */
+/** The request body, at most 64 KiB (rejects beyond), read as the HTTP edge reads one (core/request-body.ts). */
 export function readBody(req: IncomingMessage): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = []
-    let size = 0
-    req.on('data', (c: Buffer) => {
-      size += c.length
-      if (size > MAX_BODY) {
-        req.removeAllListeners('data')
-        req.resume()
-        reject(new Error('too large'))
-        return
-      }
-      chunks.push(c)
-    })
-    req.once('end', () => resolve(Buffer.concat(chunks)))
-    req.once('error', reject)
-  })
+  return readBounded(req, MAX_BODY, { rejectBody: undefined })
 }
