@@ -34,10 +34,61 @@ export interface HttpTargetConfig {
   url: string
   headers: Record<string, string>
 }
+/** How the gateway authenticates to the IdP's token endpoint for an exchange. */
+export interface TokenClientConfig {
+  tokenEndpoint: string
+  clientId: string
+  /** client_secret_basic (default with a secret) or client_secret_post. */
+  clientSecret?: string
+  /** private_key_jwt (RFC 7523 §2.2): a PEM PKCS#8 key; Entra's certificate credential sets `x5t`. */
+  privateKey?: { pem: string; alg: 'RS256' | 'PS256' | 'ES256'; kid?: string; x5t?: string }
+  clientAuthMethod?: 'client_secret_basic' | 'client_secret_post' | 'private_key_jwt'
+  /** What the minted token's `aud` must contain before it is sent (default: audience and resource, or the OBO scope's resource). */
+  expectedAudience?: string[]
+  /** Seconds before `exp` a minted token is no longer used. Default 60. */
+  refreshSkewSeconds?: number
+  /** Token endpoint timeout. Default 10000. */
+  timeoutMs?: number
+}
+/** RFC 8693 token exchange. */
+export interface TokenExchangeConfig extends TokenClientConfig {
+  audience?: string[]
+  resource?: string[]
+  scope?: string
+  requestedTokenType?: string
+}
+/** Entra on-behalf-of (jwt-bearer, requested_token_use=on_behalf_of). */
+export interface OnBehalfOfConfig extends TokenClientConfig {
+  /** `<app id URI>/.default` or named scopes, space separated. */
+  scope: string
+}
+/**
+ * A target's `auth` block: at most one credential mode (tokenExchange,
+ * onBehalfOf, bearer, apiKey) plus claim-templated `headers` (HTTP targets)
+ * or `env` (stdio targets). Checked by the schema and core/credentials/.
+ */
+export interface TargetAuthConfig {
+  tokenExchange?: TokenExchangeConfig
+  onBehalfOf?: OnBehalfOfConfig
+  /** A static secret sent as `Authorization: Bearer <value>` to this target only. */
+  bearer?: string
+  /** A static secret in a header of its own. */
+  apiKey?: { header: string; value: string }
+  /** HTTP targets: header name -> template over the claims, e.g. `{sub}`, `{groups}` (arrays joined by `,`). */
+  headers?: Record<string, string>
+  /** stdio targets: variable -> template over the claims; `{credential}` is the minted token. */
+  env?: Record<string, string>
+  /** The step-up challenge's `scope` when the IdP asks for consent (default: the gateway's scopes_supported). */
+  stepUpScope?: string
+  /** Credentials over plain http to a host that is not loopback: refused unless true. */
+  allowInsecureHttp?: boolean
+}
 export interface TargetConfig {
   name: string
   stdio?: StdioTargetConfig
   mcp?: HttpTargetConfig
+  /** What the target receives for each caller (core/credentials/). */
+  auth?: TargetAuthConfig
   /** Which era the target speaks to 2026-07-28 clients (see the schema); default auto. */
   protocol?: 'auto' | '2026-07-28' | 'session'
 }

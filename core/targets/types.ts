@@ -75,6 +75,22 @@ export interface UpstreamObserver {
 }
 
 /**
+ * Per-upstream additions the MCP layer hands a transport at `create()`: the
+ * credential of the caller the upstream serves (core/credentials/), opaque
+ * here. An upstream is never shared across callers, so these never are.
+ */
+export interface UpstreamAttachment {
+  /**
+   * HTTP: headers for each exchange (POST, GET stream, DELETE) beside the
+   * target's static ones, asked for before each exchange (usually a cache
+   * hit). A rejection fails that exchange: a request's with a JSON-RPC error.
+   */
+  readonly headers?: () => Readonly<Record<string, string>> | Promise<Readonly<Record<string, string>>>
+  /** stdio: environment of the child beside the target's own `env` (fixed at spawn). */
+  readonly env?: Readonly<Record<string, string>>
+}
+
+/**
  * Creates upstreams for one configured target. Who an upstream serves
  * (sessions, subjects, pools) is the MCP layer's business, not the transport's.
  */
