@@ -1,0 +1,168 @@
+/**
+ * Issue 25 from the outside, what goes wrong: a tool denied by an
+ * authorization rule costs no exchange and is answered as the rules say; the
+ * IdP refusing the exchange (an audience the gateway's client may not ask
+ * for: invalid_target) answers the named call with an error naming the target
+ * and never the IdP's error_description; the IdP down (its token endpoint a
+ * closed loopback port) answers 503 with Retry-After; a fan-out (tools/list,
+ * initialize) with failing targets still lists the others. Both eras.
+ */
+import t from 'tap'
+import type { DevIdp } from '../bin/dev-idp.ts'
+import { freePort } from './helpers/cli.ts'
+import { outcome } from './helpers/outcome.ts'
+import {
+  EXCHANGE_SECRET,
+  authPolicyYaml,
+  directExchange,
+  exchangeCount,
+  exchangeIdp,
+  exchangeYaml,
+  gatewayPorts,
+  identityServer,
+  loginSdk2,
+  modernCall,
+  openRawSession,
+  startCliGateway,
+  toolJson,
+  type CliGateway,
+  type RawAnswer,
+} from './helpers/identity-e2e.ts'
+
+const root = t
+let idp: DevIdp
+let gw: CliGateway
+const RULES = ['"mcp-users" in jwt.groups', 'mcp.tool.target != "crm" || "sales" in jwt.groups']
+
+t.before(async () => {
+  idp = await exchangeIdp(root, ['crm'])
+  const [crm, secret, down] = await Promise.all(
+    ['crm', 'secret', 'down'].map(audience => identityServer(root, { issuer: idp.issuer, jwksUrl: idp.jwksUrl, audience }))
+  )
+  const closed = await freePort()
+  const ports = await gatewayPorts()
+  const yaml = [
+    'mcp:',
+    '  host: 127.0.0.1',
+    `  port: ${ports.port}`,
+    '  policies:',
+    ...authPolicyYaml(idp, ports.port),
+    '    authorization:',
+    `      rules: ${JSON.stringify(RULES)}`,
+    '  targets:',
+    '    - name: crm',
+    `      mcp: { url: ${JSON.stringify(crm!.url)} }`,
+    '      auth:',
+    ...exchangeYaml(idp, 'crm'),
+    // The exchange client may not mint for this audience: the IdP answers invalid_target.
+    '    - name: refused',
+    `      mcp: { url: ${JSON.stringify(secret!.url)} }`,
+    '      auth:',
+    ...exchangeYaml(idp, 'secret'),
+    // Nothing listens on the token endpoint's port.
+    '    - name: down',
+    `      mcp: { url: ${JSON.stringify(down!.url)} }`,
+    '      auth:',
+    ...exchangeYaml(idp, 'down', `http://127.0.0.1:${closed}/application/o/token/`),
+    `admin: { host: 127.0.0.1, port: ${ports.admin} }`,
+    '',
+  ].join('\n')
+  gw = await startCliGateway(root, yaml, { EXCHANGE_SECRET }, ports)
+})
+
+const call = (token: string, name: string): Promise<RawAnswer> => modernCall(gw.url, token, 'tools/call', { name, arguments: {} })
+const errorText = (r: RawAnswer): string => JSON.stringify(r.answer?.error ?? r.answer?.result ?? r.text)
+
+t.test('a tool denied by a rule costs no exchange and is answered as the rules say', async t => {
+  const carol = await idp.mintToken({ sub: 'carol', groups: ['mcp-users'] })
+  const before = exchangeCount(idp)
+  const denied = await outcome(async () => {
+    const r = await call(carol, 'crm_whoami')
+    if (r.answer?.error !== undefined) throw Object.assign(new Error(r.answer.error.message), r.answer.error)
+    return r.answer?.result
+  }, ['crm_whoami', 'whoami'])
+  t.equal(exchangeCount(idp), before, 'the IdP was not asked: carol may not use crm')
+  t.equal(exchangeCount(idp, { subject: 'carol' }), 0)
+  t.notMatch(denied, /denied|forbidden|sales|rule|policy|mcp-proxy-denied/i, 'nothing hints at the rule')
+  t.match(gw.output(), /rule\[1\]/, 'the log names the rule that refused it')
+
+  // The rules say: a refused call is answered like a call to a tool the target does not have.
+  const bob = await idp.mintToken({ sub: 'bob', groups: ['mcp-users', 'sales'] })
+  const missing = await outcome(async () => {
+    const r = await call(bob, 'crm_no-such-tool')
+    if (r.answer?.error !== undefined) throw Object.assign(new Error(r.answer.error.message), r.answer.error)
+    return r.answer?.result
+  }, ['crm_no-such-tool', 'no-such-tool'])
+  t.equal(denied, missing, 'the denied call is answered exactly like a call to a tool that does not exist')
+
+  const outsider = await idp.mintToken({ sub: 'mallory', groups: ['sales'] })
+  const refused = await call(outsider, 'crm_whoami')
+  t.equal(refused.status, 403, 'the endpoint rule: 403')
+  t.same(JSON.parse(refused.text), { error: 'forbidden', error_description: 'access denied by authorization policy' })
+  t.equal(exchangeCount(idp, { subject: 'mallory' }), 0, 'and no exchange for it')
+})
+
+t.test("the IdP refusing the exchange: the named call fails naming the target, never with the IdP's error_description", async t => {
+  const bob = await loginSdk2(t, gw.url, 'bob', true)
+  const direct = await directExchange(idp, bob.token, 'secret')
+  t.equal(direct.body.error, 'invalid_target', 'the IdP itself refuses this audience')
+  const description = String(direct.body.error_description ?? '')
+  t.ok(description.length > 0, `the IdP says why (${description})`)
+
+  const modern = await call(bob.token, 'refused_whoami')
+  t.equal(modern.status, 502, `2026-07-28: 502 (${modern.text.slice(0, 200)})`)
+  t.match(modern.answer?.error?.message, /refused/, 'the message names the target')
+  t.match(modern.answer?.error?.message, /invalid_target/, "and the IdP's error code")
+  t.notOk(modern.text.includes(description), "never the IdP's error_description")
+
+  const session = await openRawSession(gw.url, bob.token)
+  t.teardown(() => session.close())
+  const inSession = await session.call('tools/call', { name: 'refused_whoami', arguments: {} })
+  t.equal(inSession.status, 502, `session era: 502 (${inSession.text.slice(0, 200)})`)
+  t.match(errorText(inSession), /refused[^"]*invalid_target|invalid_target[^"]*refused/, 'naming the target and the IdP error code')
+  t.notOk(inSession.text.includes(description))
+
+  // The SDK client sees an error too, and its other target still works.
+  const sdk = await bob.client.callTool({ name: 'refused_whoami', arguments: {} }).then(
+    r => JSON.stringify(r),
+    (e: unknown) => String(e)
+  )
+  t.match(sdk, /refused/, `the 2.x client gets an error naming the target (${sdk.slice(0, 200)})`)
+  t.notOk(sdk.includes(description))
+  t.equal(toolJson(await bob.client.callTool({ name: 'crm_whoami', arguments: {} })).claims?.sub, 'bob')
+  t.ok(gw.output().includes('invalid_target'), 'the refusal is logged')
+})
+
+t.test('the IdP down: 503 with Retry-After, naming the target, in both eras', async t => {
+  const bob = await idp.mintToken({ sub: 'bob', groups: ['mcp-users', 'sales'] })
+  const modern = await call(bob, 'down_whoami')
+  t.equal(modern.status, 503, `2026-07-28: 503 (${modern.text.slice(0, 200)})`)
+  t.equal(modern.headers.get('retry-after'), '5')
+  t.match(modern.answer?.error?.message, /down/)
+
+  const session = await openRawSession(gw.url, bob)
+  t.teardown(() => session.close())
+  const inSession = await session.call('tools/call', { name: 'down_whoami', arguments: {} })
+  t.equal(inSession.status, 503, `session era: 503 (${inSession.text.slice(0, 200)})`)
+  t.equal(inSession.headers.get('retry-after'), '5')
+  t.match(errorText(inSession), /down/)
+})
+
+t.test('a fan-out with failing targets still lists the others', async t => {
+  const bob = await idp.mintToken({ sub: 'bob', groups: ['mcp-users', 'sales'] })
+  const names = (r: RawAnswer): string[] => ((r.answer?.result?.tools ?? []) as Array<{ name: string }>).map(x => x.name)
+  const modern = await modernCall(gw.url, bob, 'tools/list')
+  t.equal(modern.status, 200)
+  t.ok(names(modern).includes('crm_whoami'), `2026-07-28 tools/list: the working target is listed (${names(modern).join(', ')})`)
+  t.notOk(
+    names(modern).some(n => n.startsWith('refused_') || n.startsWith('down_')),
+    'the failing ones are left out'
+  )
+
+  const session = await openRawSession(gw.url, bob)
+  t.teardown(() => session.close())
+  const listed = await session.call('tools/list')
+  t.equal(listed.status, 200, 'initialize and tools/list of a session answer despite two failing targets')
+  t.ok(names(listed).includes('crm_whoami'), `session tools/list: ${names(listed).join(', ')}`)
+  t.notOk(names(listed).some(n => n.startsWith('refused_') || n.startsWith('down_')))
+})
