@@ -44,7 +44,7 @@ t.before(async () => {
     ...authPolicyYaml(idp, ports.port),
     '  targets:',
     '    - name: tools',
-    `      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(ENV_SERVER)}], share: subject }`,
+    `      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(ENV_SERVER)}, USER_ID, CRM_TOKEN], share: subject }`,
     '      auth:',
     ...exchangeYaml(idp, 'tools'),
     "        env: { USER_ID: '{sub}', CRM_TOKEN: '{credential}' }",

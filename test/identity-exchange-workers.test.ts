@@ -17,14 +17,14 @@ import {
   exchangeIdp,
   exchangeYaml,
   gatewayPorts,
-  identityServer,
+  jwtServer,
   loginSdk1,
   loginSdk2,
   metric,
   modernCall,
   sha256,
   startCliGateway,
-  toolJson,
+  whoamiOf,
 } from './helpers/identity-e2e.ts'
 
 /** `name{worker="N",…}` samples of the probe listener's /metrics, summed per worker. */
@@ -41,7 +41,7 @@ async function perWorker(probes: number, name: string, match: string): Promise<R
 
 t.test('workers: 2: two users through the multi-process gateway, each seen as themselves, never with their own token', async t => {
   const idp = await exchangeIdp(t, ['crm'])
-  const crm = await identityServer(t, { issuer: idp.issuer, jwksUrl: idp.jwksUrl, audience: 'crm' })
+  const crm = await jwtServer(t, idp, 'crm')
   const ports = await gatewayPorts()
   const yaml = [
     'mcp:',
@@ -68,9 +68,9 @@ t.test('workers: 2: two users through the multi-process gateway, each seen as th
   const before = await perWorker(ports.probes, 'mcp_proxy_requests_total', 'method="tools/call"')
   const calls = await Promise.all(
     Array.from({ length: 6 }, () => [
-      alice.client.callTool({ name: 'whoami', arguments: {} }).then(r => ({ as: 'alice', w: toolJson(r) })),
-      bob.client.callTool({ name: 'whoami', arguments: {} }).then(r => ({ as: 'bob', w: toolJson(r) })),
-      modernCall(gw.url, alice.token, 'tools/call', { name: 'whoami', arguments: {} }, fresh).then(r => ({ as: 'alice', w: toolJson(r.answer?.result) })),
+      alice.client.callTool({ name: 'whoami', arguments: {} }).then(r => ({ as: 'alice', w: whoamiOf(r) })),
+      bob.client.callTool({ name: 'whoami', arguments: {} }).then(r => ({ as: 'bob', w: whoamiOf(r) })),
+      modernCall(gw.url, alice.token, 'tools/call', { name: 'whoami', arguments: {} }, fresh).then(r => ({ as: 'alice', w: whoamiOf(r.answer?.result) })),
     ]).flat()
   )
   const after = await perWorker(ports.probes, 'mcp_proxy_requests_total', 'method="tools/call"')
@@ -81,12 +81,12 @@ t.test('workers: 2: two users through the multi-process gateway, each seen as th
   )
 
   t.same(
-    calls.filter(c => c.w.claims?.sub !== c.as || c.w.headers?.['x-user'] !== c.as),
+    calls.filter(c => c.w.sub !== c.as || c.w.headers?.['x-user'] !== c.as),
     [],
     'every call reached the target as the user who made it (sub and X-User)'
   )
   t.ok(
-    calls.every(c => audOf(c.w.claims).includes('crm') && c.w.claims?.act?.sub === EXCHANGE_CLIENT),
+    calls.every(c => audOf(c.w).includes('crm') && c.w.act?.sub === EXCHANGE_CLIENT),
     'always a token for the target, with the gateway as actor'
   )
   const clientTokens = new Set([sha256(alice.token), sha256(bob.token)])

@@ -23,6 +23,7 @@ import {
   exchangeYaml,
   gatewayPorts,
   identityServer,
+  jwtServer,
   loginSdk1,
   loginSdk2,
   metric,
@@ -30,10 +31,11 @@ import {
   openRawSession,
   sha256,
   startCliGateway,
-  toolJson,
+  whoamiOf,
   type CliGateway,
   type IdentityServer,
   type LoggedIn,
+  type Whoami,
 } from './helpers/identity-e2e.ts'
 
 const LEGACY_API_KEY = 'legacy-static-api-key-8c2e41b7d9'
@@ -51,9 +53,9 @@ let bob: LoggedIn<Client2>
 t.before(async () => {
   idp = await exchangeIdp(root, ['crm'])
   ;[crm, legacy, plain] = await Promise.all([
-    identityServer(root, { issuer: idp.issuer, jwksUrl: idp.jwksUrl, audience: 'crm' }),
-    identityServer(root, { issuer: idp.issuer, jwksUrl: idp.jwksUrl, audience: 'legacy', verify: false }),
-    identityServer(root, { issuer: idp.issuer, jwksUrl: idp.jwksUrl, audience: 'plain', verify: false }),
+    jwtServer(root, idp, 'crm'),
+    identityServer(root, ['--static-bearer', LEGACY_API_KEY]),
+    identityServer(root, ['--no-auth']),
   ])
   const ports = await gatewayPorts()
   const yaml = [
@@ -80,17 +82,17 @@ t.before(async () => {
 })
 
 /** What the crm target saw of one call, checked against the user who made it. */
-function checkSeenAs(t: Test, w: Record<string, any>, user: string, clientToken: string): void {
-  t.equal(w.claims?.sub, user, `the target saw ${user}`)
-  t.ok(audOf(w.claims).includes('crm'), `its own audience (aud ${JSON.stringify(w.claims?.aud)})`)
-  t.notOk(audOf(w.claims).includes(idp.clientId), "not the audience of the client's token")
-  t.equal(w.claims?.act?.sub, EXCHANGE_CLIENT, 'the gateway is the actor (act.sub)')
-  t.equal(w.claims?.iss, idp.issuer, 'issued by the IdP')
-  t.not(w.bearerHash, sha256(clientToken), "the bearer is not the client's token")
+function checkSeenAs(t: Test, w: Whoami, user: string, clientToken: string): void {
+  t.equal(w.sub, user, `the target saw ${user}`)
+  t.ok(audOf(w).includes('crm'), `its own audience (aud ${JSON.stringify(w.aud)})`)
+  t.notOk(audOf(w).includes(idp.clientId), "not the audience of the client's token")
+  t.equal(w.act?.sub, EXCHANGE_CLIENT, 'the gateway is the actor (act.sub)')
+  t.equal(w.iss, idp.issuer, 'issued by the IdP')
+  t.not(w.bearerSha256, sha256(clientToken), "the bearer is not the client's token")
 }
 
-const whoami1 = async (c: Client1, tool = 'crm_whoami'): Promise<Record<string, any>> => toolJson(await c.callTool({ name: tool, arguments: {} }))
-const whoami2 = async (c: Client2, tool = 'crm_whoami'): Promise<Record<string, any>> => toolJson(await c.callTool({ name: tool, arguments: {} }))
+const whoami1 = async (c: Client1, tool = 'crm_whoami'): Promise<Whoami> => whoamiOf(await c.callTool({ name: tool, arguments: {} }))
+const whoami2 = async (c: Client2, tool = 'crm_whoami'): Promise<Whoami> => whoamiOf(await c.callTool({ name: tool, arguments: {} }))
 
 t.test('SDK 1.x in a session: alice logs in through the gateway; the target sees alice, its own audience, the gateway as actor, never her token', async t => {
   alice = await loginSdk1(root, gw.url, 'alice')
@@ -114,11 +116,11 @@ t.test('raw requests with the tokens the clients got: a 2025-11-25 session and a
   t.teardown(() => session.close())
   const inSession = await session.call('tools/call', { name: 'crm_whoami', arguments: {} })
   t.equal(inSession.status, 200)
-  checkSeenAs(t, toolJson(inSession.answer?.result), 'alice', alice.token)
+  checkSeenAs(t, whoamiOf(inSession.answer?.result), 'alice', alice.token)
 
   const modern = await modernCall(gw.url, bob.token, 'tools/call', { name: 'crm_whoami', arguments: {} })
   t.equal(modern.status, 200, modern.text.slice(0, 300))
-  checkSeenAs(t, toolJson(modern.answer?.result), 'bob', bob.token)
+  checkSeenAs(t, whoamiOf(modern.answer?.result), 'bob', bob.token)
 
   const listed = await modernCall(gw.url, alice.token, 'tools/list')
   t.ok(
@@ -135,16 +137,16 @@ t.test('two users at once never cross; one exchange per (user, target); repeated
     Array.from({ length: rounds }, (_, i) => [
       whoami1(alice.client).then(w => ({ as: 'alice', w, i })),
       whoami2(bob.client).then(w => ({ as: 'bob', w, i })),
-      modernCall(gw.url, alice.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'alice', w: toolJson(r.answer?.result), i })),
-      modernCall(gw.url, bob.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'bob', w: toolJson(r.answer?.result), i })),
+      modernCall(gw.url, alice.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'alice', w: whoamiOf(r.answer?.result), i })),
+      modernCall(gw.url, bob.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'bob', w: whoamiOf(r.answer?.result), i })),
     ]).flat()
   )
   t.equal(seen.length, rounds * 4)
-  const crossed = seen.filter(s => s.w.claims?.sub !== s.as)
+  const crossed = seen.filter(s => s.w.sub !== s.as)
   t.same(crossed, [], 'every call was made as the user who made it')
-  t.same(new Set(seen.filter(s => s.as === 'alice').map(s => s.w.bearerHash)).size, 1, "alice's calls carried one minted token (cached)")
-  t.same(new Set(seen.filter(s => s.as === 'bob').map(s => s.w.bearerHash)).size, 1, "bob's calls carried one minted token (cached)")
-  t.not(seen.find(s => s.as === 'alice')!.w.bearerHash, seen.find(s => s.as === 'bob')!.w.bearerHash, 'each user has a token of their own')
+  t.same(new Set(seen.filter(s => s.as === 'alice').map(s => s.w.bearerSha256)).size, 1, "alice's calls carried one minted token (cached)")
+  t.same(new Set(seen.filter(s => s.as === 'bob').map(s => s.w.bearerSha256)).size, 1, "bob's calls carried one minted token (cached)")
+  t.not(seen.find(s => s.as === 'alice')!.w.bearerSha256, seen.find(s => s.as === 'bob')!.w.bearerSha256, 'each user has a token of their own')
 
   t.equal(exchangeCount(idp, { subject: 'alice', audience: 'crm' }), 1, 'the IdP minted one crm token for alice')
   t.equal(exchangeCount(idp, { subject: 'bob', audience: 'crm' }), 1, 'the IdP minted one crm token for bob')
@@ -168,7 +170,7 @@ t.test('claim headers reach the target; a static bearer reaches only its own tar
     ['bob', () => whoami2(bob.client, 'legacy_whoami')],
   ] as const) {
     const w = await call()
-    t.equal(w.bearerHash, staticKey, `${who}: the static-bearer target got the key from the environment`)
+    t.equal(w.bearerSha256, staticKey, `${who}: the static-bearer target got the key from the environment`)
     t.equal(w.headers?.['x-user'], undefined, `${who}: no claim headers where none are configured`)
   }
   for (const [who, call] of [
@@ -176,7 +178,7 @@ t.test('claim headers reach the target; a static bearer reaches only its own tar
     ['bob', () => whoami2(bob.client, 'plain_whoami')],
   ] as const) {
     const w = await call()
-    t.notOk(w.bearerHash, `${who}: the target without auth sees no Authorization at all`)
+    t.notOk(w.bearerSha256, `${who}: the target without auth sees no Authorization at all`)
     t.equal(w.headers?.['x-user'], undefined)
   }
   t.same(await plain.seen(), [], 'GET /seen of the target without auth: no bearer ever')

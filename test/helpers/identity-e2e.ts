@@ -6,8 +6,6 @@
  * the fixtures report (whoami, env, GET /seen), read from the outside.
  */
 import type { Test } from 'tap'
-import { createHash } from 'node:crypto'
-import { spawn } from 'node:child_process'
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { UnauthorizedError as Unauthorized1, type OAuthClientProvider as Provider1 } from '@modelcontextprotocol/sdk/client/auth.js'
@@ -19,18 +17,17 @@ import {
 } from '@modelcontextprotocol/client'
 import { configFile, freePort, spawnCli, waitForPort } from './cli.ts'
 import { HeadlessProvider } from './oauth-client.ts'
-import { INIT_HEADERS, sseMessages, ROOT } from './gateway-harness.ts'
+import { INIT_HEADERS, sseMessages } from './gateway-harness.ts'
 import { parsePrometheus, sampleSum } from './admin.ts'
 import { startDevIdp, type DevIdp } from '../../bin/dev-idp.ts'
+import { identityServer, jwtArgs, type IdentityServer, type Whoami } from './identity-fixture.ts'
+
+export { ENV_SERVER, identityServer, sha256, type IdentityServer, type Whoami } from './identity-fixture.ts'
 
 export const MODERN = '2026-07-28'
 export const SESSION_ERA = '2025-11-25'
-export const IDENTITY_SERVER = `${ROOT}/test/fixtures/identity-server.mjs`
-export const ENV_SERVER = `${ROOT}/test/fixtures/env-server.mjs`
 
 export type Message = Record<string, any>
-
-export const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex')
 
 /** The payload of a JWT, unverified (what the test reads of a token it was handed). */
 export function claimsOf(jwt: string): Record<string, any> {
@@ -38,7 +35,7 @@ export function claimsOf(jwt: string): Record<string, any> {
 }
 
 /** `aud` as a list. */
-export const audOf = (claims: Record<string, any>): string[] => (Array.isArray(claims.aud) ? claims.aud : [claims.aud])
+export const audOf = (claims: { aud?: unknown }): unknown[] => (Array.isArray(claims.aud) ? claims.aud : [claims.aud])
 
 // ---- the gateway ------------------------------------------------------------
 
@@ -244,51 +241,6 @@ export async function openRawSession(url: URL | string, token: string, protocolV
   }
 }
 
-// ---- the fixtures -------------------------------------------------------------
-
-export interface IdentityServer {
-  /** http://127.0.0.1:<port>/mcp */
-  url: string
-  origin: string
-  /** GET /seen: the hashes of every bearer it received. */
-  seen(): Promise<string[]>
-}
-
-/**
- * Starts test/fixtures/identity-server.mjs on 127.0.0.1: it checks every bearer
- * itself (signature against `jwksUrl`, `issuer`, `audience` = itself).
- */
-export function identityServer(t: Test, opts: { issuer: string; jwksUrl: string; audience: string }): Promise<IdentityServer> {
-  const child = spawn(process.execPath, [IDENTITY_SERVER], {
-    env: { ...process.env, IDENTITY_ISSUER: opts.issuer, IDENTITY_JWKS_URL: opts.jwksUrl, IDENTITY_AUDIENCE: opts.audience, PORT: '0' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  t.teardown(() => {
-    child.kill('SIGKILL')
-  })
-  return new Promise((resolve, reject) => {
-    let out = ''
-    child.stdout.on('data', (d: Buffer) => {
-      out += d
-      const m = /http:\/\/127\.0\.0\.1:(\d+)/.exec(out)
-      if (m === null) return
-      const origin = `http://127.0.0.1:${m[1]}`
-      resolve({
-        url: `${origin}/mcp`,
-        origin,
-        async seen() {
-          const body = (await (await fetch(`${origin}/seen`)).json()) as string[] | { hashes: string[] }
-          return Array.isArray(body) ? body : body.hashes
-        },
-      })
-    })
-    child.stderr.on('data', (d: Buffer) => {
-      out += d
-    })
-    child.once('exit', code => reject(new Error(`identity-server exited (${code}): ${out}`)))
-  })
-}
-
 // ---- the dev IdP with a token-exchange client ------------------------------------
 
 /** The gateway's client at the IdP for the exchange (its secret only ever in the gateway's environment). */
@@ -349,3 +301,9 @@ export async function directExchange(idp: DevIdp, subjectToken: string, audience
   })
   return { status: res.status, body: (await res.json()) as Record<string, any> }
 }
+
+/** The identity server checking its bearer as a JWT of `idp` for its own `audience`. */
+export const jwtServer = (t: Test, idp: DevIdp, audience: string): Promise<IdentityServer> => identityServer(t, jwtArgs(idp, audience))
+
+/** What `whoami` answered (a tool result from any client). */
+export const whoamiOf = (result: unknown): Whoami => toolJson(result) as Whoami
