@@ -95,6 +95,7 @@ t.test('a tool denied by a rule costs no exchange and is answered as the rules s
   const missing = await seenAs(carol, 'crm_no-such-tool', ['crm_no-such-tool', 'no-such-tool'])
   t.equal(exchangeCount(idp, { subject: 'carol', audience: 'crm' }), 1, 'an allowed call does exchange')
   t.equal(denied, missing, 'the denied call is answered exactly like a call to a tool that does not exist')
+  t.match(missing, /<name>/, "that answer is the target's own, naming the tool asked for")
 
   const admin = await idp.mintToken({ sub: 'dave', groups: ['mcp-users', 'admins'] })
   t.match(await seenAs(admin, 'crm_dangerous', []), /done/, 'an admin may call it')

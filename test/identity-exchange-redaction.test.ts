@@ -63,7 +63,7 @@ t.test('debug log, /metrics, the admin API and UI never hold a secret or a token
     "        env: { USER_ID: '{sub}', CRM_TOKEN: '{credential}' }",
     '    - name: legacy',
     `      mcp: { url: ${JSON.stringify(legacy.url)} }`,
-    '      auth: { bearer: ${STATIC_KEY} }',
+    '      auth: { bearer: "${STATIC_KEY}" }',
     `admin: { host: 127.0.0.1, port: ${ports.admin} }`,
     'logging: { level: debug }',
     '',

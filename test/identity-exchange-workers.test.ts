@@ -22,6 +22,7 @@ import {
   loginSdk2,
   metric,
   modernCall,
+  resultOf,
   sha256,
   startCliGateway,
   whoamiOf,
@@ -70,7 +71,7 @@ t.test('workers: 2: two users through the multi-process gateway, each seen as th
     Array.from({ length: 6 }, () => [
       alice.client.callTool({ name: 'whoami', arguments: {} }).then(r => ({ as: 'alice', w: whoamiOf(r) })),
       bob.client.callTool({ name: 'whoami', arguments: {} }).then(r => ({ as: 'bob', w: whoamiOf(r) })),
-      modernCall(gw.url, alice.token, 'tools/call', { name: 'whoami', arguments: {} }, fresh).then(r => ({ as: 'alice', w: whoamiOf(r.answer?.result) })),
+      modernCall(gw.url, alice.token, 'tools/call', { name: 'whoami', arguments: {} }, fresh).then(r => ({ as: 'alice', w: whoamiOf(resultOf(r)) })),
     ]).flat()
   )
   const after = await perWorker(ports.probes, 'mcp_proxy_requests_total', 'method="tools/call"')

@@ -28,6 +28,7 @@ import {
   loginSdk2,
   metric,
   modernCall,
+  resultOf,
   openRawSession,
   sha256,
   startCliGateway,
@@ -72,7 +73,7 @@ t.before(async () => {
     "        headers: { X-User: '{sub}', X-Groups: '{groups}' }",
     '    - name: legacy',
     `      mcp: { url: ${JSON.stringify(legacy.url)} }`,
-    '      auth: { bearer: ${LEGACY_API_KEY} }',
+    '      auth: { bearer: "${LEGACY_API_KEY}" }',
     '    - name: plain',
     `      mcp: { url: ${JSON.stringify(plain.url)} }`,
     `admin: { host: 127.0.0.1, port: ${ports.admin} }`,
@@ -116,11 +117,11 @@ t.test('raw requests with the tokens the clients got: a 2025-11-25 session and a
   t.teardown(() => session.close())
   const inSession = await session.call('tools/call', { name: 'crm_whoami', arguments: {} })
   t.equal(inSession.status, 200)
-  checkSeenAs(t, whoamiOf(inSession.answer?.result), 'alice', alice.token)
+  checkSeenAs(t, whoamiOf(resultOf(inSession)), 'alice', alice.token)
 
   const modern = await modernCall(gw.url, bob.token, 'tools/call', { name: 'crm_whoami', arguments: {} })
   t.equal(modern.status, 200, modern.text.slice(0, 300))
-  checkSeenAs(t, whoamiOf(modern.answer?.result), 'bob', bob.token)
+  checkSeenAs(t, whoamiOf(resultOf(modern)), 'bob', bob.token)
 
   const listed = await modernCall(gw.url, alice.token, 'tools/list')
   t.ok(
@@ -137,8 +138,8 @@ t.test('two users at once never cross; one exchange per (user, target); repeated
     Array.from({ length: rounds }, (_, i) => [
       whoami1(alice.client).then(w => ({ as: 'alice', w, i })),
       whoami2(bob.client).then(w => ({ as: 'bob', w, i })),
-      modernCall(gw.url, alice.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'alice', w: whoamiOf(r.answer?.result), i })),
-      modernCall(gw.url, bob.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'bob', w: whoamiOf(r.answer?.result), i })),
+      modernCall(gw.url, alice.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'alice', w: whoamiOf(resultOf(r)), i })),
+      modernCall(gw.url, bob.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'bob', w: whoamiOf(resultOf(r)), i })),
     ]).flat()
   )
   t.equal(seen.length, rounds * 4)

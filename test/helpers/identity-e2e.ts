@@ -163,7 +163,8 @@ export async function loginSdk2(t: Test, url: URL, user: string, modern = true, 
 
 /** The JSON a fixture tool put in its text content (or its structured content). */
 export function toolJson(result: unknown): Record<string, any> {
-  const r = result as { structuredContent?: Record<string, any>; content?: Array<{ type: string; text?: string }>; isError?: boolean }
+  const r = result as { structuredContent?: Record<string, any>; content?: Array<{ type: string; text?: string }>; isError?: boolean } | undefined
+  if (r === undefined) throw new Error('no tool result')
   if (r.isError === true) throw new Error(`tool error: ${JSON.stringify(r.content)}`)
   if (r.structuredContent !== undefined) return r.structuredContent
   return JSON.parse((r.content ?? []).map(c => c.text ?? '').join('')) as Record<string, any>
@@ -195,6 +196,12 @@ async function rawPost(url: URL | string, headers: Record<string, string>, body:
   }
   const answer = messages.findLast(m => m.id === body.id && ('result' in m || 'error' in m))
   return { status: res.status, headers: res.headers, text, messages, answer }
+}
+
+/** The result of a raw answer; throws with what came instead (status, body). */
+export function resultOf(r: RawAnswer): unknown {
+  if (r.answer?.result === undefined) throw new Error(`no result: HTTP ${r.status} ${r.text.slice(0, 500)}`)
+  return r.answer.result
 }
 
 /** One 2026-07-28 request with `token` as the bearer. */
