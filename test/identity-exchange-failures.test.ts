@@ -53,12 +53,12 @@ t.before(async () => {
     '      auth:',
     ...exchangeYaml(idp, 'crm'),
     // The exchange client may not mint for this audience: the IdP answers invalid_target.
-    '    - name: refused',
+    '    - name: vault',
     `      mcp: { url: ${JSON.stringify(secret!.url)} }`,
     '      auth:',
     ...exchangeYaml(idp, 'secret'),
     // Nothing listens on the token endpoint's port.
-    '    - name: down',
+    '    - name: ledger',
     `      mcp: { url: ${JSON.stringify(down!.url)} }`,
     '      auth:',
     ...exchangeYaml(idp, 'down', `http://127.0.0.1:${closed}/application/o/token/`),
@@ -114,25 +114,25 @@ t.test("the IdP refusing the exchange: the named call fails naming the target, n
   const description = String(direct.body.error_description ?? '')
   t.ok(description.length > 0, `the IdP says why (${description})`)
 
-  const modern = await call(bob.token, 'refused_whoami')
+  const modern = await call(bob.token, 'vault_whoami')
   t.equal(modern.status, 502, `2026-07-28: 502 (${modern.text.slice(0, 200)})`)
-  t.match(modern.answer?.error?.message, /refused/, 'the message names the target')
+  t.match(modern.answer?.error?.message, /\bvault\b/, 'the message names the target')
   t.match(modern.answer?.error?.message, /invalid_target/, "and the IdP's error code")
   t.notOk(modern.text.includes(description), "never the IdP's error_description")
 
   const session = await openRawSession(gw.url, bob.token)
   t.teardown(() => session.close())
-  const inSession = await session.call('tools/call', { name: 'refused_whoami', arguments: {} })
+  const inSession = await session.call('tools/call', { name: 'vault_whoami', arguments: {} })
   t.equal(inSession.status, 502, `session era: 502 (${inSession.text.slice(0, 200)})`)
-  t.match(errorText(inSession), /refused[^"]*invalid_target|invalid_target[^"]*refused/, 'naming the target and the IdP error code')
+  t.match(errorText(inSession), /vault[^"]*invalid_target/, 'naming the target and the IdP error code')
   t.notOk(inSession.text.includes(description))
 
   // The SDK client sees an error too, and its other target still works.
-  const sdk = await bob.client.callTool({ name: 'refused_whoami', arguments: {} }).then(
+  const sdk = await bob.client.callTool({ name: 'vault_whoami', arguments: {} }).then(
     r => JSON.stringify(r),
     (e: unknown) => String(e)
   )
-  t.match(sdk, /refused/, `the 2.x client gets an error naming the target (${sdk.slice(0, 200)})`)
+  t.match(sdk, /\bvault\b/, `the 2.x client gets an error naming the target (${sdk.slice(0, 200)})`)
   t.notOk(sdk.includes(description))
   t.equal(toolJson(await bob.client.callTool({ name: 'crm_whoami', arguments: {} })).sub, 'bob')
   t.ok(gw.output().includes('invalid_target'), 'the refusal is logged')
@@ -140,17 +140,17 @@ t.test("the IdP refusing the exchange: the named call fails naming the target, n
 
 t.test('the IdP down: 503 with Retry-After, naming the target, in both eras', async t => {
   const bob = await idp.mintToken({ sub: 'bob', groups: ['mcp-users', 'sales'] })
-  const modern = await call(bob, 'down_whoami')
+  const modern = await call(bob, 'ledger_whoami')
   t.equal(modern.status, 503, `2026-07-28: 503 (${modern.text.slice(0, 200)})`)
   t.equal(modern.headers.get('retry-after'), '5')
-  t.match(modern.answer?.error?.message, /down/)
+  t.match(modern.answer?.error?.message, /\bledger\b/, 'naming the target')
 
   const session = await openRawSession(gw.url, bob)
   t.teardown(() => session.close())
-  const inSession = await session.call('tools/call', { name: 'down_whoami', arguments: {} })
+  const inSession = await session.call('tools/call', { name: 'ledger_whoami', arguments: {} })
   t.equal(inSession.status, 503, `session era: 503 (${inSession.text.slice(0, 200)})`)
   t.equal(inSession.headers.get('retry-after'), '5')
-  t.match(errorText(inSession), /down/)
+  t.match(errorText(inSession), /\bledger\b/)
 })
 
 t.test('a fan-out with failing targets still lists the others', async t => {
@@ -160,7 +160,7 @@ t.test('a fan-out with failing targets still lists the others', async t => {
   t.equal(modern.status, 200)
   t.ok(names(modern).includes('crm_whoami'), `2026-07-28 tools/list: the working target is listed (${names(modern).join(', ')})`)
   t.notOk(
-    names(modern).some(n => n.startsWith('refused_') || n.startsWith('down_')),
+    names(modern).some(n => n.startsWith('vault_') || n.startsWith('ledger_')),
     'the failing ones are left out'
   )
 
@@ -169,5 +169,5 @@ t.test('a fan-out with failing targets still lists the others', async t => {
   const listed = await session.call('tools/list')
   t.equal(listed.status, 200, 'initialize and tools/list of a session answer despite two failing targets')
   t.ok(names(listed).includes('crm_whoami'), `session tools/list: ${names(listed).join(', ')}`)
-  t.notOk(names(listed).some(n => n.startsWith('refused_') || n.startsWith('down_')))
+  t.notOk(names(listed).some(n => n.startsWith('vault_') || n.startsWith('ledger_')))
 })
