@@ -125,7 +125,7 @@ module.exports = {
       name: 'no-dev-dependencies-in-the-product',
       comment: 'The package installs production dependencies only; the dev IdP and the demo are not shipped (package.json "files").',
       severity: 'error',
-      from: { path: '^(core|plugins|bin)/', pathNot: '^bin/(dev-idp|demo)\\.ts$' },
+      from: { path: '^(core|plugins|bin)/', pathNot: '^bin/(dev-idp|dev-idp-token-exchange|demo)\\.ts$' },
       to: { dependencyTypes: ['npm-dev'], dependencyTypesNot: ['type-only'] },
     },
     {

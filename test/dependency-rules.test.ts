@@ -160,7 +160,8 @@ const TREE: Record<string, string[]> = {
     "import '../core/mcp/endpoint.ts'",
     "import 'oidc-provider' // no-dev-dependencies-in-the-product",
   ],
-  'bin/dev-idp.ts': ["import 'oidc-provider'"],
+  'bin/dev-idp.ts': ["import 'oidc-provider'", "import './dev-idp-token-exchange.ts'"],
+  'bin/dev-idp-token-exchange.ts': ["import 'oidc-provider'"],
   'test/helpers/harness.ts': [],
 }
 
