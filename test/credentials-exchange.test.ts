@@ -11,6 +11,8 @@
  * that is down, unreadable, closed or hung), counted, remembered, not cached.
  */
 import t, { type Test } from 'tap'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { createRemoteJWKSet, decodeJwt, exportJWK, exportPKCS8, generateKeyPair, jwtVerify } from 'jose'
 import type { DevIdp } from '../bin/dev-idp.ts'
 import type { TargetConfig, TokenExchangeConfig } from '../core/config.ts'
@@ -288,4 +290,42 @@ t.test('an IdP that cannot be used: 503 MCPP_ERR_IDP_UNAVAILABLE with Retry-Afte
 
   const healed = build(idp, {})
   t.ok(bearerOf((await healed.auth.resolve(alice)).headers), 'and once the IdP answers again, so does the gateway')
+})
+
+t.test('a short-lived token is used for at most half its life, not exchanged on every request', async t => {
+  const idp = await devIdp(t, { tokenExchange: { ttlSeconds: 60, clients: { 'mcp-gateway': { secret: SECRET, audiences: ['crm'], scopes: ['crm.read'] } } } })
+  let skew = 0
+  const { auth } = build(idp, {}, { now: () => Date.now() + skew })
+  const alice = await caller(idp, 'alice')
+  await auth.resolve(alice)
+  skew = 28_000
+  t.ok(auth.peek(alice), 'a 60 s token with the 60 s default skew is still used after 28 s')
+  skew = 31_000
+  t.equal(auth.peek(alice), undefined, 'and no longer after 31 s')
+})
+
+t.test('an answer without a usable bearer token is refused (502), whatever the IdP says it is', async t => {
+  const { idp } = await rig(t)
+  const alice = await caller(idp, 'alice')
+  const answers = [
+    { access_token: 'abc', token_type: 'DPoP', issued_token_type: 'urn:ietf:params:oauth:token-type:access_token' },
+    { access_token: 'abc\r\nX-Injected: 1', token_type: 'Bearer' },
+    { token_type: 'Bearer', expires_in: 60 },
+  ]
+  let next = 0
+  const server = createServer((req, res) => {
+    req.resume()
+    req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(answers[next++])))
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>(resolve => server.close(() => resolve())))
+  const b = build(idp, {}, { endpoint: `http://127.0.0.1:${(server.address() as AddressInfo).port}/token` })
+  for (let i = 0; i < answers.length; i++) {
+    t.match(await rejection(b.auth.resolve(alice)), {
+      code: 'MCPP_ERR_TARGET_CREDENTIAL',
+      statusCode: 502,
+      message: "target crm: the identity provider's token exchange answer holds no usable bearer token",
+    })
+  }
+  t.equal(counter(b.metrics, 'mcp_proxy_credential_failures_total', 'reason="refused",target="crm"'), 3)
 })
