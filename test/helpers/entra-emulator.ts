@@ -129,6 +129,8 @@ export interface EntraEmulator {
   count(path: string): number
   /** When false, discovery and keys answer 503. */
   setAvailable(available: boolean): void
+  /** Makes the token endpoint fail this way (503 `temporarily_unavailable`, or an unparsable 200); undefined heals it. */
+  setTokenEndpointFailure(kind: 'unavailable' | 'malformed' | undefined): void
   close(): Promise<void>
 }
 
@@ -186,6 +188,7 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
   const refreshTokens = new Map<string, RefreshGrant>()
   const requests: RecordedRequest[] = []
   let available = true
+  let tokenFailure: 'unavailable' | 'malformed' | undefined
 
   let origin = ''
   const issuerV2 = (): string => `${origin}/${tenant}/v2.0`
@@ -485,6 +488,14 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
         authorize(res, url.searchParams)
         return
       case `${t}/oauth2/v2.0/token`:
+        if (tokenFailure === 'unavailable') {
+          send(res, 503, entraError('temporarily_unavailable', 'AADSTS90033: A transient error has occurred. Please try again.').body, { 'retry-after': '1' })
+          return
+        }
+        if (tokenFailure === 'malformed') {
+          res.writeHead(200, { 'content-type': 'text/html' }).end('<html>Service Unavailable</html>')
+          return
+        }
         if (req.method !== 'POST') {
           oauthError(res, 405, 'invalid_request', 'AADSTS900561: The endpoint only accepts POST requests.')
           return
@@ -581,6 +592,9 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
     },
     setAvailable(v: boolean) {
       available = v
+    },
+    setTokenEndpointFailure(kind) {
+      tokenFailure = kind
     },
     close() {
       return new Promise<void>(resolve => {
