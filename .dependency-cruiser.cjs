@@ -17,10 +17,11 @@ module.exports = {
     },
     {
       name: 'targets-are-transports',
-      comment: 'core/targets/ moves bytes to MCP servers: it knows no MCP routing, no admin, no plugin, no tokens.',
+      comment:
+        "core/targets/ moves bytes to MCP servers: it knows no MCP routing, no admin, no plugin, no tokens, no credential layer (a caller's credential reaches a transport as an opaque UpstreamAttachment, handed over by core/mcp/).",
       severity: 'error',
       from: { path: '^core/targets/' },
-      to: { path: ['^plugins/', '^core/mcp/', '^core/admin', '^node_modules/jose/'] },
+      to: { path: ['^plugins/', '^core/mcp/', '^core/admin', '^core/credentials/', '^node_modules/jose/'] },
     },
     {
       name: 'plugins-use-the-public-contract',
@@ -77,6 +78,14 @@ module.exports = {
       severity: 'error',
       from: { path: '^core/mcp/', pathNot: '^core/mcp/cluster\\.ts$' },
       to: { path: '^core/cluster/' },
+    },
+    {
+      name: 'mcp-reaches-credentials-through-one-door',
+      comment:
+        'Everything under core/mcp/ reaches core/credentials/ (what each target receives for each caller) through core/mcp/credentials.ts alone, type-only imports included: the caller built from the request, the attachment handed to a transport, the pre-flight and the refusals live in one file, so the credential layer can change behind one MCP file.',
+      severity: 'error',
+      from: { path: '^core/mcp/', pathNot: '^core/mcp/credentials\\.ts$' },
+      to: { path: '^core/credentials/' },
     },
     {
       name: 'observability-is-a-side-system',
