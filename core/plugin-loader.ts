@@ -5,7 +5,8 @@
  * else its `mcp.policies` block) validated against its own schema with the
  * config path in every error, `check` (cross-field checks, what it provides),
  * `needs` met by a plugin listed before it, then `create`. The pipeline order
- * is decided here and nowhere else.
+ * is decided here and nowhere else; so are the checks of the targets' `auth`
+ * blocks that depend on it (core/credentials/config-check.ts).
  */
 import { createRequire } from 'node:module'
 import { isAbsolute, join, resolve } from 'node:path'
@@ -16,6 +17,7 @@ import type { GatewayConfig, PluginEntryConfig } from './config.ts'
 import { deepFreeze, validatePluginOptions } from './config.ts'
 import { ProxyError, ERROR_CODES, ERROR_CODE_RE } from './errors.ts'
 import { sealKey } from './cluster/seal.ts'
+import { checkTargetAuth } from './credentials/index.ts'
 
 /** The default pipeline when `mcp.plugins` is not given, from the registry. */
 export function defaultEntries(config: GatewayConfig, registry: PluginRegistry = EMPTY_REGISTRY): PluginEntryConfig[] {
@@ -184,6 +186,8 @@ function providerHint(name: string, registry: PluginRegistry): string {
 interface Prepared {
   readonly resolved: readonly Resolved[]
   readonly provided: ReadonlyArray<Readonly<Record<string, unknown>>>
+  /** Everything the pipeline's plugins provide, by name (what the core itself reads of it: the protected resource's scopes). */
+  readonly all: Readonly<Record<string, unknown>>
 }
 
 /** Modules, options, error codes, `needs`, `check()`, coverage: everything that can fail without side effects. */
@@ -228,7 +232,21 @@ async function prepare(config: GatewayConfig, baseDir: string, registry: PluginR
     }
   }
   checkCoverage(resolved, config, registry)
-  return { resolved, provided }
+  checkTargets(config, available)
+  return { resolved, provided, all: Object.freeze(Object.fromEntries(available)) }
+}
+
+/**
+ * The targets' `auth` blocks against the pipeline that will run: a
+ * credential made from the caller's token needs a stage that authenticates
+ * callers, known by what it provides (`protectedResource`, the RFC 9728
+ * resource it guards), not by its name.
+ */
+function checkTargets(config: GatewayConfig, available: ReadonlyMap<string, unknown>): void {
+  const problems = checkTargetAuth(config.mcp.targets, { authenticated: available.has('protectedResource') })
+  if (problems.length > 0) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid configuration:\n' + problems.map(l => '  ' + l).join('\n'), { data: { problems } })
+  }
 }
 
 /** One stage of the pipeline as it will run, for `mcp-proxy --check`. */
@@ -258,9 +276,24 @@ function keyDeriver(secret: string | undefined, plugin: string): PluginEnv['deri
 }
 
 /** Loads and creates every plugin, in pipeline order. Closes the ones created if a later one fails. */
-export async function loadPlugins({ config, baseDir, env, registry = EMPTY_REGISTRY, dryRun = false, secret }: LoadPluginsOptions): Promise<Plugin[]> {
-  const { resolved, provided } = await prepare(config, baseDir, registry)
-  if (dryRun) return resolved.map(r => ({ name: r.mod.name }))
+export async function loadPlugins(opts: LoadPluginsOptions): Promise<Plugin[]> {
+  return (await loadPipeline(opts)).plugins
+}
+
+/**
+ * As `loadPlugins`, with what the pipeline provides (`provides` of every plugin, by name): the
+ * composition root reads the protected resource's `scopesSupported` from it for the credential layer.
+ */
+export async function loadPipeline({
+  config,
+  baseDir,
+  env,
+  registry = EMPTY_REGISTRY,
+  dryRun = false,
+  secret,
+}: LoadPluginsOptions): Promise<{ plugins: Plugin[]; provided: Readonly<Record<string, unknown>> }> {
+  const { resolved, provided, all } = await prepare(config, baseDir, registry)
+  if (dryRun) return { plugins: resolved.map(r => ({ name: r.mod.name })), provided: all }
 
   const plugins: Plugin[] = []
   try {
@@ -288,5 +321,5 @@ export async function loadPlugins({ config, baseDir, env, registry = EMPTY_REGIS
     await Promise.allSettled(plugins.map(p => p.close?.()))
     throw err
   }
-  return plugins
+  return { plugins, provided: all }
 }
