@@ -320,6 +320,15 @@ t.test('a call the rules deny costs no credential (both eras)', async t => {
       .map(r => r.body.params.name as string)
 
   const alice = await rawSession(g.url, 'alice')
+  // The session's server-to-client GET stream opens in the background (with its own credential): let it, first.
+  t.ok(
+    await until(() =>
+      proxy
+        .of('crm')
+        .slice(before)
+        .some(r => r.method === 'GET')
+    )
+  )
   crm.clear()
   const resolved = crm.resolves.length
   const denied = await alice.call('tools/call', { name: 'test_error_handling', arguments: {} })
