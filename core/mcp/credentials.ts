@@ -10,7 +10,7 @@
  */
 import type { Logger } from 'pino'
 import type { AuthInfo, RequestContext } from '../context.ts'
-import type { Caller, CredentialBroker, TargetAuth, TargetCredential } from '../credentials/types.ts'
+import type { Caller, CredentialBroker, TargetAuth, TargetCredential } from '../credentials/index.ts'
 import type { Upstream, UpstreamAttachment, UpstreamFactory } from '../targets/types.ts'
 import { ProxyError } from '../errors.ts'
 import { subjectKeyOf } from './routing/subject-key.ts'
