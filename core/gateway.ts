@@ -208,7 +208,7 @@ async function assemble(b: Boot, gw: GatewayServer, port: number, targetReadines
   cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
   // A step-up challenge names the gateway's own protected resource metadata and scopes (as plugins/authorization's does).
   const credentials = createCredentialBroker(config.mcp.targets, {
-    log: log.child({ part: 'credentials' }),
+    log,
     metrics,
     resourceMetadataUrl: `${baseUrl.replace(/\/+$/, '')}/.well-known/oauth-protected-resource/mcp`,
     scopesSupported: (provided.protectedResource as { scopesSupported?: readonly string[] } | undefined)?.scopesSupported ?? [],
