@@ -9,7 +9,7 @@
  */
 import t from 'tap'
 import type { DevIdp } from '../bin/dev-idp.ts'
-import { freePort } from './helpers/cli.ts'
+import { eventually, freePort } from './helpers/cli.ts'
 import { outcome } from './helpers/outcome.ts'
 import {
   EXCHANGE_SECRET,
@@ -20,9 +20,11 @@ import {
   exchangeYaml,
   gatewayPorts,
   jwtServer,
+  metric,
   loginSdk2,
   modernCall,
   openRawSession,
+  resultOf,
   startCliGateway,
   toolJson,
   type CliGateway,
@@ -85,17 +87,33 @@ t.test('a tool denied by a rule costs no exchange and is answered as the rules s
   // carol's first request to the gateway: the IdP has never been asked for her.
   const carol = await idp.mintToken({ sub: 'carol', groups: ['mcp-users'] })
   const before = exchangeCount(idp)
+  const denials = (): Promise<number> => metric(`${gw.admin}/metrics`, 'mcp_proxy_authorization_denials_total', { rule: '1' })
+  const deniedBefore = await denials()
   const denied = await seenAs(carol, 'crm_dangerous', ['crm_dangerous', 'dangerous'])
   t.equal(exchangeCount(idp), before, 'the IdP was not asked: the rule refused the call first')
   t.equal(exchangeCount(idp, { subject: 'carol' }), 0)
   t.notMatch(denied, /denied|forbidden|admins|rule|policy|mcp-proxy-denied|done/i, `nothing hints at the rule, nothing ran (${denied})`)
-  t.match(gw.output(), /rule\[1\]/, 'the log names the rule that refused it')
+  t.equal(await denials(), deniedBefore + 1, 'the refusal is counted against rule[1]')
 
   // The rules say: a refused call is answered like a call to a tool the target does not have.
   const missing = await seenAs(carol, 'crm_no-such-tool', ['crm_no-such-tool', 'no-such-tool'])
   t.equal(exchangeCount(idp, { subject: 'carol', audience: 'crm' }), 1, 'an allowed call does exchange')
   t.equal(denied, missing, 'the denied call is answered exactly like a call to a tool that does not exist')
   t.match(missing, /<name>/, "that answer is the target's own, naming the tool asked for")
+
+  // In a session the credential is there from initialize: the refused call goes on under a stand-in, and
+  // reads exactly as the target's answer for a tool it does not have.
+  const session = await openRawSession(gw.url, carol)
+  t.teardown(() => session.close())
+  const inSession = (name: string, names: string[]): Promise<string> =>
+    outcome(async () => {
+      const r = await session.call('tools/call', { name, arguments: {} })
+      if (r.answer?.error !== undefined) throw Object.assign(new Error(r.answer.error.message), r.answer.error)
+      return resultOf(r)
+    }, names)
+  const deniedInSession = await inSession('crm_dangerous', ['crm_dangerous', 'dangerous'])
+  t.equal(deniedInSession, await inSession('crm_no-such-tool', ['crm_no-such-tool', 'no-such-tool']), 'session era: refused reads as unknown')
+  t.notMatch(deniedInSession, /done/, 'and the tool did not run')
 
   const admin = await idp.mintToken({ sub: 'dave', groups: ['mcp-users', 'admins'] })
   t.match(await seenAs(admin, 'crm_dangerous', []), /done/, 'an admin may call it')
@@ -125,7 +143,7 @@ t.test("the IdP refusing the exchange: the named call fails naming the target, n
   const inSession = await session.call('tools/call', { name: 'vault_whoami', arguments: {} })
   t.equal(inSession.status, 502, `session era: 502 (${inSession.text.slice(0, 200)})`)
   t.match(errorText(inSession), /vault[^"]*invalid_target/, 'naming the target and the IdP error code')
-  t.notOk(inSession.text.includes(description))
+  t.notOk(inSession.text.includes(description), "never the IdP's error_description")
 
   // The SDK client sees an error too, and its other target still works.
   const sdk = await bob.client.callTool({ name: 'vault_whoami', arguments: {} }).then(
@@ -133,31 +151,32 @@ t.test("the IdP refusing the exchange: the named call fails naming the target, n
     (e: unknown) => String(e)
   )
   t.match(sdk, /\bvault\b/, `the 2.x client gets an error naming the target (${sdk.slice(0, 200)})`)
-  t.notOk(sdk.includes(description))
-  t.equal(toolJson(await bob.client.callTool({ name: 'crm_whoami', arguments: {} })).sub, 'bob')
-  t.ok(gw.output().includes('invalid_target'), 'the refusal is logged')
+  t.notOk(sdk.includes(description), "never the IdP's error_description")
+  t.equal(toolJson(await bob.client.callTool({ name: 'crm_whoami', arguments: {} })).sub, 'bob', "the client's other target still works")
+  await eventually(gw.output, out => out.includes('invalid_target'), 100, 20)
+  t.pass("the refusal is logged (with the IdP's code)")
 })
 
 t.test('the IdP down: 503 with Retry-After, naming the target, in both eras', async t => {
   const bob = await idp.mintToken({ sub: 'bob', groups: ['mcp-users', 'sales'] })
   const modern = await call(bob, 'ledger_whoami')
   t.equal(modern.status, 503, `2026-07-28: 503 (${modern.text.slice(0, 200)})`)
-  t.equal(modern.headers.get('retry-after'), '5')
+  t.equal(modern.headers.get('retry-after'), '5', 'Retry-After: 5')
   t.match(modern.answer?.error?.message, /\bledger\b/, 'naming the target')
 
   const session = await openRawSession(gw.url, bob)
   t.teardown(() => session.close())
   const inSession = await session.call('tools/call', { name: 'ledger_whoami', arguments: {} })
   t.equal(inSession.status, 503, `session era: 503 (${inSession.text.slice(0, 200)})`)
-  t.equal(inSession.headers.get('retry-after'), '5')
-  t.match(errorText(inSession), /\bledger\b/)
+  t.equal(inSession.headers.get('retry-after'), '5', 'Retry-After: 5')
+  t.match(errorText(inSession), /\bledger\b/, 'naming the target')
 })
 
 t.test('a fan-out with failing targets still lists the others', async t => {
   const bob = await idp.mintToken({ sub: 'bob', groups: ['mcp-users', 'sales'] })
   const names = (r: RawAnswer): string[] => ((r.answer?.result?.tools ?? []) as Array<{ name: string }>).map(x => x.name)
   const modern = await modernCall(gw.url, bob, 'tools/list')
-  t.equal(modern.status, 200)
+  t.equal(modern.status, 200, '2026-07-28 tools/list answered')
   t.ok(names(modern).includes('crm_whoami'), `2026-07-28 tools/list: the working target is listed (${names(modern).join(', ')})`)
   t.notOk(
     names(modern).some(n => n.startsWith('vault_') || n.startsWith('ledger_')),
@@ -170,4 +189,17 @@ t.test('a fan-out with failing targets still lists the others', async t => {
   t.equal(listed.status, 200, 'initialize and tools/list of a session answer despite two failing targets')
   t.ok(names(listed).includes('crm_whoami'), `session tools/list: ${names(listed).join(', ')}`)
   t.notOk(names(listed).some(n => n.startsWith('vault_') || n.startsWith('ledger_')))
+})
+
+t.test('the failures are counted per target and reason, and the admin view shows the last one', async t => {
+  const failures = (target: string, reason: string): Promise<number> => metric(`${gw.admin}/metrics`, 'mcp_proxy_credential_failures_total', { target, reason })
+  t.ok((await failures('vault', 'refused')) >= 1, 'vault: refused')
+  t.ok((await failures('ledger', 'unavailable')) >= 1, 'ledger: unavailable')
+  t.equal(await failures('crm', 'refused'), 0, 'crm: none')
+  const targets = (await (await fetch(`${gw.admin}/api/targets`)).json()) as Array<{ name: string; credentials: Record<string, any> | null }>
+  const view = Object.fromEntries(targets.map(x => [x.name, x.credentials]))
+  t.match(view.vault, { mode: 'tokenExchange', lastFailure: { reason: 'refused' } })
+  t.match(view.ledger, { mode: 'tokenExchange', lastFailure: { reason: 'unavailable' } })
+  t.match(view.crm, { mode: 'tokenExchange', lastFailure: null })
+  t.ok(view.crm!.cached >= 1, `crm caches its minted tokens (${view.crm!.cached})`)
 })

@@ -98,7 +98,12 @@ t.test('debug log, /metrics, the admin API and UI never hold a secret or a token
   t.match(targets, /tokenExchange/, '/api/targets says which credential mode each target uses')
   t.match(targets, /X-User/, 'and the header names it sets')
   t.match(targets, /CRM_TOKEN/, 'and the environment names')
-  t.match(gw.output(), /"level":20/, 'the log is at debug')
+
+  // The whole log: the gateway stopped, its output read to the end.
+  await gw.stop()
+  texts[0] = ['log', gw.output()]
+  t.match(texts[0][1], /"level":"debug"/, 'the log is at debug')
+  t.match(texts[0][1], /token minted/, 'and tells of the exchanges')
 
   const clientTokens = [alice.token, bob.token]
   const secrets: Array<[string, string]> = [

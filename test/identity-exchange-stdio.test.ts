@@ -71,7 +71,7 @@ function checkChild(t: Test, env: Record<string, any>, user: string, clientToken
 t.test('two users get two children, each with its own USER_ID and a token minted for them; the same user gets the same child again', async t => {
   const alice = await loginSdk1(t, gw.url, 'alice')
   const bob = await loginSdk2(t, gw.url, 'bob', true)
-  t.equal(bob.client.getNegotiatedProtocolVersion(), MODERN)
+  t.equal(bob.client.getNegotiatedProtocolVersion(), MODERN, 'the 2.x client speaks 2026-07-28')
 
   const a = toolJson(await alice.client.callTool({ name: 'env', arguments: {} }))
   const b = toolJson(await bob.client.callTool({ name: 'env', arguments: {} }))
@@ -85,14 +85,14 @@ t.test('two users get two children, each with its own USER_ID and a token minted
   t.teardown(() => session.close())
   const again = toolJson(resultOf(await session.call('tools/call', { name: 'env', arguments: {} })))
   t.equal(again.pid, a.pid, "alice's second session shares her child (share: subject)")
-  t.equal(again.env.USER_ID, 'alice')
+  t.equal(again.env.USER_ID, 'alice', 'with her USER_ID')
   const modern = await modernCall(gw.url, alice.token, 'tools/call', { name: 'env', arguments: {} })
-  t.equal(modern.status, 200, modern.text.slice(0, 300))
+  t.equal(modern.status, 200, modern.status === 200 ? '2026-07-28 call answered' : modern.text.slice(0, 300))
   const m = toolJson(resultOf(modern))
   t.equal(m.env.USER_ID, 'alice', 'a 2026-07-28 call as alice reaches a child of alice')
   t.not(m.pid, b.pid, "never bob's child")
   const bobAgain = await modernCall(gw.url, bob.token, 'tools/call', { name: 'env', arguments: {} })
-  t.equal(toolJson(resultOf(bobAgain)).env.USER_ID, 'bob')
+  t.equal(toolJson(resultOf(bobAgain)).env.USER_ID, 'bob', 'a 2026-07-28 call as bob reaches a child of bob')
 
   t.equal(exchangeCount(idp, { subject: 'alice', audience: 'tools' }), 1, 'one exchange for alice')
   t.equal(exchangeCount(idp, { subject: 'bob', audience: 'tools' }), 1, 'one exchange for bob')

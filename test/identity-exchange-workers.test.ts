@@ -62,7 +62,9 @@ t.test('workers: 2: two users through the multi-process gateway, each seen as th
     '',
   ].join('\n')
   const gw = await startCliGateway(t, yaml, { EXCHANGE_SECRET }, ports)
-  const fresh = freshFetch as typeof fetch
+  // Every request to the gateway on a new connection (the primary hands each to the next worker); the IdP as usual.
+  const fresh = ((url: string | URL, init?: RequestInit) =>
+    new URL(url).port === String(ports.port) ? freshFetch(url, init) : fetch(url, init)) as typeof fetch
 
   const alice = await loginSdk1(t, gw.url, 'alice', fresh)
   const bob = await loginSdk2(t, gw.url, 'bob', true, fresh)

@@ -116,11 +116,11 @@ t.test('raw requests with the tokens the clients got: a 2025-11-25 session and a
   const session = await openRawSession(gw.url, alice.token)
   t.teardown(() => session.close())
   const inSession = await session.call('tools/call', { name: 'crm_whoami', arguments: {} })
-  t.equal(inSession.status, 200)
+  t.equal(inSession.status, 200, '2025-11-25 session call answered')
   checkSeenAs(t, whoamiOf(resultOf(inSession)), 'alice', alice.token)
 
   const modern = await modernCall(gw.url, bob.token, 'tools/call', { name: 'crm_whoami', arguments: {} })
-  t.equal(modern.status, 200, modern.text.slice(0, 300))
+  t.equal(modern.status, 200, modern.status === 200 ? '2026-07-28 call answered' : modern.text.slice(0, 300))
   checkSeenAs(t, whoamiOf(resultOf(modern)), 'bob', bob.token)
 
   const listed = await modernCall(gw.url, alice.token, 'tools/list')
@@ -142,7 +142,7 @@ t.test('two users at once never cross; one exchange per (user, target); repeated
       modernCall(gw.url, bob.token, 'tools/call', { name: 'crm_whoami', arguments: {} }).then(r => ({ as: 'bob', w: whoamiOf(resultOf(r)), i })),
     ]).flat()
   )
-  t.equal(seen.length, rounds * 4)
+  t.equal(seen.length, rounds * 4, 'every call answered')
   const crossed = seen.filter(s => s.w.sub !== s.as)
   t.same(crossed, [], 'every call was made as the user who made it')
   t.same(new Set(seen.filter(s => s.as === 'alice').map(s => s.w.bearerSha256)).size, 1, "alice's calls carried one minted token (cached)")
@@ -162,7 +162,7 @@ t.test('claim headers reach the target; a static bearer reaches only its own tar
   t.equal(a.headers?.['x-user'], 'alice', 'X-User: {sub}')
   t.equal(a.headers?.['x-groups'], 'mcp-users', 'X-Groups: {groups}')
   const b = await whoami2(bob.client)
-  t.equal(b.headers?.['x-user'], 'bob')
+  t.equal(b.headers?.['x-user'], 'bob', 'X-User for bob')
   t.equal(b.headers?.['x-groups'], 'mcp-users,sales', 'an array claim is joined by ","')
 
   const staticKey = sha256(LEGACY_API_KEY)
@@ -180,7 +180,7 @@ t.test('claim headers reach the target; a static bearer reaches only its own tar
   ] as const) {
     const w = await call()
     t.notOk(w.bearerSha256, `${who}: the target without auth sees no Authorization at all`)
-    t.equal(w.headers?.['x-user'], undefined)
+    t.equal(w.headers?.['x-user'], undefined, `${who}: and no claim headers`)
   }
   t.same(await plain.seen(), [], 'GET /seen of the target without auth: no bearer ever')
   const legacySeen = await legacy.seen()

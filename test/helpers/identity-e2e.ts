@@ -48,6 +48,8 @@ export interface CliGateway {
   pid: number
   /** Everything the CLI wrote on stdout and stderr so far. */
   output: () => string
+  /** SIGTERM, and resolves once the CLI exited (its whole output read). */
+  stop: () => Promise<void>
 }
 
 /** Ports first: the gateway's resource (and so the OAuth flow) names its port. */
@@ -76,13 +78,17 @@ export function authPolicyYaml(idp: { issuer: string; clientId: string }, port: 
 export async function startCliGateway(t: Test, yaml: string, env: Record<string, string>, ports: { port: number; admin: number }): Promise<CliGateway> {
   const file = await configFile(yaml, 'mcpp-identity-')
   const cli = spawnCli(['-f', file], env)
-  t.teardown(async () => {
-    if (cli.child.exitCode !== null || cli.child.signalCode !== null) return
-    cli.child.kill('SIGTERM')
-    const timer = setTimeout(() => cli.child.kill('SIGKILL'), 10_000)
-    await cli.exited
-    clearTimeout(timer)
-  })
+  const closed = new Promise<void>(resolve => cli.child.once('close', () => resolve()))
+  const stop = async (): Promise<void> => {
+    if (cli.child.exitCode === null && cli.child.signalCode === null) {
+      cli.child.kill('SIGTERM')
+      const timer = setTimeout(() => cli.child.kill('SIGKILL'), 10_000)
+      await cli.exited
+      clearTimeout(timer)
+    }
+    await closed
+  }
+  t.teardown(stop)
   const giveUp = Promise.race([cli.exited, new Promise(resolve => setTimeout(resolve, 60_000).unref())])
   try {
     await waitForPort(ports.port, giveUp)
@@ -95,6 +101,7 @@ export async function startCliGateway(t: Test, yaml: string, env: Record<string,
     port: ports.port,
     pid: cli.child.pid!,
     output: cli.output,
+    stop,
   }
 }
 
