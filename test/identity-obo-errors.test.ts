@@ -1,0 +1,265 @@
+/**
+ * Entra's on-behalf-of errors from the outside (issue 25), each mapped to an
+ * answer the MCP client can act on, in a session (a tools/call POST) and as a
+ * 2026-07-28 request:
+ * - consent not granted (AADSTS65001) -> 403 `insufficient_scope` with a
+ *   scope the client can ask the gateway for, and `resource_metadata`;
+ * - MFA required (AADSTS50076/50079) -> 401 `insufficient_claims` with the
+ *   IdP's claims challenge, and `resource_metadata`;
+ * - the IdP refuses the caller's token (AADSTS50013/500133) -> 401 `invalid_token`;
+ * - invalid scope (AADSTS70011) -> 502, a JSON-RPC error naming the target;
+ * - IdP unreachable -> 503 with Retry-After; never a 500, never the IdP's text.
+ * Then the official SDK clients act on the step-up answers: they re-authorize
+ * through the gateway (the user consents, completes MFA) and the call succeeds.
+ * One emulator, two identity servers and one gateway (the real CLI) for the file.
+ */
+import t, { type Test } from 'tap'
+import { randomUUID } from 'node:crypto'
+import { UnauthorizedError as Unauthorized1 } from '@modelcontextprotocol/sdk/client/auth.js'
+import { UnauthorizedError as Unauthorized2 } from '@modelcontextprotocol/client'
+import { startEntraEmulator } from './helpers/entra-emulator.ts'
+import { freePort } from './helpers/cli.ts'
+import {
+  SECRET,
+  startIdentityServer,
+  startGateway,
+  login1,
+  login2,
+  tokenFor,
+  whoamiOf,
+  rawSession,
+  modernToolCall,
+  oboRequests,
+  bearerChallenge,
+  sample,
+  type Answer,
+} from './helpers/obo-world.ts'
+
+const CONSENT_API = randomUUID()
+const MFA_API = randomUUID()
+const PLAIN_API = randomUUID()
+const ADA = { oid: randomUUID(), name: 'Ada Admin', preferredUsername: 'ada@contoso.test', roles: ['mcp.admin'] }
+const BOB = { oid: randomUUID(), name: 'Bob Builder', preferredUsername: 'bob@contoso.test', roles: ['mcp.admin'] }
+/** A user whose tokens the IdP refuses as OBO assertions (AADSTS50013) while the gateway accepts them. */
+const CAROL = { oid: randomUUID(), name: 'Carol Clock', preferredUsername: 'carol@contoso.test', roles: ['mcp.admin'] }
+
+const emu = await startEntraEmulator({
+  clientSecret: SECRET,
+  users: [ADA, BOB, CAROL],
+  downstreamApis: [
+    { appId: CONSENT_API, scopes: ['Reports.Read'], consented: false },
+    { appId: MFA_API, scopes: ['Payroll.Read'], requireMfa: true },
+    { appId: PLAIN_API, scopes: ['Data.Read'] },
+  ],
+} as never)
+t.teardown(() => emu.close())
+const [consentServer, mfaServer] = await Promise.all([
+  startIdentityServer(t, { jwksUrl: emu.jwksUrl, issuer: emu.issuerV2, audience: CONSENT_API }),
+  startIdentityServer(t, { jwksUrl: emu.jwksUrl, issuer: emu.issuerV2, audience: MFA_API }),
+])
+// Nothing listens there: the IdP is unreachable.
+const closedPort = await freePort()
+
+const obo = (name: string, url: string, scope: string, tokenEndpoint = emu.tokenUrl): string => `    - name: ${name}
+      mcp: { url: "${url}" }
+      auth:
+        onBehalfOf:
+          tokenEndpoint: "${tokenEndpoint}"
+          clientId: "${emu.clientId}"
+          clientSecret: \${OBO_GATEWAY_SECRET}
+          scope: "${scope}"`
+const gw = await startGateway(
+  t,
+  emu,
+  [
+    obo('consent', consentServer.url, `api://${CONSENT_API}/.default`),
+    obo('mfa', mfaServer.url, `api://${MFA_API}/.default`),
+    obo('stale', mfaServer.url, `api://${PLAIN_API}/.default`),
+    obo('badscope', mfaServer.url, `api://${PLAIN_API}/No.Such.Scope`),
+    obo('down', mfaServer.url, `api://${PLAIN_API}/.default`, `http://127.0.0.1:${closedPort}/${emu.tenant}/oauth2/v2.0/token`),
+  ].join('\n'),
+  { rules: ['"mcp.admin" in jwt.roles'] }
+)
+/** The `scope` of the consent challenge, as the raw requests saw it. */
+let challengedScope: string | undefined
+const prm = (await (await fetch(gw.prm)).json()) as { scopes_supported?: string[] }
+
+/** Nothing of the IdP's own answer reaches the client: no AADSTS code, description, trace or correlation id. */
+function checkNoIdpText(t: Test, a: Answer, label: string): void {
+  t.notMatch(
+    a.text,
+    /AADSTS|Trace ID|Correlation ID|error_codes|The provided value|has not consented|multi-factor/i,
+    `${label}: none of the IdP's text in the body`
+  )
+  t.notMatch(a.headers.get('www-authenticate') ?? '', /AADSTS|Trace ID/, `${label}: nor in the challenge`)
+  t.not(a.status, 500, `${label}: never a 500`)
+}
+
+/** Every challenge points the client at the gateway's protected resource metadata. */
+function checkChallenge(t: Test, a: Answer, status: number, error: string, label: string): Record<string, string> {
+  t.equal(a.status, status, `${label}: HTTP ${status}`)
+  const c = bearerChallenge(a.headers.get('www-authenticate'))
+  t.ok(c, `${label}: a Bearer challenge (${a.headers.get('www-authenticate')})`)
+  t.equal(c?.error, error, `${label}: error="${error}"`)
+  t.equal(c?.resource_metadata, gw.prm, `${label}: resource_metadata is the gateway's`)
+  checkNoIdpText(t, a, label)
+  return c ?? {}
+}
+
+/** The claims challenge as sent: the IdP's JSON, raw or base64 (Microsoft's CAE convention). */
+function claimsJson(value: string | undefined): Record<string, unknown> | undefined {
+  if (value === undefined) return undefined
+  for (const text of [value, Buffer.from(value, 'base64').toString('utf8')]) {
+    try {
+      return JSON.parse(text) as Record<string, unknown>
+    } catch {}
+  }
+  return undefined
+}
+
+/** One tools/call on `target` in both eras, with a token from the flow. */
+async function bothEras(t: Test, token: string, target: string): Promise<Array<[string, Answer]>> {
+  const session = await rawSession(gw.mcp, token)
+  t.teardown(() => session.close())
+  return [
+    ['session era', await session.callTool(`${target}_whoami`)],
+    ['2026-07-28', await modernToolCall(gw.mcp, token, `${target}_whoami`)],
+  ]
+}
+
+t.test('consent not granted (AADSTS65001): 403 insufficient_scope with a scope the client can ask for', async t => {
+  const token = await tokenFor(gw.mcp, ADA.preferredUsername)
+  for (const [era, a] of await bothEras(t, token, 'consent')) {
+    const c = checkChallenge(t, a, 403, 'insufficient_scope', era)
+    t.ok(c.scope !== undefined && c.scope !== '', `${era}: the challenge names a scope`)
+    challengedScope ??= c.scope
+    const supported = new Set(prm.scopes_supported ?? [])
+    t.ok(
+      (c.scope ?? '').split(' ').every(s => supported.has(s)),
+      `${era}: a scope the gateway's authorization server accepts (${c.scope})`
+    )
+    t.match(a.text, /consent/, `${era}: the message names the target`)
+  }
+})
+
+t.test('MFA required (AADSTS50076/50079): 401 insufficient_claims with the claims challenge', async t => {
+  const token = await tokenFor(gw.mcp, ADA.preferredUsername)
+  for (const [era, a] of await bothEras(t, token, 'mfa')) {
+    const c = checkChallenge(t, a, 401, 'insufficient_claims', era)
+    const claims = claimsJson(c.claims)
+    t.ok(claims, `${era}: claims="${c.claims}" is the IdP's challenge (JSON)`)
+    t.type(claims?.access_token, 'object', `${era}: it asks for access token claims`)
+    t.match(a.text, /mfa/, `${era}: the message names the target`)
+  }
+})
+
+t.test("the IdP refuses the caller's token (AADSTS50013): 401 invalid_token", async t => {
+  const token = await tokenFor(gw.mcp, CAROL.preferredUsername)
+  for (const [era, a] of await bothEras(t, token, 'stale')) {
+    checkChallenge(t, a, 401, 'invalid_token', era)
+    t.match(a.text, /stale/, `${era}: the message names the target`)
+  }
+})
+
+t.test('invalid scope (AADSTS70011): 502, a JSON-RPC error naming the target', async t => {
+  const token = await tokenFor(gw.mcp, ADA.preferredUsername)
+  for (const [era, a] of await bothEras(t, token, 'badscope')) {
+    t.equal(a.status, 502, `${era}: HTTP 502`)
+    const [m] = a.messages
+    t.equal(m?.jsonrpc, '2.0', `${era}: a JSON-RPC answer`)
+    t.equal(m?.id, 1, `${era}: to the request`)
+    t.type(m?.error?.code, 'number', `${era}: an error`)
+    t.match(m?.error?.message, /badscope/, `${era}: naming the target (${m?.error?.message})`)
+    t.match(m?.error?.message, /invalid_scope/, `${era}: and the IdP's error code`)
+    checkNoIdpText(t, a, era)
+  }
+  t.ok(oboRequests(emu, { scope: `api://${PLAIN_API}/No.Such.Scope` }).length >= 2, 'the IdP was asked (each time: a refusal is not cached)')
+})
+
+t.test('the IdP unreachable: 503 with Retry-After, never a 500', async t => {
+  const token = await tokenFor(gw.mcp, ADA.preferredUsername)
+  for (const [era, a] of await bothEras(t, token, 'down')) {
+    t.equal(a.status, 503, `${era}: HTTP 503`)
+    const retry = a.headers.get('retry-after')
+    t.ok(retry !== null && /^\d+$/.test(retry) && Number(retry) > 0, `${era}: Retry-After in seconds (${retry})`)
+    t.match(a.text, /down/, `${era}: the message names the target`)
+    checkNoIdpText(t, a, era)
+  }
+})
+
+t.test('failures are counted by reason', async t => {
+  const m = await gw.metrics()
+  for (const [target, reason] of [
+    ['consent', 'step_up'],
+    ['mfa', 'step_up'],
+    ['stale', 'invalid_token'],
+    ['badscope', 'refused'],
+    ['down', 'unavailable'],
+  ]) {
+    t.ok(sample(m, 'mcp_proxy_credential_failures_total', { target: target!, reason: reason! }) >= 2, `${target}: ${reason}`)
+  }
+})
+
+t.test('SDK 1.x follows the consent step-up: it re-authorizes with the scope asked for, the user consents, the call succeeds', async t => {
+  const s = await login1(t, gw.mcp, ADA.preferredUsername)
+  // At the next sign-in the user grants the consent (the emulator's consent state).
+  s.provider.onAuthorize = () => emu.grantConsent(ADA.oid, CONSENT_API)
+  const err = await s.client.callTool({ name: 'consent_whoami', arguments: {} }).then(
+    () => undefined,
+    (e: unknown) => e
+  )
+  t.ok(err instanceof Unauthorized1, `the 403 led the SDK into a new authorization (${String(err)})`)
+  t.equal(s.provider.authorizations.length, 2, 'a second authorization request')
+  const scope = s.provider.authorizations[1]!.searchParams.get('scope')
+  t.ok(challengedScope, 'the consent challenge was seen above')
+  t.equal(scope, challengedScope, "it asked for the challenge's scope")
+  await s.transport.finishAuth(s.provider.code())
+  const who = whoamiOf(await s.client.callTool({ name: 'consent_whoami', arguments: {} }))
+  t.equal(who.claims.oid, ADA.oid, 'the target sees Ada')
+  t.equal(who.claims.aud, CONSENT_API, 'with its own audience')
+  t.equal(who.claims.azp, emu.clientId)
+})
+
+t.test('SDK 1.x follows the MFA challenge: it re-authorizes, the user completes MFA, the call succeeds in the same session', async t => {
+  const s = await login1(t, gw.mcp, ADA.preferredUsername)
+  const sessionId = s.transport.sessionId
+  // At the next sign-in the user completes MFA (the emulator then issues amr: mfa).
+  s.provider.onAuthorize = () => emu.completeMfa(ADA.oid)
+  const err = await s.client.callTool({ name: 'mfa_whoami', arguments: {} }).then(
+    () => undefined,
+    (e: unknown) => e
+  )
+  t.ok(err instanceof Unauthorized1, `the 401 led the SDK into a new authorization (${String(err)})`)
+  await s.transport.finishAuth(s.provider.code())
+  const who = whoamiOf(await s.client.callTool({ name: 'mfa_whoami', arguments: {} }))
+  t.equal(s.transport.sessionId, sessionId, 'the same session')
+  t.equal(who.claims.oid, ADA.oid)
+  t.equal(who.claims.aud, MFA_API)
+  t.ok((who.claims.amr as string[] | undefined)?.includes('mfa'), 'the downstream token carries the MFA the user completed')
+})
+
+t.test('SDK 2.x (2026-07-28) follows both: consent, then MFA', async t => {
+  const s = await login2(t, gw.mcp, 'modern', BOB.preferredUsername)
+  for (const [target, api, act] of [
+    ['consent', CONSENT_API, () => emu.grantConsent(BOB.oid, CONSENT_API)],
+    ['mfa', MFA_API, () => emu.completeMfa(BOB.oid)],
+  ] as const) {
+    s.provider.onAuthorize = act
+    const err = await s.client.callTool({ name: `${target}_whoami`, arguments: {} }).then(
+      () => undefined,
+      (e: unknown) => e
+    )
+    t.ok(err instanceof Unauthorized2, `${target}: the SDK re-authorized (${String(err)})`)
+    await s.transport.finishAuth(s.provider.callback!.searchParams)
+    const who = whoamiOf(await s.client.callTool({ name: `${target}_whoami`, arguments: {} }))
+    t.equal(who.claims.oid, BOB.oid, `${target}: the target sees Bob`)
+    t.equal(who.claims.aud, api, `${target}: with its own audience`)
+  }
+})
+
+t.test('no secret or token in the gateway output; the IdP text is logged for the operator', async t => {
+  const out = gw.output()
+  t.notOk(out.includes(SECRET), 'the client secret')
+  t.notMatch(out, /eyJ[\w-]+\.eyJ[\w-]+\.[\w-]+/, 'no JWT')
+  t.match(out, /AADSTS65001/, "the IdP's description is in the log (not a secret)")
+})
