@@ -17,10 +17,27 @@ module.exports = {
     },
     {
       name: 'targets-are-transports',
-      comment: 'core/targets/ moves bytes to MCP servers: it knows no MCP routing, no admin, no plugin, no tokens.',
+      comment:
+        "core/targets/ moves bytes to MCP servers: it knows no MCP routing, no admin, no plugin, no tokens. What a caller's credential adds (headers, child environment) reaches a transport as an opaque UpstreamAttachment from the MCP layer, never from core/credentials/.",
       severity: 'error',
       from: { path: '^core/targets/' },
-      to: { path: ['^plugins/', '^core/mcp/', '^core/admin', '^node_modules/jose/'] },
+      to: { path: ['^plugins/', '^core/mcp/', '^core/admin', '^core/credentials/', '^node_modules/jose/'] },
+    },
+    {
+      name: 'credentials-are-a-side-system',
+      comment:
+        "core/credentials/ (what each target receives for each caller: token exchange, on-behalf-of, claim templates, static secrets) is asked by the MCP layer and knows neither it nor the transports: it imports neither core/mcp/ nor core/targets/ (plugins/ are out of reach of all of core/, core-knows-no-plugin). It uses the engine's errors, config types and observability only.",
+      severity: 'error',
+      from: { path: '^core/credentials/' },
+      to: { path: ['^core/mcp/', '^core/targets/'] },
+    },
+    {
+      name: 'mcp-reaches-credentials-through-one-door',
+      comment:
+        'Everything under core/mcp/ reaches core/credentials/ through core/credentials/index.ts alone, type-only imports included: the broker, the config checks and the contract are one entry, so the credential layer can be re-cut inside without touching the MCP layer.',
+      severity: 'error',
+      from: { path: '^core/mcp/' },
+      to: { path: '^core/credentials/', pathNot: '^core/credentials/index\\.ts$' },
     },
     {
       name: 'plugins-use-the-public-contract',
@@ -108,7 +125,7 @@ module.exports = {
       name: 'no-dev-dependencies-in-the-product',
       comment: 'The package installs production dependencies only; the dev IdP and the demo are not shipped (package.json "files").',
       severity: 'error',
-      from: { path: '^(core|plugins|bin)/', pathNot: '^bin/(dev-idp|demo)\\.ts$' },
+      from: { path: '^(core|plugins|bin)/', pathNot: '^bin/(dev-idp|dev-idp-token-exchange|demo)\\.ts$' },
       to: { dependencyTypes: ['npm-dev'], dependencyTypesNot: ['type-only'] },
     },
     {

@@ -17,6 +17,17 @@ import type { AddressInfo } from 'node:net'
 import { randomUUID } from 'node:crypto'
 import { generateKeyPair, exportJWK, SignJWT, type CryptoKey, type JWK, type JWTPayload, type JWTHeaderParameters } from 'jose'
 import { Provider, errors as oidcErrors, interactionPolicy, type GrantInstance, type OidcCtx } from 'oidc-provider'
+import {
+  exchangeClientMetadata,
+  registerTokenExchange,
+  type DevIdpExchangeClient,
+  type DevIdpExchangeRecord,
+  type DevIdpTokenExchangeOptions,
+  type ExchangeDeps,
+  type TokenEndpointFailure,
+} from './dev-idp-token-exchange.ts'
+
+export type { DevIdpExchangeClient, DevIdpExchangeRecord, DevIdpTokenExchangeOptions, TokenEndpointFailure }
 
 /** An interactive user (authorization-code flow). */
 export interface DevIdpUser {
@@ -61,6 +72,11 @@ export interface DevIdpOptions {
    * show what a client of the gateway gets when only the gateway enforces single use.
    */
   rotateRefreshTokens?: boolean
+  /**
+   * Enables the RFC 8693 token-exchange grant (bin/dev-idp-token-exchange.ts) for these confidential clients, e.g.
+   * `{ clients: { 'mcp-gateway': { secret: 's3cret', audiences: ['crm'], scopes: ['crm.read'] } } }`. Off by default.
+   */
+  tokenExchange?: DevIdpTokenExchangeOptions
 }
 
 export interface MintOptions {
@@ -104,6 +120,14 @@ export interface DevIdp {
   rotateKeys(opts?: RotateOptions): Promise<string>
   /** When false the JWKS route answers 503 (key-set drills). */
   setJwksAvailable(available: boolean): void
+  /** Tokens issued by the token-exchange grant. */
+  readonly exchanges: number
+  /** Every token-exchange request that reached the grant (its client authenticated), issued or refused, oldest first. */
+  readonly exchangeLog: readonly DevIdpExchangeRecord[]
+  /** Changes a token-exchange client's policy (audiences, scopes, subject audiences); the client must be configured at start. */
+  setTokenExchangePolicy(clientId: string, policy: Partial<DevIdpExchangeClient>): void
+  /** Makes every token endpoint request fail this way (503, or an unparsable 200); undefined heals it. */
+  setTokenEndpointFailure(kind: TokenEndpointFailure | undefined): void
   /** Requests a token the way docs/identity-providers.md "Setting up the identity provider" does by hand (client_credentials + service-account credentials). */
   clientCredentialsToken(username: string, password: string, scope?: string): Promise<string>
   close(): Promise<void>
@@ -205,6 +229,8 @@ interface DevIdpState {
   signer: SigningKey
   jwksAvailable: boolean
   jwksRequests: number
+  tokenEndpointFailure: TokenEndpointFailure | undefined
+  readonly exchange: ExchangeDeps
 }
 
 /** Starts the development OpenID provider on 127.0.0.1. */
@@ -250,6 +276,17 @@ export async function startDevIdp(opts: DevIdpOptions = {}): Promise<DevIdp> {
     signer: first,
     jwksAvailable: true,
     jwksRequests: 0,
+    tokenEndpointFailure: undefined,
+    exchange: {
+      issuer: origin + prefix,
+      loginAudience: opts.clientId ?? 'mcp-gateway-dev',
+      ttl: opts.tokenExchange?.ttlSeconds ?? 300,
+      publicKeys: () => s.keys.map(k => k.publicJwk),
+      sign: (payload, typ) => mintToken(s, payload, { defaults: false, header: { typ } }),
+      policies: new Map(Object.entries(opts.tokenExchange?.clients ?? {})),
+      log: [],
+      issued: 0,
+    },
   }
   const provider = buildProvider(s, first, opts)
   if (opts.allowLoopbackRedirects ?? true) {
@@ -260,6 +297,7 @@ export async function startDevIdp(opts: DevIdpOptions = {}): Promise<DevIdp> {
     }
   }
   provider.registerGrantType('client_credentials', serviceAccountGrant(s), ['scope', 'username', 'password', 'resource'])
+  if (opts.tokenExchange !== undefined) registerTokenExchange(provider, s.exchange)
   provider.use(authentikDiscovery(s.issuer))
   provider.use(noIssInAuthorizationResponse)
   handler = devIdpHandler(s, provider.callback())
@@ -284,6 +322,7 @@ function buildProvider(s: DevIdpState, first: SigningKey, opts: DevIdpOptions): 
         response_types: ['code'],
         redirect_uris: opts.redirectUris?.length ? [...opts.redirectUris] : ['http://127.0.0.1/callback'],
       },
+      ...exchangeClientMetadata(opts.tokenExchange),
     ],
     jwks: { keys: [first.privateJwk] },
     scopes: SCOPES,
@@ -450,10 +489,20 @@ function devIdpHandler(s: DevIdpState, callback: (req: IncomingMessage, res: Ser
       res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' }).end(body)
       return
     }
+    if (s.tokenEndpointFailure !== undefined && rest.startsWith('/token') && req.method === 'POST') {
+      failTokenRequest(res, s.tokenEndpointFailure)
+      return
+    }
     ;(req as IncomingMessage & { originalUrl?: string }).originalUrl = url
     req.url = rest
     callback(req, res)
   }
+}
+
+/** A token endpoint outage as the gateway meets one: down, or answering what no client can parse. (A hung IdP: test/helpers/hung-peer.ts.) */
+function failTokenRequest(res: ServerResponse, kind: TokenEndpointFailure): void {
+  if (kind === 'unavailable') res.writeHead(503, { 'content-type': 'application/json' }).end('{"error":"temporarily_unavailable"}')
+  else res.writeHead(200, { 'content-type': 'text/html' }).end('<html>gateway timeout</html>')
 }
 
 /** The handle tests and the demo hold. */
@@ -486,6 +535,20 @@ function devIdpHandle(s: DevIdpState, port: number, origin: string, server: Serv
     },
     setJwksAvailable(available: boolean) {
       s.jwksAvailable = available
+    },
+    get exchanges() {
+      return s.exchange.issued
+    },
+    get exchangeLog() {
+      return s.exchange.log
+    },
+    setTokenExchangePolicy(clientId: string, policy: Partial<DevIdpExchangeClient>) {
+      const current = s.exchange.policies.get(clientId)
+      if (current === undefined) throw new Error(`dev-idp: no token-exchange client ${clientId}`)
+      s.exchange.policies.set(clientId, { ...current, ...policy })
+    },
+    setTokenEndpointFailure(kind: TokenEndpointFailure | undefined) {
+      s.tokenEndpointFailure = kind
     },
     async clientCredentialsToken(username: string, password: string, scope = 'openid profile') {
       const res = await fetch(`${issuer}token`, {

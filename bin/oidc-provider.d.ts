@@ -1,7 +1,7 @@
 /**
  * Minimal typings for the parts of `oidc-provider` (v9, ships no types) that
  * the development identity provider uses. Deliberately loose: only what
- * bin/dev-idp.ts touches is typed.
+ * bin/dev-idp.ts and bin/dev-idp-token-exchange.ts touch is typed.
  */
 declare module 'oidc-provider' {
   import type { IncomingMessage, ServerResponse } from 'node:http'
@@ -38,7 +38,12 @@ declare module 'oidc-provider' {
     constructor(issuer: string, configuration: Record<string, unknown>)
     callback(): (req: IncomingMessage, res: ServerResponse) => void
     use(fn: (ctx: OidcCtx, next: () => Promise<void>) => Promise<void>): void
-    registerGrantType(name: string, handler: (ctx: OidcCtx, next: () => Promise<void>) => Promise<void>, params?: string[] | Set<string>): void
+    registerGrantType(
+      name: string,
+      handler: (ctx: OidcCtx, next: () => Promise<void>) => Promise<void>,
+      params?: string[] | Set<string>,
+      dupes?: string[] | Set<string>
+    ): void
     on(event: string, fn: (...args: unknown[]) => void): this
     proxy: boolean
     readonly Client: { prototype: { redirectUriAllowed(value: string): boolean } }
@@ -52,6 +57,7 @@ declare module 'oidc-provider' {
     InvalidGrant: new (description?: string) => Error
     InvalidRequest: new (description?: string) => Error
     InvalidScope: new (description?: string, scope?: string) => Error
+    InvalidTarget: new (description?: string) => Error
     UnauthorizedClient: new (description?: string) => Error
   }
 

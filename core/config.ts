@@ -49,6 +49,8 @@ export interface TokenClientConfig {
   refreshSkewSeconds?: number
   /** Token endpoint timeout. Default 10000. */
   timeoutMs?: number
+  /** Minted tokens cached for this target (one per caller key), least recently used out first. Default 10000. */
+  cacheMaxEntries?: number
 }
 /** RFC 8693 token exchange. */
 export interface TokenExchangeConfig extends TokenClientConfig {

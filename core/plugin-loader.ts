@@ -5,7 +5,8 @@
  * else its `mcp.policies` block) validated against its own schema with the
  * config path in every error, `check` (cross-field checks, what it provides),
  * `needs` met by a plugin listed before it, then `create`. The pipeline order
- * is decided here and nowhere else.
+ * is decided here and nowhere else; so are the checks of the targets' `auth`
+ * blocks that depend on it (core/credentials/config-check.ts).
  */
 import { createRequire } from 'node:module'
 import { isAbsolute, join, resolve } from 'node:path'
@@ -16,6 +17,7 @@ import type { GatewayConfig, PluginEntryConfig } from './config.ts'
 import { deepFreeze, validatePluginOptions } from './config.ts'
 import { ProxyError, ERROR_CODES, ERROR_CODE_RE } from './errors.ts'
 import { sealKey } from './cluster/seal.ts'
+import { checkTargetAuth } from './credentials/index.ts'
 
 /** The default pipeline when `mcp.plugins` is not given, from the registry. */
 export function defaultEntries(config: GatewayConfig, registry: PluginRegistry = EMPTY_REGISTRY): PluginEntryConfig[] {
@@ -228,7 +230,21 @@ async function prepare(config: GatewayConfig, baseDir: string, registry: PluginR
     }
   }
   checkCoverage(resolved, config, registry)
+  checkTargets(config, available)
   return { resolved, provided }
+}
+
+/**
+ * The targets' `auth` blocks against the pipeline that will run: a
+ * credential made from the caller's token needs a stage that authenticates
+ * callers, known by what it provides (`protectedResource`, the RFC 9728
+ * resource it guards), not by its name.
+ */
+function checkTargets(config: GatewayConfig, available: ReadonlyMap<string, unknown>): void {
+  const problems = checkTargetAuth(config.mcp.targets, { authenticated: available.has('protectedResource') })
+  if (problems.length > 0) {
+    throw new ProxyError('MCPP_ERR_CONFIG', 500, 'invalid configuration:\n' + problems.map(l => '  ' + l).join('\n'), { data: { problems } })
+  }
 }
 
 /** One stage of the pipeline as it will run, for `mcp-proxy --check`. */

@@ -31,7 +31,7 @@ const TREE: Record<string, string[]> = {
     "import './cluster/workers.ts'",
     "import '../test/helpers/harness.ts' // no-tests-in-the-product",
   ],
-  'core/plugin-loader.ts': ["import '../plugins/cors/index.ts' // core-knows-no-plugin"],
+  'core/plugin-loader.ts': ["import '../plugins/cors/index.ts' // core-knows-no-plugin", "import './credentials/index.ts'"],
   'core/server.ts': [
     "import './admin/admin.ts' // admin-off-the-data-path",
     "import './mcp/endpoint.ts' // engine-knows-no-mcp",
@@ -57,7 +57,13 @@ const TREE: Record<string, string[]> = {
     "import type { Shape } from '../../cluster/shared-state.ts' // mcp-reaches-the-cluster-through-one-door",
   ],
   'core/mcp/routing/router.ts': ["import '../../targets/stdio.ts'", "import '../protocol.ts'"],
-  'core/mcp/upstreams/pool.ts': ["import '../../targets/http.ts'", "import '../routing/router.ts'"],
+  'core/mcp/upstreams/pool.ts': [
+    "import '../../targets/http.ts'",
+    "import '../routing/router.ts'",
+    // MCP asks the credential layer through its index only, type-only edges included.
+    "import type { TargetAuth } from '../../credentials/index.ts'",
+    "import type { Shape } from '../../credentials/target-auth.ts' // mcp-reaches-credentials-through-one-door",
+  ],
   'core/mcp/legacy/session.ts': [
     "import './passthrough.ts'",
     "import '../routing/router.ts'",
@@ -105,7 +111,24 @@ const TREE: Record<string, string[]> = {
   // A cycle made of a value edge and a type-only edge is still a cycle.
   'core/targets/lifecycle.ts': ["import type { Shape } from './stdio.ts' // no-circular"],
   'core/targets/types.ts': [],
-  'core/targets/http.ts': ["import 'jose' // targets-are-transports", "import '../errors.ts'", "import type { Shape } from './types.ts'"],
+  'core/targets/http.ts': [
+    "import 'jose' // targets-are-transports",
+    "import '../errors.ts'",
+    "import type { Shape } from './types.ts'",
+    // A transport never learns where its extra headers come from, not even a type.
+    "import type { TargetAuth } from '../credentials/index.ts' // targets-are-transports",
+  ],
+  // The credential layer: a side system over the engine's errors, config and observability.
+  'core/credentials/index.ts': [
+    "import './target-auth.ts'",
+    "import '../errors.ts'",
+    "import type { TargetConfig } from '../config.ts'",
+    "import '../observability/metrics.ts'",
+    "import 'jose'",
+    "import '../mcp/protocol.ts' // credentials-are-a-side-system",
+    "import type { UpstreamAttachment } from '../targets/types.ts' // credentials-are-a-side-system",
+  ],
+  'core/credentials/target-auth.ts': ["import '../../plugins/cors/index.ts' // core-knows-no-plugin"],
   'plugins/index.ts': ["import './cors/index.ts'", "import './registration/index.ts'"],
   'plugins/cors/provided.ts': ['export type Shape = string'],
   'plugins/cors/index.ts': [
@@ -137,7 +160,8 @@ const TREE: Record<string, string[]> = {
     "import '../core/mcp/endpoint.ts'",
     "import 'oidc-provider' // no-dev-dependencies-in-the-product",
   ],
-  'bin/dev-idp.ts': ["import 'oidc-provider'"],
+  'bin/dev-idp.ts': ["import 'oidc-provider'", "import './dev-idp-token-exchange.ts'"],
+  'bin/dev-idp-token-exchange.ts': ["import 'oidc-provider'"],
   'test/helpers/harness.ts': [],
 }
 

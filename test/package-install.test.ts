@@ -177,7 +177,7 @@ t.test('the tarball ships the licence, the examples, and no dev-only script', as
     t.ok(listed.includes(f), `${f} is shipped`)
   }
   t.same(
-    listed.filter(f => /^dist\/bin\/(demo|dev-idp)\./.test(f) || f.startsWith('examples/demo/')),
+    listed.filter(f => /^dist\/bin\/(demo|dev-idp)[.-]/.test(f) || f.startsWith('examples/demo/')),
     [],
     'the demo and the development IdP stay in the repository'
   )

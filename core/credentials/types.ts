@@ -7,6 +7,7 @@
  * The caller's own token is only ever sent to the identity provider's token
  * endpoint (as `subject_token` or `assertion`), never to a target.
  */
+import type { RequestContext } from '../context.ts'
 
 /** The caller as the credential layer sees them (built by the MCP layer from `ctx.auth`). */
 export interface Caller {
@@ -66,9 +67,11 @@ export interface TargetAuth {
    * caller's token), `MCPP_ERR_TARGET_CREDENTIAL` (403 missing/invalid claim,
    * 502 the IdP refused the exchange or minted for another audience),
    * `MCPP_ERR_IDP_UNAVAILABLE` (503 + `Retry-After`). Messages name the
-   * target, never the IdP's raw answer.
+   * target, never the IdP's raw answer. `ctx`, when given, is the request
+   * the credential is resolved for: the `credential.exchange` span is a child
+   * of its server span (tracing only; nothing else is read from it).
    */
-  resolve(caller: Caller): Promise<TargetCredential>
+  resolve(caller: Caller, ctx?: RequestContext): Promise<TargetCredential>
   describe(): TargetAuthSummary
 }
 

@@ -55,6 +55,14 @@ export interface Tracer {
    * the response.
    */
   passthroughCall(ctx: RequestContext, target: string): Promise<Buffer | undefined>
+  /**
+   * A span for one credential resolve of `target` (core/credentials/), a
+   * child of the request's server span when `ctx` is given: `cache` says
+   * whether a cached token answered (hit), an exchange with the IdP was made
+   * (miss) or another request's exchange was waited for (shared). Never a
+   * token; the end names the failure reason, if any.
+   */
+  credentialExchange(ctx: RequestContext | undefined, target: string, mode: string, cache: 'hit' | 'miss' | 'shared'): EndSpan
   /** Copies the message's `_meta` trace context into the headers of its HTTP request (W3C Trace Context). */
   httpHeaders(msg: JsonRpcMessage, headers: Record<string, string>): void
   /** Exports what is left and stops. */

@@ -184,6 +184,22 @@ class OtelTracer implements Tracer {
     }
   }
 
+  credentialExchange(ctx: RequestContext | undefined, target: string, mode: string, cache: 'hit' | 'miss' | 'shared'): EndSpan {
+    const attrs: Attributes = { 'mcp_proxy.target': target, 'mcp_proxy.credential.mode': mode, 'mcp_proxy.credential.cache': cache }
+    const span = this.#otel.startSpan(
+      'credential.exchange',
+      { kind: SpanKind.INTERNAL, attributes: attrs },
+      ctx === undefined ? ROOT_CONTEXT : this.#contextOf(ctx)
+    )
+    return (error?: string) => {
+      if (error !== undefined) {
+        span.setAttribute('error.type', error)
+        span.setStatus({ code: SpanStatusCode.ERROR, message: error })
+      }
+      span.end()
+    }
+  }
+
   upstreamCall(ctx: RequestContext, target: string, msg: JsonRpcMessage): (answer: JsonRpcMessage) => void {
     const span = this.#clientSpan(ctx, target, msg)
     withContext(msg, span)

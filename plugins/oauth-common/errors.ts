@@ -1,7 +1,8 @@
 /**
  * The error codes the provider bridge raises, each bound to its status.
- * The token proxy answers IdpUnavailable's code with 502 or 504 as well
- * (unreachable, timed out), which docs/errors.md lists.
+ * IdpUnavailable's code is core's (ERROR_CODES: the credential layer raises
+ * it too), so the bridge no longer declares it; the token proxy answers it
+ * with 502 or 504 as well (unreachable, timed out), which docs/errors.md lists.
  */
 import { createError } from '../../core/plugin-api.ts'
 

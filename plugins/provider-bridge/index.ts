@@ -22,7 +22,7 @@ import type { IdpIdentity, ProtectedResource, ProviderKind } from '../mcp-authen
 import { buildAuthorizationServerMetadata, ROOT_METADATA_PATH, MCP_METADATA_PATHS, AUTHORIZE_PATH, TOKEN_PATH } from '../oauth-common/metadata.ts'
 import { createCloudProxy } from './cloud-proxy.ts'
 import { BASE_SCOPES, cloudFallbackEndpoints } from '../oauth-common/idp-endpoints.ts'
-import { IdpUnavailable, OAuthRequestInvalid } from '../oauth-common/errors.ts'
+import { OAuthRequestInvalid } from '../oauth-common/errors.ts'
 import { privateSchemes } from '../oauth-common/redirect-uri.ts'
 
 export { DiscoveryCache } from '../oauth-common/discovery.ts'
@@ -223,7 +223,8 @@ export default definePlugin<ProviderBridgeOptions>({
   engine: '^1',
   optionsSchema: schema as Record<string, unknown>,
   needs: ['idp', 'protectedResource'],
-  errors: [IdpUnavailable, OAuthRequestInvalid],
+  // MCPP_ERR_IDP_UNAVAILABLE is core's (the credential layer raises it too): not declared here.
+  errors: [OAuthRequestInvalid],
   summary(options, provided) {
     const idp = provided.idp as IdpIdentity
     const schemes = options.allowedRedirectSchemes ?? []

@@ -4,6 +4,7 @@
  * and whose /mcp endpoint answers 200 with what authentication learned.
  */
 import type { Test } from 'tap'
+import { createHash, randomBytes } from 'node:crypto'
 import { startDevIdp, type DevIdp, type DevIdpOptions } from '../../bin/dev-idp.ts'
 import { GatewayServer, sendReply, type McpEndpoint } from '../../core/server.ts'
 import { Pipeline } from '../../core/pipeline.ts'
@@ -20,6 +21,52 @@ export async function devIdp(t: Test, opts: DevIdpOptions = {}): Promise<DevIdp>
   const idp = await startDevIdp(opts)
   t.teardown(() => idp.close())
   return idp
+}
+
+/**
+ * An access token for a configured interactive user, by the real authorization-code + PKCE flow of the
+ * public client (`login_hint` picks the user; every call is a fresh browser, so two users never share a
+ * session). The token is what a client of the gateway holds after logging in: `aud` = the client id.
+ */
+export async function loginToken(idp: DevIdp, user: string, scope = 'openid profile email'): Promise<string> {
+  const verifier = randomBytes(32).toString('base64url')
+  const redirectUri = 'http://127.0.0.1:1/callback'
+  const authorize = new URL(idp.authorizationEndpoint)
+  for (const [k, v] of Object.entries({
+    client_id: idp.clientId,
+    response_type: 'code',
+    redirect_uri: redirectUri,
+    scope,
+    login_hint: user,
+    state: randomBytes(8).toString('hex'),
+    code_challenge: createHash('sha256').update(verifier).digest('base64url'),
+    code_challenge_method: 'S256',
+  }))
+    authorize.searchParams.set(k, v)
+  let next = authorize.href
+  const cookies = new Map<string, string>()
+  for (let hop = 0; !next.startsWith(redirectUri); hop++) {
+    if (hop === 10) throw new Error('loginToken: too many redirects')
+    const res = await fetch(next, { redirect: 'manual', headers: { cookie: [...cookies].map(([k, v]) => `${k}=${v}`).join('; ') } })
+    for (const c of res.headers.getSetCookie()) {
+      const [pair = ''] = c.split(';')
+      const eq = pair.indexOf('=')
+      cookies.set(pair.slice(0, eq), pair.slice(eq + 1))
+    }
+    const location = res.headers.get('location')
+    if (location === null) throw new Error(`loginToken: authorize stopped with ${res.status}: ${(await res.text()).slice(0, 300)}`)
+    next = new URL(location, next).href
+  }
+  const code = new URL(next).searchParams.get('code')
+  if (code === null) throw new Error(`loginToken: no code in ${next}`)
+  const res = await fetch(idp.tokenEndpoint, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams({ grant_type: 'authorization_code', client_id: idp.clientId, code, redirect_uri: redirectUri, code_verifier: verifier }),
+  })
+  const body = (await res.json()) as { access_token?: string; error?: string }
+  if (typeof body.access_token !== 'string') throw new Error(`loginToken: token request failed: ${res.status} ${body.error ?? ''}`)
+  return body.access_token
 }
 
 /** Validates options against the plugin's schema (defaults applied), like the plugin loader does. */
