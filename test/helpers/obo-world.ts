@@ -8,8 +8,6 @@
  * requests in both protocol eras that see exactly what a client sees (status,
  * `WWW-Authenticate`, body).
  */
-import { spawn } from 'node:child_process'
-import { createHash } from 'node:crypto'
 import type { Test } from 'tap'
 import { Client as Client1 } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport as Transport1 } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
@@ -20,11 +18,12 @@ import {
   UnauthorizedError as Unauthorized2,
   type OAuthClientProvider as Provider2,
 } from '@modelcontextprotocol/client'
-import { spawnCli, waitForPort, freePort, configFile, ROOT } from './cli.ts'
+import { spawnCli, waitForPort, freePort, configFile } from './cli.ts'
 import { HeadlessProvider } from './oauth-client.ts'
 import { INIT_HEADERS, sseMessages } from './gateway-harness.ts'
 import { MODERN } from './raw-mcp.ts'
 import type { EntraEmulator, RecordedRequest } from './entra-emulator.ts'
+import type { Whoami } from './identity-fixture.ts'
 
 export { MODERN }
 export type Message = Record<string, any>
@@ -32,42 +31,11 @@ export type Message = Record<string, any>
 /** The gateway app's client secret (its cloud_idp login and its OBO client authentication). */
 export const SECRET = 'gateway-app-secret-9f4c1d'
 
-export const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex')
+export { sha256, identityServer, jwtArgs, type IdentityServer, type Whoami } from './identity-fixture.ts'
 
 /** The claims of a JWT, unverified (the tests compare what each side saw). */
 export function claimsOf(jwt: string): Record<string, unknown> {
   return JSON.parse(Buffer.from(jwt.split('.')[1] ?? '', 'base64url').toString('utf8')) as Record<string, unknown>
-}
-
-// ---------------------------------------------------------------------------
-// Identity servers (test/fixtures/identity-server.mjs)
-
-export interface IdentityServer {
-  readonly url: string
-  /** Hashes of every bearer it received, as it lists them at GET /seen. */
-  seen(): Promise<string[]>
-}
-
-export async function startIdentityServer(t: Test, o: { jwksUrl: string; issuer: string; audience: string }): Promise<IdentityServer> {
-  const port = await freePort()
-  const child = spawn(process.execPath, [`${ROOT}/test/fixtures/identity-server.mjs`], {
-    env: { ...process.env, PORT: String(port), JWKS_URL: o.jwksUrl, ISSUER: o.issuer, AUDIENCE: o.audience },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  const exited = new Promise(resolve => child.once('exit', resolve))
-  t.teardown(async () => {
-    child.kill('SIGTERM')
-    await exited
-  })
-  await waitForPort(port, exited)
-  const url = `http://127.0.0.1:${port}`
-  return {
-    url: `${url}/mcp`,
-    async seen() {
-      const body = (await (await fetch(`${url}/seen`)).json()) as { seen?: string[] } | string[]
-      return Array.isArray(body) ? body : (body.seen ?? [])
-    },
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -239,17 +207,12 @@ export function oboRequests(emu: EntraEmulator, o: { oid?: string; scope?: strin
   })
 }
 
-/** What the identity server's `whoami` answered: the claims it validated and the hash of the bearer it got. */
-export interface WhoAmI {
-  claims: Record<string, unknown>
-  tokenHash: string
-}
-
-export function whoamiOf(result: object): WhoAmI {
+/** What the identity server's `whoami` answered: the claims it verified and the hash of the bearer it got. */
+export function whoamiOf(result: object): Whoami {
   const { content, isError } = result as { content?: Array<{ type: string; text?: string }>; isError?: boolean }
   const text = content?.find(c => c.type === 'text')?.text
   if (isError === true || text === undefined) throw new Error(`whoami failed: ${JSON.stringify(result).slice(0, 500)}`)
-  return JSON.parse(text) as WhoAmI
+  return JSON.parse(text) as Whoami
 }
 
 // ---------------------------------------------------------------------------
