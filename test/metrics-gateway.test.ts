@@ -37,6 +37,10 @@ function series(families: Map<string, Family>, name: string): Array<Record<strin
 const NOT_IN_THIS_CONFIG = new Set([
   // HTTP targets only (this gateway has one stdio target).
   'mcp_proxy_upstream_http_errors_total',
+  // Targets with an `auth` block only (core/credentials/; test/credentials-*.test.ts count them).
+  'mcp_proxy_credential_exchanges_total',
+  'mcp_proxy_credential_failures_total',
+  'mcp_proxy_credential_cache_entries',
 ])
 
 t.test('a fresh gateway: documented table = scraped names, series at 0 before the first event, process metrics', async t => {

@@ -26,7 +26,13 @@ const SECRET_KEYS = new Set([
   'credential',
   'cookie',
   'sessionid',
+  // A target's `auth`: `bearer: <secret>`, and the PEM of `privateKey` (a section, walked into).
+  'bearer',
+  'pem',
 ])
+
+/** Secret fields of a section that is itself walked into: `auth.apiKey.value` (its `header` is a name, not a secret). */
+const SECRET_FIELDS: ReadonlyMap<string, string> = new Map([['apiKey', 'value']])
 
 /** Parents whose every value may be a credential (stdio `env`, HTTP target `headers`). */
 const SECRET_PARENTS = new Set(['env', 'headers'])
@@ -48,7 +54,7 @@ function walk(v: unknown, path: string, parentKey: string, leaf: (value: unknown
       const p = path === '' ? k : `${path}.${k}`
       // A secret-named key holding a map is a section (`mcp.policies.authorization`), not a credential: walk into it.
       const section = x !== null && typeof x === 'object' && !Array.isArray(x)
-      if ((isSecretKey(k) && !section) || SECRET_PARENTS.has(parentKey)) out[k] = secretLeaves(x, p, leaf)
+      if ((isSecretKey(k) && !section) || SECRET_PARENTS.has(parentKey) || SECRET_FIELDS.get(parentKey) === k) out[k] = secretLeaves(x, p, leaf)
       else out[k] = walk(x, p, k, leaf)
     }
     return out

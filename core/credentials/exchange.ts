@@ -55,13 +55,21 @@ function forLog(raw: string | undefined, secrets: ReadonlyArray<string | undefin
   return out
 }
 
-/** How long a minted token is used: until `exp` (a JWT) or `expires_in` (opaque), minus the skew. */
+/**
+ * How long a minted token is used: until `exp` (a JWT) or `expires_in`
+ * (opaque), minus the skew, which is at most half the token's remaining
+ * life (a 60 s token is used for 30 s, not exchanged on every request). A
+ * token whose lifetime is unknown is used for the request at hand only.
+ */
 function freshUntilOf(x: Exchanger, exp: number | undefined, expiresIn: number | undefined): number {
   const now = x.now()
-  const skewMs = (x.spec.config.refreshSkewSeconds ?? 60) * 1000
   const until = exp !== undefined ? exp * 1000 : expiresIn !== undefined && expiresIn > 0 ? now + expiresIn * 1000 : now
+  const skewMs = Math.min((x.spec.config.refreshSkewSeconds ?? 60) * 1000, (until - now) / 2)
   return Math.max(now, until - skewMs)
 }
+
+/** RFC 6750 §2.1 b64token: what may follow `Bearer ` (a token with other characters would break the header it goes in). */
+const B64TOKEN = /^[A-Za-z0-9\-._~+/]+=*$/
 
 /** Exchanges `callerToken`; resolves with the minted token or the Failure to answer (never rejects for the IdP's doing). */
 export async function mint(x: Exchanger, callerToken: string): Promise<Minted | Failure> {
@@ -95,7 +103,7 @@ export async function mint(x: Exchanger, callerToken: string): Promise<Minted | 
     return failure
   }
   const got = spec.tokenOf(answer.body)
-  if (got === undefined) {
+  if (got === undefined || !B64TOKEN.test(got.token)) {
     const type = typeof answer.body.token_type === 'string' ? answer.body.token_type.slice(0, 32) : typeof answer.body.token_type
     log.warn({ target, mode: spec.mode, tokenType: type }, `credential exchange for target ${target}: the answer holds no usable bearer token`)
     return unusableToken(target, spec.what)

@@ -16,23 +16,30 @@
  *   refresh_token and client_credentials grants;
  * - v2 tokens (iss `{origin}/{tenant}/v2.0`, aud = the client id GUID) or v1
  *   tokens (iss `https://sts.windows.net/{tenant}/` by default, aud
- *   `api://{client id}`), with `roles`, `scp`, `tid`, `oid`, `sub`.
+ *   `api://{client id}`), with `roles`, `scp`, `tid`, `oid`, `sub`, `amr`;
+ * - on-behalf-of (entra-obo.ts) for the downstream APIs of `downstreamApis`,
+ *   the app authenticated by its secret or a certificate assertion
+ *   (entra-client-auth.ts), with Entra's errors (entra-errors.ts).
  *
  * The single app registration is both the MCP client and the exposed API
- * (the SPEC's setup: `api://<client_id>/mcp_access`).
+ * (the SPEC's setup: `api://<client_id>/mcp_access`): the gateway in the OBO
+ * flow. Several users can log in (`users`, picked by `login_hint`); an
+ * authorize request with `claims` (a client following a claims challenge)
+ * counts as multifactor sign-in: its tokens carry `amr` `mfa`.
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createHash, randomBytes, randomUUID } from 'node:crypto'
-import { generateKeyPair, exportJWK, SignJWT, type CryptoKey, type JWK } from 'jose'
+import { generateKeyPair, exportJWK, SignJWT, type CryptoKey, type JWK, type JWTPayload } from 'jose'
+import { authenticateClient, presentedClient, type EntraCertificate } from './entra-client-auth.ts'
+import { entraError, traceTrailer, entraTimestamp } from './entra-errors.ts'
+import { entraDiscovery } from './entra-discovery.ts'
+import { redirectAllowed } from './entra-redirects.ts'
+import { usersOf, type EntraUser } from './entra-users.ts'
+import { loginFlow } from './entra-login.ts'
+import { JWT_BEARER, onBehalfOf, pairwiseSub, type EntraDownstreamApi, type OboContext, type OboRecord } from './entra-obo.ts'
 
-export interface EntraUser {
-  readonly oid: string
-  readonly name: string
-  readonly preferredUsername: string
-  /** App roles assigned to the user on the app registration. */
-  readonly roles: readonly string[]
-}
+export type { EntraCertificate, EntraDownstreamApi, EntraUser, OboRecord }
 
 export interface EntraEmulatorOptions {
   /** Tenant id. Default: a random GUID. */
@@ -53,14 +60,21 @@ export interface EntraEmulatorOptions {
    * gets the emulator's origin, e.g. to issue `{origin}/{tenant}/`.
    */
   v1Issuer?: string | ((origin: string, tenant: string) => string)
-  /** The user logged in automatically. */
+  /** The user logged in automatically (its login name is its preferredUsername). */
   user?: Partial<EntraUser>
+  /** More users, by login name (an authorize request's `login_hint` picks one; preferredUsername defaults to the name). */
+  users?: Readonly<Record<string, Partial<EntraUser>>>
+  /** Certificate credentials of the app: a `client_assertion` signed with one authenticates it. */
+  clientCertificates?: readonly EntraCertificate[]
+  /** APIs the app may call on behalf of a user (OBO). */
+  downstreamApis?: readonly EntraDownstreamApi[]
   /**
    * Registered redirect URIs. Loopback `http://127.0.0.1/...`/`http://localhost/...`
    * entries match any port (Entra's rule for the mobile and desktop platform).
    * Default: `http://127.0.0.1/callback` and `http://localhost/callback`.
    */
   redirectUris?: readonly string[]
+  /** Lifetime of issued access tokens. Default 3600; a negative value issues tokens already expired (assertion-expiry tests). */
   accessTokenTtlSeconds?: number
 }
 
@@ -89,18 +103,42 @@ export interface EntraEmulator {
   readonly tokenUrl: string
   /** `api://{clientId}/{scope}` for each exposed scope. */
   readonly apiScopes: readonly string[]
+  /** The default user (logged in when no `login_hint` names another). */
   readonly user: EntraUser
+  /** A configured user by login name (or preferredUsername); throws for an unknown one. */
+  userNamed(login: string): EntraUser
+  /** Changes a user's state (e.g. `amr: ['pwd', 'mfa']`: the next sign-in counts as MFA). */
+  setUser(login: string, patch: Partial<Pick<EntraUser, 'amr' | 'roles' | 'name'>>): void
+  /** A user's own consent to the app calling `api` (app id or identifier URI) on their behalf; overrides the API's `consented`. */
+  setConsent(login: string, api: string, consented: boolean): void
+  /** Changes a downstream API (e.g. `{ requireMfa: true }`, `{ consented: false }`). */
+  updateDownstreamApi(api: string, patch: Partial<Omit<EntraDownstreamApi, 'appId' | 'identifierUri'>>): void
+  /** OBO tokens issued. */
+  readonly oboExchanges: number
+  /** Every OBO request whose client authenticated, issued or refused, oldest first. */
+  readonly oboLog: readonly OboRecord[]
+  /**
+   * An access token for `login` (default: the default user) by the real authorization-code + PKCE flow
+   * against this emulator (the app's secret sent when it has one); `claims` on the authorize request
+   * makes it an MFA sign-in. Default scope: the first exposed API scope.
+   */
+  loginToken(login?: string, o?: { scope?: string; claims?: string }): Promise<string>
   /** Every request received, in order (tests assert what the gateway forwarded). */
   readonly requests: RecordedRequest[]
   /** Requests per path. */
   count(path: string): number
   /** When false, discovery and keys answer 503. */
   setAvailable(available: boolean): void
+  /** Makes the token endpoint fail this way (503 `temporarily_unavailable`, or an unparsable 200); undefined heals it. */
+  setTokenEndpointFailure(kind: 'unavailable' | 'malformed' | undefined): void
   close(): Promise<void>
 }
 
 interface CodeGrant {
   clientId: string
+  /** Login name of the user who signed in, and whether the sign-in was multifactor. */
+  login: string
+  mfa: boolean
   redirectUri: string
   scope: string
   challenge?: string
@@ -111,24 +149,8 @@ interface CodeGrant {
 interface RefreshGrant {
   clientId: string
   scope: string
-}
-
-function isLoopback(u: URL): boolean {
-  return u.protocol === 'http:' && (u.hostname === '127.0.0.1' || u.hostname === 'localhost' || u.hostname === '[::1]')
-}
-
-function redirectAllowed(registered: readonly string[], value: string): boolean {
-  let v: URL
-  try {
-    v = new URL(value)
-  } catch {
-    return false
-  }
-  return registered.some(r => {
-    if (r === value) return true
-    const ru = new URL(r)
-    return isLoopback(ru) && isLoopback(v) && ru.hostname === v.hostname && ru.pathname === v.pathname && ru.search === v.search
-  })
+  login: string
+  mfa: boolean
 }
 
 /** Parameter names are matched case-insensitively, as ASP.NET's collections do. */
@@ -138,7 +160,7 @@ function hasResource(params: URLSearchParams): boolean {
 }
 
 function correlation(): string {
-  return `Trace ID: ${randomUUID()} Correlation ID: ${randomUUID()} Timestamp: ${new Date().toISOString().replace('T', ' ').slice(0, 19)}Z`
+  return traceTrailer(randomUUID(), randomUUID(), entraTimestamp())
 }
 
 export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promise<EntraEmulator> {
@@ -147,12 +169,17 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
   const exposed = opts.exposedScopes ?? ['mcp_access']
   const tokenVersion = opts.tokenVersion ?? 2
   const ttl = opts.accessTokenTtlSeconds ?? 3600
-  const user: EntraUser = {
-    oid: opts.user?.oid ?? randomUUID(),
-    name: opts.user?.name ?? 'Ada Admin',
-    preferredUsername: opts.user?.preferredUsername ?? 'ada@contoso.test',
-    roles: opts.user?.roles ?? ['mcp.admin'],
+  const users = usersOf(opts)
+  const defaultLogin = [...users.keys()][0]!
+  const loginOf = (hint: string | null): string | undefined => {
+    if (hint === null) return undefined
+    if (users.has(hint)) return hint
+    return [...users].find(([, u]) => u.preferredUsername.toLowerCase() === hint.toLowerCase())?.[0]
   }
+  const userOf = (login: string): EntraUser => users.get(login)!
+  const consent = new Map<string, boolean>()
+  const apis: EntraDownstreamApi[] = [...(opts.downstreamApis ?? [])]
+  const oboLog: OboRecord[] = []
   const registered = opts.redirectUris ?? ['http://127.0.0.1/callback', 'http://localhost/callback']
   const { privateKey, publicKey } = await generateKeyPair('RS256', { extractable: true })
   const kid = randomBytes(15).toString('base64url')
@@ -161,60 +188,13 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
   const refreshTokens = new Map<string, RefreshGrant>()
   const requests: RecordedRequest[] = []
   let available = true
+  let tokenFailure: 'unavailable' | 'malformed' | undefined
 
   let origin = ''
   const issuerV2 = (): string => `${origin}/${tenant}/v2.0`
   const issuerV1 = (): string => (typeof opts.v1Issuer === 'function' ? opts.v1Issuer(origin, tenant) : (opts.v1Issuer ?? `https://sts.windows.net/${tenant}/`))
   const apiPrefix = `api://${clientId}/`
-
-  function discovery(): Record<string, unknown> {
-    const t = `${origin}/${tenant}`
-    return {
-      token_endpoint: `${t}/oauth2/v2.0/token`,
-      token_endpoint_auth_methods_supported: ['client_secret_post', 'private_key_jwt', 'client_secret_basic'],
-      jwks_uri: `${t}/discovery/v2.0/keys`,
-      response_modes_supported: ['query', 'fragment', 'form_post'],
-      subject_types_supported: ['pairwise'],
-      id_token_signing_alg_values_supported: ['RS256'],
-      response_types_supported: ['code', 'id_token', 'code id_token', 'id_token token'],
-      scopes_supported: ['openid', 'profile', 'email', 'offline_access'],
-      issuer: issuerV2(),
-      request_uri_parameter_supported: false,
-      userinfo_endpoint: `${origin}/oidc/userinfo`,
-      authorization_endpoint: `${t}/oauth2/v2.0/authorize`,
-      device_authorization_endpoint: `${t}/oauth2/v2.0/devicecode`,
-      http_logout_supported: true,
-      frontchannel_logout_supported: true,
-      end_session_endpoint: `${t}/oauth2/v2.0/logout`,
-      claims_supported: [
-        'sub',
-        'iss',
-        'cloud_instance_name',
-        'cloud_instance_host_name',
-        'cloud_graph_host_name',
-        'msgraph_host',
-        'aud',
-        'exp',
-        'iat',
-        'auth_time',
-        'acr',
-        'nonce',
-        'preferred_username',
-        'name',
-        'tid',
-        'ver',
-        'at_hash',
-        'c_hash',
-        'email',
-      ],
-      kerberos_endpoint: `${t}/kerberos`,
-      tenant_region_scope: 'EU',
-      cloud_instance_name: 'microsoftonline.com',
-      cloud_graph_host_name: 'graph.windows.net',
-      msgraph_host: 'graph.microsoft.com',
-      rbac_url: 'https://pas.windows.net',
-    }
-  }
+  const certificates = opts.clientCertificates ?? []
 
   function send(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
     const text = JSON.stringify(body)
@@ -229,20 +209,7 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
   }
 
   function oauthError(res: ServerResponse, status: number, error: string, aadsts: string, headers: Record<string, string> = {}): void {
-    const code = Number(aadsts.slice(6, aadsts.indexOf(':')))
-    send(
-      res,
-      status,
-      {
-        error,
-        error_description: `${aadsts} ${correlation()}`,
-        error_codes: [code],
-        timestamp: new Date().toISOString(),
-        trace_id: randomUUID(),
-        correlation_id: randomUUID(),
-      },
-      headers
-    )
+    send(res, status, entraError(error, aadsts).body, headers)
   }
 
   /** Turns requested scopes into the API's short scope names; undefined when a scope is unknown. */
@@ -255,6 +222,17 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
       else return undefined
     }
     return out
+  }
+
+  function signToken(payload: JWTPayload, issuer: string, audience: string): Promise<string> {
+    return new SignJWT(payload)
+      .setProtectedHeader({ alg: 'RS256', typ: 'JWT', kid })
+      .setIssuer(issuer)
+      .setAudience(audience)
+      .setIssuedAt()
+      .setNotBefore(Math.floor(Date.now() / 1000) - 5)
+      .setExpirationTime(`${ttl}s`)
+      .sign(privateKey as CryptoKey)
   }
 
   async function accessToken(claims: Record<string, unknown>): Promise<string> {
@@ -274,7 +252,9 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
       .sign(privateKey as CryptoKey)
   }
 
-  async function userTokens(grant: { scope: string; nonce?: string }): Promise<Record<string, unknown>> {
+  async function userTokens(grant: { scope: string; nonce?: string; login: string; mfa: boolean }): Promise<Record<string, unknown>> {
+    const user = userOf(grant.login)
+    const amr = [...new Set([...user.amr, ...(grant.mfa ? ['mfa'] : [])])]
     const scopes = grant.scope.split(' ').filter(s => s !== '')
     const scp = apiScopesOf(grant.scope) ?? []
     const out: Record<string, unknown> = {
@@ -283,11 +263,9 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
       expires_in: ttl,
       ext_expires_in: ttl,
       access_token: await accessToken({
-        sub: createHash('sha256')
-          .update(user.oid + clientId)
-          .digest('base64url')
-          .slice(0, 43),
+        sub: pairwiseSub(user.oid, clientId),
         oid: user.oid,
+        amr,
         name: user.name,
         ...(tokenVersion === 1 ? { upn: user.preferredUsername } : { preferred_username: user.preferredUsername }),
         scp: scp.join(' '),
@@ -296,7 +274,7 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
     }
     if (scopes.includes('offline_access')) {
       const rt = randomBytes(48).toString('base64url')
-      refreshTokens.set(rt, { clientId, scope: grant.scope })
+      refreshTokens.set(rt, { clientId, scope: grant.scope, login: grant.login, mfa: grant.mfa })
       out.refresh_token = rt
     }
     if (scopes.includes('openid')) {
@@ -305,6 +283,7 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
         tid: tenant,
         name: user.name,
         preferred_username: user.preferredUsername,
+        amr,
         ver: '2.0',
         ...(grant.nonce !== undefined ? { nonce: grant.nonce } : {}),
       })
@@ -363,7 +342,17 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
       return
     }
     const code = randomBytes(64).toString('base64url')
-    codes.set(code, { clientId, redirectUri, scope, challenge, method, nonce: q.get('nonce') ?? undefined, expires: Date.now() + 600_000 })
+    codes.set(code, {
+      clientId,
+      login: loginOf(q.get('login_hint')) ?? defaultLogin,
+      mfa: q.get('claims') !== null,
+      redirectUri,
+      scope,
+      challenge,
+      method,
+      nonce: q.get('nonce') ?? undefined,
+      expires: Date.now() + 600_000,
+    })
     back.searchParams.set('code', code)
     if (state !== null) back.searchParams.set('state', state)
     back.searchParams.set('session_state', randomUUID())
@@ -375,33 +364,33 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
       oauthError(res, 400, 'invalid_target', "AADSTS9010010: The resource parameter provided in the request doesn't match with the requested scopes.")
       return
     }
-    let cid = form.get('client_id')
-    let secret = form.get('client_secret')
-    const basic = /^basic\s+(.+)$/i.exec(req.headers.authorization ?? '')
-    if (basic !== null) {
-      const [u, p] = Buffer.from(basic[1]!, 'base64').toString('utf8').split(':')
-      cid = decodeURIComponent(u ?? '')
-      secret = decodeURIComponent(p ?? '')
-    }
+    const { clientId: cid, secret } = presentedClient(req, form)
     if (cid !== clientId) {
       oauthError(res, 400, 'unauthorized_client', `AADSTS700016: Application with identifier '${cid ?? ''}' was not found in the directory.`)
       return
     }
     const grantType = form.get('grant_type')
-    if (opts.clientSecret !== undefined || grantType === 'client_credentials') {
-      if (secret === null) {
-        oauthError(res, 401, 'invalid_client', "AADSTS7000218: The request body must contain the following parameter: 'client_assertion' or 'client_secret'.")
-        return
-      }
-      if (secret !== opts.clientSecret) {
-        oauthError(
-          res,
-          401,
-          'invalid_client',
-          `AADSTS7000215: Invalid client secret provided. Ensure the secret being sent in the request is the client secret value, not the client secret ID, for a secret added to app '${clientId}'.`
-        )
-        return
-      }
+    const confidential = opts.clientSecret !== undefined || certificates.length > 0
+    const method = await authenticateClient(
+      {
+        clientId,
+        clientSecret: opts.clientSecret,
+        certificates,
+        assertionAudiences: [`${origin}/${tenant}/oauth2/v2.0/token`, `${origin}/${tenant}/oauth2/token`],
+      },
+      form,
+      confidential || grantType === 'client_credentials' || grantType === JWT_BEARER ? secret : null,
+      confidential || grantType === 'client_credentials' || grantType === JWT_BEARER
+    )
+    if (typeof method !== 'string') {
+      send(res, method.status, method.body)
+      return
+    }
+    if (grantType === JWT_BEARER) {
+      if (method === 'none') throw new Error('unreachable: OBO requires client authentication')
+      const answer = await onBehalfOf(obo, form, method)
+      send(res, answer.status, answer.body)
+      return
     }
     if (grantType === 'authorization_code') {
       const code = form.get('code') ?? ''
@@ -424,7 +413,7 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
         }
       }
       const requested = form.get('scope')
-      send(res, 200, await userTokens({ scope: requested ?? grant.scope, nonce: grant.nonce }))
+      send(res, 200, await userTokens({ scope: requested ?? grant.scope, nonce: grant.nonce, login: grant.login, mfa: grant.mfa }))
       return
     }
     if (grantType === 'refresh_token') {
@@ -443,7 +432,7 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
         )
         return
       }
-      send(res, 200, await userTokens({ scope }))
+      send(res, 200, await userTokens({ scope, login: grant.login, mfa: grant.mfa }))
       return
     }
     if (grantType === 'client_credentials') {
@@ -482,7 +471,7 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
           send(res, 503, { error: 'temporarily_unavailable' })
           return
         }
-        send(res, 200, discovery(), { 'cache-control': 'max-age=86400, private' })
+        send(res, 200, entraDiscovery(origin, tenant, issuerV2()), { 'cache-control': 'max-age=86400, private' })
         return
       case `${t}/discovery/v2.0/keys`:
         if (!available) {
@@ -499,6 +488,14 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
         authorize(res, url.searchParams)
         return
       case `${t}/oauth2/v2.0/token`:
+        if (tokenFailure === 'unavailable') {
+          send(res, 503, entraError('temporarily_unavailable', 'AADSTS90033: A transient error has occurred. Please try again.').body, { 'retry-after': '1' })
+          return
+        }
+        if (tokenFailure === 'malformed') {
+          res.writeHead(200, { 'content-type': 'text/html' }).end('<html>Service Unavailable</html>')
+          return
+        }
         if (req.method !== 'POST') {
           oauthError(res, 405, 'invalid_request', 'AADSTS900561: The endpoint only accepts POST requests.')
           return
@@ -522,6 +519,29 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
   origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  const obo: OboContext = {
+    tenant,
+    clientId,
+    issuerV1: issuerV1(),
+    issuerV2: issuerV2(),
+    publicKey: publicKey as CryptoKey,
+    ttl,
+    apis,
+    log: oboLog,
+    consentOf: (oid, apiAppId) => consent.get(`${oid} ${apiAppId}`),
+    userOf: oid => [...users.values()].find(u => u.oid === oid),
+    sign: signToken,
+  }
+  const known = (login: string): string => {
+    const found = loginOf(login)
+    if (found === undefined) throw new Error(`entra emulator: no user ${login}`)
+    return found
+  }
+  const apiIndex = (api: string): number => {
+    const i = apis.findIndex(a => a.appId === api || a.identifierUri === api)
+    if (i < 0) throw new Error(`entra emulator: no downstream API ${api}`)
+    return i
+  }
 
   return {
     origin,
@@ -536,13 +556,45 @@ export async function startEntraEmulator(opts: EntraEmulatorOptions = {}): Promi
     authorizeUrl: `${origin}/${tenant}/oauth2/v2.0/authorize`,
     tokenUrl: `${origin}/${tenant}/oauth2/v2.0/token`,
     apiScopes: exposed.map(s => `${apiPrefix}${s}`),
-    user,
+    get user() {
+      return userOf(defaultLogin)
+    },
+    userNamed: login => userOf(known(login)),
+    setUser(login, patch) {
+      const at = known(login)
+      users.set(at, { ...userOf(at), ...patch })
+    },
+    setConsent(login, api, consented) {
+      consent.set(`${userOf(known(login)).oid} ${apis[apiIndex(api)]!.appId}`, consented)
+    },
+    updateDownstreamApi(api, patch) {
+      const i = apiIndex(api)
+      apis[i] = { ...apis[i]!, ...patch }
+    },
+    get oboExchanges() {
+      return oboLog.filter(r => r.error === undefined && r.scp !== undefined).length
+    },
+    oboLog,
+    loginToken: (login, o = {}) =>
+      loginFlow({
+        authorizeUrl: `${origin}/${tenant}/oauth2/v2.0/authorize`,
+        tokenUrl: `${origin}/${tenant}/oauth2/v2.0/token`,
+        clientId,
+        clientSecret: opts.clientSecret,
+        redirectUri: registered[0]!,
+        login: login ?? defaultLogin,
+        scope: o.scope ?? `${apiPrefix}${exposed[0]}`,
+        claims: o.claims,
+      }),
     requests,
     count(path: string) {
       return requests.filter(r => r.path === path).length
     },
     setAvailable(v: boolean) {
       available = v
+    },
+    setTokenEndpointFailure(kind) {
+      tokenFailure = kind
     },
     close() {
       return new Promise<void>(resolve => {

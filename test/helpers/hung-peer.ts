@@ -1,10 +1,12 @@
 /**
  * Shared by the security-notes tests that hang a peer (a replica, Redis) with
  * SIGSTOP: a cluster secret, a server-everything target, a session-era POST and
- * initialize over fetch, and the stop that teardown always undoes.
+ * initialize over fetch, and the stop that teardown always undoes; and a peer
+ * that accepts and never answers (a hung IdP token endpoint).
  */
 import type { Test } from 'tap'
 import type { ChildProcess } from 'node:child_process'
+import { createServer as createNetServer, type AddressInfo, type Socket } from 'node:net'
 import { EVERYTHING } from './facade.ts'
 
 export const SECRET = 'cluster-secret-for-tests-0123456789abcdef'
@@ -37,4 +39,29 @@ export async function initialize(url: string): Promise<string> {
   const sid = res.headers.get('mcp-session-id')!
   await post(url, JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }), { 'mcp-session-id': sid })
   return sid
+}
+
+/**
+ * A loopback server that accepts connections and never answers (an IdP or
+ * upstream that hangs); every socket is destroyed and the server closed in
+ * teardown. `accepted` counts the connections it took.
+ */
+export async function silentPeer(t: Test): Promise<{ url: string; accepted: () => number }> {
+  const sockets = new Set<Socket>()
+  let accepted = 0
+  const server = createNetServer(socket => {
+    accepted++
+    sockets.add(socket)
+    socket.on('error', () => {})
+    socket.on('close', () => sockets.delete(socket))
+  })
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  t.teardown(
+    () =>
+      new Promise<void>(resolve => {
+        for (const s of sockets) s.destroy()
+        server.close(() => resolve())
+      })
+  )
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, accepted: () => accepted }
 }
