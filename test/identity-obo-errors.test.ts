@@ -6,7 +6,7 @@
  *   scope the client can ask the gateway for, and `resource_metadata`;
  * - MFA required (AADSTS50076/50079) -> 401 `insufficient_claims` with the
  *   IdP's claims challenge, and `resource_metadata`;
- * - the IdP refuses the caller's token (AADSTS50013/500133) -> 401 `invalid_token`;
+ * - the IdP refuses the caller's token as the assertion (AADSTS50013) -> 401 `invalid_token`;
  * - invalid scope (AADSTS70011) -> 502, a JSON-RPC error naming the target;
  * - IdP unreachable -> 503 with Retry-After; never a 500, never the IdP's text.
  * Then the official SDK clients act on the step-up answers: they re-authorize
@@ -42,22 +42,23 @@ const MFA_API = randomUUID()
 const PLAIN_API = randomUUID()
 const ADA = { oid: randomUUID(), name: 'Ada Admin', preferredUsername: 'ada@contoso.test', roles: ['mcp.admin'] }
 const BOB = { oid: randomUUID(), name: 'Bob Builder', preferredUsername: 'bob@contoso.test', roles: ['mcp.admin'] }
-/** A user whose tokens the IdP refuses as OBO assertions (AADSTS50013) while the gateway accepts them. */
-const CAROL = { oid: randomUUID(), name: 'Carol Clock', preferredUsername: 'carol@contoso.test', roles: ['mcp.admin'] }
 
 const emu = await startEntraEmulator({
   clientSecret: SECRET,
-  users: [ADA, BOB, CAROL],
+  user: ADA,
+  users: { [BOB.preferredUsername]: BOB },
   downstreamApis: [
-    { appId: CONSENT_API, scopes: ['Reports.Read'], consented: false },
-    { appId: MFA_API, scopes: ['Payroll.Read'], requireMfa: true },
-    { appId: PLAIN_API, scopes: ['Data.Read'] },
+    { appId: CONSENT_API, identifierUri: `api://${CONSENT_API}`, scopes: ['Reports.Read'], consented: false },
+    { appId: MFA_API, identifierUri: `api://${MFA_API}`, scopes: ['Payroll.Read'], requireMfa: true },
+    { appId: PLAIN_API, identifierUri: `api://${PLAIN_API}`, scopes: ['Data.Read'] },
   ],
-} as never)
+})
 t.teardown(() => emu.close())
-const [consentServer, mfaServer] = await Promise.all([
+const [consentServer, mfaServer, openServer] = await Promise.all([
   identityServer(t, jwtArgs({ jwksUrl: emu.jwksUrl, issuer: emu.issuerV2 }, CONSENT_API)),
   identityServer(t, jwtArgs({ jwksUrl: emu.jwksUrl, issuer: emu.issuerV2 }, MFA_API)),
+  // A target without credentials (and a server that checks none), so that every caller's session has one healthy target.
+  identityServer(t, ['--no-auth']),
 ])
 // Nothing listens there: the IdP is unreachable.
 const closedPort = await freePort()
@@ -74,11 +75,12 @@ const gw = await startGateway(
   t,
   emu,
   [
+    `    - name: open\n      mcp: { url: "${openServer.url}" }`,
     obo('consent', consentServer.url, `api://${CONSENT_API}/.default`),
     obo('mfa', mfaServer.url, `api://${MFA_API}/.default`),
-    obo('stale', mfaServer.url, `api://${PLAIN_API}/.default`),
-    obo('badscope', mfaServer.url, `api://${PLAIN_API}/No.Such.Scope`),
-    obo('down', mfaServer.url, `api://${PLAIN_API}/.default`, `http://127.0.0.1:${closedPort}/${emu.tenant}/oauth2/v2.0/token`),
+    obo('plain', openServer.url, `api://${PLAIN_API}/.default`),
+    obo('badscope', openServer.url, `api://${PLAIN_API}/No.Such.Scope`),
+    obo('down', openServer.url, `api://${PLAIN_API}/.default`, `http://127.0.0.1:${closedPort}/${emu.tenant}/oauth2/v2.0/token`),
   ].join('\n'),
   { rules: ['"mcp.admin" in jwt.roles'] }
 )
@@ -150,17 +152,32 @@ t.test('MFA required (AADSTS50076/50079): 401 insufficient_claims with the claim
     const c = checkChallenge(t, a, 401, 'insufficient_claims', era)
     const claims = claimsJson(c.claims)
     t.ok(claims, `${era}: claims="${c.claims}" is the IdP's challenge (JSON)`)
-    t.type(claims?.access_token, 'object', `${era}: it asks for access token claims`)
+    const capolids = (claims?.access_token as { capolids?: { essential?: boolean; values?: string[] } } | undefined)?.capolids
+    t.ok(capolids?.essential === true && (capolids.values?.length ?? 0) > 0, `${era}: the Conditional Access policy to satisfy`)
     t.match(a.text, /mfa/, `${era}: the message names the target`)
   }
 })
 
-t.test("the IdP refuses the caller's token (AADSTS50013): 401 invalid_token", async t => {
-  const token = await tokenFor(gw.mcp, CAROL.preferredUsername)
-  for (const [era, a] of await bothEras(t, token, 'stale')) {
+t.test("the IdP refuses the caller's token as the assertion (AADSTS50013): 401 invalid_token", async t => {
+  // A daemon's app-only token (client credentials): the gateway accepts it (it holds the app role), but
+  // on-behalf-of needs a user, so Entra refuses it as the assertion.
+  const form = new URLSearchParams({
+    grant_type: 'client_credentials',
+    client_id: emu.clientId,
+    client_secret: SECRET,
+    scope: `api://${emu.clientId}/.default`,
+  })
+  const res = await fetch(emu.tokenUrl, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: form })
+  const { access_token: token } = (await res.json()) as { access_token: string }
+  t.equal(claimsOf(token).idtyp, 'app', 'an app-only token')
+  for (const [era, a] of await bothEras(t, token, 'plain')) {
     checkChallenge(t, a, 401, 'invalid_token', era)
-    t.match(a.text, /stale/, `${era}: the message names the target`)
+    t.match(a.text, /plain/, `${era}: the message names the target`)
   }
+  t.ok(
+    emu.oboLog.some(r => r.error === 50013),
+    'the IdP answered AADSTS50013'
+  )
 })
 
 t.test('invalid scope (AADSTS70011): 502, a JSON-RPC error naming the target', async t => {
@@ -194,7 +211,7 @@ t.test('failures are counted by reason', async t => {
   for (const [target, reason] of [
     ['consent', 'step_up'],
     ['mfa', 'step_up'],
-    ['stale', 'invalid_token'],
+    ['plain', 'invalid_token'],
     ['badscope', 'refused'],
     ['down', 'unavailable'],
   ]) {
@@ -205,7 +222,7 @@ t.test('failures are counted by reason', async t => {
 t.test('SDK 1.x follows the consent step-up: it re-authorizes with the scope asked for, the user consents, the call succeeds', async t => {
   const s = await login1(t, gw.mcp, ADA.preferredUsername)
   // At the next sign-in the user grants the consent (the emulator's consent state).
-  s.provider.onAuthorize = () => emu.grantConsent(ADA.oid, CONSENT_API)
+  s.provider.onAuthorize = () => emu.setConsent(ADA.preferredUsername, CONSENT_API, true)
   const err = await s.client.callTool({ name: 'consent_whoami', arguments: {} }).then(
     () => undefined,
     (e: unknown) => e
@@ -226,7 +243,7 @@ t.test('SDK 1.x follows the MFA challenge: it re-authorizes, the user completes 
   const s = await login1(t, gw.mcp, ADA.preferredUsername)
   const sessionId = s.transport.sessionId
   // At the next sign-in the user completes MFA (the emulator then issues amr: mfa).
-  s.provider.onAuthorize = () => emu.completeMfa(ADA.oid)
+  s.provider.onAuthorize = () => emu.setUser(ADA.preferredUsername, { amr: ['pwd', 'mfa'] })
   const err = await s.client.callTool({ name: 'mfa_whoami', arguments: {} }).then(
     () => undefined,
     (e: unknown) => e
@@ -246,8 +263,8 @@ t.test('SDK 1.x follows the MFA challenge: it re-authorizes, the user completes 
 t.test('SDK 2.x (2026-07-28) follows both: consent, then MFA', async t => {
   const s = await login2(t, gw.mcp, 'modern', BOB.preferredUsername)
   for (const [target, api, act] of [
-    ['consent', CONSENT_API, () => emu.grantConsent(BOB.oid, CONSENT_API)],
-    ['mfa', MFA_API, () => emu.completeMfa(BOB.oid)],
+    ['consent', CONSENT_API, () => emu.setConsent(BOB.preferredUsername, CONSENT_API, true)],
+    ['mfa', MFA_API, () => emu.setUser(BOB.preferredUsername, { amr: ['pwd', 'mfa'] })],
   ] as const) {
     s.provider.onAuthorize = act
     const err = await s.client.callTool({ name: `${target}_whoami`, arguments: {} }).then(

@@ -13,6 +13,7 @@
  */
 import t, { type Test } from 'tap'
 import { generateKeyPairSync, createHash, randomUUID } from 'node:crypto'
+import type { JWK } from 'jose'
 import { startEntraEmulator } from './helpers/entra-emulator.ts'
 import {
   SECRET,
@@ -51,13 +52,14 @@ const X5T = createHash('sha1')
 
 const emu = await startEntraEmulator({
   clientSecret: SECRET,
-  users: [ADA, BOB],
+  user: ADA,
+  users: { [BOB.preferredUsername]: BOB },
   downstreamApis: [
-    { appId: API, scopes: API_SCOPES },
-    { appId: LOCKED, scopes: ['Admin.All'], consented: false },
+    { appId: API, identifierUri: `api://${API}`, scopes: API_SCOPES },
+    { appId: LOCKED, identifierUri: `api://${LOCKED}`, scopes: ['Admin.All'], consented: false },
   ],
-  certificates: [{ x5t: X5T, publicKey: publicKey.export({ type: 'spki', format: 'pem' }).toString() }],
-} as never)
+  clientCertificates: [{ x5t: X5T, publicKey: publicKey.export({ format: 'jwk' }) as JWK }],
+})
 t.teardown(() => emu.close())
 const server = await identityServer(t, jwtArgs({ jwksUrl: emu.jwksUrl, issuer: emu.issuerV2 }, API))
 
@@ -81,7 +83,7 @@ const gw = await startGateway(
         onBehalfOf:
           tokenEndpoint: "${emu.tokenUrl}"
           clientId: "${emu.clientId}"
-          privateKey: { pem: \${OBO_CERT_KEY}, alg: RS256, x5t: "${X5T}" }
+          privateKey: { pem: "\${OBO_CERT_KEY}", alg: RS256, x5t: "${X5T}" }
           scope: "${CERT_SCOPE}"
     - name: locked
       mcp: { url: "${server.url}" }
