@@ -35,6 +35,7 @@ import {
   bearerChallenge,
   sample,
   type Answer,
+  type Gateway,
 } from './helpers/obo-world.ts'
 
 const CONSENT_API = randomUUID()
@@ -63,12 +64,12 @@ const [consentServer, mfaServer, openServer] = await Promise.all([
 // Nothing listens there: the IdP is unreachable.
 const closedPort = await freePort()
 
-const obo = (name: string, url: string, scope: string, tokenEndpoint = emu.tokenUrl): string => `    - name: ${name}
+const obo = (name: string, url: string, scope: string, tokenEndpoint = emu.tokenUrl, clientId = emu.clientId): string => `    - name: ${name}
       mcp: { url: "${url}" }
       auth:
         onBehalfOf:
           tokenEndpoint: "${tokenEndpoint}"
-          clientId: "${emu.clientId}"
+          clientId: "${clientId}"
           clientSecret: \${OBO_GATEWAY_SECRET}
           scope: "${scope}"`
 const gw = await startGateway(
@@ -100,12 +101,12 @@ function checkNoIdpText(t: Test, a: Answer, label: string): void {
 }
 
 /** Every challenge points the client at the gateway's protected resource metadata. */
-function checkChallenge(t: Test, a: Answer, status: number, error: string, label: string): Record<string, string> {
+function checkChallenge(t: Test, a: Answer, status: number, error: string, label: string, gateway: Gateway = gw): Record<string, string> {
   t.equal(a.status, status, `${label}: HTTP ${status}`)
   const c = bearerChallenge(a.headers.get('www-authenticate'))
   t.ok(c, `${label}: a Bearer challenge (${a.headers.get('www-authenticate')})`)
   t.equal(c?.error, error, `${label}: error="${error}"`)
-  t.equal(c?.resource_metadata, gw.prm, `${label}: resource_metadata is the gateway's`)
+  t.equal(c?.resource_metadata, gateway.prm, `${label}: resource_metadata is the gateway's`)
   checkNoIdpText(t, a, label)
   return c ?? {}
 }
@@ -122,12 +123,12 @@ function claimsJson(value: string | undefined): Record<string, unknown> | undefi
 }
 
 /** One tools/call on `target` in both eras, with a token from the flow. */
-async function bothEras(t: Test, token: string, target: string): Promise<Array<[string, Answer]>> {
-  const session = await rawSession(gw.mcp, token)
+async function bothEras(t: Test, token: string, target: string, gateway: Gateway = gw): Promise<Array<[string, Answer]>> {
+  const session = await rawSession(gateway.mcp, token)
   t.teardown(() => session.close())
   return [
     ['session era', await session.callTool(`${target}_whoami`)],
-    ['2026-07-28', await modernToolCall(gw.mcp, token, `${target}_whoami`)],
+    ['2026-07-28', await modernToolCall(gateway.mcp, token, `${target}_whoami`)],
   ]
 }
 
@@ -177,6 +178,35 @@ t.test("the IdP refuses the caller's token as the assertion (AADSTS50013): 401 i
   t.ok(
     emu.oboLog.some(r => r.error === 50013),
     'the IdP answered AADSTS50013'
+  )
+})
+
+t.test('an assertion the gateway still accepts but Entra finds expired (AADSTS500133): 401 invalid_token', async t => {
+  // An emulator whose tokens expired 5 s ago: within the gateway's clock tolerance (30 s), past Entra's (none).
+  const late = await startEntraEmulator({
+    clientSecret: SECRET,
+    accessTokenTtlSeconds: -5,
+    downstreamApis: [{ appId: PLAIN_API, identifierUri: `api://${PLAIN_API}`, scopes: ['Data.Read'] }],
+  })
+  t.teardown(() => late.close())
+  const lateGw = await startGateway(
+    t,
+    late,
+    [
+      `    - name: open\n      mcp: { url: "${openServer.url}" }`,
+      obo('plain', openServer.url, `api://${PLAIN_API}/.default`, late.tokenUrl, late.clientId),
+    ].join('\n'),
+    { rules: ['"mcp.admin" in jwt.roles'] }
+  )
+  const token = await tokenFor(lateGw.mcp)
+  t.ok((claimsOf(token).exp as number) * 1000 < Date.now(), 'the token has expired')
+  for (const [era, a] of await bothEras(t, token, 'plain', lateGw)) {
+    checkChallenge(t, a, 401, 'invalid_token', era, lateGw)
+    t.match(a.text, /plain/, `${era}: the message names the target`)
+  }
+  t.ok(
+    late.oboLog.some(r => r.error === 500133),
+    'the IdP answered AADSTS500133'
   )
 })
 
