@@ -32,7 +32,7 @@ module.exports = {
       to: { path: ['^core/mcp/', '^core/targets/'] },
     },
     {
-      name: 'mcp-reaches-credentials-through-one-door',
+      name: 'credentials-are-entered-by-their-index',
       comment:
         'Everything under core/mcp/ reaches core/credentials/ through core/credentials/index.ts alone, type-only imports included: the broker, the config checks and the contract are one entry, so the credential layer can be re-cut inside without touching the MCP layer.',
       severity: 'error',
@@ -94,6 +94,14 @@ module.exports = {
       severity: 'error',
       from: { path: '^core/mcp/', pathNot: '^core/mcp/cluster\\.ts$' },
       to: { path: '^core/cluster/' },
+    },
+    {
+      name: 'mcp-reaches-credentials-through-one-door',
+      comment:
+        'Everything under core/mcp/ reaches core/credentials/ (what each target receives for each caller) through core/mcp/credentials.ts alone, type-only imports included: the caller built from the request, the attachment handed to a transport, the pre-flight and the refusals live in one file, so the credential layer can change behind one MCP file.',
+      severity: 'error',
+      from: { path: '^core/mcp/', pathNot: '^core/mcp/credentials\\.ts$' },
+      to: { path: '^core/credentials/' },
     },
     {
       name: 'observability-is-a-side-system',

@@ -15,6 +15,64 @@ export interface AuthInfo {
   readonly claims: Readonly<Record<string, unknown>>
   /** `exp` in seconds since the epoch, when present. */
   readonly expiresAt?: number
+  /**
+   * The caller's validated access token, for the credential layer only (core/credentials/: the
+   * `subject_token` of a token exchange, the `assertion` of an on-behalf-of request); it never
+   * reaches a target. Never enumerable: JSON.stringify, a log line, structuredClone, a spread or
+   * util.inspect of an AuthInfo do not show it. Build one with `authInfo()`; the context re-wraps
+   * an AuthInfo whose token is an ordinary property.
+   */
+  readonly token?: string
+}
+
+/** What `authInfo()` is given: the fields of an AuthInfo, the token as a plain value. */
+export interface AuthInfoInit {
+  readonly subject: string
+  readonly claims: Readonly<Record<string, unknown>>
+  readonly expiresAt?: number | undefined
+  readonly token?: string | undefined
+}
+
+const INSPECT = Symbol.for('nodejs.util.inspect.custom')
+
+/** An AuthInfo whose token is a getter over a private field: not an own property, so no copy or serialiser sees it. */
+class VerifiedAuth implements AuthInfo {
+  readonly subject: string
+  readonly claims: Readonly<Record<string, unknown>>
+  declare readonly expiresAt?: number
+  readonly #token: string | undefined
+
+  constructor(init: AuthInfoInit) {
+    this.subject = init.subject
+    this.claims = init.claims
+    if (init.expiresAt !== undefined) this.expiresAt = init.expiresAt
+    this.#token = init.token
+    Object.freeze(this)
+  }
+
+  get token(): string | undefined {
+    return this.#token
+  }
+
+  /** util.inspect (console.log, a debugger, `getters: true` included) shows what JSON.stringify shows. */
+  [INSPECT](): Record<string, unknown> {
+    return this.expiresAt === undefined
+      ? { subject: this.subject, claims: this.claims }
+      : { subject: this.subject, claims: this.claims, expiresAt: this.expiresAt }
+  }
+}
+
+/** An AuthInfo (frozen) carrying `token` where only `auth.token` reads it. */
+export function authInfo(init: AuthInfoInit): AuthInfo {
+  return new VerifiedAuth(init)
+}
+
+/**
+ * `auth` as the context keeps it: unchanged, unless its token is an ordinary (enumerable) property,
+ * as a plugin written without `authInfo()` may set it; then a copy with the token hidden.
+ */
+export function concealToken(auth: AuthInfo): AuthInfo {
+  return Object.prototype.propertyIsEnumerable.call(auth, 'token') ? new VerifiedAuth(auth) : auth
 }
 
 /** The JSON-RPC message(s) of a POST /mcp, parsed once. */
@@ -56,7 +114,7 @@ export interface RequestContext {
   readonly clientAddress: string
   /** Which error body shape this path uses: JSON-RPC on /mcp, OAuth elsewhere. */
   readonly kind: 'mcp' | 'oauth' | 'other'
-  /** Set by the authentication plugin after a token was verified. */
+  /** Set by the authentication plugin after a token was verified (its token hidden: `concealToken`). */
   auth?: AuthInfo
   /** Set the first time `readMcpMessage()` has a POST /mcp body parsed. */
   mcp?: McpMessageInfo

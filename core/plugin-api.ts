@@ -6,7 +6,9 @@
  */
 export { definePlugin, PLUGIN_API_VERSION } from './plugin.ts'
 export type { Plugin, PluginModule, PluginEnv, PluginRegistry, PluginDescription, RouteDef, McpOperation } from './plugin.ts'
-export type { RequestContext, ResponseContext, Reply, AuthInfo, McpMessageInfo, Denial } from './context.ts'
+export type { RequestContext, ResponseContext, Reply, AuthInfo, AuthInfoInit, McpMessageInfo, Denial } from './context.ts'
+// ctx.auth with the caller's token where only the credential layer reads it (never serialised).
+export { authInfo } from './context.ts'
 export { ProxyError, ERROR_CODES, RPC, createError } from './errors.ts'
 export type { ErrorCode, CoreErrorCode, ErrorFactory, ProxyErrorOptions } from './errors.ts'
 export { readCapped, BodyTooLargeError } from './read-capped.ts'

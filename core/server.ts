@@ -12,7 +12,7 @@ import { createServer, type IncomingMessage, type ServerResponse, type Server, t
 import type { Socket } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import type { Logger } from 'pino'
-import type { RequestContext, ResponseContext, Reply, McpMessageInfo, Denial } from './context.ts'
+import { concealToken, type AuthInfo, type RequestContext, type ResponseContext, type Reply, type McpMessageInfo, type Denial } from './context.ts'
 import type { Pipeline } from './pipeline.ts'
 import type { RouteTable } from './routes.ts'
 import type { RouteDef } from './plugin.ts'
@@ -134,7 +134,6 @@ class Context implements RequestContext {
   /** The plugin route of this path, looked up once per request (kind, dispatch, metrics). */
   readonly route: RouteDef | undefined
   readonly state = new Map<string, unknown>()
-  auth?: RequestContext['auth']
   sessionId?: string
   mcp?: McpMessageInfo
   target?: string
@@ -149,6 +148,7 @@ class Context implements RequestContext {
   #mcp: Promise<McpMessageInfo> | undefined
   #log: Logger | undefined
   #clientAddress: string | undefined
+  #auth: AuthInfo | undefined
   readonly #server: GatewayServer
 
   constructor(server: GatewayServer, req: IncomingMessage, res: ServerResponse) {
@@ -164,6 +164,15 @@ class Context implements RequestContext {
     this.startedAt = process.hrtime.bigint()
     this.route = this.path === '/mcp' ? undefined : server.routes.get(this.path)
     this.kind = this.path === '/mcp' ? 'mcp' : this.route === undefined ? 'other' : (this.route.kind ?? 'oauth')
+  }
+
+  get auth(): AuthInfo | undefined {
+    return this.#auth
+  }
+
+  /** Whatever plugin sets it, the caller's token is never an enumerable property of `ctx.auth`. */
+  set auth(auth: AuthInfo | undefined) {
+    this.#auth = auth === undefined ? undefined : concealToken(auth)
   }
 
   /** The per-request child logger, made on first use: most requests never log on their own. */

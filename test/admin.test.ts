@@ -10,7 +10,13 @@ import { createServer } from 'node:net'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { redactConfig, secretValues, createScrubber, REDACTED } from '../core/admin/redact.ts'
-import { RequestLog, decisionOf } from '../core/admin/admin-state.ts'
+import { RequestLog, decisionOf, createAdminState } from '../core/admin/admin-state.ts'
+import type { GatewayConfig } from '../core/config.ts'
+import { RouteTable } from '../core/routes.ts'
+import { Metrics } from '../core/observability/metrics.ts'
+import { keyOnlyCaller } from '../core/mcp/credentials.ts'
+import { brokerOf, credentialDouble } from './helpers/credential-double.ts'
+import { memoryLogger } from './helpers/logger.ts'
 import type { AccessRecord } from '../core/observability/access-log.ts'
 import { adminGateway, parsePrometheus, sampleSum, SECRETS, RULE } from './helpers/admin.ts'
 
@@ -68,6 +74,80 @@ t.test('redactConfig hides secret keys, env and headers values and every ${NAME}
     { note: `keys: ${REDACTED} and ${REDACTED}`, list: [REDACTED], issuer: 'https://idp.example/' },
     'secrets are scrubbed anywhere; a ${NAME} URL stays visible outside the config view'
   )
+})
+
+t.test("redactConfig hides the secrets of a target's auth block, not its names", async t => {
+  const auth = {
+    tokenExchange: {
+      tokenEndpoint: 'https://idp.example/token',
+      clientId: 'gw',
+      clientSecret: 'exchange-secret-0123',
+      privateKey: { pem: '-----BEGIN PRIVATE KEY-----\nMIIEvQ-literal-key\n-----END PRIVATE KEY-----', alg: 'RS256', kid: 'k1' },
+      audience: ['crm'],
+    },
+    bearer: 'static-bearer-0123456',
+    apiKey: { header: 'X-API-Key', value: 'api-key-value-0123456' },
+    headers: { 'X-User': '{sub}' },
+  }
+  const r = redactConfig({ mcp: { targets: [{ name: 'crm', mcp: { url: 'https://crm.example/mcp', headers: {} }, auth }] } }, new Set()) as {
+    mcp: { targets: Array<{ auth: typeof auth }> }
+  }
+  const a = r.mcp.targets[0]!.auth
+  t.equal(a.tokenExchange.clientSecret, REDACTED)
+  t.equal(a.tokenExchange.privateKey.pem, REDACTED, "a private key's PEM")
+  t.equal(a.bearer, REDACTED, 'a static bearer')
+  t.equal(a.apiKey.value, REDACTED, "an API key's value")
+  t.equal(a.apiKey.header, 'X-API-Key', 'its header name stays')
+  t.equal(a.tokenExchange.tokenEndpoint, 'https://idp.example/token')
+  t.same(a.tokenExchange.audience, ['crm'])
+  const scrub = createScrubber(secretValues({ mcp: { targets: [{ auth }] } }, new Set()))
+  t.same(scrub({ e: 'refused static-bearer-0123456 and api-key-value-0123456' }), { e: `refused ${REDACTED} and ${REDACTED}` }, 'and scrubbed anywhere')
+})
+
+t.test("the targets view shows each target's credentials as the credential layer describes them, never a secret", async t => {
+  const crm = credentialDouble('crm')
+  await crm.resolve({ ...keyOnlyCaller('alice', 'alice'), token: 'alice-token-0123456789' })
+  crm.refuse('bob', 'step_up')
+  await t.rejects(crm.resolve({ ...keyOnlyCaller('bob', 'bob'), token: 'bob-token-0123456789' }))
+  crm.allow('bob')
+  await crm.resolve({ ...keyOnlyCaller('bob', 'bob'), token: 'bob-token-0123456789' })
+  const config = {
+    mcp: {
+      targets: [
+        { name: 'crm', mcp: { url: 'https://crm.example/mcp', headers: {} } },
+        { name: 'plain', mcp: { url: 'https://plain.example/mcp', headers: {} } },
+      ],
+    },
+  } as unknown as GatewayConfig
+  const { log } = memoryLogger()
+  const state = createAdminState({
+    loaded: { config, baseDir: '.', secretPaths: new Set() },
+    plugins: [],
+    routes: new RouteTable([]),
+    endpoint: { sessions: () => [], endSession: () => false, describeTargets: () => [] },
+    targets: [],
+    requests: new RequestLog(),
+    metrics: new Metrics(),
+    log,
+    mcpOrigin: 'http://127.0.0.1:1',
+    version: 'test',
+    credentials: brokerOf(crm),
+  })
+  const targets = state.targets() as Array<{ name: string; credentials: unknown }>
+  t.match(targets[0], {
+    name: 'crm',
+    credentials: {
+      mode: 'tokenExchange',
+      headerNames: ['authorization', 'x-user'],
+      envNames: ['USER_ID', 'CRM_TOKEN'],
+      cached: 1,
+      lastFailure: { reason: 'step_up' },
+    },
+  })
+  t.equal(typeof (targets[0]!.credentials as { lastFailure: { at: unknown } }).lastFailure.at, 'number', 'when it failed')
+  t.equal(targets[1]!.credentials, null, 'a target without auth')
+  const text = JSON.stringify(targets)
+  t.notMatch(text, /minted-|-token-0123456789/, 'no minted credential, no caller token')
 })
 
 t.test('RequestLog keeps the newest requests and ten-second buckets; decisionOf names the rule', async t => {
@@ -245,6 +325,7 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
     t.ok((targets[0]!.started as number) >= 1)
     t.equal(targets[0]!.share, 'session', 'the default: one child per session')
     t.same(targets[0]!.pooled, [], 'nothing pooled for a session-era client of a per-session target')
+    t.equal(targets[0]!.credentials, null, 'no auth block: no credentials to show')
   })
 
   await t.test('recent requests carry the auth decision and the rule', async t => {

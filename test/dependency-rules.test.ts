@@ -57,13 +57,16 @@ const TREE: Record<string, string[]> = {
     "import type { Shape } from '../../cluster/shared-state.ts' // mcp-reaches-the-cluster-through-one-door",
   ],
   'core/mcp/routing/router.ts': ["import '../../targets/stdio.ts'", "import '../protocol.ts'"],
-  'core/mcp/upstreams/pool.ts': [
-    "import '../../targets/http.ts'",
-    "import '../routing/router.ts'",
-    // MCP asks the credential layer through its index only, type-only edges included.
-    "import type { TargetAuth } from '../../credentials/index.ts'",
-    "import type { Shape } from '../../credentials/target-auth.ts' // mcp-reaches-credentials-through-one-door",
+  // MCP reaches core/credentials/ through core/mcp/credentials.ts only, and that file through the index only; type-only edges count too.
+  'core/mcp/credentials.ts': [
+    "import '../credentials/index.ts'",
+    "import type { Shape } from '../credentials/target-auth.ts' // credentials-are-entered-by-their-index",
   ],
+  'core/mcp/upstreams/pooled-upstream.ts': [
+    "import '../credentials.ts'",
+    "import type { Shape } from '../../credentials/index.ts' // mcp-reaches-credentials-through-one-door",
+  ],
+  'core/mcp/upstreams/pool.ts': ["import '../../targets/http.ts'", "import '../routing/router.ts'"],
   'core/mcp/legacy/session.ts': [
     "import './passthrough.ts'",
     "import '../routing/router.ts'",
@@ -117,10 +120,12 @@ const TREE: Record<string, string[]> = {
     "import type { Shape } from './types.ts'",
     // A transport never learns where its extra headers come from, not even a type.
     "import type { TargetAuth } from '../credentials/index.ts' // targets-are-transports",
+    "import type { Shape } from '../credentials/types.ts' // targets-are-transports",
   ],
   // The credential layer: a side system over the engine's errors, config and observability.
   'core/credentials/index.ts': [
     "import './target-auth.ts'",
+    "import type { Shape } from './types.ts'",
     "import '../errors.ts'",
     "import type { TargetConfig } from '../config.ts'",
     "import '../observability/metrics.ts'",
@@ -128,6 +133,7 @@ const TREE: Record<string, string[]> = {
     "import '../mcp/protocol.ts' // credentials-are-a-side-system",
     "import type { UpstreamAttachment } from '../targets/types.ts' // credentials-are-a-side-system",
   ],
+  'core/credentials/types.ts': ['export type Shape = string'],
   'core/credentials/target-auth.ts': ["import '../../plugins/cors/index.ts' // core-knows-no-plugin"],
   'plugins/index.ts': ["import './cors/index.ts'", "import './registration/index.ts'"],
   'plugins/cors/provided.ts': ['export type Shape = string'],

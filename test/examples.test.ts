@@ -16,6 +16,11 @@ const env = {
   CLIENT_SECRET: 'secret',
   UPSTREAM_API_KEY: 'k',
   DEMO_IDP_ISSUER: 'http://127.0.0.1:9400/application/o/mcp/',
+  KEYCLOAK_CLIENT_ID: 'mcp-gateway',
+  EXCHANGE_SECRET: 'exchange-secret',
+  LEGACY_API_KEY: 'legacy-key',
+  SEARCH_API_KEY: 'search-key',
+  CRM_API_APP_ID: '00000000-0000-4000-8000-000000000001',
 }
 
 t.test('every bundled example config is valid and its pipeline checks out', async t => {

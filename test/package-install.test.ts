@@ -43,6 +43,11 @@ const EXAMPLE_ENV: Record<string, string> = {
   CLIENT_ID: 'client-1',
   CLIENT_SECRET: 'secret-1',
   UPSTREAM_API_KEY: 'key-1',
+  KEYCLOAK_CLIENT_ID: 'client-1',
+  EXCHANGE_SECRET: 'secret-2',
+  LEGACY_API_KEY: 'key-2',
+  SEARCH_API_KEY: 'key-3',
+  CRM_API_APP_ID: '00000000-0000-4000-8000-000000000001',
 }
 
 const work = await mkdtemp(join(tmpdir(), 'mcpp-pkg-'))

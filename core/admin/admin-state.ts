@@ -3,7 +3,9 @@
  * the targets' upstream lifecycle (reported by the transports, read here
  * only when someone asks), the recent-request ring with
  * per-second traffic stats, scrape-time gauges (children, key set,
- * discovery), the redacted config and the "try it" client.
+ * discovery), the targets' credentials as the credential layer describes
+ * them (mode, header and env names, cache, last failure: never a secret),
+ * the redacted config and the "try it" client.
  */
 import type { Logger } from 'pino'
 import type { LoadedConfig } from '../config.ts'
@@ -20,6 +22,7 @@ import { redactConfig, secretValues, createScrubber } from './redact.ts'
 import { reasonCode } from './probes.ts'
 import { runTry } from './admin-try.ts'
 import type { TargetReadiness, TargetHealth } from '../targets/readiness.ts'
+import type { TargetAuthSummary } from '../credentials/types.ts'
 
 // ---- recent requests and traffic stats --------------------------------------
 
@@ -129,6 +132,29 @@ export interface AdminStateOptions {
   readonly version: string
   /** Whether each target can start, and what that means for readiness (`mcp.readiness.targets`). */
   readonly targetReadiness?: TargetReadiness
+  /** The targets' credentials (core/credentials/), described when the admin asks. */
+  readonly credentials?: { describe(): readonly TargetAuthSummary[] }
+}
+
+/** What the targets view shows of a target's credentials: named fields only (a summary that carried more would not leak it). */
+export interface TargetCredentialView {
+  readonly mode: string
+  readonly headerNames: readonly string[]
+  readonly envNames: readonly string[]
+  readonly cached: number
+  readonly lastFailure: { readonly at: number; readonly reason: string } | null
+}
+
+function credentialView(d: TargetAuthSummary | undefined): TargetCredentialView | null {
+  if (d === undefined) return null
+  const f = d.lastFailure
+  return {
+    mode: d.mode,
+    headerNames: [...d.headerNames],
+    envNames: [...d.envNames],
+    cached: d.cached,
+    lastFailure: f === undefined ? null : { at: f.at, reason: f.reason },
+  }
 }
 
 /** A plugin's description, or its error; asked only when someone looks. */
@@ -201,6 +227,7 @@ export function createAdminState(opts: AdminStateOptions): AdminState {
     targets: () => {
       const sessionsByTarget = new Map(endpoint.describeTargets().map(d => [d.name, d.sessions]))
       const tracked = new Map(opts.targets.map(l => l.describe()).map(d => [d.name, d]))
+      const credentials = new Map((opts.credentials?.describe() ?? []).map(d => [d.target, d]))
       const cfg = redacted as { mcp: { targets: Array<Record<string, unknown> & { name: string }> } }
       return cfg.mcp.targets.map(t => {
         const s = tracked.get(t.name)
@@ -221,6 +248,8 @@ export function createAdminState(opts: AdminStateOptions): AdminState {
           failures: s?.failures ?? 0,
           lastError: s?.lastError ?? null,
           lastErrorAt: s?.lastErrorAt ?? null,
+          // Mode, header/env names, cached credentials, last failure; null without `auth`.
+          credentials: credentialView(credentials.get(t.name)),
         }
       })
     },

@@ -26,7 +26,7 @@ const SECRET_KEYS = new Set([
   'credential',
   'cookie',
   'sessionid',
-  // A target's `auth`: `bearer: <secret>`, and the PEM of `privateKey` (a section, walked into).
+  // A target's `auth` block: a static bearer, a private key's PEM.
   'bearer',
   'pem',
 ])
@@ -36,6 +36,11 @@ const SECRET_FIELDS: ReadonlyMap<string, string> = new Map([['apiKey', 'value']]
 
 /** Parents whose every value may be a credential (stdio `env`, HTTP target `headers`). */
 const SECRET_PARENTS = new Set(['env', 'headers'])
+
+/** A secret field of a section that is not secret as a whole: a target's `auth.apiKey.value` (its `header` is a name). */
+function isSecretField(parentKey: string, key: string): boolean {
+  return key === 'value' && parentKey.toLowerCase().replace(/[-_]/g, '') === 'apikey'
+}
 
 /** Secret values shorter than this are redacted in the config view but not scrubbed elsewhere (too many false hits). */
 const MIN_SCRUB_LENGTH = 6
@@ -54,7 +59,7 @@ function walk(v: unknown, path: string, parentKey: string, leaf: (value: unknown
       const p = path === '' ? k : `${path}.${k}`
       // A secret-named key holding a map is a section (`mcp.policies.authorization`), not a credential: walk into it.
       const section = x !== null && typeof x === 'object' && !Array.isArray(x)
-      if ((isSecretKey(k) && !section) || SECRET_PARENTS.has(parentKey) || SECRET_FIELDS.get(parentKey) === k) out[k] = secretLeaves(x, p, leaf)
+      if ((isSecretKey(k) && !section) || SECRET_PARENTS.has(parentKey) || isSecretField(parentKey, k)) out[k] = secretLeaves(x, p, leaf)
       else out[k] = walk(x, p, k, leaf)
     }
     return out

@@ -29,6 +29,7 @@ import { parseMcpBody } from './message.ts'
 import { checkSessionIdSyntax, header } from './headers.ts'
 import { SessionRegistry, type SessionSummary } from './legacy/session-registry.ts'
 import { deleteSession, openSessionStream, postToSession } from './legacy/session-requests.ts'
+import type { CredentialBroker } from './credentials.ts'
 
 export interface McpEndpointOptions {
   /** One factory per configured target, in config order. */
@@ -56,6 +57,12 @@ export interface McpEndpointOptions {
    * secret task ids are sealed under. Default: one process alone (memory state, no relay, random ids).
    */
   readonly cluster?: McpCluster
+  /**
+   * What each target receives for each caller (core/credentials/, built once by the composition root): sessions,
+   * pooled upstreams and 2026-07-28 requests reach a target with `auth` only with the caller's credential.
+   * Absent: no target has `auth`.
+   */
+  readonly credentials?: CredentialBroker
 }
 
 export interface TargetSummary {
@@ -128,10 +135,11 @@ class Endpoint implements GatewayMcpEndpoint {
     this.#cluster = cluster
     const caps = cluster.shared
     // Revision 2026-07-28: stateless requests served by pooled upstreams, never shared across subjects.
-    const pool = new UpstreamPool({ log, perKeyMax: POOLED_PER_SUBJECT, globalMax: config.session.maxSessions, idleMs, requestTimeoutMs, meters })
+    const credentials = opts.credentials
+    const pool = new UpstreamPool({ log, perKeyMax: POOLED_PER_SUBJECT, globalMax: config.session.maxSessions, idleMs, requestTimeoutMs, meters, credentials })
     this.#pool = pool
     this.#sessions = new SessionRegistry({
-      env: { log, meters, streams, requestTimeoutMs, failClosed: config.failClosed, maxTasks, checkers },
+      env: { log, meters, streams, requestTimeoutMs, failClosed: config.failClosed, maxTasks, checkers, credentials },
       // share: subject targets: the sessions of one subject lease the same pooled children.
       factories: opts.targets.map(f => (f.share === 'subject' ? sharedFactory(f, pool, maxTasks) : f)),
       log,
@@ -155,6 +163,7 @@ class Endpoint implements GatewayMcpEndpoint {
       maxInputsPerRound: config.limits?.maxInputRequestsPerRound,
       maxTasks,
       cluster,
+      credentials,
     })
     // Before the pipeline: the owner runs its own (the token is verified there, where
     // the session is bound to its subject); this replica only relays. Local sessions never decode their id.

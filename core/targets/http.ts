@@ -11,8 +11,10 @@
  * The upstream's `Mcp-Session-Id` and negotiated protocol version are
  * captured from the initialize exchange and sent on every later request,
  * and a GET stream carries the server's own messages. Only the target's
- * static headers (and a trace context) are sent: the client's Authorization
- * header never reaches this module (MCP forbids token passthrough).
+ * static headers, the caller's attachment (UpstreamAttachment.headers: a
+ * credential minted for this target, opaque here) and a trace context are
+ * sent: the client's Authorization header never reaches this module (MCP
+ * forbids token passthrough).
  *
  * start() does no network I/O: the initialize POST is the reachability check,
  * and its failure reaches the client as a JSON-RPC error for that request.
@@ -20,7 +22,7 @@
 import type { Logger } from 'pino'
 import { ProxyError, RPC } from '../errors.ts'
 import type { Metrics, Counter } from '../observability/metrics.ts'
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamObserver } from './types.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamAttachment, UpstreamObserver } from './types.ts'
 import { tracer } from '../observability/tracing.ts'
 import { post, type Answer } from './http-post.ts'
 import { SseParser } from './sse-parser.ts'
@@ -31,6 +33,8 @@ export interface HttpUpstreamOptions {
   url: string
   /** Static headers of the target (a gateway-owned credential, say). */
   headers?: Readonly<Record<string, string>>
+  /** The caller's headers, asked for before each exchange (UpstreamAttachment.headers); absent: none, no await. */
+  attach?: UpstreamAttachment['headers']
   log: Logger
   metrics?: Metrics
   /** Told of start and end (lifecycle.ts); never of messages. */
@@ -56,6 +60,34 @@ const RESERVED = new Set([
 
 function isRequest(m: JsonRpcMessage): m is JsonRpcMessage & { id: JsonRpcId; method: string } {
   return typeof m.method === 'string' && (typeof m.id === 'string' || typeof m.id === 'number')
+}
+
+type Attached = Readonly<Record<string, string>>
+
+/** An attachment that refused its headers: the exchange it was asked for fails with its `reason`. */
+class AttachmentRefused extends Error {
+  readonly reason: unknown
+  constructor(reason: unknown) {
+    super('attachment refused')
+    this.reason = reason
+  }
+}
+
+function refused(reason: unknown): never {
+  throw new AttachmentRefused(reason)
+}
+
+function isThenable<T>(v: T | Promise<T>): v is Promise<T> {
+  return typeof (v as { then?: unknown }).then === 'function'
+}
+
+/** `h` with the attached headers (lower-cased) after the static ones; never a reserved or an `mcp-*` one, which are the transport's. */
+function withAttached(h: Record<string, string>, attached: Attached): Record<string, string> {
+  for (const [k, v] of Object.entries(attached)) {
+    const name = k.toLowerCase()
+    if (!RESERVED.has(name) && !name.startsWith('mcp-')) h[name] = v
+  }
+  return h
 }
 
 export class HttpUpstream implements Upstream {
@@ -131,8 +163,24 @@ export class HttpUpstream implements Upstream {
     this.#startedAt = Date.now()
   }
 
-  #headers(extra: Record<string, string>): Record<string, string> {
-    const h: Record<string, string> = { ...this.#static, ...extra }
+  /**
+   * The attachment's headers for one exchange: undefined without an attachment, the value itself when
+   * it is at hand (no await on the hot path), else a promise; a rejection becomes an AttachmentRefused.
+   */
+  #attached(): Attached | Promise<Attached> | undefined {
+    const attach = this.#opts.attach
+    if (attach === undefined) return undefined
+    try {
+      const h = attach()
+      return isThenable(h) ? h.then(undefined, refused) : h
+    } catch (err) {
+      return Promise.reject(new AttachmentRefused(err))
+    }
+  }
+
+  /** The request headers: static, then attached, then the exchange's own and the session's (which always win). */
+  #headers(extra: Record<string, string>, attached?: Attached): Record<string, string> {
+    const h: Record<string, string> = attached === undefined ? { ...this.#static, ...extra } : Object.assign(withAttached({ ...this.#static }, attached), extra)
     if (this.#sessionId !== undefined) h['mcp-session-id'] = this.#sessionId
     if (this.#protocolVersion !== undefined) h['mcp-protocol-version'] = this.#protocolVersion
     return h
@@ -191,6 +239,19 @@ export class HttpUpstream implements Upstream {
   }
 
   /**
+   * The caller's credential for this exchange was refused (the attachment rejected): this request fails
+   * with the refusal's message (the credential layer's, naming the target), the upstream goes on.
+   */
+  #credentialRefused(message: JsonRpcMessage, reason: unknown): void {
+    const exposed = ProxyError.is(reason) && reason.expose
+    const text = exposed ? reason.message : `target ${this.target}: no credential for this request`
+    this.#log.debug({ method: message.method, err: reason instanceof Error ? reason.message : String(reason) }, 'exchange not sent: credential refused')
+    if (isRequest(message) && !this.#closedByUs) {
+      this.#deliver({ jsonrpc: '2.0', id: message.id, error: { code: (exposed ? reason.rpcCode : undefined) ?? RPC.SERVER_ERROR, message: text } })
+    }
+  }
+
+  /**
    * The target's own 401: its credentials are the gateway's (static headers), not the client's.
    * Answered as the gateway's error naming the target, never with the target's body or challenge.
    */
@@ -206,10 +267,18 @@ export class HttpUpstream implements Upstream {
     let answered = false
     let res: Answer | undefined
     try {
+      const pending = this.#attached()
+      const attached = pending === undefined || !isThenable(pending) ? pending : await pending
+      if (ac.signal.aborted) return
       const hadSession = modern === undefined && this.#sessionId !== undefined
       const base = { accept: 'application/json, text/event-stream', 'content-type': 'application/json' }
       // 2026-07-28 requests are stateless: no session id, the revision's headers instead.
-      const headers = modern === undefined ? this.#headers(base) : { ...this.#static, ...modern.headers, ...base }
+      const headers =
+        modern === undefined
+          ? this.#headers(base, attached)
+          : attached === undefined
+            ? { ...this.#static, ...modern.headers, ...base }
+            : Object.assign(withAttached({ ...this.#static }, attached), modern.headers, base)
       tracer?.httpHeaders(message, headers)
       res = await post(this.#url!, headers, JSON.stringify(message), ac.signal)
       const sid = res.headers.get('mcp-session-id')
@@ -280,7 +349,8 @@ export class HttpUpstream implements Upstream {
       // A reader that threw (a body past its bound) left the answer open: drop it.
       void res?.body?.cancel().catch(() => {})
       if (ac.signal.aborted) return
-      this.#fail(message, `upstream request failed: ${(err as Error).message}`)
+      if (err instanceof AttachmentRefused) this.#credentialRefused(message, err.reason)
+      else this.#fail(message, `upstream request failed: ${(err as Error).message}`)
     } finally {
       this.#aborts.delete(ac)
       if (modern !== undefined && isRequest(message) && this.#modern.get(message.id) === ac) this.#modern.delete(message.id)
@@ -363,9 +433,10 @@ export class HttpUpstream implements Upstream {
       await new Promise(resolve => setTimeout(resolve, Math.min(parser.retry ?? 1000, 30000)))
       if (this.#state !== 'running' || ac.signal.aborted) return false
       const before = parser.lastEventId
+      const attached = this.#attached()
       const res = await fetch(this.#opts.url, {
         method: 'GET',
-        headers: this.#headers({ accept: 'text/event-stream', 'last-event-id': parser.lastEventId! }),
+        headers: this.#headers({ accept: 'text/event-stream', 'last-event-id': parser.lastEventId! }, attached === undefined ? undefined : await attached),
         signal: ac.signal,
       })
       if (res.status === 404) {
@@ -407,7 +478,11 @@ export class HttpUpstream implements Upstream {
         try {
           const extra: Record<string, string> = { accept: 'text/event-stream' }
           if (parser.lastEventId !== undefined) extra['last-event-id'] = parser.lastEventId
-          const res = await fetch(this.#opts.url, { method: 'GET', headers: this.#headers(extra), signal: ac.signal })
+          // A refused credential drops this attempt like a dropped stream: the next one asks again.
+          const attached = this.#attached()
+          const headers = this.#headers(extra, attached === undefined ? undefined : await attached)
+          if (this.#state !== 'running') return
+          const res = await fetch(this.#opts.url, { method: 'GET', headers, signal: ac.signal })
           if (res.status === 405) {
             void res.body?.cancel().catch(() => {})
             return
@@ -466,10 +541,13 @@ export class HttpUpstream implements Upstream {
       if (wasRunning && this.#sessionId !== undefined) {
         // Ends the upstream session; 405 means the server does not allow it (fine).
         try {
-          const res = await fetch(this.#opts.url, { method: 'DELETE', headers: this.#headers({}), signal: AbortSignal.timeout(5000) })
+          const attached = this.#attached()
+          const headers = this.#headers({}, attached === undefined ? undefined : await attached)
+          const res = await fetch(this.#opts.url, { method: 'DELETE', headers, signal: AbortSignal.timeout(5000) })
           void res.body?.cancel().catch(() => {})
         } catch (err) {
-          this.#log.debug({ err: (err as Error).message }, 'DELETE of the upstream session failed')
+          const reason = err instanceof AttachmentRefused ? err.reason : err
+          this.#log.debug({ err: (reason as Error).message }, 'DELETE of the upstream session failed')
         }
       }
       this.#reportClose(undefined)

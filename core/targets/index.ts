@@ -11,7 +11,7 @@ import type { Metrics } from '../observability/metrics.ts'
 import { ProxyError } from '../errors.ts'
 import { StdioUpstream, STDIO_EXIT_REASONS } from './stdio.ts'
 import { HttpUpstream } from './http.ts'
-import type { Upstream, UpstreamFactory, UpstreamObserver } from './types.ts'
+import type { Upstream, UpstreamAttachment, UpstreamFactory, UpstreamObserver } from './types.ts'
 
 export interface UpstreamFactoryOptions {
   log: Logger
@@ -38,10 +38,11 @@ export function createUpstreamFactory(target: TargetConfig, opts: UpstreamFactor
       share: config.share ?? 'session',
       processesPerSubject: config.processesPerSubject ?? 1,
       protocol: target.protocol ?? 'auto',
-      create(): Upstream {
+      create(attach?: UpstreamAttachment): Upstream {
         return new StdioUpstream({
           target: name,
           config,
+          env: attach?.env,
           baseDir: opts.baseDir,
           maxLineBytes: opts.maxLineBytes,
           log: opts.log,
@@ -58,8 +59,8 @@ export function createUpstreamFactory(target: TargetConfig, opts: UpstreamFactor
       target: name,
       kind: 'http',
       protocol: target.protocol ?? 'auto',
-      create(): Upstream {
-        return new HttpUpstream({ target: name, url, headers, log: opts.log, metrics: opts.metrics, observer: opts.observer })
+      create(attach?: UpstreamAttachment): Upstream {
+        return new HttpUpstream({ target: name, url, headers, attach: attach?.headers, log: opts.log, metrics: opts.metrics, observer: opts.observer })
       },
     }
   }

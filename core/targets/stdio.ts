@@ -81,6 +81,8 @@ export interface StdioUpstreamOptions {
   /** Target name, on every log line. */
   target: string
   config: Readonly<StdioTargetConfig>
+  /** The caller's environment (UpstreamAttachment.env), after the target's own `env`. */
+  env?: Readonly<Record<string, string>>
   /** Directory `config.cwd` is relative to (the config file's directory). */
   baseDir: string
   /** Longest stdout line accepted (`mcp.limits.maxLineBytes`). */
@@ -252,7 +254,7 @@ export class StdioUpstream implements Upstream {
     try {
       child = spawn(config.cmd, config.args ?? [], {
         cwd,
-        env: childEnv(config.env),
+        env: childEnv(this.#opts.env === undefined ? config.env : { ...config.env, ...this.#opts.env }),
         stdio: ['pipe', 'pipe', 'pipe'],
         // Own process group: close() and crashes kill the whole group, so
         // grandchildren (npx -> node server) never outlive the session.

@@ -81,9 +81,13 @@ export interface UpstreamObserver {
  */
 export interface UpstreamAttachment {
   /**
-   * HTTP: headers for each exchange (POST, GET stream, DELETE) beside the
-   * target's static ones, asked for before each exchange (usually a cache
-   * hit). A rejection fails that exchange: a request's with a JSON-RPC error.
+   * HTTP: headers for each exchange (POST, GET stream, resumed GET, DELETE)
+   * beside the target's static ones (after them: an attached header wins over
+   * a static one; never over the transport's own, such as Mcp-Session-Id,
+   * MCP-Protocol-Version or Content-Type), asked for before each exchange
+   * (usually a cache hit, returned synchronously). A rejection fails that
+   * exchange only: a request's with a JSON-RPC error carrying the rejection's
+   * message; the upstream and its other requests go on.
    */
   readonly headers?: () => Readonly<Record<string, string>> | Promise<Readonly<Record<string, string>>>
   /** stdio: environment of the child beside the target's own `env` (fixed at spawn). */
@@ -111,5 +115,6 @@ export interface UpstreamFactory {
    * say so without asking.
    */
   readonly protocol?: 'auto' | '2026-07-28' | 'session'
-  create(): Upstream
+  /** A new upstream; `attach`: what it carries for the one caller it serves (none: the target's static config only). */
+  create(attach?: UpstreamAttachment): Upstream
 }

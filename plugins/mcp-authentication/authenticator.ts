@@ -8,6 +8,7 @@
  */
 import {
   ProxyError,
+  authInfo,
   createError,
   tracer,
   type AuthInfo,
@@ -170,7 +171,9 @@ export class Authenticator implements Plugin {
     // Only the named claim identifies the caller: azp/client_id name the client, shared by all its users.
     const subject = claims[this.#subjectClaim]
     if (typeof subject !== 'string' || subject === '') throw new AuthFailure('no_subject', 'token has no subject')
-    const auth: AuthInfo = { subject, claims, expiresAt: typeof payload.exp === 'number' ? payload.exp : undefined }
+    // The token rides along for the credential layer (token exchange), hidden from every serialiser; the
+    // cache is keyed by this same token, so a cache hit carries it too.
+    const auth = authInfo({ subject, claims, expiresAt: typeof payload.exp === 'number' ? payload.exp : undefined, token })
     this.#cache?.set(token, auth, kid, connection)
     return auth
   }

@@ -17,6 +17,7 @@ import type { TargetConfig, GatewayConfig } from '../../core/config.ts'
 import { createUpstreamFactory } from '../../core/targets/index.ts'
 import type { UpstreamFactory } from '../../core/targets/types.ts'
 import { createMcpEndpoint, type GatewayMcpEndpoint } from '../../core/mcp/index.ts'
+import type { CredentialBroker } from '../../core/credentials/types.ts'
 import { memoryLogger } from './logger.ts'
 
 const here = dirname(fileURLToPath(import.meta.url))
@@ -51,6 +52,8 @@ export async function startGateway(
     session?: Partial<GatewayConfig['mcp']['session']>
     limits?: Partial<GatewayConfig['mcp']['limits']>
     failClosed?: boolean
+    /** The targets' credentials (core/credentials/): a test double of the broker. */
+    credentials?: CredentialBroker
   }
 ): Promise<GatewayHarness> {
   const { log, text } = memoryLogger('debug')
@@ -66,6 +69,7 @@ export async function startGateway(
     },
     log,
     metrics,
+    credentials: opts.credentials,
   })
   const server = new GatewayServer({
     pipeline: new Pipeline(plugins),

@@ -10,7 +10,7 @@
  * elicitation request at once, then both answers as text; not listed). `tools/list` comes in two
  * pages. `resources/read` answers any URI with its own contents.
  */
-import type { JsonRpcMessage, Upstream, UpstreamFactory } from '../../core/targets/types.ts'
+import type { JsonRpcMessage, Upstream, UpstreamAttachment, UpstreamFactory } from '../../core/targets/types.ts'
 
 export interface MemoryServer {
   /** Every message the upstream received, in order (copies). */
@@ -23,6 +23,8 @@ export class MemoryUpstream implements Upstream {
   readonly target: string
   readonly kind = 'stdio' as const
   readonly pid: number
+  /** What the MCP layer attached at create() (a caller's credential), if anything. */
+  readonly attach: UpstreamAttachment | undefined
   startedAt: number | undefined
   onMessage: (message: JsonRpcMessage) => void = () => {}
   onClose: (error: Error | undefined) => void = () => {}
@@ -34,8 +36,9 @@ export class MemoryUpstream implements Upstream {
   readonly #rounds = new Map<number | string, unknown[]>()
   #serverSeq = 0
 
-  constructor(target: string, server: MemoryServer, pid: number) {
+  constructor(target: string, server: MemoryServer, pid: number, attach?: UpstreamAttachment) {
     this.target = target
+    this.attach = attach
     this.#server = server
     this.pid = pid
   }
@@ -181,8 +184,8 @@ export function memoryFactory(target: string, extra: Partial<UpstreamFactory> = 
     kind: 'stdio',
     ...extra,
     server,
-    create(): Upstream {
-      const up = new MemoryUpstream(target, server, ++pids)
+    create(attach?: UpstreamAttachment): Upstream {
+      const up = new MemoryUpstream(target, server, ++pids, attach)
       server.created.push(up)
       return up
     },

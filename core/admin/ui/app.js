@@ -118,6 +118,21 @@ function renderOverview(o) {
 
 // ---- targets -----------------------------------------------------------------
 
+/** A target's credentials (its `auth` block): mode, what it sets (names only), cached, last failure. */
+function credentialCell(c) {
+  if (!c) return el('td', { class: 'muted creds' }, 'static')
+  const sets = [...c.headerNames.map(n => `header ${n}`), ...c.envNames.map(n => `env ${n}`)]
+  const failure = c.lastFailure ? el('div', { class: 'error creds-failure' }, `last failure: ${c.lastFailure.reason} (${ago(c.lastFailure.at)})`) : null
+  return el(
+    'td',
+    { class: 'creds' },
+    el('strong', { class: 'creds-mode' }, c.mode),
+    el('div', { class: 'mono creds-sets' }, sets.length > 0 ? sets.join(', ') : '—'),
+    el('div', { class: 'muted creds-cached' }, `${c.cached} cached`),
+    failure
+  )
+}
+
 function renderTargets(targets) {
   const rows = targets.map(t =>
     el(
@@ -130,10 +145,11 @@ function renderTargets(targets) {
       el('td', { class: 'mono' }, t.pids.join(', ')),
       el('td', { class: 'num' }, t.started),
       el('td', { class: 'num' }, t.failures),
-      el('td', { class: t.lastError ? 'error' : 'muted' }, t.lastError ? `${t.lastError} (${ago(t.lastErrorAt)})` : '—')
+      el('td', { class: t.lastError ? 'error' : 'muted' }, t.lastError ? `${t.lastError} (${ago(t.lastErrorAt)})` : '—'),
+      credentialCell(t.credentials)
     )
   )
-  fillBody($('#targets'), rows, 8, 'no targets configured')
+  fillBody($('#targets'), rows, 9, 'no targets configured')
 }
 
 // ---- sessions ----------------------------------------------------------------

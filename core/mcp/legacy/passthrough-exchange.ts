@@ -7,6 +7,7 @@
 import type { IncomingMessage, ServerResponse, OutgoingHttpHeaders, IncomingHttpHeaders } from 'node:http'
 import type { RequestContext } from '../../context.ts'
 import type { Mapping } from './passthrough-sessions.ts'
+import type { Caller } from '../credentials.ts'
 
 /** One request under way, settled when its response is over (or failed). */
 export interface Exchange {
@@ -15,6 +16,8 @@ export interface Exchange {
   readonly gatewayId: string | undefined
   /** The session the client presented, if any: not idle while this exchange lasts. */
   readonly mapping: Mapping | undefined
+  /** A target with `auth`: the request's caller (a session it opens keeps it, for its idle DELETE). */
+  caller?: Caller
   resolve: () => void
   reject: (err: unknown) => void
 }
@@ -31,8 +34,25 @@ const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-e
 const DROP = new Set(['authorization', 'cookie', 'proxy-authorization', 'mcp-session-id', 'connection', 'keep-alive', 'proxy-connection', 'upgrade'])
 
 /**
+ * What the caller's credential (../credentials.ts) may not set: the exchange's own headers. Its
+ * Authorization is the one minted for this target (the client's was dropped).
+ */
+const NOT_ATTACHED = new Set([
+  'mcp-session-id',
+  'content-type',
+  'content-length',
+  'accept',
+  'host',
+  'connection',
+  'transfer-encoding',
+  'last-event-id',
+  'cookie',
+])
+
+/**
  * The headers sent upstream: the client's without DROP, the upstream session
- * id and the target's static headers, built once before http-proxy copies
+ * id, the target's static headers and then the caller's attached ones (a
+ * target with `auth`), built once before http-proxy copies
  * them (no `proxyReq` listener, so no removeHeader/setHeader pass that
  * validates each name again). A new object rather than `delete` on the
  * client's: a deleted key turns an object into a slow dictionary that
@@ -42,12 +62,19 @@ const DROP = new Set(['authorization', 'cookie', 'proxy-authorization', 'mcp-ses
 export function upstreamRequestHeaders(
   headers: IncomingHttpHeaders,
   upstreamId: string | undefined,
-  staticHeaders: ReadonlyArray<readonly [string, string]>
+  staticHeaders: ReadonlyArray<readonly [string, string]>,
+  attached?: Readonly<Record<string, string>>
 ): IncomingHttpHeaders {
   const out: IncomingHttpHeaders = {}
   for (const k of Object.keys(headers)) if (!DROP.has(k)) out[k] = headers[k]
   if (upstreamId !== undefined) out['mcp-session-id'] = upstreamId
   for (const [k, v] of staticHeaders) out[k] = v
+  if (attached !== undefined) {
+    for (const [k, v] of Object.entries(attached)) {
+      const name = k.toLowerCase()
+      if (!NOT_ATTACHED.has(name) && !name.startsWith('mcp-')) out[name] = v
+    }
+  }
   return out
 }
 

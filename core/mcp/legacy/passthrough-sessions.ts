@@ -11,6 +11,7 @@ import type { RequestContext } from '../../context.ts'
 import { subjectKeyOf } from '../routing/subject-key.ts'
 import { sessionLimit } from '../refusals.ts'
 import type { SealedSessions } from '../cluster.ts'
+import type { Caller } from '../credentials.ts'
 
 export interface PassthroughSession {
   /** First 8 characters of the gateway session id (never the whole id). */
@@ -34,6 +35,8 @@ export interface Mapping {
   lastSeenAt: number
   readonly sealed: boolean
   inFlight: number
+  /** A target with `auth`: the session's latest caller, whose cached credential ends it upstream (idle). */
+  caller?: Caller
 }
 
 export interface PassthroughSessionsOptions {
@@ -44,8 +47,8 @@ export interface PassthroughSessionsOptions {
   readonly maxSessions: number
   readonly makeId: () => string
   readonly sealed: SealedSessions | undefined
-  /** Ends an upstream session this process alone knows (best effort). */
-  readonly endUpstream: (upstreamId: string) => Promise<void>
+  /** Ends an upstream session this process alone knows (best effort), with its latest caller's credential if any. */
+  readonly endUpstream: (upstreamId: string, caller?: Caller) => Promise<void>
 }
 
 export class PassthroughSessions {
@@ -102,12 +105,21 @@ export class PassthroughSessions {
   }
 
   /** Records the session the upstream just made; its gateway id. */
-  open(ctx: RequestContext, upstreamSid: string): string {
+  open(ctx: RequestContext, upstreamSid: string, caller?: Caller): string {
     const key = subjectKeyOf(ctx)
     const sealedId = this.#opts.sealed?.seal(key, upstreamSid)
     const id = sealedId ?? this.#opts.makeId()
     const now = Date.now()
-    this.#byId.set(id, { upstream: upstreamSid, subject: ctx.auth?.subject, key, createdAt: now, lastSeenAt: now, sealed: sealedId !== undefined, inFlight: 0 })
+    this.#byId.set(id, {
+      upstream: upstreamSid,
+      subject: ctx.auth?.subject,
+      key,
+      createdAt: now,
+      lastSeenAt: now,
+      sealed: sealedId !== undefined,
+      inFlight: 0,
+      caller,
+    })
     return id
   }
 
@@ -131,13 +143,13 @@ export class PassthroughSessions {
       if (m.inFlight > 0) m.lastSeenAt = now
       else if (now - m.lastSeenAt >= this.#opts.idleMs) {
         this.#byId.delete(id)
-        if (!m.sealed) this.#endUpstream(m.upstream)
+        if (!m.sealed) this.#endUpstream(m.upstream, m.caller)
       }
     }
   }
 
-  #endUpstream(upstream: string): void {
-    this.#opts.endUpstream(upstream).catch((err: unknown) => {
+  #endUpstream(upstream: string, caller: Caller | undefined): void {
+    this.#opts.endUpstream(upstream, caller).catch((err: unknown) => {
       this.#opts.log.debug({ err }, 'ending an idle upstream session failed')
     })
   }
@@ -147,6 +159,6 @@ export class PassthroughSessions {
     clearInterval(this.#sweep)
     const all = [...this.#byId.values()].filter(m => !m.sealed)
     this.#byId.clear()
-    await Promise.allSettled(all.map(m => this.#opts.endUpstream(m.upstream)))
+    await Promise.allSettled(all.map(m => this.#opts.endUpstream(m.upstream, m.caller)))
   }
 }

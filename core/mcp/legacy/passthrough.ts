@@ -7,8 +7,10 @@
  * What it rewrites (and nothing else): the session header both ways (the
  * client only ever sees gateway session ids, bound to the caller's subject),
  * the request's credentials (`Authorization` and `Cookie` are dropped, MCP
- * forbids token passthrough; the target's static headers are added), and the
- * response goes through `ctx.writeHead` so plugins' `onResponse` hooks run.
+ * forbids token passthrough; the target's static headers are added, and with
+ * the target's `auth` the caller's credential, resolved for each request
+ * before anything is sent: ../credentials.ts), and the response goes through
+ * `ctx.writeHead` so plugins' `onResponse` hooks run.
  */
 import { SESSION_NOT_FOUND_RPC } from '../protocol.ts'
 import { randomBytes } from 'node:crypto'
@@ -27,6 +29,7 @@ import { tracer } from '../../observability/tracing.ts'
 import { PassthroughSessions, type Mapping, type PassthroughSession } from './passthrough-sessions.ts'
 import type { McpCluster, SealedSessions } from '../cluster.ts'
 import { clientResponseHeaders, forwardBody, upstreamRequestHeaders, type Exchange } from './passthrough-exchange.ts'
+import { callerOf, credentialOf, type Caller, type TargetAuth } from '../credentials.ts'
 
 export type { PassthroughSession, SealedSessions }
 
@@ -58,6 +61,8 @@ export interface HttpPassthroughOptions {
    * needs its owner. Default: one process alone (random ids, nothing sealed).
    */
   cluster?: McpCluster
+  /** The target's credential source (../credentials.ts, its `auth` block); absent: static headers only. */
+  auth?: TargetAuth
 }
 
 /** The schema's default of `mcp.session.idleTimeoutSeconds`, for callers that pass none (tests). */
@@ -151,6 +156,7 @@ class Passthrough implements HttpPassthrough {
   readonly #errors: Counter | undefined
   readonly #proxy: httpProxy
   readonly #agent: HttpAgent
+  readonly #auth: TargetAuth | undefined
 
   constructor(name: string, mcp: NonNullable<TargetConfig['mcp']>, opts: HttpPassthroughOptions) {
     this.#name = name
@@ -158,6 +164,7 @@ class Passthrough implements HttpPassthrough {
     this.#staticHeaders = mcp.headers ?? {}
     this.#staticEntries = Object.entries(this.#staticHeaders).map(([k, v]) => [k.toLowerCase(), v] as const)
     this.#log = opts.log.child({ target: name })
+    this.#auth = opts.auth
     this.#errors = opts.metrics?.counter('mcp_proxy_upstream_http_errors_total', 'Failed HTTP exchanges with remote MCP targets')
     this.#table = new PassthroughSessions({
       log: this.#log,
@@ -165,7 +172,7 @@ class Passthrough implements HttpPassthrough {
       maxSessions: opts.maxSessions ?? Number.POSITIVE_INFINITY,
       makeId: opts.cluster?.newSessionId ?? newSessionId,
       sealed: opts.cluster?.sealedSessions(name),
-      endUpstream: upstreamId => this.#deleteUpstream(upstreamId),
+      endUpstream: (upstreamId, caller) => this.#deleteUpstream(upstreamId, caller),
     })
     const { proxy, agent } = createProxy(this.#url, opts.proxyTimeoutMs ?? 30000)
     this.#proxy = proxy
@@ -198,10 +205,28 @@ class Passthrough implements HttpPassthrough {
       }
     }
     const ex = this.#exchange(ctx, gatewayId, mapping)
+    const auth = this.#auth
+    if (auth === undefined) return this.#send(ex, undefined)
+    // The caller's credential for this request: cached (no await), or resolved before anything is sent,
+    // so a refusal is answered as it is (its status and challenge).
+    const caller = callerOf(ctx)
+    if (mapping !== undefined) mapping.caller = caller
+    ex.caller = caller
+    const cached = auth.peek(caller)
+    if (cached !== undefined) return this.#send(ex, cached.headers)
+    return credentialOf(auth, caller, this.#log).then(
+      c => this.#send(ex, c.headers),
+      err => this.#fail(ex, err)
+    )
+  }
+
+  /** Reads or pipes the body, and forwards the request with the caller's `attached` headers. */
+  #send(ex: PendingExchange, attached: Readonly<Record<string, string>> | undefined): Promise<void> {
+    const { ctx } = ex
     // Traced: a client span, its context in the traceparent header and params._meta (the body is rewritten).
     if (tracer !== undefined)
       return tracer.passthroughCall(ctx, this.#name).then(
-        body => this.#forward(ex, body),
+        body => this.#forward(ex, body, attached),
         err => this.#fail(ex, err)
       )
     // core may already have read the body (a plugin parsed the MCP message):
@@ -209,10 +234,10 @@ class Passthrough implements HttpPassthrough {
     const consumed = ctx.req.readableEnded || ctx.mcp !== undefined || ctx.req.readableDidRead
     if (consumed)
       return ctx.readBody().then(
-        buffered => this.#forward(ex, buffered),
+        buffered => this.#forward(ex, buffered, attached),
         err => this.#fail(ex, err)
       )
-    return this.#forward(ex, undefined)
+    return this.#forward(ex, undefined, attached)
   }
 
   /** The exchange of one request; its promise settles when the exchange is over (and it is then forgotten). */
@@ -252,12 +277,12 @@ class Passthrough implements HttpPassthrough {
   }
 
   /** Sends the request upstream; the promise settles when the exchange is over. */
-  #forward(ex: PendingExchange, buffered: Buffer | undefined): Promise<void> {
+  #forward(ex: PendingExchange, buffered: Buffer | undefined, attached: Readonly<Record<string, string>> | undefined): Promise<void> {
     const { ctx } = ex
     const req = ctx.req
     ctx.target = this.#name
     this.#exchanges.set(req, ex)
-    req.headers = upstreamRequestHeaders(req.headers, ex.mapping?.upstream, this.#staticEntries)
+    req.headers = upstreamRequestHeaders(req.headers, ex.mapping?.upstream, this.#staticEntries, attached)
     try {
       // No per-request options object unless the body must be replayed: with
       // one, http-proxy copies its whole options object for every request.
@@ -315,7 +340,7 @@ class Passthrough implements HttpPassthrough {
       if (status === 404 || ex.ctx.method === 'DELETE') this.#table.forget(ex.gatewayId)
       else out['mcp-session-id'] = ex.gatewayId
     } else if (typeof upstreamSid === 'string' && upstreamSid !== '') {
-      const id = this.#table.open(ex.ctx, upstreamSid)
+      const id = this.#table.open(ex.ctx, upstreamSid, ex.caller)
       ex.ctx.sessionId = id
       out['mcp-session-id'] = id
     }
@@ -329,10 +354,12 @@ class Passthrough implements HttpPassthrough {
     ex?.reject(new ProxyError('MCPP_ERR_UPSTREAM', 502, `target ${this.#name} is unreachable`, { rpcCode: RPC.INTERNAL_ERROR, expose: true, cause: err }))
   }
 
-  async #deleteUpstream(upstreamId: string): Promise<void> {
+  /** Ends an idle upstream session, with its caller's cached credential (an idle sweep asks the IdP for nothing). */
+  async #deleteUpstream(upstreamId: string, caller: Caller | undefined): Promise<void> {
+    const attached = caller === undefined ? undefined : this.#auth?.peek(caller)?.headers
     const res = await fetch(this.#url, {
       method: 'DELETE',
-      headers: { ...this.#staticHeaders, 'mcp-session-id': upstreamId },
+      headers: { ...this.#staticHeaders, ...attached, 'mcp-session-id': upstreamId },
       signal: AbortSignal.timeout(2000),
     })
     await res.body?.cancel()

@@ -6,13 +6,18 @@
  * every target. This module decides and shapes answers; the session owns the
  * request's life (in flight, answered, cancelled) and its upstream calls, and
  * hands them over as an explicit record (SessionRoutes), made once per session.
+ * Deciding comes in two steps: `route` (the rules, once) before the POST's
+ * answer begins, so the session can await the credential of the target a
+ * request reaches (../credentials.ts) and answer a refusal with its status;
+ * then `dispatch` once the answer's stream is open.
  */
 import type { Logger } from 'pino'
+import type { RequestContext } from '../../context.ts'
 import type { JsonRpcMessage } from '../../targets/types.ts'
 import { RPC } from '../../errors.ts'
 import { NAMED, TASK_METHODS, isListMethod, isNamedMethod, rpcError, type NamedMethod } from '../protocol.ts'
-import type { TargetNamespace } from '../routing/namespace.ts'
-import { markNamedAnswer, resolveNamedCall } from '../routing/named-call.ts'
+import type { StandIn, TargetNamespace } from '../routing/namespace.ts'
+import { markNamedAnswer, resolveNamedCall, type NamedCall } from '../routing/named-call.ts'
 import { endsTask } from '../upstreams/task-ledger.ts'
 import type { Inflight, SessionLink } from './session-link.ts'
 import type { SessionTasks } from './session-tasks.ts'
@@ -30,6 +35,50 @@ export interface SessionRoutes {
   forward(inflight: Inflight, link: SessionLink, msg: JsonRpcMessage, post: ((r: JsonRpcMessage) => JsonRpcMessage) | undefined, postErrors?: boolean): void
   /** A request of the gateway's own made for this client request (list pages, fan-outs). */
   request(link: SessionLink, method: string, params: Record<string, unknown>, inflight: Inflight): Promise<JsonRpcMessage>
+  /** Whether a call the rules refused may go to `link` under its stand-in: only when it costs no new credential (../credentials.ts). */
+  mayStandIn(link: SessionLink): boolean
+}
+
+/** Where a client request goes, decided (the rules run) before its POST's answer begins. */
+export interface Route {
+  /** tools/call, prompts/get, resources/*: the named-call step's outcome, and the name or URI as the client sent it. */
+  readonly named?: NamedCall<SessionLink> | { readonly answer: JsonRpcMessage }
+  readonly asked?: unknown
+  /** completion/complete routed by its reference (several targets, or rules); null: no target has it. */
+  readonly completion?: { readonly target: SessionLink; readonly standIn: StandIn | undefined } | null
+  /** The link the request reaches as the caller (its credential is awaited first); none for fan-outs and the gateway's own answers. */
+  readonly reaches?: SessionLink
+}
+
+/** A request answered by the gateway alone, or merged over several targets: nothing to decide ahead. */
+const NOWHERE: Route = Object.freeze({})
+
+/**
+ * Decides where a client request goes and runs the rules on it (once: a named call's name is
+ * rewritten here, routing/named-call.ts). One target: every request but ping and initialize reaches
+ * it; several: named items, completions and task requests reach theirs, lists are merged.
+ */
+export function route(s: SessionRoutes, ctx: RequestContext, msg: JsonRpcMessage): Route {
+  const method = msg.method!
+  if (method === 'ping' || method === 'initialize') return NOWHERE
+  const namespace = s.namespace
+  if (isNamedMethod(method)) {
+    const params = msg.params ?? {}
+    const asked = params[NAMED[method].field]
+    const named = resolveNamedCall(namespace, ctx, method, params)
+    return { named, asked, reaches: 'answer' in named || named.standIn !== undefined ? undefined : named.target }
+  }
+  if (method === 'completion/complete' && (namespace.multi || namespace.checkers.length > 0)) {
+    const c = namespace.completion(ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
+    return { completion: c ?? null, reaches: c === undefined || c.standIn !== undefined ? undefined : c.target }
+  }
+  if (TASK_METHODS.has(method)) {
+    const taskId = msg.params?.taskId
+    const r = namespace.resolveTask(taskId)
+    return r === undefined || !s.tasks.mayUse(ctx, taskId) ? NOWHERE : { reaches: r.target }
+  }
+  // One target: it is reached (a target without `auth` has nothing to await, nor an object to make).
+  return namespace.multi || s.links[0]!.auth === undefined ? NOWHERE : { reaches: s.links[0]! }
 }
 
 /** A page of nothing: what a target that is down contributes to a merged list. */
@@ -41,7 +90,7 @@ const NO_PAGE: Promise<JsonRpcMessage> = Promise.resolve({ jsonrpc: '2.0', resul
  * completions by their reference. One target: every other method goes to
  * it unchanged; several: methods the gateway cannot route are unknown.
  */
-export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
+export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, r: Route): void {
   const method = msg.method!
   if (method === 'ping') {
     s.reply(inflight, { jsonrpc: '2.0', result: {} })
@@ -51,9 +100,8 @@ export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessa
     s.reply(inflight, rpcError(RPC.INVALID_REQUEST, 'session already initialized'))
     return
   }
-  const named = isNamedMethod(method) ? NAMED[method] : undefined
-  if (named !== undefined) {
-    namedItem(s, inflight, msg, method as NamedMethod)
+  if (r.named !== undefined) {
+    namedItem(s, inflight, msg, method as NamedMethod, r.named, r.asked)
     return
   }
   if (TASK_METHODS.has(method)) {
@@ -98,8 +146,8 @@ export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessa
     )
     return
   }
-  if (method === 'completion/complete' && (namespace.multi || namespace.checkers.length > 0)) {
-    complete(s, inflight, msg)
+  if (r.completion !== undefined) {
+    complete(s, inflight, msg, r.completion)
     return
   }
   if (!namespace.multi) {
@@ -115,24 +163,34 @@ export function dispatch(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessa
   }
 }
 
-/** completion/complete: to the target of its reference; one the rules deny under a stand-in (routing/namespace.ts). */
-function complete(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage): void {
-  const routed = s.namespace.completion(inflight.post.ctx, msg.params?.ref as { type?: string; name?: unknown; uri?: unknown } | undefined)
-  if (routed === undefined) s.reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
+/**
+ * completion/complete: to the target of its reference; one the rules deny under a stand-in (routing/namespace.ts),
+ * unless that would cost a new credential: then the gateway's answer for a reference it does not know.
+ */
+function complete(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, routed: NonNullable<Route['completion']> | null): void {
+  if (routed === null || (routed.standIn !== undefined && !s.mayStandIn(routed.target)))
+    s.reply(inflight, rpcError(RPC.INVALID_PARAMS, 'Unknown completion reference'))
   else s.forward(inflight, routed.target, msg, routed.standIn?.restore, routed.standIn !== undefined)
 }
 
-/** tools/call, prompts/get, resources/read and (un)subscribe: to the item's target, refused ones under a stand-in. */
-function namedItem(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, method: NamedMethod): void {
+/**
+ * tools/call, prompts/get, resources/read and (un)subscribe (`call`: routed and checked by `route`): to the
+ * item's target, refused ones under a stand-in, unless that would cost a new credential: then answered
+ * as an item no target has.
+ */
+function namedItem(s: SessionRoutes, inflight: Inflight, msg: JsonRpcMessage, method: NamedMethod, call: NonNullable<Route['named']>, asked: unknown): void {
   const namespace = s.namespace
   const params = msg.params ?? {}
-  const call = resolveNamedCall(namespace, inflight.post.ctx, method, params)
   if ('answer' in call) {
     s.reply(inflight, call.answer)
     return
   }
   const { target: link, name, standIn: refused } = call
   const read = method === 'resources/read'
+  if (refused !== undefined && !s.mayStandIn(link)) {
+    s.reply(inflight, namespace.unknown(NAMED[method].kind, asked))
+    return
+  }
   if (refused !== undefined) {
     s.forward(inflight, link, msg, read ? r => namespace.markContents(link.target, refused.restore(r)) : refused.restore, true)
     return

@@ -11,6 +11,7 @@ import { RPC } from '../../errors.ts'
 import { rpcError } from '../protocol.ts'
 import type { TargetCallMeter } from '../upstreams/call-metrics.ts'
 import { UpstreamCalls } from '../upstreams/calls.ts'
+import type { TargetAuth } from '../credentials.ts'
 import type { PostStream } from './session-streams.ts'
 
 /** One upstream request in flight; `done` gets its response (or a synthesized error). */
@@ -35,6 +36,8 @@ export interface Inflight {
 export class SessionLink {
   readonly target: string
   readonly upstream: Upstream
+  /** The target's credential source (../credentials.ts); undefined for a target without `auth`. */
+  readonly auth: TargetAuth | undefined
   up = false
   readonly pending: UpstreamCalls<UpstreamCall>
   /** Client requests currently forwarded to this link, oldest first. */
@@ -42,9 +45,10 @@ export class SessionLink {
   initResult: Record<string, unknown> | undefined
   readonly #log: Logger
 
-  constructor(target: string, upstream: Upstream, log: Logger, meter: TargetCallMeter | undefined) {
+  constructor(target: string, upstream: Upstream, log: Logger, meter: TargetCallMeter | undefined, auth?: TargetAuth) {
     this.target = target
     this.upstream = upstream
+    this.auth = auth
     this.#log = log
     this.pending = new UpstreamCalls(meter)
   }

@@ -15,6 +15,7 @@ import type { SharedState } from '../cluster.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import { isSessionRevision, KEEPALIVE_MS, negotiateRevision } from '../protocol.ts'
 import { subjectKeyOf } from '../routing/subject-key.ts'
+import { callerOf } from '../credentials.ts'
 import { header } from '../headers.ts'
 import { sessionLimit, shuttingDown, subjectSessionLimit } from '../refusals.ts'
 import { Session, type SessionEnv } from './session.ts'
@@ -168,6 +169,7 @@ export class SessionRegistry {
       version: negotiateRevision(params.protocolVersion),
       factories: this.#opts.factories,
       env: this.env,
+      caller: callerOf(ctx),
     })
     this.#sessions.set(id, session)
     ctx.sessionId = id

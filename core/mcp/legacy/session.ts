@@ -6,14 +6,28 @@
  * tasks are session-tasks.ts. Which target a client request goes to is
  * session-dispatch.ts's, over the target namespace (routing/namespace.ts)
  * shared with the 2026-07-28 era. Knows nothing of HTTP status codes;
- * endpoint.ts does the HTTP side.
+ * endpoint.ts does the HTTP side. A session owns its upstreams for one caller
+ * key and keeps that key's latest Caller (../credentials.ts): a target with
+ * `auth` gets its credential, awaited before a POST's answer begins.
  */
 import type { Logger } from 'pino'
 import type { RequestContext } from '../../context.ts'
 import type { Plugin } from '../../plugin.ts'
 import type { JsonRpcId, JsonRpcMessage } from '../../targets/types.ts'
-import type { SessionUpstreamFactory } from './shared-upstream.ts'
+import type { SessionUpstreamFactory, UpstreamOwner } from './shared-upstream.ts'
 import { ProxyError, RPC } from '../../errors.ts'
+import {
+  authOf,
+  callerOf,
+  credentialReady,
+  keyOnlyCaller,
+  mayStandIn,
+  refusalAmong,
+  refusalText,
+  upstreamFor,
+  type Caller,
+  type CredentialBroker,
+} from '../credentials.ts'
 import type { SseStream, StreamLimits } from '../sse.ts'
 import { SessionStreams, type PostStream } from './session-streams.ts'
 import { SessionTasks } from './session-tasks.ts'
@@ -21,7 +35,7 @@ import { GATEWAY_INFO, INIT_TIMEOUT_MIN_MS, isSessionRevision, rpcError, type Se
 import { mergeCapabilities } from '../routing/naming.ts'
 import { TargetNamespace } from '../routing/namespace.ts'
 import { SessionLink, type Inflight } from './session-link.ts'
-import { dispatch, type SessionRoutes } from './session-dispatch.ts'
+import { dispatch, route, type Route, type SessionRoutes } from './session-dispatch.ts'
 import type { TargetCallMeter } from '../upstreams/call-metrics.ts'
 import { tracer } from '../../observability/tracing.ts'
 
@@ -38,6 +52,8 @@ export interface SessionEnv {
   readonly checkers: readonly Plugin[]
   /** Call metrics per target name (call-metrics.ts); absent, calls are not measured. */
   readonly meters?: ReadonlyMap<string, TargetCallMeter>
+  /** The targets' credential sources (../credentials.ts); absent: no target has `auth`. */
+  readonly credentials?: CredentialBroker
   /** Called once when the session ends, for any reason. */
   readonly onEnd: (session: Session, reason: string) => void
 }
@@ -46,10 +62,15 @@ function isResponse(m: JsonRpcMessage): boolean {
   return m.method === undefined
 }
 
-export class Session {
+/** The route of a request whose routing threw: answered with an internal error once its stream is open. */
+const FAILED: Route = Object.freeze({})
+
+export class Session implements UpstreamOwner {
   readonly id: string
   readonly subject: string | undefined
   readonly subjectKey: string
+  /** The latest caller of this session (its subject key): updated by each POST when a target has `auth`. */
+  caller: Caller
   readonly createdAt = Date.now()
   lastActivityAt = Date.now()
   version: SessionRevision
@@ -71,6 +92,8 @@ export class Session {
   readonly #tasks: SessionTasks<Inflight>
   /** What session-dispatch.ts routes a client request with. */
   readonly #routes: SessionRoutes
+  /** Some target has `auth`: the caller is kept current and requests await their credential. */
+  readonly #credentialed: boolean
 
   constructor(opts: {
     id: string
@@ -79,10 +102,13 @@ export class Session {
     version: SessionRevision
     factories: readonly SessionUpstreamFactory[]
     env: SessionEnv
+    /** The caller of the initialize (default: the key alone, no token). */
+    caller?: Caller
   }) {
     this.id = opts.id
     this.subject = opts.subject
     this.subjectKey = opts.subjectKey
+    this.caller = opts.caller ?? keyOnlyCaller(opts.subjectKey, opts.subject)
     this.version = opts.version
     this.#env = opts.env
     this.#log = opts.env.log.child({ session: opts.id.slice(0, 8) })
@@ -90,11 +116,15 @@ export class Session {
       this.lastActivityAt = Date.now()
     })
     this.links = opts.factories.map(f => {
-      const link = new SessionLink(f.target, f.create({ subjectKey: opts.subjectKey, subject: opts.subject }), this.#log, opts.env.meters?.get(f.target))
+      const auth = authOf(opts.env.credentials, f.target)
+      // A shared lease acquires a pooled child for this session's caller; any other upstream is this session's own.
+      const upstream = f.share === 'subject' ? f.create(undefined, this) : upstreamFor(f, auth, this, this.#log)
+      const link = new SessionLink(f.target, upstream, this.#log, opts.env.meters?.get(f.target), auth)
       link.upstream.onMessage = msg => this.#fromUpstream(link, msg)
       link.upstream.onClose = err => this.#upstreamClosed(link, err)
       return link
     })
+    this.#credentialed = this.links.some(l => l.auth !== undefined)
     this.#namespace = new TargetNamespace(this.links, opts.env.checkers)
     this.multi = this.#namespace.multi
     this.#tasks = new SessionTasks(this.#namespace, opts.env.maxTasks, m => {
@@ -109,6 +139,7 @@ export class Session {
       reply: (inflight, msg) => this.#reply(inflight, msg),
       forward: (inflight, link, msg, post, postErrors) => this.#forward(inflight, link, msg, post, postErrors),
       request: (link, method, params, inflight) => this.#request(link, method, params, inflight),
+      mayStandIn: link => mayStandIn(link.auth, this.caller),
     }
   }
 
@@ -133,6 +164,8 @@ export class Session {
     const upParams = { ...params, protocolVersion: this.version }
     const results = await Promise.allSettled(
       this.links.map(async link => {
+        // A target whose credential is refused is left out like one that is down (logged with its code).
+        await credentialReady(link.auth, this.caller, this.#log)
         await link.upstream.start()
         const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
         if (res.error !== undefined) throw new Error(res.error.message)
@@ -146,6 +179,9 @@ export class Session {
     for (const [target, message] of failed) this.#log.warn({ target, err: message }, 'upstream failed to initialize')
     if (failed.length === this.links.length || (failed.length > 0 && this.#env.failClosed)) {
       await this.end('initialize failed')
+      // The session is refused: a refused credential among the causes is the answer (status, challenge).
+      const refusal = refusalAmong(results.flatMap(r => (r.status === 'rejected' ? [r.reason] : [])))
+      if (refusal !== undefined) throw refusal
       throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${failed.map(f => f[0]).join(', ')} failed to start`, {
         rpcCode: RPC.SERVER_ERROR,
         expose: true,
@@ -174,6 +210,8 @@ export class Session {
    */
   async receive(ctx: RequestContext, body: JsonRpcMessage | JsonRpcMessage[]): Promise<void> {
     this.lastActivityAt = Date.now()
+    // A refreshed client token replaces the old one for this session's next exchanges.
+    if (this.#credentialed) this.caller = callerOf(ctx)
     const list = Array.isArray(body) ? body : undefined
     const single = Array.isArray(body) ? undefined : body
     let requests = 0
@@ -191,9 +229,28 @@ export class Session {
       ctx.res.end()
       return
     }
+    // The rules run (route) and the credentials the requests need are awaited before the answer's
+    // headers: a refused credential is answered as the broker's error, with its status and challenge.
+    if (single !== undefined) {
+      const r = this.#route(ctx, single)
+      if (r.reaches?.auth !== undefined) await credentialReady(r.reaches.auth, this.caller, this.#log)
+      this.#clientRequest(await this.#streams.openPost(ctx, requests, this.id), single, r)
+      return
+    }
+    const routed = list!.filter(m => m.method !== undefined && m.id !== undefined).map(m => [m, this.#route(ctx, m)] as const)
+    if (this.#credentialed) await Promise.all(routed.map(([, r]) => credentialReady(r.reaches?.auth, this.caller, this.#log)))
     const post = await this.#streams.openPost(ctx, requests, this.id)
-    if (single !== undefined) this.#clientRequest(post, single)
-    else for (const m of list!) if (m.method !== undefined && m.id !== undefined) this.#clientRequest(post, m)
+    for (const [m, r] of routed) this.#clientRequest(post, m, r)
+  }
+
+  /** Where a request goes (session-dispatch.ts); one whose routing threw is answered with an internal error. */
+  #route(ctx: RequestContext, msg: JsonRpcMessage): Route {
+    try {
+      return route(this.#routes, ctx, msg)
+    } catch (err) {
+      this.#log.error({ err, method: msg.method }, 'failed to route request')
+      return FAILED
+    }
   }
 
   /**
@@ -259,7 +316,7 @@ export class Session {
     for (const link of this.links) link.sendQuietly(msg)
   }
 
-  #clientRequest(post: PostStream, msg: JsonRpcMessage): void {
+  #clientRequest(post: PostStream, msg: JsonRpcMessage, r: Route): void {
     const meta = msg.params?._meta as Record<string, unknown> | undefined
     const inflight: Inflight = {
       clientId: msg.id as JsonRpcId,
@@ -272,7 +329,8 @@ export class Session {
     this.#inflight.set(inflight.clientId, inflight)
     if (inflight.progressToken !== undefined) this.#progress.set(inflight.progressToken, inflight)
     try {
-      dispatch(this.#routes, inflight, msg)
+      if (r === FAILED) throw new Error('routing failed')
+      dispatch(this.#routes, inflight, msg, r)
     } catch (err) {
       this.#log.error({ err, method: msg.method }, 'failed to dispatch request')
       this.#reply(inflight, rpcError(RPC.INTERNAL_ERROR, 'internal error'))
@@ -326,6 +384,25 @@ export class Session {
     inflight: Inflight | undefined,
     timeoutMs = this.#env.requestTimeoutMs,
     ctx = inflight?.post.ctx
+  ): Promise<JsonRpcMessage> {
+    // A fan-out page of a target whose credential is refused is an error page: left out like a target that is down.
+    const ready = credentialReady(link.auth, this.caller, this.#log)
+    if (ready !== undefined) {
+      return ready.then(
+        () => (inflight?.finished === true ? rpcError(RPC.REQUEST_TIMEOUT, 'Request cancelled') : this.#send(link, method, params, inflight, timeoutMs, ctx)),
+        (err: unknown) => rpcError(RPC.SERVER_ERROR, refusalText(link.target, err))
+      )
+    }
+    return this.#send(link, method, params, inflight, timeoutMs, ctx)
+  }
+
+  #send(
+    link: SessionLink,
+    method: string,
+    params: Record<string, unknown>,
+    inflight: Inflight | undefined,
+    timeoutMs: number,
+    ctx: RequestContext | undefined
   ): Promise<JsonRpcMessage> {
     return new Promise(resolve => {
       const msg: JsonRpcMessage = { jsonrpc: '2.0', method, params }

@@ -33,7 +33,8 @@
  * that did not declare it. Roots are never declared to a shared child (it
  * asks for them outside any one client's request, which no lease can answer).
  */
-import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamFactory } from '../../targets/types.ts'
+import type { JsonRpcId, JsonRpcMessage, Upstream, UpstreamAttachment, UpstreamFactory } from '../../targets/types.ts'
+import type { Caller } from '../credentials.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import { TASK_METHODS } from '../protocol.ts'
 import type { CallHooks, PoolCall, PooledUpstream, UpstreamPool } from '../upstreams/pool.ts'
@@ -46,11 +47,17 @@ export interface UpstreamOwner {
   /** Subject of the session's token, or a fixed key for anonymous callers. */
   readonly subjectKey: string
   readonly subject: string | undefined
+  /** The session's latest caller (../credentials.ts): a shared child of a target with `auth` is spawned with its credential. */
+  readonly caller?: Caller
 }
 
-/** A factory as a session uses it: told whose upstream it creates (only a shared lease cares). */
+/**
+ * A factory as a session uses it: `attach` is the session caller's, as for any factory; `owner` says
+ * whose session it is (only a shared lease cares: its pooled child carries the credential of the
+ * owner's caller, attached by the pool, so a lease ignores `attach`).
+ */
 export interface SessionUpstreamFactory extends UpstreamFactory {
-  create(owner?: UpstreamOwner): Upstream
+  create(attach?: UpstreamAttachment, owner?: UpstreamOwner): Upstream
 }
 
 const OK: Readonly<{ jsonrpc: '2.0'; result: Record<string, never> }> = { jsonrpc: '2.0', result: {} }
@@ -186,6 +193,7 @@ export class SharedUpstream implements Upstream {
       // The child's initialize declares `caps` (upstreams/pool.ts): no wrapper on its message path.
       entry = await this.#pool.acquire(this.#factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1, {
         declare: caps,
+        caller: this.#owner.caller,
       })
     } catch (err) {
       this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.SERVER_ERROR, message: (err as Error).message } })
@@ -353,7 +361,7 @@ export class SharedUpstream implements Upstream {
 export function sharedFactory(factory: UpstreamFactory, pool: UpstreamPool, maxTasks: number): SessionUpstreamFactory {
   return {
     ...factory,
-    create(owner?: UpstreamOwner): Upstream {
+    create(_attach?: UpstreamAttachment, owner?: UpstreamOwner): Upstream {
       if (owner === undefined) throw new ProxyError('MCPP_ERR_CONFIG', 500, `target ${factory.target}: a shared upstream needs its owner`)
       return new SharedUpstream(pool, factory, owner, maxTasks)
     },

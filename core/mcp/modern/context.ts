@@ -14,6 +14,7 @@ import { TargetEras } from '../upstreams/target-era.ts'
 import { ParamHeaderCache } from './param-headers.ts'
 import { createTaskSeal, type TaskSeal } from '../upstreams/task-seal.ts'
 import { createMcpCluster, type McpCluster, type SharedState } from '../cluster.ts'
+import type { CredentialBroker } from '../credentials.ts'
 
 export interface ModernOptions {
   readonly targets: readonly UpstreamFactory[]
@@ -36,6 +37,8 @@ export interface ModernOptions {
    * (core/cluster/forward.ts), so a retry landing elsewhere is relayed here. Default: one process alone.
    */
   readonly cluster?: McpCluster
+  /** The targets' credential sources (../credentials.ts); absent: no target has `auth`. */
+  readonly credentials?: CredentialBroker
 }
 
 /** An upstream call in flight and the upstream it holds. */

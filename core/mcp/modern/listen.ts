@@ -13,6 +13,7 @@ import type { PoolCall, PooledUpstream } from '../upstreams/pool.ts'
 import type { ModernContext } from './context.ts'
 import type { ModernRequest } from './request.ts'
 import { lease } from './upstream-call.ts'
+import { refusalAmong } from '../credentials.ts'
 
 interface Wanted {
   toolsListChanged?: unknown
@@ -46,6 +47,9 @@ export async function listen(cx: ModernContext, ex: ModernRequest, params: Recor
   const parts = await Promise.allSettled(cx.opts.targets.map(f => lease(cx, ex, f)))
   for (const p of parts) if (p.status === 'fulfilled') all.push(p.value)
   if (all.length === 0) {
+    // Every target left out: a refused credential among them is the answer (status and challenge).
+    const refusal = refusalAmong(parts.flatMap(p => (p.status === 'rejected' ? [p.reason] : [])))
+    if (refusal !== undefined) throw refusal
     await ex.fail(RPC.SERVER_ERROR, 'no upstream available', 502)
     return
   }

@@ -14,18 +14,27 @@ import { decorate, serverInfoOf, toolsOf } from './answer.ts'
 import type { ModernRequest } from './request.ts'
 import { forward, lease } from './upstream-call.ts'
 import { SUPPORTED_VERSIONS } from './validation.ts'
+import { authOf, mayStandIn, refusalAmong } from '../credentials.ts'
 
 export async function discover(cx: ModernContext, ex: ModernRequest): Promise<void> {
   const parts = await Promise.allSettled(cx.opts.targets.map(f => lease(cx, ex, f)))
   const live: PooledUpstream[] = []
   const failed: string[] = []
+  const reasons: unknown[] = []
   parts.forEach((p, i) => {
     if (p.status === 'fulfilled') {
       live.push(p.value)
       cx.pool.release(p.value)
-    } else failed.push(cx.opts.targets[i]!.target)
+    } else {
+      failed.push(cx.opts.targets[i]!.target)
+      reasons.push(p.reason)
+    }
   })
   if (live.length === 0 || (failed.length > 0 && cx.opts.failClosed)) {
+    // A target whose credential was refused is left out like one that is down; when that fails the
+    // request, the refusal is the answer (its status and challenge tell the client what to do).
+    const refusal = refusalAmong(reasons)
+    if (refusal !== undefined) throw refusal
     await ex.fail(RPC.SERVER_ERROR, `upstream ${failed.join(', ')} failed to start`, 502)
     return
   }
@@ -86,6 +95,12 @@ export async function complete(cx: ModernContext, ex: ModernRequest, params: Rec
   }
   const factory = routed.target
   ex.ctx.target = factory.target
+  // A refused completion costs no credential: unless one is cached, the gateway's answer for a reference it does not know.
+  const auth = routed.standIn === undefined ? undefined : authOf(cx.opts.credentials, factory.target)
+  if (auth !== undefined && !mayStandIn(auth, ex.caller)) {
+    await ex.fail(RPC.INVALID_PARAMS, 'Unknown completion reference')
+    return
+  }
   const forwarded = await forward(cx, ex, factory, 'completion/complete', params)
   const { entry } = forwarded
   // Refused: the upstream's answer for a reference it does not have, with the caller's name.

@@ -12,6 +12,7 @@ import { checkParamHeaders } from './param-check.ts'
 import type { ModernRequest } from './request.ts'
 import { adoptTask } from './tasks.ts'
 import { start } from './upstream-call.ts'
+import { authOf, credentialReady, mayStandIn } from '../credentials.ts'
 
 /** tools/call, prompts/get, resources/read: route by name or URI, refuse what the rules deny. */
 export async function named(cx: ModernContext, ex: ModernRequest, method: NamedMethod, params: Record<string, unknown>): Promise<void> {
@@ -25,10 +26,18 @@ export async function named(cx: ModernContext, ex: ModernRequest, method: NamedM
   }
   const { target: factory, name, standIn } = routed
   ex.ctx.target = factory.target
+  // After the rules: a refused call costs no credential (unless one is cached, it is the gateway's unknown
+  // item), an allowed one has the caller's before anything reaches the target (a refusal is the answer).
+  const auth = authOf(cx.opts.credentials, factory.target)
+  if (auth !== undefined && standIn !== undefined && !mayStandIn(auth, ex.caller)) {
+    await ex.answer(modernError(cx.namespace.unknown(kind, value)))
+    return
+  }
+  if (auth !== undefined && standIn === undefined) await credentialReady(auth, ex.caller, cx.log)
   let settled: Settled | undefined
   if (standIn === undefined && kind === 'tool') await checkParamHeaders(cx, ex, factory, name, params.arguments)
   // The target's era, asked once for this request (not for a refused call: it never reaches the target as itself).
-  const era = standIn === undefined ? await cx.eras.of(factory, ex.subjectKey, ex.subject) : undefined
+  const era = standIn === undefined ? await cx.eras.of(factory, ex.subjectKey, ex.subject, auth === undefined ? undefined : ex.caller) : undefined
   const native = era === 'modern'
   if (standIn !== undefined) {
     // Refused: answered exactly as the upstream answers an item it does not have.

@@ -7,6 +7,7 @@ import type { RequestContext } from '../../context.ts'
 import type { JsonRpcId, JsonRpcMessage } from '../../targets/types.ts'
 import { SseStream, SSE_HEADERS, type StreamLimits } from '../sse.ts'
 import type { CallHooks, PoolCall } from '../upstreams/pool.ts'
+import { callerOf, type Caller } from '../credentials.ts'
 
 /** Log levels in order of severity (MCP logging); a request's `_meta` level keeps what is at least as severe. */
 export const LOG_LEVELS = ['debug', 'info', 'notice', 'warning', 'error', 'critical', 'alert', 'emergency']
@@ -26,6 +27,7 @@ export class ModernRequest {
   finished = false
   aborted = false
   #queue: Promise<void> = Promise.resolve()
+  #caller: Caller | undefined
 
   constructor(
     ctx: RequestContext,
@@ -51,6 +53,12 @@ export class ModernRequest {
 
   get subject(): string | undefined {
     return this.ctx.auth?.subject
+  }
+
+  /** The caller as the credential layer sees it (../credentials.ts), made once, when a target with `auth` is reached. */
+  get caller(): Caller {
+    this.#caller ??= callerOf(this.ctx)
+    return this.#caller
   }
 
   /** Writes in order: the first notification turns the answer into an SSE stream. */

@@ -15,23 +15,28 @@ import { modernError } from './answer.ts'
 import { hookTo, type ModernRequest } from './request.ts'
 import { header } from '../headers.ts'
 import { NAME_SOURCE, encodeHeaderValue } from './validation.ts'
+import { authOf, credentialReady } from '../credentials.ts'
 
 /**
  * A leased upstream of `factory` in its era (`known`: already asked for this request); a native one
- * that stopped speaking the revision is asked again.
+ * that stopped speaking the revision is asked again. A target with `auth` first has the caller's
+ * credential (../credentials.ts): a refusal rejects with the broker's ProxyError, before any exchange.
  */
 export async function lease(cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, known?: TargetEra): Promise<PooledUpstream> {
-  const era = known ?? (await cx.eras.of(factory, ex.subjectKey, ex.subject))
+  const auth = authOf(cx.opts.credentials, factory.target)
+  const caller = auth === undefined ? undefined : ex.caller
+  if (caller !== undefined) await credentialReady(auth, caller, cx.log)
+  const era = known ?? (await cx.eras.of(factory, ex.subjectKey, ex.subject, caller))
   // A translated upstream declares exactly the bridgeable capabilities this client declared (pooled per set).
   const capabilities = bridgedOf(ex.clientCapabilities)
   try {
     return era === 'modern'
-      ? await cx.pool.acquire(factory, ex.subjectKey, ex.subject, NATIVE_PER_KEY, { era })
-      : await cx.pool.acquire(factory, ex.subjectKey, ex.subject, undefined, { capabilities })
+      ? await cx.pool.acquire(factory, ex.subjectKey, ex.subject, NATIVE_PER_KEY, { era, caller })
+      : await cx.pool.acquire(factory, ex.subjectKey, ex.subject, undefined, { capabilities, caller })
   } catch (err) {
     if (era !== 'modern' || factory.protocol === '2026-07-28' || !isNotModern(err)) throw err
     cx.eras.demote(factory.target)
-    return cx.pool.acquire(factory, ex.subjectKey, ex.subject, undefined, { capabilities })
+    return cx.pool.acquire(factory, ex.subjectKey, ex.subject, undefined, { capabilities, caller })
   }
 }
 

@@ -15,6 +15,7 @@ import { processLimit, shuttingDown } from '../refusals.ts'
 import type { UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
+import { authOf, keyOnlyCaller, type CredentialBroker } from '../credentials.ts'
 import { PooledUpstream, type AcquireHow } from './pooled-upstream.ts'
 
 export { isNotModern, NotModernError, PooledUpstream } from './pooled-upstream.ts'
@@ -31,6 +32,8 @@ export interface PoolOptions {
   readonly requestTimeoutMs: number
   /** Call metrics per target name (call-metrics.ts); absent, calls are not measured. */
   readonly meters?: ReadonlyMap<string, TargetCallMeter>
+  /** The targets' credential sources (core/mcp/credentials.ts); absent: no target has `auth`. */
+  readonly credentials?: CredentialBroker
 }
 
 /** What the admin side may see of a pooled upstream. */
@@ -97,7 +100,8 @@ export class UpstreamPool {
           this.#opts.requestTimeoutMs,
           e => this.#remove(e),
           this.#opts.meters?.get(factory.target),
-          how
+          how.caller === undefined ? { ...how, caller: keyOnlyCaller(subjectKey, subject) } : how,
+          authOf(this.#opts.credentials, factory.target)
         )
         live.push(entry)
         this.#byKey.set(key, live)
@@ -106,6 +110,7 @@ export class UpstreamPool {
     }
     entry.leases++
     entry.lastUsedAt = Date.now()
+    if (how.caller !== undefined) entry.caller = how.caller
     try {
       await entry.ready
     } catch (err) {

@@ -18,6 +18,7 @@ import { GATEWAY_INFO, INIT_TIMEOUT_MIN_MS, LATEST_SESSION_REVISION, META, MODER
 import { UpstreamCalls } from './calls.ts'
 import { UPSTREAM_CAPABILITIES, upstreamCapabilities, type Bridged } from './client-capabilities.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
+import { isCredentialRefusal, keyOnlyCaller, upstreamFor, type Caller, type TargetAuth } from '../credentials.ts'
 
 /** Hooks of one forwarded request. */
 export interface CallHooks {
@@ -89,6 +90,8 @@ export interface AcquireHow {
    * its clients' own, shared-upstream.ts); the caller names the set in its key. Wins over `capabilities`.
    */
   readonly declare?: Readonly<Record<string, unknown>>
+  /** The caller whose request leases the upstream (credentials.ts): the pooled upstream keeps the latest one of its key. */
+  readonly caller?: Caller
 }
 
 /** One initialized upstream owned by one (target, subject). */
@@ -97,6 +100,11 @@ export class PooledUpstream {
   readonly key: string
   readonly subject: string | undefined
   readonly upstream: Upstream
+  /**
+   * The latest caller of this upstream's key (set by each lease): a target with `auth` gets this
+   * caller's credential on the next exchange (credentials.ts), so a refreshed client token replaces the old one.
+   */
+  caller: Caller
   readonly era: TargetEra
   /** Session era: what was declared in `initialize`. */
   readonly declared: Record<string, unknown>
@@ -128,7 +136,8 @@ export class PooledUpstream {
     timeoutMs: number,
     onGone: (entry: PooledUpstream) => void,
     meter?: TargetCallMeter,
-    how: AcquireHow = {}
+    how: AcquireHow = {},
+    auth?: TargetAuth
   ) {
     this.target = factory.target
     this.era = how.era ?? 'legacy'
@@ -139,7 +148,8 @@ export class PooledUpstream {
     this.#log = log.child({ target: factory.target, pooled: true })
     this.#timeoutMs = timeoutMs
     this.#unregister = onGone
-    this.upstream = factory.create()
+    this.caller = how.caller ?? keyOnlyCaller(key, subject) // the pool always gives one
+    this.upstream = upstreamFor(factory, auth, this, this.#log)
     this.upstream.onMessage = msg => this.#fromUpstream(msg)
     this.upstream.onClose = err => this.#closedByUpstream(err)
     this.ready = this.#start()
@@ -206,6 +216,11 @@ export class PooledUpstream {
       this.upstream.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
       this.up = true
     } catch (err) {
+      if (isCredentialRefusal(err)) {
+        // The caller's credential (a stdio child's environment) was refused: answered as it is.
+        void this.close()
+        throw err
+      }
       if (err instanceof NotModernError) this.#log.info({ err: err.message }, 'upstream speaks only the session era')
       else this.#log.warn({ err: (err as Error).message }, 'pooled upstream failed to start')
       void this.close()

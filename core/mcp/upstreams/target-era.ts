@@ -8,6 +8,7 @@
 import type { Logger } from 'pino'
 import type { UpstreamFactory } from '../../targets/types.ts'
 import { isNotModern, type TargetEra, type UpstreamPool } from './pool.ts'
+import type { Caller } from '../credentials.ts'
 
 /**
  * Native upstreams per (target, subject): one. A server of the revision takes concurrent requests
@@ -34,7 +35,7 @@ export class TargetEras {
    * and is tried again by the next one; the probing upstream stays pooled under the asking
    * subject, whose request uses it next.
    */
-  async of(factory: UpstreamFactory, subjectKey: string, subject: string | undefined): Promise<TargetEra> {
+  async of(factory: UpstreamFactory, subjectKey: string, subject: string | undefined, caller?: Caller): Promise<TargetEra> {
     if (factory.protocol === '2026-07-28') return 'modern'
     if (factory.protocol === 'session') return 'legacy'
     const known = this.#known.get(factory.target)
@@ -43,7 +44,7 @@ export class TargetEras {
     if (probe === undefined) {
       probe = (async () => {
         try {
-          this.#pool.release(await this.#pool.acquire(factory, subjectKey, subject, NATIVE_PER_KEY, { era: 'modern' }))
+          this.#pool.release(await this.#pool.acquire(factory, subjectKey, subject, NATIVE_PER_KEY, { era: 'modern', caller }))
           this.#known.set(factory.target, 'modern')
         } catch (err) {
           if (!isNotModern(err)) throw err
