@@ -113,14 +113,25 @@ export function sample(text: string, name: string, labels: Record<string, string
 
 /**
  * The headless provider of the existing OAuth tests, signing in as one of the
- * emulator's users (`login_hint`, passed on by the gateway's authorize proxy).
+ * emulator's users (`login_hint`, passed on by the gateway's authorize proxy),
+ * and a client that follows a claims challenge: the transports fetch through
+ * `fetch`, which keeps the last Bearer challenge of the MCP endpoint, and the
+ * next authorization request carries its `claims` (OIDC Core §5.5, what MSAL
+ * does with Entra's challenge), the challenge's base64 decoded.
  */
 export class UserProvider extends HeadlessProvider {
   readonly loginHint: string | undefined
   /** Authorization URLs the SDK opened (the first hop of each), to see what it asked for. */
   readonly authorizations: URL[] = []
-  /** Runs before each sign-in: what the user does at the IdP this time (consents, completes MFA). */
+  /** Runs before each sign-in: what the user does at the IdP this time (e.g. consents). */
   onAuthorize: ((url: URL) => void | Promise<void>) | undefined
+  /** The last challenge of a 401 or 403 answer from the MCP endpoint. */
+  challenge: Record<string, string> | undefined
+  readonly fetch = async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
+    const res = await fetch(input, init)
+    if (res.status === 401 || res.status === 403) this.challenge = bearerChallenge(res.headers.get('www-authenticate'))
+    return res
+  }
   constructor(loginHint?: string, scope?: string) {
     super(scope)
     this.loginHint = loginHint
@@ -128,11 +139,25 @@ export class UserProvider extends HeadlessProvider {
   override async redirectToAuthorization(authorizationUrl: URL): Promise<void> {
     const u = new URL(authorizationUrl.href)
     if (this.loginHint !== undefined) u.searchParams.set('login_hint', this.loginHint)
+    const claims = this.challenge?.error === 'insufficient_claims' ? claimsChallenge(this.challenge.claims) : undefined
+    if (claims !== undefined) u.searchParams.set('claims', JSON.stringify(claims))
     this.authorizations.push(u)
     this.callback = undefined
     await this.onAuthorize?.(u)
     await super.redirectToAuthorization(u)
   }
+}
+
+/** A claims challenge as sent: the IdP's JSON, raw or base64 (Microsoft's convention for `WWW-Authenticate`). */
+export function claimsChallenge(value: string | undefined): Record<string, unknown> | undefined {
+  if (value === undefined) return undefined
+  for (const text of [value, Buffer.from(value, 'base64').toString('utf8')]) {
+    try {
+      const json = JSON.parse(text) as unknown
+      if (json !== null && typeof json === 'object') return json as Record<string, unknown>
+    } catch {}
+  }
+  return undefined
 }
 
 export interface Session1 {
@@ -144,12 +169,14 @@ export interface Session1 {
 /** SDK 1.x (a session, 2025-11-25): 401, authorization through the gateway, connect. */
 export async function login1(t: Test, mcp: URL, loginHint?: string): Promise<Session1> {
   const provider = new UserProvider(loginHint)
-  const first = await new Client1({ name: 'sdk1', version: '1.0.0' }).connect(new Transport1(mcp, { authProvider: provider as unknown as Provider1 })).then(
-    () => undefined,
-    (e: unknown) => e
-  )
+  const first = await new Client1({ name: 'sdk1', version: '1.0.0' })
+    .connect(new Transport1(mcp, { authProvider: provider as unknown as Provider1, fetch: provider.fetch }))
+    .then(
+      () => undefined,
+      (e: unknown) => e
+    )
   if (!(first instanceof Unauthorized1)) throw new Error(`sdk1: expected the first connect to need authorization, got ${String(first)}`)
-  const transport = new Transport1(mcp, { authProvider: provider as unknown as Provider1 })
+  const transport = new Transport1(mcp, { authProvider: provider as unknown as Provider1, fetch: provider.fetch })
   await transport.finishAuth(provider.code())
   const client = new Client1({ name: 'sdk1', version: '1.0.0' })
   await client.connect(transport)
@@ -163,18 +190,27 @@ export interface Session2 {
   provider: UserProvider
 }
 
-/** SDK 2.x, in a session (2025-11-25) or pinned to 2026-07-28 (no session). */
-export async function login2(t: Test, mcp: URL, era: 'session' | 'modern', loginHint?: string): Promise<Session2> {
+/**
+ * SDK 2.x, in a session (2025-11-25) or pinned to 2026-07-28 (no session); `onInsufficientScope`
+ * `'throw'`: the host drives a step-up itself (InsufficientScopeError) instead of the transport.
+ */
+export async function login2(
+  t: Test,
+  mcp: URL,
+  era: 'session' | 'modern',
+  loginHint?: string,
+  onInsufficientScope: 'reauthorize' | 'throw' = 'reauthorize'
+): Promise<Session2> {
   const options = era === 'modern' ? { versionNegotiation: { mode: { pin: MODERN } } } : {}
   const provider = new UserProvider(loginHint)
   const first = await new Client2({ name: 'sdk2', version: '2.0.0' }, options as never)
-    .connect(new Transport2(mcp, { authProvider: provider as unknown as Provider2 }))
+    .connect(new Transport2(mcp, { authProvider: provider as unknown as Provider2, fetch: provider.fetch }))
     .then(
       () => undefined,
       (e: unknown) => e
     )
   if (!(first instanceof Unauthorized2)) throw new Error(`sdk2: expected the first connect to need authorization, got ${String(first)}`)
-  const transport = new Transport2(mcp, { authProvider: provider as unknown as Provider2 })
+  const transport = new Transport2(mcp, { authProvider: provider as unknown as Provider2, fetch: provider.fetch, onInsufficientScope })
   await transport.finishAuth(provider.callback!.searchParams)
   const client = new Client2({ name: 'sdk2', version: '2.0.0' }, options as never)
   await client.connect(transport)
