@@ -6,12 +6,17 @@
  *   scope the client can ask the gateway for, and `resource_metadata`;
  * - MFA required (AADSTS50076/50079) -> 401 `insufficient_claims` with the
  *   IdP's claims challenge, and `resource_metadata`;
- * - the IdP refuses the caller's token as the assertion (AADSTS50013) -> 401 `invalid_token`;
+ * - the IdP refuses the caller's token as the assertion (AADSTS50013: an
+ *   app-only token; AADSTS500133: expired for Entra, not yet for the gateway's
+ *   clock tolerance) -> 401 `invalid_token`;
  * - invalid scope (AADSTS70011) -> 502, a JSON-RPC error naming the target;
  * - IdP unreachable -> 503 with Retry-After; never a 500, never the IdP's text.
- * Then the official SDK clients act on the step-up answers: they re-authorize
- * through the gateway (the user consents, completes MFA) and the call succeeds.
- * One emulator, two identity servers and one gateway (the real CLI) for the file.
+ * Then the official SDK clients act on the step-up answers: SDK 1.x
+ * re-authorizes by itself (with the challenge's scope, or its claims), SDK 2.x
+ * through its host (InsufficientScopeError; a forced re-authorization past its
+ * refresh token), the user consents or completes MFA, and the call succeeds.
+ * One emulator, three identity servers and one gateway (the real CLI) for the
+ * file; a second emulator and gateway for the expired assertion.
  */
 import t, { type Test } from 'tap'
 import { randomUUID } from 'node:crypto'
