@@ -38,7 +38,7 @@ export interface HttpTargetConfig {
 export interface TokenClientConfig {
   tokenEndpoint: string
   clientId: string
-  /** client_secret_basic (default with a secret) or client_secret_post. */
+  /** With `clientSecret`: client_secret_basic (default for tokenExchange) or client_secret_post (default for onBehalfOf, as Microsoft documents). */
   clientSecret?: string
   /** private_key_jwt (RFC 7523 §2.2): a PEM PKCS#8 key; Entra's certificate credential sets `x5t`. */
   privateKey?: { pem: string; alg: 'RS256' | 'PS256' | 'ES256'; kid?: string; x5t?: string }

@@ -31,9 +31,6 @@ const SECRET_KEYS = new Set([
   'pem',
 ])
 
-/** Secret fields of a section that is itself walked into: `auth.apiKey.value` (its `header` is a name, not a secret). */
-const SECRET_FIELDS: ReadonlyMap<string, string> = new Map([['apiKey', 'value']])
-
 /** Parents whose every value may be a credential (stdio `env`, HTTP target `headers`). */
 const SECRET_PARENTS = new Set(['env', 'headers'])
 
