@@ -1,10 +1,11 @@
 /**
  * Assembles a running gateway from a loaded config: logger, metrics,
  * plugins (in pipeline order), route table, upstream factories, the /mcp
- * endpoint, the MCP listener, the admin and probe listeners, and this
+ * endpoint, the MCP listener, the admin and probe listeners, this
  * process's place in a deployment (core/cluster/node.ts, handed to MCP
- * through core/mcp/cluster.ts). Composition only; owns start-up and shutdown
- * order.
+ * through core/mcp/cluster.ts) and the targets' credentials
+ * (core/credentials/, one broker per process: each worker builds its own).
+ * Composition only; owns start-up and shutdown order.
  */
 import type { AddressInfo } from 'node:net'
 import type { Server } from 'node:http'
@@ -14,7 +15,7 @@ import { ProxyError } from './errors.ts'
 import { Metrics } from './observability/metrics.ts'
 import { collectProcessMetrics } from './observability/process-metrics.ts'
 import type { GatewayConfig, LoadedConfig } from './config.ts'
-import { loadPlugins } from './plugin-loader.ts'
+import { loadPipeline } from './plugin-loader.ts'
 import { Pipeline } from './pipeline.ts'
 import { RouteTable } from './routes.ts'
 import { GatewayServer, type McpEndpoint } from './server.ts'
@@ -32,6 +33,7 @@ import { listenError } from './listen-error.ts'
 import { createProbeServer, type ProbeReadiness, type ProbeServer } from './admin/probes.ts'
 import { ClusterNode, type WorkerIdentity } from './cluster/node.ts'
 import type { SharedState } from './cluster/shared-state.ts'
+import { createCredentialBroker, type CredentialBroker } from './credentials/index.ts'
 
 export { VERSION }
 
@@ -183,6 +185,8 @@ interface Assembled {
   readonly shared: SharedState
   readonly lifecycles: ReturnType<typeof observeTargets>
   readonly endpoint: GatewayMcpEndpoint
+  /** What each target receives for each caller (core/credentials/): one per process. */
+  readonly credentials: CredentialBroker
 }
 
 /** Plugins (in pipeline order) over shared state, the cluster seam, the upstream factories and the /mcp endpoint. */
@@ -194,7 +198,7 @@ async function assemble(b: Boot, gw: GatewayServer, port: number, targetReadines
   const shared = await node.openSharedState()
   cleanup.push(() => shared.state.close())
   // The secret every process of this deployment shares: plugins derive keys from it (env.deriveKey).
-  const plugins = await loadPlugins({
+  const { plugins, provided } = await loadPipeline({
     config,
     baseDir: loaded.baseDir,
     registry: b.opts.registry,
@@ -202,6 +206,14 @@ async function assemble(b: Boot, gw: GatewayServer, port: number, targetReadines
     secret: node.secret,
   })
   cleanup.push(() => Promise.allSettled(plugins.map(p => p.close?.())))
+  // A step-up challenge names the gateway's own protected resource metadata and scopes (as plugins/authorization's does).
+  const credentials = createCredentialBroker(config.mcp.targets, {
+    log,
+    metrics,
+    resourceMetadataUrl: `${baseUrl.replace(/\/+$/, '')}/.well-known/oauth-protected-resource/mcp`,
+    scopesSupported: (provided.protectedResource as { scopesSupported?: readonly string[] } | undefined)?.scopesSupported ?? [],
+  })
+  cleanup.push(async () => credentials.close())
   await checked
   const routes = new RouteTable(plugins)
   const pipeline = new Pipeline(plugins)
@@ -229,12 +241,13 @@ async function assemble(b: Boot, gw: GatewayServer, port: number, targetReadines
           cluster,
           idleTimeoutSeconds: config.mcp.session.idleTimeoutSeconds,
           maxSessions: config.mcp.session.maxSessions,
+          auth: credentials.forTarget(only.name),
         })
       : undefined
-  const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough, cluster })
+  const endpoint = createMcpEndpoint({ targets: factories, plugins, config: config.mcp, log, metrics, passthrough, cluster, credentials })
   cleanup.push(() => endpoint.close())
   gw.attach(pipeline, routes, endpoint)
-  return { baseUrl, plugins, routes, shared: shared.state, lifecycles, endpoint }
+  return { baseUrl, plugins, routes, shared: shared.state, lifecycles, endpoint, credentials }
 }
 
 /** Readiness as /readyz reports it: the admin state's, and shared state (Redis) reachable, else this replica cannot check caps and limits. */
@@ -278,6 +291,7 @@ async function shutdown(r: Running): Promise<void> {
   await serverClosed
   await relayClosed
   await endpoint.close()
+  r.a.credentials.close()
   r.targetReadiness.close()
   await Promise.allSettled(plugins.map(p => p.close?.()))
   const admin = r.admin
@@ -362,6 +376,7 @@ export async function startGateway(loaded: LoadedConfig, opts: StartOptions = {}
         mcpOrigin: `http://${loopbackFor(bound.host)}:${bound.port}`,
         internalToken: node.internalToken,
         targetReadiness,
+        credentials: a.credentials,
       })
       views.readiness = readinessOf(views.admin, a.shared)
     }

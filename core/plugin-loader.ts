@@ -186,6 +186,8 @@ function providerHint(name: string, registry: PluginRegistry): string {
 interface Prepared {
   readonly resolved: readonly Resolved[]
   readonly provided: ReadonlyArray<Readonly<Record<string, unknown>>>
+  /** Everything the pipeline's plugins provide, by name (what the core itself reads of it: the protected resource's scopes). */
+  readonly all: Readonly<Record<string, unknown>>
 }
 
 /** Modules, options, error codes, `needs`, `check()`, coverage: everything that can fail without side effects. */
@@ -231,7 +233,7 @@ async function prepare(config: GatewayConfig, baseDir: string, registry: PluginR
   }
   checkCoverage(resolved, config, registry)
   checkTargets(config, available)
-  return { resolved, provided }
+  return { resolved, provided, all: Object.freeze(Object.fromEntries(available)) }
 }
 
 /**
@@ -274,9 +276,24 @@ function keyDeriver(secret: string | undefined, plugin: string): PluginEnv['deri
 }
 
 /** Loads and creates every plugin, in pipeline order. Closes the ones created if a later one fails. */
-export async function loadPlugins({ config, baseDir, env, registry = EMPTY_REGISTRY, dryRun = false, secret }: LoadPluginsOptions): Promise<Plugin[]> {
-  const { resolved, provided } = await prepare(config, baseDir, registry)
-  if (dryRun) return resolved.map(r => ({ name: r.mod.name }))
+export async function loadPlugins(opts: LoadPluginsOptions): Promise<Plugin[]> {
+  return (await loadPipeline(opts)).plugins
+}
+
+/**
+ * As `loadPlugins`, with what the pipeline provides (`provides` of every plugin, by name): the
+ * composition root reads the protected resource's `scopesSupported` from it for the credential layer.
+ */
+export async function loadPipeline({
+  config,
+  baseDir,
+  env,
+  registry = EMPTY_REGISTRY,
+  dryRun = false,
+  secret,
+}: LoadPluginsOptions): Promise<{ plugins: Plugin[]; provided: Readonly<Record<string, unknown>> }> {
+  const { resolved, provided, all } = await prepare(config, baseDir, registry)
+  if (dryRun) return { plugins: resolved.map(r => ({ name: r.mod.name })), provided: all }
 
   const plugins: Plugin[] = []
   try {
@@ -304,5 +321,5 @@ export async function loadPlugins({ config, baseDir, env, registry = EMPTY_REGIS
     await Promise.allSettled(plugins.map(p => p.close?.()))
     throw err
   }
-  return plugins
+  return { plugins, provided: all }
 }

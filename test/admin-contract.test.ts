@@ -68,6 +68,9 @@ admin:
     { state: { limit: 5 } }
   )
 
+  const targets = (await (await fetch(`${admin}/api/targets`)).json()) as Array<{ name: string; credentials: unknown }>
+  t.match(targets, [{ name: 'everything', credentials: null }], 'a target without auth: no credentials in the targets view')
+
   const m = parsePrometheus(await (await fetch(`${admin}/metrics`)).text())
   t.equal(m.get('quota_refusals_total')?.samples[0]?.value, 1, "a metric registered through env.metrics is scraped with the gateway's")
 })

@@ -309,6 +309,25 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
   t.match(JSON.stringify(echoed), /hello admin/)
   const fullSessionId = transport.sessionId!
   t.ok(fullSessionId.length > 8)
+  // The target's auth block templates the child's environment from alice's claims (the real credential layer).
+  const env = JSON.parse(((await client.callTool({ name: 'get-env', arguments: {} })) as { content: Array<{ text: string }> }).content[0]!.text) as Record<
+    string,
+    string
+  >
+  t.equal(env.MCP_PROXY_USER, 'alice', "the child runs with the caller's claims")
+  t.equal(env.MCP_PROXY_GROUPS, 'mcp-users')
+  const mallory = await fetch(g.mcp, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${await g.malloryToken()}` },
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } },
+    }),
+  })
+  t.equal(mallory.status, 403, 'a claim that cannot go into the environment refuses the session')
+  t.match(await mallory.text(), /everything/, 'naming the target')
 
   await t.test('sessions and targets', async t => {
     const sessions = (await (await g.call('/api/sessions')).json()) as Array<Record<string, unknown>>
@@ -325,7 +344,12 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
     t.ok((targets[0]!.started as number) >= 1)
     t.equal(targets[0]!.share, 'session', 'the default: one child per session')
     t.same(targets[0]!.pooled, [], 'nothing pooled for a session-era client of a per-session target')
-    t.equal(targets[0]!.credentials, null, 'no auth block: no credentials to show')
+    t.match(
+      targets[0]!.credentials,
+      { mode: 'claims', headerNames: [], envNames: ['MCP_PROXY_USER', 'MCP_PROXY_GROUPS'], lastFailure: { reason: 'claim' } },
+      "the target's credentials: mode, env names, mallory's failure"
+    )
+    t.notMatch(JSON.stringify(targets), /mcp-users|alice-/, 'names only, never a value')
   })
 
   await t.test('recent requests carry the auth decision and the rule', async t => {
@@ -338,8 +362,10 @@ t.test('whole gateway: admin API, decisions, try-it, metrics, no secrets', async
     }>
     const unauth = list.find(r => r.status === 401)
     t.match(unauth, { decision: 'unauthenticated', reason: 'unauthorized: no token' })
-    const forbidden = list.find(r => r.status === 403)
+    const forbidden = list.find(r => r.status === 403 && r.subject === 'bob')
     t.match(forbidden, { decision: 'forbidden', reason: `rule[0]: ${RULE}`, subject: 'bob' })
+    const noCredential = list.find(r => r.status === 403 && r.subject === 'mallory')
+    t.match(noCredential, { decision: 'forbidden', reason: 'MCPP_ERR_TARGET_CREDENTIAL' }, "a refused credential: the layer's code")
     const call = list.find(r => r.mcpMethod === 'tools/call')
     t.match(call, { decision: 'allowed', reason: null, subject: 'alice', status: 200 })
     const stats = (await (await g.call('/api/stats')).json()) as { buckets: Array<{ count: number }> }

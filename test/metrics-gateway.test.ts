@@ -37,10 +37,6 @@ function series(families: Map<string, Family>, name: string): Array<Record<strin
 const NOT_IN_THIS_CONFIG = new Set([
   // HTTP targets only (this gateway has one stdio target).
   'mcp_proxy_upstream_http_errors_total',
-  // Targets with an `auth` block only (core/credentials/; test/credentials-*.test.ts count them).
-  'mcp_proxy_credential_exchanges_total',
-  'mcp_proxy_credential_failures_total',
-  'mcp_proxy_credential_cache_entries',
 ])
 
 t.test('a fresh gateway: documented table = scraped names, series at 0 before the first event, process metrics', async t => {
@@ -68,6 +64,7 @@ t.test('a fresh gateway: documented table = scraped names, series at 0 before th
   zero('mcp_proxy_upstream_failures_total', { target: 'everything' }, 'upstream failures at 0')
   zero('mcp_proxy_upstream_exits_total', { target: 'everything', reason: 'line_too_long' }, 'upstream exits at 0')
   zero('mcp_proxy_upstream_dropped_lines_total', { target: 'everything' }, 'dropped lines at 0')
+  zero('mcp_proxy_credential_failures_total', { target: 'everything', reason: 'claim' }, "the target's credential failures at 0 (its auth block)")
   zero('mcp_proxy_sessions_ended_total', { reason: 'idle' }, 'sessions ended at 0')
   zero('mcp_proxy_sse_slow_streams_closed_total', {}, 'slow streams at 0')
   zero('mcp_proxy_tool_calls_total', { target: 'everything', tool: 'other', outcome: 'error' }, 'tool calls under other at 0')

@@ -55,6 +55,18 @@ t.test('management page in chromium', async t => {
     }),
   })
   t.equal(denied.status, 403)
+  // A caller the rules let in whose claim cannot go into the child's environment: the target's credential fails.
+  const noCredential = await fetch(g.mcp, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', authorization: `Bearer ${await g.malloryToken()}` },
+    body: JSON.stringify({
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'initialize',
+      params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'x', version: '1' } },
+    }),
+  })
+  t.equal(noCredential.status, 403)
   const handle = transport.sessionId!.slice(0, 8)
 
   await t.test('sign in with admin.token through the form', async t => {
@@ -71,6 +83,10 @@ t.test('management page in chromium', async t => {
     const target = page.locator('#targets tr[data-target="everything"]')
     await target.locator('td:nth-child(4)').filter({ hasText: /^1$/ }).waitFor()
     t.match(await target.innerText(), /everything\s+stdio/)
+    const creds = target.locator('td.creds')
+    t.equal(await creds.locator('.creds-mode').innerText(), 'claims', "the target's credential mode")
+    t.equal(await creds.locator('.creds-sets').innerText(), 'env MCP_PROXY_USER, env MCP_PROXY_GROUPS', 'what it sets, by name')
+    t.match(await creds.locator('.creds-failure').innerText(), /^last failure: claim \(\d+s ago\)$/, 'its last failure')
     const row = page.locator(`#sessions tr[data-handle="${handle}"]`)
     await row.waitFor()
     const text = await row.innerText()
@@ -83,11 +99,17 @@ t.test('management page in chromium', async t => {
   await t.test('requests table shows the decisions, the chart is drawn', async t => {
     await page.locator('#requests td.decision.forbidden').first().waitFor()
     const forbidden = await page
-      .locator('#requests tr', { has: page.locator('td.decision.forbidden') })
+      .locator('#requests tr', { has: page.locator('td.decision.forbidden'), hasText: 'bob' })
       .first()
       .innerText()
     t.match(forbidden, /403/)
     t.ok(forbidden.includes(RULE), 'the failing rule is named')
+    const noCredential = await page
+      .locator('#requests tr', { has: page.locator('td.decision.forbidden'), hasText: 'mallory' })
+      .first()
+      .innerText()
+    t.match(noCredential, /403/)
+    t.ok(noCredential.includes('MCPP_ERR_TARGET_CREDENTIAL'), "a refused credential: the layer's code")
     t.ok((await page.locator('#requests td.decision.allowed').count()) >= 1)
     t.ok((await page.locator('#chart rect.bar').count()) >= 1, 'the chart has bars')
     await page.locator('#keyset dd').first().waitFor()

@@ -22,7 +22,7 @@ import { redactConfig, secretValues, createScrubber } from './redact.ts'
 import { reasonCode } from './probes.ts'
 import { runTry } from './admin-try.ts'
 import type { TargetReadiness, TargetHealth } from '../targets/readiness.ts'
-import type { TargetAuthSummary } from '../credentials/types.ts'
+import type { TargetAuthSummary } from '../credentials/index.ts'
 
 // ---- recent requests and traffic stats --------------------------------------
 

@@ -93,10 +93,13 @@ function refused(auth: TargetAuth, log: Logger, err: unknown): never {
   throw err
 }
 
-/** The caller's credential for `auth`'s target: the cached one, else resolved (a refusal is logged and marked). */
-export function credentialOf(auth: TargetAuth, caller: Caller, log: Logger): Promise<TargetCredential> {
+/**
+ * The caller's credential for `auth`'s target: the cached one, else resolved (a refusal is logged and
+ * marked). `ctx`: the request it is resolved for (its trace parents the exchange's span).
+ */
+export function credentialOf(auth: TargetAuth, caller: Caller, log: Logger, ctx?: RequestContext): Promise<TargetCredential> {
   const cached = auth.peek(caller)
-  return cached !== undefined ? Promise.resolve(cached) : auth.resolve(caller).catch((err: unknown) => refused(auth, log, err))
+  return cached !== undefined ? Promise.resolve(cached) : auth.resolve(caller, ctx).catch((err: unknown) => refused(auth, log, err))
 }
 
 /**
@@ -104,10 +107,11 @@ export function credentialOf(auth: TargetAuth, caller: Caller, log: Logger): Pro
  * target without one or a cached credential, else the resolution, rejecting with the broker's
  * ProxyError (logged with the target and its code). Call it after the per-operation rules and
  * before any response header: a refused call costs no exchange, and the refusal is the answer.
+ * `ctx`: the request it runs for (its trace parents the exchange's span).
  */
-export function credentialReady(auth: TargetAuth | undefined, caller: Caller, log: Logger): Promise<unknown> | undefined {
+export function credentialReady(auth: TargetAuth | undefined, caller: Caller, log: Logger, ctx?: RequestContext): Promise<unknown> | undefined {
   if (auth === undefined || auth.peek(caller) !== undefined) return undefined
-  return auth.resolve(caller).catch((err: unknown) => refused(auth, log, err))
+  return auth.resolve(caller, ctx).catch((err: unknown) => refused(auth, log, err))
 }
 
 /**

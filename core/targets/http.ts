@@ -501,7 +501,8 @@ export class HttpUpstream implements Upstream {
           await this.#readSse(res, undefined, parser)
         } catch (err) {
           if (ac.signal.aborted) return
-          this.#log.debug({ err: (err as Error).message }, 'server-to-client stream dropped')
+          const reason = err instanceof AttachmentRefused ? err.reason : err
+          this.#log.debug({ err: (reason as Error | undefined)?.message }, 'server-to-client stream dropped')
         } finally {
           this.#aborts.delete(ac)
         }

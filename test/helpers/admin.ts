@@ -1,7 +1,8 @@
 /**
  * For the admin listener tests: a whole gateway (core/gateway.ts) loaded
  * from a YAML file with `${NAME}` secrets, in front of server-everything over
- * stdio and the dev IdP (oss_idp), plus a small Prometheus text parser.
+ * stdio (its child's environment templated from the caller's claims: a
+ * target with `auth`) and the dev IdP (oss_idp), plus a small Prometheus text parser.
  */
 import { mkdtemp, writeFile, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -37,6 +38,8 @@ export interface AdminGateway {
   call: (path: string, init?: RequestInit) => Promise<Response>
   aliceToken: () => Promise<string>
   bobToken: () => Promise<string>
+  /** A caller the rules let in whose `groups` claim cannot go into the child's environment (a control character): the credential fails. */
+  malloryToken: () => Promise<string>
 }
 
 export async function adminGateway(t: Test, opts: { issuer?: string } = {}): Promise<AdminGateway> {
@@ -69,6 +72,10 @@ mcp:
         env:
           UPSTREAM_API_KEY: \${UPSTREAM_API_KEY}
           VISIBLE_SETTING: ${SECRETS.literalEnv}
+      auth:
+        env:
+          MCP_PROXY_USER: '{sub}'
+          MCP_PROXY_GROUPS: '{groups}'
 admin:
   host: 127.0.0.1
   port: 0
@@ -93,6 +100,7 @@ admin:
     call,
     aliceToken: () => idp!.mintToken({ sub: 'alice', groups: ['mcp-users'] }),
     bobToken: () => idp!.mintToken({ sub: 'bob', groups: ['other'] }),
+    malloryToken: () => idp!.mintToken({ sub: 'mallory', groups: ['mcp-users', 'ops\u0007'] }),
   }
 }
 

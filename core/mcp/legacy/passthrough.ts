@@ -214,7 +214,7 @@ class Passthrough implements HttpPassthrough {
     ex.caller = caller
     const cached = auth.peek(caller)
     if (cached !== undefined) return this.#send(ex, cached.headers)
-    return credentialOf(auth, caller, this.#log).then(
+    return credentialOf(auth, caller, this.#log, ctx).then(
       c => this.#send(ex, c.headers),
       err => this.#fail(ex, err)
     )

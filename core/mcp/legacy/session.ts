@@ -165,7 +165,7 @@ export class Session implements UpstreamOwner {
     const results = await Promise.allSettled(
       this.links.map(async link => {
         // A target whose credential is refused is left out like one that is down (logged with its code).
-        await credentialReady(link.auth, this.caller, this.#log)
+        await credentialReady(link.auth, this.caller, this.#log, ctx)
         await link.upstream.start()
         const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
         if (res.error !== undefined) throw new Error(res.error.message)
@@ -233,12 +233,12 @@ export class Session implements UpstreamOwner {
     // headers: a refused credential is answered as the broker's error, with its status and challenge.
     if (single !== undefined) {
       const r = this.#route(ctx, single)
-      if (r.reaches?.auth !== undefined) await credentialReady(r.reaches.auth, this.caller, this.#log)
+      if (r.reaches?.auth !== undefined) await credentialReady(r.reaches.auth, this.caller, this.#log, ctx)
       this.#clientRequest(await this.#streams.openPost(ctx, requests, this.id), single, r)
       return
     }
     const routed = list!.filter(m => m.method !== undefined && m.id !== undefined).map(m => [m, this.#route(ctx, m)] as const)
-    if (this.#credentialed) await Promise.all(routed.map(([, r]) => credentialReady(r.reaches?.auth, this.caller, this.#log)))
+    if (this.#credentialed) await Promise.all(routed.map(([, r]) => credentialReady(r.reaches?.auth, this.caller, this.#log, ctx)))
     const post = await this.#streams.openPost(ctx, requests, this.id)
     for (const [m, r] of routed) this.#clientRequest(post, m, r)
   }
@@ -386,7 +386,7 @@ export class Session implements UpstreamOwner {
     ctx = inflight?.post.ctx
   ): Promise<JsonRpcMessage> {
     // A fan-out page of a target whose credential is refused is an error page: left out like a target that is down.
-    const ready = credentialReady(link.auth, this.caller, this.#log)
+    const ready = credentialReady(link.auth, this.caller, this.#log, ctx)
     if (ready !== undefined) {
       return ready.then(
         () => (inflight?.finished === true ? rpcError(RPC.REQUEST_TIMEOUT, 'Request cancelled') : this.#send(link, method, params, inflight, timeoutMs, ctx)),

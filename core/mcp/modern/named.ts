@@ -33,7 +33,7 @@ export async function named(cx: ModernContext, ex: ModernRequest, method: NamedM
     await ex.answer(modernError(cx.namespace.unknown(kind, value)))
     return
   }
-  if (auth !== undefined && standIn === undefined) await credentialReady(auth, ex.caller, cx.log)
+  if (auth !== undefined && standIn === undefined) await credentialReady(auth, ex.caller, cx.log, ex.ctx)
   let settled: Settled | undefined
   if (standIn === undefined && kind === 'tool') await checkParamHeaders(cx, ex, factory, name, params.arguments)
   // The target's era, asked once for this request (not for a refused call: it never reaches the target as itself).

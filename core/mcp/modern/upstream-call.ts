@@ -25,7 +25,7 @@ import { authOf, credentialReady } from '../credentials.ts'
 export async function lease(cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, known?: TargetEra): Promise<PooledUpstream> {
   const auth = authOf(cx.opts.credentials, factory.target)
   const caller = auth === undefined ? undefined : ex.caller
-  if (caller !== undefined) await credentialReady(auth, caller, cx.log)
+  if (caller !== undefined) await credentialReady(auth, caller, cx.log, ex.ctx)
   const era = known ?? (await cx.eras.of(factory, ex.subjectKey, ex.subject, caller))
   // A translated upstream declares exactly the bridgeable capabilities this client declared (pooled per set).
   const capabilities = bridgedOf(ex.clientCapabilities)
