@@ -190,6 +190,14 @@ export function createTargetAuth(target: TargetConfig, deps: TargetAuthDeps): Ow
       const out = claimsOnly(caller)
       return typeof out === 'string' ? undefined : out
     },
+    ready(caller, ctx) {
+      if (cache === undefined) return this.peek(caller) === undefined ? this.resolve(caller, ctx) : undefined
+      if (cache.get(caller.key) === undefined) return resolveExchange(caller, ctx)
+      // Served from the cache: counted (and traced) like resolve()'s hits, so the hit rate covers every request.
+      deps.metrics.hit.inc()
+      tracer?.credentialExchange(ctx, name, mode, 'hit')()
+      return undefined
+    },
     async resolve(caller, ctx) {
       if (constant !== undefined) return constant
       if (exchanger !== undefined) return resolveExchange(caller, ctx)

@@ -60,6 +60,11 @@ export interface TargetAuth {
    */
   peek(caller: Caller): TargetCredential | undefined
   /**
+   * The pre-flight of one request: undefined when the caller's credential is
+   * cached and fresh (a cache hit, counted in the metrics), else `resolve()`.
+   */
+  ready(caller: Caller, ctx?: RequestContext): Promise<TargetCredential> | undefined
+  /**
    * The caller's credential: cached until shortly before it expires, one
    * exchange in flight per (caller, target) however many requests wait for it.
    * Rejects with a ProxyError the MCP layer answers as is: `MCPP_ERR_TARGET_STEP_UP`

@@ -16,7 +16,7 @@ import { ProxyError } from '../errors.ts'
 import { subjectKeyOf } from './routing/subject-key.ts'
 import { DeferredUpstream } from './upstreams/deferred-upstream.ts'
 
-export type { Caller, CredentialBroker, TargetAuth }
+export type { Caller, CredentialBroker, TargetAuth, TargetCredential }
 
 const INSPECT = Symbol.for('nodejs.util.inspect.custom')
 const NO_CLAIMS: Readonly<Record<string, unknown>> = Object.freeze({})
@@ -110,8 +110,7 @@ export function credentialOf(auth: TargetAuth, caller: Caller, log: Logger, ctx?
  * `ctx`: the request it runs for (its trace parents the exchange's span).
  */
 export function credentialReady(auth: TargetAuth | undefined, caller: Caller, log: Logger, ctx?: RequestContext): Promise<unknown> | undefined {
-  if (auth === undefined || auth.peek(caller) !== undefined) return undefined
-  return auth.resolve(caller, ctx).catch((err: unknown) => refused(auth, log, err))
+  return auth?.ready(caller, ctx)?.catch((err: unknown) => refused(auth, log, err))
 }
 
 /**

@@ -66,6 +66,9 @@ export function credentialDouble(target: string, opts: { mode?: TargetAuth['mode
     peek(caller) {
       return cache.get(caller.key)
     },
+    ready(caller) {
+      return cache.has(caller.key) ? undefined : this.resolve(caller)
+    },
     async resolve(caller) {
       resolves.push(caller.subject)
       tokens.push(caller.token)

@@ -29,7 +29,7 @@ import { tracer } from '../../observability/tracing.ts'
 import { PassthroughSessions, type Mapping, type PassthroughSession } from './passthrough-sessions.ts'
 import type { McpCluster, SealedSessions } from '../cluster.ts'
 import { clientResponseHeaders, forwardBody, upstreamRequestHeaders, type Exchange } from './passthrough-exchange.ts'
-import { callerOf, credentialOf, type Caller, type TargetAuth } from '../credentials.ts'
+import { callerOf, credentialReady, type Caller, type TargetAuth, type TargetCredential } from '../credentials.ts'
 
 export type { PassthroughSession, SealedSessions }
 
@@ -212,10 +212,10 @@ class Passthrough implements HttpPassthrough {
     const caller = callerOf(ctx)
     if (mapping !== undefined) mapping.caller = caller
     ex.caller = caller
-    const cached = auth.peek(caller)
-    if (cached !== undefined) return this.#send(ex, cached.headers)
-    return credentialOf(auth, caller, this.#log, ctx).then(
-      c => this.#send(ex, c.headers),
+    const ready = credentialReady(auth, caller, this.#log, ctx)
+    if (ready === undefined) return this.#send(ex, auth.peek(caller)?.headers)
+    return ready.then(
+      c => this.#send(ex, (c as TargetCredential).headers),
       err => this.#fail(ex, err)
     )
   }

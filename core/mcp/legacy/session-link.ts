@@ -39,6 +39,10 @@ export class SessionLink {
   /** The target's credential source (../credentials.ts); undefined for a target without `auth`. */
   readonly auth: TargetAuth | undefined
   up = false
+  /** Left out at initialize because the caller's credential was refused: revived by a request that reaches it (session.ts). */
+  refused = false
+  /** A revival in flight (one per link, whatever the number of requests waiting for it). */
+  revival: Promise<void> | undefined
   readonly pending: UpstreamCalls<UpstreamCall>
   /** Client requests currently forwarded to this link, oldest first. */
   readonly active = new Set<Inflight>()

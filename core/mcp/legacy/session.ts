@@ -20,6 +20,7 @@ import {
   authOf,
   callerOf,
   credentialReady,
+  isCredentialRefusal,
   keyOnlyCaller,
   mayStandIn,
   refusalAmong,
@@ -31,7 +32,7 @@ import {
 import type { SseStream, StreamLimits } from '../sse.ts'
 import { SessionStreams, type PostStream } from './session-streams.ts'
 import { SessionTasks } from './session-tasks.ts'
-import { GATEWAY_INFO, INIT_TIMEOUT_MIN_MS, isSessionRevision, rpcError, type SessionRevision } from '../protocol.ts'
+import { GATEWAY_INFO, INIT_TIMEOUT_MIN_MS, isListMethod, isSessionRevision, rpcError, type SessionRevision } from '../protocol.ts'
 import { mergeCapabilities } from '../routing/naming.ts'
 import { TargetNamespace } from '../routing/namespace.ts'
 import { SessionLink, type Inflight } from './session-link.ts'
@@ -88,6 +89,8 @@ export class Session implements UpstreamOwner {
   #serverSeq = 0
   readonly #namespace: TargetNamespace<SessionLink>
   #starting = true
+  /** The initialize params the targets were started with (a target revived later gets the same). */
+  #initParams: Record<string, unknown> = {}
   readonly #streams: SessionStreams
   readonly #tasks: SessionTasks<Inflight>
   /** What session-dispatch.ts routes a client request with. */
@@ -162,15 +165,17 @@ export class Session implements UpstreamOwner {
    */
   async start(params: Record<string, unknown>, ctx?: RequestContext): Promise<Record<string, unknown>> {
     const upParams = { ...params, protocolVersion: this.version }
+    this.#initParams = upParams
     const results = await Promise.allSettled(
       this.links.map(async link => {
-        // A target whose credential is refused is left out like one that is down (logged with its code).
-        await credentialReady(link.auth, this.caller, this.#log, ctx)
-        await link.upstream.start()
-        const res = await this.#request(link, 'initialize', upParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
-        if (res.error !== undefined) throw new Error(res.error.message)
-        link.initResult = res.result as Record<string, unknown>
-        link.up = true
+        try {
+          await this.#startLink(link, ctx)
+        } catch (err) {
+          // A target whose credential is refused is left out like one that is down (logged with its
+          // code), until a request that reaches it comes with a credential that resolves (#revive).
+          link.refused = isCredentialRefusal(err)
+          throw err
+        }
       })
     )
     this.#starting = false
@@ -234,13 +239,56 @@ export class Session implements UpstreamOwner {
     if (single !== undefined) {
       const r = this.#route(ctx, single)
       if (r.reaches?.auth !== undefined) await credentialReady(r.reaches.auth, this.caller, this.#log, ctx)
+      if (this.#credentialed) await this.#revive(ctx, single, r)
       this.#clientRequest(await this.#streams.openPost(ctx, requests, this.id), single, r)
       return
     }
     const routed = list!.filter(m => m.method !== undefined && m.id !== undefined).map(m => [m, this.#route(ctx, m)] as const)
-    if (this.#credentialed) await Promise.all(routed.map(([, r]) => credentialReady(r.reaches?.auth, this.caller, this.#log, ctx)))
+    if (this.#credentialed) {
+      await Promise.all(routed.map(([, r]) => credentialReady(r.reaches?.auth, this.caller, this.#log, ctx)))
+      await Promise.all(routed.map(([m, r]) => this.#revive(ctx, m, r)))
+    }
     const post = await this.#streams.openPost(ctx, requests, this.id)
     for (const [m, r] of routed) this.#clientRequest(post, m, r)
+  }
+
+  /** Starts one target's upstream and runs its initialize handshake (awaiting the caller's credential first). */
+  async #startLink(link: SessionLink, ctx: RequestContext | undefined): Promise<void> {
+    await credentialReady(link.auth, this.caller, this.#log, ctx)
+    await link.upstream.start()
+    const res = await this.#request(link, 'initialize', this.#initParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
+    if (res.error !== undefined) throw new Error(res.error.message)
+    link.initResult = res.result as Record<string, unknown>
+    link.up = true
+  }
+
+  /**
+   * Targets left out at initialize because the caller's credential was refused get another chance
+   * when a request would reach them (a named call to one, a list to all) and the credential now
+   * resolves: the client followed the step-up (consent, MFA) and the target joins this session, its
+   * lists announced as changed. A named call's refusal stays its answer; a list leaves it out again.
+   */
+  async #revive(ctx: RequestContext, msg: JsonRpcMessage, r: Route): Promise<void> {
+    const links = r.reaches !== undefined ? [r.reaches] : this.multi && isListMethod(String(msg.method)) ? this.links : []
+    await Promise.all(links.filter(l => l.refused && !l.up).map(l => (l.revival ??= this.#rejoin(l, ctx).finally(() => (l.revival = undefined)))))
+  }
+
+  async #rejoin(link: SessionLink, ctx: RequestContext): Promise<void> {
+    try {
+      await this.#startLink(link, ctx)
+    } catch (err) {
+      // Refused again: revived by a later request. Down (or its handshake failed): left out like any target that is.
+      link.refused = isCredentialRefusal(err)
+      if (!link.refused) this.#log.warn({ target: link.target, err: (err as Error).message }, 'upstream failed to initialize')
+      return
+    }
+    link.refused = false
+    this.#log.info({ target: link.target }, 'upstream joined the session once its credential resolved')
+    link.upstream.send({ jsonrpc: '2.0', method: 'notifications/initialized' })
+    const caps = (link.initResult?.capabilities ?? {}) as Record<string, unknown>
+    for (const kind of ['tools', 'prompts', 'resources']) {
+      if (caps[kind] !== undefined) this.#streams.deliver({ jsonrpc: '2.0', method: `notifications/${kind}/list_changed` }, undefined)
+    }
   }
 
   /** Where a request goes (session-dispatch.ts); one whose routing threw is answered with an internal error. */
