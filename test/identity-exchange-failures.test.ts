@@ -98,7 +98,11 @@ t.test('a tool denied by a rule costs no exchange and is answered as the rules s
   // The rules say: a refused call is answered like a call to a tool the target does not have.
   const missing = await seenAs(carol, 'crm_no-such-tool', ['crm_no-such-tool', 'no-such-tool'])
   t.equal(exchangeCount(idp, { subject: 'carol', audience: 'crm' }), 1, 'an allowed call does exchange')
-  t.equal(denied, missing, 'the denied call is answered exactly like a call to a tool that does not exist')
+  t.equal(
+    denied,
+    missing,
+    'the denied call is answered exactly like a call to a tool that does not exist (docs/authorization.md), also on 2026-07-28 before any credential'
+  )
   t.match(missing, /<name>/, "that answer is the target's own, naming the tool asked for")
 
   // In a session the credential is there from initialize: the refused call goes on under a stand-in, and

@@ -5,6 +5,8 @@
  * on 2026-07-28, both through the full OAuth flow) call `whoami` on a target
  * that checks its own audience: each call is made as its user, never with
  * the client's token, and each worker exchanges at most once per (user, target).
+ * One HTTP target and no per-operation rule: session-era requests take the
+ * passthrough (core/mcp/legacy/passthrough.ts), 2026-07-28 ones the stateless path.
  */
 import t from 'tap'
 import { freshFetch } from './helpers/cli.ts'
