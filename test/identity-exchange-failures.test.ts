@@ -95,15 +95,16 @@ t.test('a tool denied by a rule costs no exchange and is answered as the rules s
   t.notMatch(denied, /denied|forbidden|admins|rule|policy|mcp-proxy-denied|done/i, `nothing hints at the rule, nothing ran (${denied})`)
   t.equal(await denials(), deniedBefore + 1, 'the refusal is counted against rule[1]')
 
-  // The rules say: a refused call is answered like a call to a tool the target does not have.
+  // Before carol has a credential for crm, hearing the target's own answer would cost an exchange: the
+  // gateway answers the refused call itself, as for a name in no target (docs/authorization.md, the exception).
+  t.match(denied, /Unknown tool: <name>/, `the gateway's own unknown-tool answer (${denied})`)
+  // Once the credential is cached, a refused call reads exactly like a call to a tool the target does not have.
   const missing = await seenAs(carol, 'crm_no-such-tool', ['crm_no-such-tool', 'no-such-tool'])
   t.equal(exchangeCount(idp, { subject: 'carol', audience: 'crm' }), 1, 'an allowed call does exchange')
-  t.equal(
-    denied,
-    missing,
-    'the denied call is answered exactly like a call to a tool that does not exist (docs/authorization.md), also on 2026-07-28 before any credential'
-  )
   t.match(missing, /<name>/, "that answer is the target's own, naming the tool asked for")
+  const deniedWarm = await seenAs(carol, 'crm_dangerous', ['crm_dangerous', 'dangerous'])
+  t.equal(deniedWarm, missing, 'with a credential cached, the denied call is answered exactly like a call to a tool that does not exist')
+  t.equal(exchangeCount(idp, { subject: 'carol', audience: 'crm' }), 1, 'and costs no further exchange')
 
   // In a session the credential is there from initialize: the refused call goes on under a stand-in, and
   // reads exactly as the target's answer for a tool it does not have.
