@@ -276,8 +276,12 @@ async function post(url: URL, token: string, body: unknown, headers: Record<stri
 
 export interface RawSession {
   readonly id: string
+  /** One request POST inside the session. */
+  call(method: string, params?: Record<string, unknown>): Promise<Answer>
   /** One tools/call POST inside the session. */
   callTool(name: string, args?: Record<string, unknown>): Promise<Answer>
+  /** Opens the session's GET stream; `messages`: everything it carried, once it ends (the session's end). */
+  listen(): Promise<{ messages: Promise<Message[]> }>
   close(): Promise<void>
 }
 
@@ -294,9 +298,19 @@ export async function rawSession(url: URL, token: string): Promise<RawSession> {
   const headers = { 'mcp-session-id': id, 'mcp-protocol-version': '2025-11-25' }
   await post(url, token, { jsonrpc: '2.0', method: 'notifications/initialized' }, headers)
   let seq = 0
+  const call = (method: string, params: Record<string, unknown> = {}): Promise<Answer> =>
+    post(url, token, { jsonrpc: '2.0', id: ++seq, method, params }, headers)
   return {
     id,
-    callTool: (name, args = {}) => post(url, token, { jsonrpc: '2.0', id: ++seq, method: 'tools/call', params: { name, arguments: args } }, headers),
+    call,
+    callTool: (name, args = {}) => call('tools/call', { name, arguments: args }),
+    async listen() {
+      const res = await fetch(url, { headers: { ...headers, accept: 'text/event-stream', authorization: `Bearer ${token}` } })
+      if (res.status !== 200) throw new Error(`GET stream refused: ${res.status} ${await res.text()}`)
+      const messages = res.text().then(text => sseMessages(text) as Message[])
+      messages.catch(() => {})
+      return { messages }
+    },
     async close() {
       await fetch(url, { method: 'DELETE', headers: { ...headers, authorization: `Bearer ${token}` } }).then(r => r.arrayBuffer())
     },

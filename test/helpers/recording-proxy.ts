@@ -26,7 +26,8 @@ export interface RecordingProxy {
   of(name: string): Recorded[]
 }
 
-export async function recordingProxy(t: Test, upstream: string): Promise<RecordingProxy> {
+/** `hold`: a promise a recorded request waits for before it is forwarded (e.g. to keep a handshake in flight). */
+export async function recordingProxy(t: Test, upstream: string, hold?: (r: Recorded) => Promise<void> | undefined): Promise<RecordingProxy> {
   const to = new URL(upstream)
   const seen: Recorded[] = []
   const server = createServer((req, res) => {
@@ -40,16 +41,22 @@ export async function recordingProxy(t: Test, upstream: string): Promise<Recordi
       } catch {
         body = raw.toString('utf8')
       }
-      seen.push({ path: (req.url ?? '/').split('?')[0]!, method: req.method ?? '', headers: { ...req.headers }, body })
-      const headers = { ...req.headers, host: to.host }
-      const out = request({ host: to.hostname, port: to.port, path: to.pathname, method: req.method, headers }, up => {
-        res.writeHead(up.statusCode ?? 502, up.headers)
-        up.pipe(res)
-        res.on('close', () => up.destroy())
-      })
-      out.on('error', () => res.destroy())
-      res.on('close', () => out.destroy())
-      out.end(raw)
+      const recorded: Recorded = { path: (req.url ?? '/').split('?')[0]!, method: req.method ?? '', headers: { ...req.headers }, body }
+      seen.push(recorded)
+      const forward = (): void => {
+        const headers = { ...req.headers, host: to.host }
+        const out = request({ host: to.hostname, port: to.port, path: to.pathname, method: req.method, headers }, up => {
+          res.writeHead(up.statusCode ?? 502, up.headers)
+          up.pipe(res)
+          res.on('close', () => up.destroy())
+        })
+        out.on('error', () => res.destroy())
+        res.on('close', () => out.destroy())
+        out.end(raw)
+      }
+      const held = hold?.(recorded)
+      if (held === undefined) forward()
+      else void held.then(forward)
     })
   })
   await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
