@@ -56,6 +56,7 @@ export function createCredentialBroker(targets: readonly TargetConfig[], opts: C
   return {
     forTarget: name => byName.get(name),
     describe: () => [...byName.values()].map(a => a.describe()),
+    now,
     close() {
       for (const a of byName.values()) a.close()
     },
