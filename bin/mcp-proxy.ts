@@ -10,9 +10,11 @@
  */
 import cluster from 'node:cluster'
 import { parseArgs } from 'node:util'
-import { loadConfig, packagePath, type LoadedConfig } from '../core/config.ts'
+import { loadConfig, packagePath, type LoadedConfig, type TargetConfig } from '../core/config.ts'
 import { startGateway, VERSION, type RunningGateway } from '../core/gateway.ts'
 import { describePipeline, type PipelineStage } from '../core/plugin-loader.ts'
+import { outlineOf } from '../core/credentials/index.ts'
+import { redactConfig } from '../core/admin/redact.ts'
 import { ProxyError } from '../core/errors.ts'
 import { createLogger } from '../core/logger.ts'
 import { builtins } from '../plugins/index.ts'
@@ -48,6 +50,34 @@ function fail(code: number, message: string): never {
   process.exit(code)
 }
 
+/** A URL as --check prints it: without userinfo (a literal `user:password@` is a credential). */
+function shownUrl(url: string): string {
+  try {
+    const u = new URL(url)
+    u.username = ''
+    u.password = ''
+    return u.href
+  } catch {
+    return url
+  }
+}
+
+/**
+ * One target's --check line: where it runs (from the redacted config: a value that came from a
+ * `${NAME}` shows as redacted), `share subject`, and its credential mode with the headers or
+ * environment variables it sets (names only, never a value).
+ */
+function targetLine(target: TargetConfig, shown: TargetConfig): string {
+  const parts = [shown.stdio !== undefined ? `stdio ${[shown.stdio.cmd, ...(shown.stdio.args ?? [])].join(' ')}` : `http ${shownUrl(shown.mcp?.url ?? '')}`]
+  if (target.stdio?.share === 'subject') parts.push('share subject')
+  const auth = outlineOf(target)
+  if (auth !== undefined) {
+    const names = auth.envNames.length > 0 ? `env ${auth.envNames.join(', ')}` : auth.headerNames.join(', ')
+    parts.push(`auth ${auth.mode}${names === '' ? '' : ` (${names})`}`)
+  }
+  return `    ${target.name}: ${parts.join(', ')}`
+}
+
 /**
  * `--check`: the pipeline that will actually run (every start-up check
  * passed, nothing created), in order, with what each stage enforces; the
@@ -57,10 +87,12 @@ function fail(code: number, message: string): never {
 function checkSummary(file: string, loaded: LoadedConfig, stages: readonly PipelineStage[], workers: number, auto: boolean): string {
   const cfg = loaded.config
   const auth = stages.find(s => s.name === 'mcpAuthentication') === undefined ? undefined : (cfg.mcp.policies.mcpAuthentication as McpAuthenticationOptions)
+  const shown = (redactConfig(cfg, loaded.secretPaths) as typeof cfg).mcp.targets
   return [
     `config OK: ${file}`,
     `  listen: ${cfg.mcp.host}:${cfg.mcp.port} (admin ${cfg.admin.enabled ? `${cfg.admin.host}:${cfg.admin.port}` : 'disabled'})`,
-    `  targets: ${cfg.mcp.targets.map(t => `${t.name} (${t.stdio !== undefined ? 'stdio' : 'http'})`).join(', ')}`,
+    '  targets:',
+    ...cfg.mcp.targets.map((t, i) => targetLine(t, shown[i]!)),
     `  pipeline: ${stages.map(p => p.name).join(' -> ') || '(none)'}${cfg.mcp.plugins !== undefined ? ' (mcp.plugins)' : ' (default, from mcp.policies)'}`,
     ...stages.map((s, i) => `    ${i + 1}. ${s.name} (${s.optionsPath}): ${s.summary ?? 'third-party plugin, enforces what its module does'}`),
     `  workers: ${workers === 1 ? '1 (one process)' : `${workers}${auto ? ' (auto: one per core)' : ''}, behind one primary`}`,

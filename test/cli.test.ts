@@ -72,7 +72,7 @@ t.test('--check validates, prints a summary and exits without listening', async 
   const ok = await runCli(['-f', file, '--check'])
   t.equal(ok.code, 0, ok.stderr)
   t.match(ok.stdout, /config OK/)
-  t.match(ok.stdout, /targets: everything \(stdio\), remote \(http\)/)
+  t.match(ok.stdout, /\n {2}targets:\n {4}everything: stdio node x\.js\n {4}remote: http http:\/\/127\.0\.0\.1:1\/mcp\n/, 'each target, where it runs, no auth')
   t.match(ok.stdout, /pipeline: cors -> authorization/)
   const bad = await configFile(
     `mcp:\n  port: ${port}\n  targets:\n    - name: a\n      stdio: { cmd: node }\n  policies:\n    authorization:\n      rules: ['"a" in jwt.groups', 'jwt.groups ==']\n`

@@ -204,9 +204,34 @@ t.test('configs that pass: every mode with an authenticating stage, loopback htt
     '- name: tools',
     '  stdio: { cmd: node, share: subject }',
     `  auth: { ${EXCHANGE}, env: { USER_ID: "{sub}", CRM_TOKEN: "{credential}" } }`,
+    '- name: internal',
+    '  mcp: { url: "https://internal.example/mcp" }',
+    '  auth: { headers: { X-User: "{sub}", X-Groups: "{groups}" } }',
+    '- name: legacy',
+    '  mcp: { url: "https://svc:literal-url-password@legacy.example/mcp" }',
+    '  auth: { bearer: "${MCPP_TEST_SECRET}" }',
+    '- name: reports',
+    '  stdio: { cmd: node, args: [reports.js, "${MCPP_TEST_SECRET}"] }',
+    '  auth: { env: { USER_ID: "{sub}" } }',
+    '- name: plain',
+    '  mcp: { url: "https://plain.example/mcp" }',
   ])
   const r = await runCli(['-f', file, '--check'], ENV, 20000)
   t.equal(r.code, 0, r.stderr)
   t.match(r.stdout, /config OK/)
+  // Each target with its credential mode and the names it sets, in config order.
+  const lines = r.stdout.split('\n').filter(l => /^ {4}\w+: (http|stdio) /.test(l))
+  t.same(lines, [
+    '    crm: http https://crm.example/mcp, auth tokenExchange (Authorization, X-User, X-Groups, X-Token-Copy)',
+    '    graph: http https://graph.example/mcp, auth onBehalfOf (Authorization)',
+    '    local: http http://127.0.0.1:9/mcp, auth tokenExchange (Authorization, Authorization-Hint)',
+    '    lan: http http://crm.lan.example/mcp, auth apiKey (Authorization)',
+    '    tools: stdio node, share subject, auth tokenExchange (env USER_ID, CRM_TOKEN)',
+    '    internal: http https://internal.example/mcp, auth claims (X-User, X-Groups)',
+    '    legacy: http https://legacy.example/mcp, auth bearer (Authorization)',
+    '    reports: stdio node reports.js [redacted], auth claims (env USER_ID)',
+    '    plain: http https://plain.example/mcp',
+  ])
   t.notMatch(r.stdout + r.stderr, ENV.MCPP_TEST_SECRET)
+  t.notMatch(r.stdout, 'literal-url-password', "a URL's userinfo is not printed")
 })

@@ -1,7 +1,7 @@
 /**
  * The credential layer's one door: the broker built once at start-up from
- * `mcp.targets[].auth` (core/gateway.ts), the config checks (start-up and
- * `--check`), and the contract's types. A side system like core/cluster/:
+ * `mcp.targets[].auth` (core/gateway.ts), the config checks and outlines
+ * (start-up and `--check`), and the contract's types. A side system like core/cluster/:
  * it knows the engine's errors, config types and observability, and never
  * the MCP layer, the transports or a plugin (.dependency-cruiser.cjs).
  */
@@ -16,6 +16,7 @@ export type { Caller, CredentialBroker, CredentialMode, TargetAuth, TargetAuthSu
 export { checkTargetAuth, isLoopbackUrl, type AuthCheckContext } from './config-check.ts'
 export { FAILURE_REASONS, RETRY_AFTER_SECONDS, type FailureReason } from './failures.ts'
 export { MAX_CLAIM_BYTES } from './templates.ts'
+export { outlineOf, type AuthOutline } from './outline.ts'
 
 export interface CredentialBrokerOptions {
   readonly log: Logger
@@ -56,6 +57,7 @@ export function createCredentialBroker(targets: readonly TargetConfig[], opts: C
   return {
     forTarget: name => byName.get(name),
     describe: () => [...byName.values()].map(a => a.describe()),
+    now,
     close() {
       for (const a of byName.values()) a.close()
     },

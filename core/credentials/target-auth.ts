@@ -16,10 +16,11 @@ import { isFailure, mint, type ExchangeSpec, type Exchanger } from './exchange.t
 import { claimRefused, noCallerToken, type ChallengeInfo, type Failure, type FailureReason } from './failures.ts'
 import type { TargetMetrics } from './metrics.ts'
 import { onBehalfOfSpec } from './on-behalf-of.ts'
+import { outlineOf } from './outline.ts'
 import { compileTemplate, describeProblem, headerValue, isClaimProblem, renderTemplate, type Template } from './templates.ts'
 import { createTokenClient } from './token-client.ts'
 import { tokenExchangeSpec } from './token-exchange.ts'
-import type { Caller, CredentialMode, TargetAuth, TargetAuthSummary, TargetCredential } from './types.ts'
+import type { Caller, TargetAuth, TargetAuthSummary, TargetCredential } from './types.ts'
 
 /** Minted tokens cached per target when `cacheMaxEntries` is not set. */
 export const DEFAULT_CACHE_ENTRIES = 10_000
@@ -38,11 +39,9 @@ export interface TargetAuthDeps {
 }
 
 interface Compiled {
-  /** Lower-cased header name -> template; configured names kept for describe(). */
+  /** Lower-cased header name -> template. */
   readonly headers: ReadonlyArray<readonly [string, Template]>
   readonly env: ReadonlyArray<readonly [string, Template]>
-  readonly headerNames: readonly string[]
-  readonly envNames: readonly string[]
 }
 
 /** The templates of an `auth` block; config-check.ts has refused any that do not compile. */
@@ -54,20 +53,7 @@ function compile(target: TargetConfig): Compiled {
   }
   const headers = Object.entries(target.auth?.headers ?? {}).map(([k, v]) => [k.toLowerCase(), one(k, v)] as const)
   const env = Object.entries(target.auth?.env ?? {}).map(([k, v]) => [k, one(k, v)] as const)
-  const headerNames = Object.keys(target.auth?.headers ?? {})
-  if (target.auth?.bearer !== undefined || target.auth?.tokenExchange !== undefined || target.auth?.onBehalfOf !== undefined)
-    headerNames.unshift('Authorization')
-  if (target.auth?.apiKey !== undefined) headerNames.unshift(target.auth.apiKey.header)
-  return { headers, env, headerNames, envNames: Object.keys(target.auth?.env ?? {}) }
-}
-
-export function modeOf(target: TargetConfig): CredentialMode {
-  const a = target.auth
-  if (a?.tokenExchange !== undefined) return 'tokenExchange'
-  if (a?.onBehalfOf !== undefined) return 'onBehalfOf'
-  if (a?.bearer !== undefined) return 'bearer'
-  if (a?.apiKey !== undefined) return 'apiKey'
-  return 'claims'
+  return { headers, env }
 }
 
 /** The headers and env of `claims` (with `token` for `{credential}`), or the first claim that cannot be used. */
@@ -105,7 +91,9 @@ function specOf(target: TargetConfig): ExchangeSpec | undefined {
 
 export function createTargetAuth(target: TargetConfig, deps: TargetAuthDeps): OwnedTargetAuth {
   const name = target.name
-  const mode = modeOf(target)
+  // The broker makes one only for a target with `auth`.
+  const outline = outlineOf(target)!
+  const mode = outline.mode
   const compiled = compile(target)
   const fixed = fixedHeaders(target)
   const spec = specOf(target)
@@ -208,8 +196,8 @@ export function createTargetAuth(target: TargetConfig, deps: TargetAuthDeps): Ow
       return {
         target: name,
         mode,
-        headerNames: compiled.headerNames,
-        envNames: compiled.envNames,
+        headerNames: outline.headerNames,
+        envNames: outline.envNames,
         cached: cache?.size ?? 0,
         ...(lastFailure !== undefined ? { lastFailure: { ...lastFailure } } : {}),
       }

@@ -29,7 +29,11 @@ export interface TargetCredential {
   readonly headers: Readonly<Record<string, string>>
   /** Environment for a stdio child of this caller (claims, `{credential}`), beside the target's own `env`. */
   readonly env: Readonly<Record<string, string>>
-  /** Epoch ms after which it must be resolved again (a minted token's `exp` minus a margin); Infinity when it never expires. */
+  /**
+   * Epoch ms (on the broker's clock, `CredentialBroker.now`) after which it must be resolved again (a
+   * minted token's `exp` minus a margin); Infinity when it never expires. A stdio child's environment
+   * is fixed at spawn, so the child goes stale with it (`UpstreamAttachment.staleAt`).
+   */
   readonly freshUntil: number
 }
 
@@ -85,6 +89,11 @@ export interface CredentialBroker {
   /** undefined for a target without an `auth` block (it gets its static headers only, as before). */
   forTarget(name: string): TargetAuth | undefined
   describe(): TargetAuthSummary[]
+  /**
+   * The clock (epoch ms) every `freshUntil` is on: whoever compares one later (the pool, with a stdio
+   * child's `staleAt`) reads this clock, so a test that moves the broker's time moves theirs.
+   */
+  now(): number
   /** Drops cached credentials (shutdown). */
   close(): void
 }

@@ -67,6 +67,11 @@ export function authOf(broker: CredentialBroker | undefined, target: string): Ta
   return broker?.forTarget(target)
 }
 
+/** The clock credentials' freshness is on (the broker's; Date.now without one): staleAt is compared on it. */
+export function credentialClock(broker: CredentialBroker | undefined): () => number {
+  return broker === undefined ? Date.now : () => broker.now()
+}
+
 /** Rejections that came from the broker (refusals of a caller's credential), as opposed to a target that is down. */
 const refusals = new WeakSet<object>()
 
@@ -127,7 +132,9 @@ export function mayStandIn(auth: TargetAuth | undefined, caller: Caller): boolea
  * A new upstream of `factory` serving `owner`'s caller. Without `auth` the factory's own (no
  * attachment: the target's static config only). HTTP: the latest caller's headers before each
  * exchange, synchronously while cached. stdio: the child is spawned once the caller's environment
- * is resolved (start() rejects with the refusal), fixed for its life.
+ * is resolved (start() rejects with the refusal), fixed for its life; it reports the credential's
+ * `freshUntil` as its `staleAt`, from which a pool gives it no new work. A session's own child (no
+ * pool: `share: session`) keeps the environment it started with for the session's life.
  */
 export function upstreamFor(factory: UpstreamFactory, auth: TargetAuth | undefined, owner: CallerOwner, log: Logger): Upstream {
   if (auth === undefined) return factory.create()
@@ -137,5 +144,6 @@ export function upstreamFor(factory: UpstreamFactory, auth: TargetAuth | undefin
     }
     return factory.create(attach)
   }
-  return new DeferredUpstream(factory, () => credentialOf(auth, owner.caller, log).then(c => ({ env: c.env })))
+  // The environment is the credential's, so it goes stale with it: a pool then retires the child (upstreams/pool.ts).
+  return new DeferredUpstream(factory, () => credentialOf(auth, owner.caller, log).then(c => ({ env: c.env, staleAt: c.freshUntil })))
 }

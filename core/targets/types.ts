@@ -44,6 +44,12 @@ export interface Upstream extends UpstreamInfo {
   /** Whether the upstream is running. */
   readonly alive: boolean
   /**
+   * Epoch ms from which what this upstream carries is stale (`UpstreamAttachment.staleAt` of the
+   * attachment it runs with); undefined or Infinity: never. Reported by the upstream that resolved
+   * its attachment (the MCP layer's, core/mcp/upstreams/deferred-upstream.ts); the transports ignore it.
+   */
+  readonly staleAt?: number
+  /**
    * HTTP only, revision 2026-07-28: POSTs one stateless request (no session
    * header) with the revision's request headers `headers` (MCP-Protocol-Version,
    * Mcp-Method, Mcp-Name, Mcp-Param-*) beside the target's static ones. Its
@@ -92,6 +98,14 @@ export interface UpstreamAttachment {
   readonly headers?: () => Readonly<Record<string, string>> | Promise<Readonly<Record<string, string>>>
   /** stdio: environment of the child beside the target's own `env` (fixed at spawn). */
   readonly env?: Readonly<Record<string, string>>
+  /**
+   * When this attachment expires, in epoch ms; undefined or Infinity: never. Only `env` can expire
+   * under a running upstream (it is fixed for the child's life; `headers` are asked for before each
+   * exchange), so a stdio child's attachment is the one that sets it. The transport ignores it: the
+   * MCP layer gives such an upstream no new work from then on (its pool retires it and closes it
+   * once its leases end).
+   */
+  readonly staleAt?: number
 }
 
 /**

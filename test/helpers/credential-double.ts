@@ -126,6 +126,7 @@ export function brokerOf(...auths: TargetAuth[]): CredentialBroker & { closed: b
     closed: false,
     forTarget: name => byTarget.get(name),
     describe: () => auths.map(a => a.describe()),
+    now: Date.now,
     close() {
       this.closed = true
     },

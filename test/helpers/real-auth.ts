@@ -8,6 +8,7 @@
  * (issue 22 item 15).
  */
 import type { Test } from 'tap'
+import type { DevIdp, DevIdpOptions } from '../../bin/dev-idp.ts'
 import type { Plugin } from '../../core/plugin.ts'
 import { Metrics } from '../../core/observability/metrics.ts'
 import mcpAuthentication from '../../plugins/mcp-authentication/index.ts'
@@ -21,12 +22,18 @@ export interface RealAuth {
   as: (subject: string) => Promise<Record<string, string>>
   /** The token itself. */
   token: (subject: string) => Promise<string>
+  /** The IdP itself (its token endpoint, exchange log). */
+  idp: DevIdp
 }
 
-/** The dev IdP with a service account for each of `subjects`, and the plugin that trusts it. */
-export async function realAuth(t: Test, subjects: readonly string[]): Promise<RealAuth> {
+/**
+ * The dev IdP with a service account for each of `subjects`, and the plugin that trusts it.
+ * `idpOptions`: more of the IdP's options (e.g. `tokenExchange`, for targets that exchange the caller's token).
+ */
+export async function realAuth(t: Test, subjects: readonly string[], idpOptions: DevIdpOptions = {}): Promise<RealAuth> {
   const passwords = new Map(subjects.map(s => [s, `${s}-dev-password`]))
   const idp = await devIdp(t, {
+    ...idpOptions,
     serviceAccounts: Object.fromEntries(subjects.map(s => [s, { password: passwords.get(s)!, groups: ['mcp-users'] }])),
   })
   const { log } = memoryLogger('warn')
@@ -53,5 +60,5 @@ export async function realAuth(t: Test, subjects: readonly string[]): Promise<Re
     }
     return p
   }
-  return { plugin, token, as: async subject => ({ authorization: `Bearer ${await token(subject)}` }) }
+  return { plugin, token, idp, as: async subject => ({ authorization: `Bearer ${await token(subject)}` }) }
 }

@@ -7,15 +7,18 @@
  * subjects: its state (resource subscriptions, log level, anything the server
  * keeps per connection) stays with the subject that created it. Idle
  * upstreams are closed after a timeout; a cap per key and a global cap bound
- * the processes. One pooled upstream and how the gateway speaks to it are
- * pooled-upstream.ts's.
+ * the processes. A stale upstream (a stdio child whose environment holds a
+ * minted token past its freshness, `Upstream.staleAt`) is retired: no new
+ * lease (the next acquire spawns a fresh child with a fresh credential), and
+ * closed once its last lease ends. One pooled upstream and how the gateway
+ * speaks to it are pooled-upstream.ts's.
  */
 import type { Logger } from 'pino'
 import { processLimit, shuttingDown } from '../refusals.ts'
 import type { UpstreamFactory } from '../../targets/types.ts'
 import { ProxyError, RPC } from '../../errors.ts'
 import type { TargetCallMeter } from './call-metrics.ts'
-import { authOf, keyOnlyCaller, type CredentialBroker } from '../credentials.ts'
+import { authOf, credentialClock, keyOnlyCaller, type CredentialBroker } from '../credentials.ts'
 import { PooledUpstream, type AcquireHow } from './pooled-upstream.ts'
 
 export { isNotModern, NotModernError, PooledUpstream } from './pooled-upstream.ts'
@@ -52,11 +55,14 @@ export class UpstreamPool {
   readonly #opts: PoolOptions
   readonly #byKey = new Map<string, PooledUpstream[]>()
   readonly #sweeper: NodeJS.Timeout
+  /** The clock an upstream's staleAt is on (the credential broker's). */
+  readonly #now: () => number
   #size = 0
   #closed = false
 
   constructor(opts: PoolOptions) {
     this.#opts = opts
+    this.#now = credentialClock(opts.credentials)
     this.#sweeper = setInterval(() => this.#sweep(), Math.min(Math.max(Math.floor(opts.idleMs / 4), 100), 30_000))
     this.#sweeper.unref()
   }
@@ -84,8 +90,11 @@ export class UpstreamPool {
       subjectKey +
       (how.era === 'modern' ? '\u0000modern' : how.capabilities === undefined ? '' : '\u0000caps:' + [...how.capabilities].sort().join(','))
     const list = this.#byKey.get(key) ?? []
-    const live = list.filter(e => !e.closed)
+    const now = this.#now()
+    // A stale upstream (its credential expired) takes no new lease: retired, it ends with its last lease.
+    const live = [...list].filter(e => !e.closed && !this.#retired(e, now))
     let entry: PooledUpstream | undefined
+    let created = false
     // Least busy first; a new upstream only when every one is busy and the cap allows.
     for (const e of live) if (entry === undefined || e.leases < entry.leases) entry = e
     if (entry === undefined || (entry.leases > 0 && live.length < perKeyMax)) {
@@ -103,8 +112,9 @@ export class UpstreamPool {
           how.caller === undefined ? { ...how, caller: keyOnlyCaller(subjectKey, subject) } : how,
           authOf(this.#opts.credentials, factory.target)
         )
-        live.push(entry)
-        this.#byKey.set(key, live)
+        created = true
+        list.push(entry)
+        this.#byKey.set(key, list)
         this.#size++
       }
     }
@@ -121,12 +131,20 @@ export class UpstreamPool {
       entry.leases--
       throw new ProxyError('MCPP_ERR_UPSTREAM', 502, `upstream ${factory.target} closed`, { rpcCode: RPC.SERVER_ERROR, expose: true })
     }
+    if (!created && entry.stale(this.#now())) {
+      // It went stale while this request waited for it: lease another. One created for this request serves it
+      // whatever its staleAt (a token of unknown lifetime is fresh for the request at hand only).
+      this.release(entry)
+      return this.acquire(factory, subjectKey, subject, perKeyMax, how)
+    }
     return entry
   }
 
+  /** Ends a lease; a stale upstream's last one closes it. */
   release(entry: PooledUpstream): void {
     if (entry.leases > 0) entry.leases--
     entry.lastUsedAt = Date.now()
+    if (entry.leases === 0) this.#retired(entry, this.#now())
   }
 
   describe(): PooledSummary[] {
@@ -164,6 +182,19 @@ export class UpstreamPool {
     if (list.length === 0) this.#byKey.delete(e.key)
   }
 
+  /**
+   * Whether `e` is stale at `now` (Upstream.staleAt: a stdio child's credential expired): it gets
+   * no new lease, and is closed here once it has none.
+   */
+  #retired(e: PooledUpstream, now: number): boolean {
+    if (!e.stale(now)) return false
+    if (e.leases === 0 && !e.closed) {
+      this.#opts.log.info({ target: e.target, pid: e.upstream.pid }, 'closing pooled upstream: its credential is stale')
+      void e.close()
+    }
+    return true
+  }
+
   /** Closes the longest-idle upstream without leases; false when there is none. */
   #evictIdle(): boolean {
     let victim: PooledUpstream | undefined
@@ -177,8 +208,10 @@ export class UpstreamPool {
 
   #sweep(): void {
     const now = Date.now()
+    const clock = this.#now()
     for (const list of [...this.#byKey.values()]) {
       for (const e of [...list]) {
+        if (this.#retired(e, clock)) continue
         if (e.leases === 0 && e.up && now - e.lastUsedAt >= this.#opts.idleMs) {
           this.#opts.log.debug({ target: e.target }, 'closing idle pooled upstream')
           void e.close()

@@ -159,6 +159,16 @@ export class PooledUpstream {
     return this.#pending.size
   }
 
+  /**
+   * Whether what the upstream carries has gone stale (a stdio child's environment holds a minted
+   * token past its freshness: `Upstream.staleAt`): the pool gives it no new lease and closes it
+   * once its leases end.
+   */
+  stale(now: number): boolean {
+    const at = this.upstream.staleAt
+    return at !== undefined && at <= now
+  }
+
   /** The upstream's name and version: `initialize`'s serverInfo, or `server/discover`'s `_meta` serverInfo. */
   get serverInfo(): unknown {
     if (this.era === 'legacy') return this.initResult?.serverInfo
