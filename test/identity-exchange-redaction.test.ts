@@ -11,7 +11,6 @@ import t from 'tap'
 import {
   ENV_SERVER,
   EXCHANGE_SECRET,
-  authPolicyYaml,
   exchangeCount,
   exchangeIdp,
   exchangeYaml,
@@ -23,6 +22,7 @@ import {
   sha256,
   startCliGateway,
   toolJson,
+  gatewayHeadYaml,
 } from './helpers/identity-e2e.ts'
 
 const STATIC_KEY = 'static-upstream-key-1f9b7c3e5a'
@@ -45,12 +45,7 @@ t.test('debug log, /metrics, the admin API and UI never hold a secret or a token
   const [crm, legacy] = await Promise.all([jwtServer(t, idp, 'crm'), identityServer(t, ['--static-bearer', STATIC_KEY])])
   const ports = await gatewayPorts()
   const yaml = [
-    'mcp:',
-    '  host: 127.0.0.1',
-    `  port: ${ports.port}`,
-    '  policies:',
-    ...authPolicyYaml(idp, ports.port),
-    '  targets:',
+    ...gatewayHeadYaml(idp, ports),
     '    - name: crm',
     `      mcp: { url: ${JSON.stringify(crm.url)} }`,
     '      auth:',

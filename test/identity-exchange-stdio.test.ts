@@ -14,7 +14,6 @@ import {
   EXCHANGE_SECRET,
   MODERN,
   audOf,
-  authPolicyYaml,
   claimsOf,
   exchangeCount,
   exchangeIdp,
@@ -28,6 +27,7 @@ import {
   startCliGateway,
   toolJson,
   type CliGateway,
+  gatewayHeadYaml,
 } from './helpers/identity-e2e.ts'
 
 const root = t
@@ -38,12 +38,7 @@ t.before(async () => {
   idp = await exchangeIdp(root, ['tools'])
   const ports = await gatewayPorts()
   const yaml = [
-    'mcp:',
-    '  host: 127.0.0.1',
-    `  port: ${ports.port}`,
-    '  policies:',
-    ...authPolicyYaml(idp, ports.port),
-    '  targets:',
+    ...gatewayHeadYaml(idp, ports),
     '    - name: tools',
     `      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(ENV_SERVER)}, USER_ID, CRM_TOKEN], share: subject }`,
     '      auth:',

@@ -9,12 +9,11 @@
  * passthrough (core/mcp/legacy/passthrough.ts), 2026-07-28 ones the stateless path.
  */
 import t from 'tap'
-import { freshFetch } from './helpers/cli.ts'
+import { eventually, freshFetch } from './helpers/cli.ts'
 import {
   EXCHANGE_CLIENT,
   EXCHANGE_SECRET,
   audOf,
-  authPolicyYaml,
   exchangeCount,
   exchangeIdp,
   exchangeYaml,
@@ -28,6 +27,7 @@ import {
   sha256,
   startCliGateway,
   whoamiOf,
+  gatewayHeadYaml,
 } from './helpers/identity-e2e.ts'
 
 /** `name{worker="N",…}` samples of the probe listener's /metrics, summed per worker. */
@@ -47,12 +47,7 @@ t.test('workers: 2: two users through the multi-process gateway, each seen as th
   const crm = await jwtServer(t, idp, 'crm')
   const ports = await gatewayPorts()
   const yaml = [
-    'mcp:',
-    '  host: 127.0.0.1',
-    `  port: ${ports.port}`,
-    '  policies:',
-    ...authPolicyYaml(idp, ports.port),
-    '  targets:',
+    ...gatewayHeadYaml(idp, ports),
     '    - name: crm',
     `      mcp: { url: ${JSON.stringify(crm.url)} }`,
     '      auth:',
@@ -78,8 +73,13 @@ t.test('workers: 2: two users through the multi-process gateway, each seen as th
       modernCall(gw.url, alice.token, 'tools/call', { name: 'whoami', arguments: {} }, fresh).then(r => ({ as: 'alice', w: whoamiOf(resultOf(r)) })),
     ]).flat()
   )
-  const after = await perWorker(ports.probes, 'mcp_proxy_requests_total', 'method="tools/call"')
-  const served = ['1', '2'].map(w => (after[w] ?? 0) - (before[w] ?? 0))
+  // A worker counts a request once its answer has ended, which may come just after the client read the result:
+  // the counters are read until both moved (bounded; they only ever grow).
+  const servedNow = async (): Promise<number[]> => {
+    const after = await perWorker(ports.probes, 'mcp_proxy_requests_total', 'method="tools/call"')
+    return ['1', '2'].map(w => (after[w] ?? 0) - (before[w] ?? 0))
+  }
+  const served = await eventually(servedNow, n => n.every(x => x > 0), 40)
   t.ok(
     served.every(n => n > 0),
     `both workers served calls (${served.join(', ')})`
@@ -104,6 +104,10 @@ t.test('workers: 2: two users through the multi-process gateway, each seen as th
     const n = exchangeCount(idp, { subject: user, audience: 'crm' })
     t.ok(n >= 1 && n <= 2, `${user}: at most one exchange per worker (${n})`)
   }
-  const misses = await metric(`http://127.0.0.1:${ports.probes}/metrics`, 'mcp_proxy_credential_exchanges_total', { result: 'miss' })
+  const misses = await eventually(
+    () => metric(`http://127.0.0.1:${ports.probes}/metrics`, 'mcp_proxy_credential_exchanges_total', { result: 'miss' }),
+    n => n === exchangeCount(idp),
+    40
+  )
   t.equal(misses, exchangeCount(idp), 'the workers counted as many misses as the IdP minted tokens')
 })

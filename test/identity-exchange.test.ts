@@ -17,7 +17,6 @@ import {
   EXCHANGE_SECRET,
   MODERN,
   audOf,
-  authPolicyYaml,
   exchangeCount,
   exchangeIdp,
   exchangeYaml,
@@ -37,6 +36,7 @@ import {
   type IdentityServer,
   type LoggedIn,
   type Whoami,
+  gatewayHeadYaml,
 } from './helpers/identity-e2e.ts'
 
 const LEGACY_API_KEY = 'legacy-static-api-key-8c2e41b7d9'
@@ -60,12 +60,7 @@ t.before(async () => {
   ])
   const ports = await gatewayPorts()
   const yaml = [
-    'mcp:',
-    '  host: 127.0.0.1',
-    `  port: ${ports.port}`,
-    '  policies:',
-    ...authPolicyYaml(idp, ports.port),
-    '  targets:',
+    ...gatewayHeadYaml(idp, ports),
     '    - name: crm',
     `      mcp: { url: ${JSON.stringify(crm.url)} }`,
     '      auth:',

@@ -58,6 +58,11 @@ export async function gatewayPorts(): Promise<{ port: number; admin: number; pro
   return { port, admin, probes }
 }
 
+/** The head of a gateway config on loopback: its port, mcpAuthentication trusting `idp`, and the `targets:` key. */
+export function gatewayHeadYaml(idp: { issuer: string; clientId: string }, ports: { port: number }): string[] {
+  return ['mcp:', '  host: 127.0.0.1', `  port: ${ports.port}`, '  policies:', ...authPolicyYaml(idp, ports.port), '  targets:']
+}
+
 /** The `mcp.policies.mcpAuthentication` block for the dev IdP, as YAML lines (indented for `policies:`). */
 export function authPolicyYaml(idp: { issuer: string; clientId: string }, port: number): string[] {
   return [
