@@ -3,7 +3,7 @@
  * its whole life, so it goes stale with the token: the pool (core/mcp/upstreams/pool.ts) gives such a
  * child no new lease, spawns a fresh one with a freshly exchanged token for the next request, and
  * closes the stale one once its leases end, in both eras (2026-07-28 requests; `share: subject`
- * sessions). A `share: session` child keeps the token it started with (README "Identity to targets").
+ * sessions, which move to the fresh child at a quiet request). A `share: session` child keeps the token it started with (README "Identity to targets").
  * Real parts: the dev IdP's RFC 8693 grant mints the tokens, mcpAuthentication verifies the callers,
  * the credential layer is the one the gateway builds (its clock moved by the test instead of waiting
  * for the token to expire), and test/fixtures/env-server.mjs says which process answered and with what.
@@ -143,31 +143,40 @@ t.test('2026-07-28: the request after the credential went stale reaches a fresh 
   t.equal(after.token, fresh.token)
 })
 
-t.test('share: subject sessions: a new session after the credential went stale gets a fresh child; the stale one ends with its last session', async t => {
-  const g = await gateway(t, toolsTarget('subject'))
-  const a = await session(g.url)
-  const b = await session(g.url)
-  const fromA = await a.env()
-  const fromB = await b.env()
-  t.equal(fromB.pid, fromA.pid, "alice's sessions share her child while its credential is fresh")
+t.test(
+  'share: subject sessions: once the credential went stale, new sessions and live ones at their next quiet request move to a fresh child; the stale one then exits',
+  async t => {
+    const g = await gateway(t, toolsTarget('subject'))
+    const a = await session(g.url)
+    const b = await session(g.url)
+    const fromA = await a.env()
+    const fromB = await b.env()
+    t.equal(fromB.pid, fromA.pid, "alice's sessions share her child while its credential is fresh")
 
-  g.pastFreshness(fromA.token)
-  const c = await session(g.url)
-  const fromC = await c.env()
-  t.not(fromC.pid, fromA.pid, 'the session opened after the credential went stale has another child')
-  t.equal(fromC.user, 'alice')
-  newer(t, fromC.token, fromA.token, g.now())
-  // A session keeps the child it leased at its initialize (its subscriptions, tasks and log level are there).
-  t.equal((await a.env()).pid, fromA.pid, 'a session already on the stale child stays on it until it ends')
+    g.pastFreshness(fromA.token)
+    const exchanged = auth.idp.exchanges
+    const c = await session(g.url)
+    const fromC = await c.env()
+    t.not(fromC.pid, fromA.pid, 'the session opened after the credential went stale has another child')
+    t.equal(fromC.user, 'alice')
+    newer(t, fromC.token, fromA.token, g.now())
+    t.equal(auth.idp.exchanges, exchanged + 1, 'exchanged again, once')
 
-  await a.end()
-  t.notOk(processGone(fromA.pid), 'the stale child serves its other session still')
-  await b.end()
-  t.ok(await until(() => processGone(fromA.pid)), 'its last session ended: the stale child exited')
-  t.equal((await c.env()).pid, fromC.pid, 'the fresh child goes on')
-  const d = await session(g.url)
-  t.equal((await d.env()).pid, fromC.pid, 'and takes the next session')
-})
+    // A live session with nothing in flight on the stale child moves at its next request, to the child
+    // its subject's fresh credential got (no task or call of it was on the stale one).
+    const movedA = await a.env()
+    t.equal(movedA.pid, fromC.pid, 'a session that was on the stale child answers from the fresh one')
+    t.equal(movedA.token, fromC.token, 'with the fresh token')
+    t.notOk(processGone(fromA.pid), 'the stale child still serves the session that has not moved yet')
+    t.equal((await b.env()).pid, fromC.pid, 'the other live session moves too')
+    t.ok(await until(() => processGone(fromA.pid)), 'its last lease gone, the stale child exited')
+    t.equal(auth.idp.exchanges, exchanged + 1, 'the moves cost no further exchange')
+    await a.end()
+    t.equal((await c.env()).pid, fromC.pid, 'the fresh child goes on')
+    const d = await session(g.url)
+    t.equal((await d.env()).pid, fromC.pid, 'and takes the next session')
+  }
+)
 
 t.test('share: session: the child keeps the token it started with for the life of its session', async t => {
   const g = await gateway(t, toolsTarget('session'))

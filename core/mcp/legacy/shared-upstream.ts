@@ -103,6 +103,10 @@ export class SharedUpstream implements Upstream {
   readonly #early: EarlyTaskStatus
   /** Client capabilities from the session's initialize. */
   #clientCaps: Record<string, unknown> = {}
+  /** The pool key and declared capabilities of this lease's child (a move to a fresh child leases the same). */
+  #lease: { key: string; declare: Record<string, unknown> } | undefined
+  /** Messages sent while the lease moves to a fresh child, in order. */
+  #queued: JsonRpcMessage[] | undefined
   #closed = false
   #startedAt: number | undefined
 
@@ -191,10 +195,8 @@ export class SharedUpstream implements Upstream {
     let entry: PooledUpstream
     try {
       // The child's initialize declares `caps` (upstreams/pool.ts): no wrapper on its message path.
-      entry = await this.#pool.acquire(this.#factory, this.#owner.subjectKey + '\u0000' + key, this.#owner.subject, this.#factory.processesPerSubject ?? 1, {
-        declare: caps,
-        caller: this.#owner.caller,
-      })
+      this.#lease = { key: this.#owner.subjectKey + '\u0000' + key, declare: caps }
+      entry = await this.#acquire()
     } catch (err) {
       this.#answerSoon({ jsonrpc: '2.0', id, error: { code: RPC.SERVER_ERROR, message: (err as Error).message } })
       return
@@ -210,9 +212,70 @@ export class SharedUpstream implements Upstream {
     this.#answerSoon({ jsonrpc: '2.0', id, result: { ...entry.initResult, protocolVersion: params.protocolVersion ?? entry.initResult?.protocolVersion } })
   }
 
+  #acquire(): Promise<PooledUpstream> {
+    const { key, declare } = this.#lease!
+    return this.#pool.acquire(this.#factory, key, this.#owner.subject, this.#factory.processesPerSubject ?? 1, { declare, caller: this.#owner.caller })
+  }
+
+  /**
+   * A child whose environment holds a stale credential (upstreams/pool.ts) is left at a quiet point:
+   * nothing of this session in flight on it, no task of it known there, since the fresh child knows
+   * neither. Its subscriptions are made again on the fresh child; messages sent meanwhile wait, in
+   * order. The child's log level is the last one a session sets, as on any shared child.
+   */
+  #moveIfStale(entry: PooledUpstream): boolean {
+    if (this.#calls.size > 0 || this.#tasks.size > 0 || this.#creating > 0 || !this.#pool.retires(entry)) return false
+    this.#queued = []
+    void this.#acquire().then(
+      fresh => {
+        if (this.#closed) return this.#pool.release(fresh)
+        entry.listeners.delete(this.#listener)
+        entry.onGone.delete(this.#gone)
+        for (const uri of this.#subscribed) {
+          entry.unsubscribe(uri)
+          void fresh.subscribe(uri)
+        }
+        this.#pool.release(entry)
+        this.#entry = fresh
+        fresh.listeners.add(this.#listener)
+        fresh.onGone.add(this.#gone)
+        this.#flush()
+      },
+      (err: unknown) => {
+        // No fresh child (its credential refused, the process cap): this one serves on, stale as it is.
+        this.#entry = entry
+        this.#pool.log.warn({ target: this.target, err: (err as Error).message }, 'shared child with a stale credential kept: no fresh one')
+        this.#flush()
+      }
+    )
+    return true
+  }
+
+  #flush(): void {
+    const queued = this.#queued ?? []
+    this.#queued = undefined
+    for (const m of queued) {
+      try {
+        this.send(m)
+      } catch (err) {
+        if (m.id !== undefined && m.id !== null && m.method !== undefined)
+          this.#deliver({ jsonrpc: '2.0', id: m.id, error: { code: RPC.CONNECTION_CLOSED, message: (err as Error).message } })
+      }
+    }
+  }
+
   send(msg: JsonRpcMessage): void {
     if (msg.method === 'initialize' && msg.id !== undefined && msg.id !== null && this.#entry === undefined && !this.#closed) {
       void this.#initialize(msg.id, msg.params ?? {})
+      return
+    }
+    if (this.#queued !== undefined) {
+      this.#queued.push(msg)
+      return
+    }
+    const stale = this.#entry
+    if (stale !== undefined && !this.#closed && msg.method !== undefined && this.#moveIfStale(stale)) {
+      this.#queued!.push(msg)
       return
     }
     const entry = this.#entry

@@ -67,6 +67,11 @@ export class UpstreamPool {
     this.#sweeper.unref()
   }
 
+  /** The pool's logger (a lease logs on it). */
+  get log(): Logger {
+    return this.#opts.log
+  }
+
   get size(): number {
     return this.#size
   }
@@ -138,6 +143,11 @@ export class UpstreamPool {
       return this.acquire(factory, subjectKey, subject, perKeyMax, how)
     }
     return entry
+  }
+
+  /** Whether `entry` is retired (its credential went stale): a lease on it should move to a fresh one. */
+  retires(entry: PooledUpstream): boolean {
+    return entry.stale(this.#now())
   }
 
   /** Ends a lease; a stale upstream's last one closes it. */
