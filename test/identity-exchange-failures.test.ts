@@ -29,6 +29,7 @@ import {
   toolJson,
   type CliGateway,
   type RawAnswer,
+  exchangeTargetYaml,
 } from './helpers/identity-e2e.ts'
 
 const root = t
@@ -50,10 +51,7 @@ t.before(async () => {
     '    authorization:',
     `      rules: ${JSON.stringify(RULES)}`,
     '  targets:',
-    '    - name: crm',
-    `      mcp: { url: ${JSON.stringify(crm!.url)} }`,
-    '      auth:',
-    ...exchangeYaml(idp, 'crm'),
+    ...exchangeTargetYaml(idp, 'crm', crm!.url),
     // The exchange client may not mint for this audience: the IdP answers invalid_target.
     '    - name: vault',
     `      mcp: { url: ${JSON.stringify(secret!.url)} }`,
@@ -158,8 +156,9 @@ t.test("the IdP refusing the exchange: the named call fails naming the target, n
   t.match(sdk, /\bvault\b/, `the 2.x client gets an error naming the target (${sdk.slice(0, 200)})`)
   t.notOk(sdk.includes(description), "never the IdP's error_description")
   t.equal(toolJson(await bob.client.callTool({ name: 'crm_whoami', arguments: {} })).sub, 'bob', "the client's other target still works")
-  await eventually(gw.output, out => out.includes('invalid_target'), 100, 20)
-  t.pass("the refusal is logged (with the IdP's code)")
+  const logged = await eventually(gw.output, out => out.includes('invalid_target'), 100, 20)
+  const line = logged.split('\n').find(l => l.includes('invalid_target') && l.includes('vault'))
+  t.ok(line, `the refusal is logged with the target and the IdP's code (${line?.slice(0, 300)})`)
 })
 
 t.test('the IdP down: 503 with Retry-After, naming the target, in both eras', async t => {
