@@ -252,11 +252,11 @@ export class Session implements UpstreamOwner {
     for (const [m, r] of routed) this.#clientRequest(post, m, r)
   }
 
-  /** Starts one target's upstream and runs its initialize handshake (awaiting the caller's credential first). */
+  /** Starts one target's upstream and runs its initialize handshake (the caller's credential awaited once, first). */
   async #startLink(link: SessionLink, ctx: RequestContext | undefined): Promise<void> {
     await credentialReady(link.auth, this.caller, this.#log, ctx)
     await link.upstream.start()
-    const res = await this.#request(link, 'initialize', this.#initParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
+    const res = await this.#send(link, 'initialize', this.#initParams, undefined, Math.max(this.#env.requestTimeoutMs, INIT_TIMEOUT_MIN_MS), ctx)
     if (res.error !== undefined) throw new Error(res.error.message)
     link.initResult = res.result as Record<string, unknown>
     link.up = true

@@ -18,14 +18,16 @@ import { NAME_SOURCE, encodeHeaderValue } from './validation.ts'
 import { authOf, credentialReady } from '../credentials.ts'
 
 /**
- * A leased upstream of `factory` in its era (`known`: already asked for this request); a native one
- * that stopped speaking the revision is asked again. A target with `auth` first has the caller's
- * credential (../credentials.ts): a refusal rejects with the broker's ProxyError, before any exchange.
+ * A leased upstream of `factory` in its era; a native one that stopped speaking the revision is asked
+ * again. `known`: the era the caller already asked for this request, after its own credential
+ * pre-flight (named.ts); without it, a target with `auth` first has the caller's credential
+ * (../credentials.ts): a refusal rejects with the broker's ProxyError, before any exchange. One
+ * pre-flight per request and target, so a cache hit is counted once.
  */
 export async function lease(cx: ModernContext, ex: ModernRequest, factory: UpstreamFactory, known?: TargetEra): Promise<PooledUpstream> {
   const auth = authOf(cx.opts.credentials, factory.target)
   const caller = auth === undefined ? undefined : ex.caller
-  if (caller !== undefined) await credentialReady(auth, caller, cx.log, ex.ctx)
+  if (caller !== undefined && known === undefined) await credentialReady(auth, caller, cx.log, ex.ctx)
   const era = known ?? (await cx.eras.of(factory, ex.subjectKey, ex.subject, caller))
   // A translated upstream declares exactly the bridgeable capabilities this client declared (pooled per set).
   const capabilities = bridgedOf(ex.clientCapabilities)
