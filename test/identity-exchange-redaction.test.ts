@@ -23,6 +23,7 @@ import {
   startCliGateway,
   toolJson,
   gatewayHeadYaml,
+  exchangeTargetYaml,
 } from './helpers/identity-e2e.ts'
 
 const STATIC_KEY = 'static-upstream-key-1f9b7c3e5a'
@@ -46,10 +47,7 @@ t.test('debug log, /metrics, the admin API and UI never hold a secret or a token
   const ports = await gatewayPorts()
   const yaml = [
     ...gatewayHeadYaml(idp, ports),
-    '    - name: crm',
-    `      mcp: { url: ${JSON.stringify(crm.url)} }`,
-    '      auth:',
-    ...exchangeYaml(idp, 'crm'),
+    ...exchangeTargetYaml(idp, 'crm', crm.url),
     "        headers: { X-User: '{sub}', X-Groups: '{groups}' }",
     '    - name: tools',
     `      stdio: { cmd: ${JSON.stringify(process.execPath)}, args: [${JSON.stringify(ENV_SERVER)}, USER_ID, CRM_TOKEN], share: subject }`,

@@ -16,7 +16,6 @@ import {
   audOf,
   exchangeCount,
   exchangeIdp,
-  exchangeYaml,
   gatewayPorts,
   jwtServer,
   loginSdk1,
@@ -28,6 +27,7 @@ import {
   startCliGateway,
   whoamiOf,
   gatewayHeadYaml,
+  exchangeTargetYaml,
 } from './helpers/identity-e2e.ts'
 
 /** `name{worker="N",…}` samples of the probe listener's /metrics, summed per worker. */
@@ -48,10 +48,7 @@ t.test('workers: 2: two users through the multi-process gateway, each seen as th
   const ports = await gatewayPorts()
   const yaml = [
     ...gatewayHeadYaml(idp, ports),
-    '    - name: crm',
-    `      mcp: { url: ${JSON.stringify(crm.url)} }`,
-    '      auth:',
-    ...exchangeYaml(idp, 'crm'),
+    ...exchangeTargetYaml(idp, 'crm', crm.url),
     "        headers: { X-User: '{sub}' }",
     'admin: { enabled: false }',
     `probes: { host: 127.0.0.1, port: ${ports.probes} }`,

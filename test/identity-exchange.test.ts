@@ -19,7 +19,6 @@ import {
   audOf,
   exchangeCount,
   exchangeIdp,
-  exchangeYaml,
   gatewayPorts,
   identityServer,
   jwtServer,
@@ -37,6 +36,7 @@ import {
   type LoggedIn,
   type Whoami,
   gatewayHeadYaml,
+  exchangeTargetYaml,
 } from './helpers/identity-e2e.ts'
 
 const LEGACY_API_KEY = 'legacy-static-api-key-8c2e41b7d9'
@@ -61,10 +61,7 @@ t.before(async () => {
   const ports = await gatewayPorts()
   const yaml = [
     ...gatewayHeadYaml(idp, ports),
-    '    - name: crm',
-    `      mcp: { url: ${JSON.stringify(crm.url)} }`,
-    '      auth:',
-    ...exchangeYaml(idp, 'crm'),
+    ...exchangeTargetYaml(idp, 'crm', crm.url),
     "        headers: { X-User: '{sub}', X-Groups: '{groups}' }",
     '    - name: legacy',
     `      mcp: { url: ${JSON.stringify(legacy.url)} }`,

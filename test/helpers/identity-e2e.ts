@@ -292,6 +292,11 @@ export function exchangeCount(idp: DevIdp, filter: { subject?: string; audience?
   ).length
 }
 
+/** An HTTP target `name` at `url` whose `auth` exchanges the caller's token for its audience (more `auth` keys may follow). */
+export function exchangeTargetYaml(idp: DevIdp, name: string, url: string): string[] {
+  return [`    - name: ${name}`, `      mcp: { url: ${JSON.stringify(url)} }`, '      auth:', ...exchangeYaml(idp, name)]
+}
+
 /** The `auth.tokenExchange` block of a target, as YAML lines under `auth:` (indent 8). */
 export function exchangeYaml(idp: DevIdp, audience: string, tokenEndpoint = idp.tokenEndpoint): string[] {
   return [
